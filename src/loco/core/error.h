@@ -1,0 +1,63 @@
+// Errors of loco.
+//
+// Every message starts with the module it comes from, "[data] ...", and where it can, ends with a
+// hint of what to do. Three kinds, kept apart on purpose:
+//   - Error and its children: bad input or a bad environment (a malformed config, a corrupt file,
+//     a missing folder). The user can fix these; the CLI prints them and exits non-zero.
+//   - PeerError: a recoverable distributed failure (a peer died, a timeout). Caught in exactly one
+//     place, the recovery loop of the runtime.
+//   - InternalError: a broken invariant, i.e. a bug in loco. Raised by LOCO_CHECK.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace loco {
+
+class Error : public std::runtime_error {
+ public:
+  Error(std::string_view module, std::string_view message)
+      : std::runtime_error(fmt::format("[{}] {}", module, message)), module_(module) {}
+  const std::string& module() const { return module_; }
+
+ private:
+  std::string module_;
+};
+
+// A configuration key that is unknown, of the wrong type or out of range.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file that is missing, truncated, corrupted or does not match what it is used with.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A recoverable failure of a remote peer (death, timeout, protocol violation).
+class PeerError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A broken invariant: a bug in loco, not in the user's input.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+[[noreturn]] void fail_check(const char* condition, const char* file, int line, const std::string& message);
+
+}  // namespace loco
+
+// LOCO_CHECK(cond, fmt, args...) throws InternalError when cond is false. For invariants only:
+// user input is validated with explicit errors of the types above.
+#define LOCO_CHECK(cond, ...)                                                    \
+  do {                                                                           \
+    if (!(cond)) ::loco::fail_check(#cond, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
+  } while (false)

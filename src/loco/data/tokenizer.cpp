@@ -1,0 +1,206 @@
+#include "loco/data/tokenizer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/core/hash.h"
+#include "loco/data/sampling.h"
+#include "loco/data/spm/spm_library.h"
+
+namespace loco::data {
+namespace {
+
+constexpr std::string_view kModule = "data";
+// SentencePiece silently skips training lines longer than max_sentence_length; we cut long lines
+// (unwrapped paragraphs) into pieces below it instead, at a space where there is one.
+constexpr size_t kMaxLineBytes = 4096;
+constexpr size_t kMaxSentenceLength = 8192;
+
+// Takes ownership of a malloc()ed buffer from libloco_spm.so and frees it there.
+template <typename T>
+struct SpmBuffer {
+  T* data = nullptr;
+  ~SpmBuffer() {
+    if (data) detail::spm_library().free(data);
+  }
+};
+
+std::string take_error(char* error) {
+  SpmBuffer<char> owned{error};
+  return error ? std::string(error) : std::string("unknown SentencePiece error");
+}
+
+bool is_blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; });
+}
+
+// Appends the lines of `text` to `out`, long ones cut into pieces of at most kMaxLineBytes.
+void append_lines(std::string_view text, std::vector<std::string_view>& out) {
+  while (!text.empty()) {
+    size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    while (line.size() > kMaxLineBytes) {
+      size_t cut = line.rfind(' ', kMaxLineBytes);
+      if (cut == std::string_view::npos || cut == 0) {
+        cut = kMaxLineBytes;  // no space: cut at a character boundary, never inside a UTF-8 sequence
+        while (cut > 0 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;
+        if (cut == 0) cut = kMaxLineBytes;  // not UTF-8 at all (callers validate; never loop forever)
+      }
+      if (!is_blank(line.substr(0, cut))) out.push_back(line.substr(0, cut));
+      line.remove_prefix(cut);
+    }
+    if (!is_blank(line)) out.push_back(line);
+  }
+}
+
+}  // namespace
+
+// A loaded SentencePiece model inside libloco_spm.so.
+class Tokenizer::Processor {
+ public:
+  explicit Processor(loco_spm* handle) : handle_(handle) {}
+  ~Processor() { detail::spm_library().destroy(handle_); }
+  Processor(const Processor&) = delete;
+  Processor& operator=(const Processor&) = delete;
+  const loco_spm* handle() const { return handle_; }
+
+ private:
+  loco_spm* handle_;
+};
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const TokenizerTrainOptions& options) {
+  if (options.vocab_size < 4) {
+    throw ConfigError(kModule, fmt::format("tokenizer vocab_size = {} is too small", options.vocab_size));
+  }
+  if (options.num_threads < 1) {
+    throw ConfigError(kModule, fmt::format("tokenizer num_threads = {} must be >= 1", options.num_threads));
+  }
+  if (options.max_sentences < 1) throw ConfigError(kModule, "tokenizer max_sentences must be >= 1");
+
+  std::vector<std::string_view> lines;
+  for (std::string_view text : texts) append_lines(text, lines);
+  if (lines.empty()) throw DataError(kModule, "cannot train a tokenizer: the training text is empty");
+  // Sample the lines ourselves: SentencePiece's own shuffle draws from a process-wide seed.
+  if (lines.size() > options.max_sentences) {
+    std::vector<uint64_t> order = detail::permutation(lines.size(), options.seed);
+    order.resize(options.max_sentences);
+    std::sort(order.begin(), order.end());
+    std::vector<std::string_view> sampled;
+    sampled.reserve(order.size());
+    for (uint64_t i : order) sampled.push_back(lines[i]);
+    lines = std::move(sampled);
+  }
+
+  const std::pair<const char*, std::string> kwargs[] = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(options.vocab_size)},
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "-1"},
+      {"byte_fallback", "true"},  // unseen characters become byte pieces, never <unk>
+      {"character_coverage", "1.0"},
+      {"hard_vocab_limit", "true"},  // exactly vocab_size pieces, or an error
+      {"num_threads", std::to_string(options.num_threads)},
+      {"input_sentence_size", "0"},  // all of them: already sampled above, deterministically
+      {"shuffle_input_sentence", "false"},
+      {"max_sentence_length", std::to_string(kMaxSentenceLength)},
+      {"minloglevel", "2"},  // SentencePiece's INFO and WARNING chatter; failures come back as a status
+  };
+  std::vector<const char*> keys, values;
+  for (const auto& [key, value] : kwargs) {
+    keys.push_back(key);
+    values.push_back(value.c_str());
+  }
+  std::vector<const char*> line_data;
+  std::vector<size_t> line_sizes;
+  line_data.reserve(lines.size());
+  line_sizes.reserve(lines.size());
+  for (std::string_view line : lines) {
+    line_data.push_back(line.data());
+    line_sizes.push_back(line.size());
+  }
+
+  const detail::SpmLibrary& spm = detail::spm_library();
+  SpmBuffer<char> model;
+  size_t model_size = 0;
+  char* error = nullptr;
+  if (spm.train(line_data.data(), line_sizes.data(), lines.size(), keys.data(), values.data(), keys.size(), &model.data,
+                &model_size, &error) != 0) {
+    throw Error(kModule, fmt::format("training the SentencePiece tokenizer (vocab {}) on {} lines failed: {}. "
+                                     "hint: a vocabulary needs at least 259 + (distinct characters) entries and "
+                                     "enough text to learn the merges; lower the vocab size or use a larger corpus",
+                                     options.vocab_size, lines.size(), take_error(error)));
+  }
+  return from_serialized(std::string(model.data, model_size), "trained tokenizer");
+}
+
+Tokenizer Tokenizer::load(const fs::path& model_file) {
+  return from_serialized(read_file(model_file, kModule), model_file.string());
+}
+
+Tokenizer Tokenizer::from_serialized(std::string serialized_model, std::string_view where) {
+  const detail::SpmLibrary& spm = detail::spm_library();
+  loco_spm* handle = nullptr;
+  char* error = nullptr;
+  if (spm.load(serialized_model.data(), serialized_model.size(), &handle, &error) != 0) {
+    throw DataError(kModule, fmt::format("{}: not a SentencePiece model: {}", where, take_error(error)));
+  }
+  Tokenizer tokenizer;
+  tokenizer.processor_ = std::make_unique<Processor>(handle);
+  int vocab = 0, unk = 0, bos = 0, eos = 0;
+  spm.info(handle, &vocab, &unk, &bos, &eos);
+  if (unk != 0 || bos != 1 || eos != 2) {
+    throw DataError(kModule, fmt::format("{}: special token ids are unk={} bos={} eos={}, loco needs 0, 1, 2. "
+                                         "hint: use a tokenizer written by loco prepare",
+                                         where, unk, bos, eos));
+  }
+  tokenizer.hash_ = hash64(serialized_model);
+  tokenizer.serialized_ = std::move(serialized_model);
+  return tokenizer;
+}
+
+void Tokenizer::save(const fs::path& model_file) const { write_file_atomic(model_file, serialized_, kModule); }
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  SpmBuffer<int32_t> ids;
+  size_t count = 0;
+  char* error = nullptr;
+  if (detail::spm_library().encode(processor_->handle(), text.data(), text.size(), &ids.data, &count, &error) != 0) {
+    throw Error(kModule, fmt::format("tokenizer encode failed: {}", take_error(error)));
+  }
+  return std::vector<int32_t>(ids.data, ids.data + count);
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  const int vocab = vocab_size();
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      throw Error(kModule, fmt::format("cannot decode token id {}: outside the vocabulary [0, {})", id, vocab));
+    }
+  }
+  SpmBuffer<char> text;
+  size_t size = 0;
+  char* error = nullptr;
+  if (detail::spm_library().decode(processor_->handle(), ids.data(), ids.size(), &text.data, &size, &error) != 0) {
+    throw Error(kModule, fmt::format("tokenizer decode failed: {}", take_error(error)));
+  }
+  return std::string(text.data, size);
+}
+
+int Tokenizer::vocab_size() const {
+  int vocab = 0, unk = 0, bos = 0, eos = 0;
+  detail::spm_library().info(processor_->handle(), &vocab, &unk, &bos, &eos);
+  return vocab;
+}
+
+}  // namespace loco::data

@@ -1,0 +1,21 @@
+#include "loco/metrics/metrics_log.h"
+
+#include <chrono>
+
+#include "loco/core/error.h"
+
+namespace loco::metrics {
+
+MetricsLog::MetricsLog(const std::filesystem::path& path) : out_(path, "metrics") {}
+
+void MetricsLog::write(const std::string& event, const nlohmann::json& fields) {
+  if (!out_.is_open()) return;
+  LOCO_CHECK(fields.is_object(), "metrics fields must be a JSON object");
+  nlohmann::ordered_json line;
+  line["event"] = event;
+  line["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const auto& [key, value] : fields.items()) line[key] = value;
+  out_.append(line.dump());
+}
+
+}  // namespace loco::metrics

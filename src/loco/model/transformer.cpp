@@ -1,0 +1,260 @@
+#include "loco/model/transformer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/version.h>
+
+#include <cmath>
+
+#include "loco/core/error.h"
+
+namespace loco::model {
+
+int64_t ModelOptions::mlp_hidden() const { return static_cast<int64_t>(std::llround(mlp_ratio * static_cast<double>(width))); }
+
+void ModelOptions::validate() const {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw ConfigError("model", message);
+  };
+  require(vocab_size >= 3, fmt::format("vocab_size must be >= 3 (unk, bos, eos), got {}", vocab_size));
+  require(context >= 1, fmt::format("context must be >= 1, got {}", context));
+  require(layers >= 1, fmt::format("layers must be >= 1, got {}", layers));
+  require(width >= 1, fmt::format("width must be >= 1, got {}", width));
+  require(heads >= 1 && width % heads == 0,
+          fmt::format("heads must divide width: width {} is not a multiple of heads {}", width, heads));
+  require(position != PositionKind::kRope || head_dim() % 2 == 0,
+          fmt::format("RoPE needs an even head dimension, got width/heads = {}", head_dim()));
+  require(mlp_ratio > 0 && mlp_hidden() >= 1, fmt::format("mlp_ratio must be > 0, got {}", mlp_ratio));
+  require(init_std > 0, fmt::format("init_std must be > 0, got {}", init_std));
+  require(rope_base > 1, fmt::format("rope_base must be > 1, got {}", rope_base));
+  require(norm_eps > 0, fmt::format("norm_eps must be > 0, got {}", norm_eps));
+}
+
+int64_t parameter_count(const ModelOptions& o) {
+  const int64_t d = o.width;
+  const int64_t norm = o.norm == NormKind::kLayerNorm ? 2 * d : d;  // LayerNorm has a bias
+  const int64_t embed = o.vocab_size * d + (o.position == PositionKind::kLearned ? o.context * d : 0);
+  const int64_t attention = 4 * d * d + (o.qk_norm ? 2 * o.head_dim() : 0);
+  const int64_t mlp = (o.mlp == MlpKind::kSwiGlu ? 3 : 2) * d * o.mlp_hidden();
+  return embed + o.layers * (2 * norm + attention + mlp) + norm;
+}
+
+double training_flops_per_token(const ModelOptions& o) {
+  const double d = static_cast<double>(o.width);
+  const double matmul_params =
+      static_cast<double>(o.layers) * (4 * d * d + (o.mlp == MlpKind::kSwiGlu ? 3 : 2) * d * o.mlp_hidden()) +
+      static_cast<double>(o.vocab_size) * d;  // the tied head is a matmul too
+  // 6 FLOPs per matmul parameter per token (forward + backward), plus attention scores and
+  // values: 12 * layers * T * d (PaLM, appendix B; causal masking is not discounted).
+  return 6 * matmul_params + 12.0 * static_cast<double>(o.layers * o.context) * d;
+}
+
+const char* to_string(NormKind k) { return k == NormKind::kRMSNorm ? "rmsnorm" : "layernorm"; }
+const char* to_string(PositionKind k) { return k == PositionKind::kRope ? "rope" : "learned"; }
+const char* to_string(MlpKind k) { return k == MlpKind::kGelu ? "gelu" : "swiglu"; }
+
+// ---------------------------------------------------------------------------------------------
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // Normalize in float32 even under autocast: the mean of squares is precision-sensitive.
+  auto xf = x.to(torch::kFloat32);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return (normed * weight).to(x.scalar_type());
+}
+
+NormImpl::NormImpl(NormKind kind, int64_t dim, double eps) {
+  if (kind == NormKind::kRMSNorm) {
+    rms_ = register_module("rms", RMSNorm(dim, eps));
+  } else {
+    layer_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(eps)));
+  }
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) { return rms_ ? rms_->forward(x) : layer_->forward(x); }
+
+namespace {
+
+// Rotary position embedding (Su et al. 2021), "rotate half" form.
+// x (B, H, T, hd), cos/sin (T, hd/2) -> (B, H, T, hd)
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  auto c = cos.to(x.scalar_type());
+  auto s = sin.to(x.scalar_type());
+  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  const int64_t T = q.size(-2);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+#endif
+}
+
+}  // namespace
+
+AttentionImpl::AttentionImpl(const ModelOptions& o) : heads_(o.heads), head_dim_(o.head_dim()) {
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(o.width, 3 * o.width).bias(false)));
+  proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(o.width, o.width).bias(false)));
+  if (o.qk_norm) {
+    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, o.norm_eps));
+    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, o.norm_eps));
+  }
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto parts = qkv->forward(x).view({B, T, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
+  auto q = parts[0], k = parts[1], v = parts[2];
+  if (q_norm_) {
+    q = q_norm_->forward(q);
+    k = k_norm_->forward(k);
+  }
+  if (cos.defined()) {
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
+  }
+  auto y = causal_attention(q, k, v);                // (B, H, T, hd)
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return proj->forward(y);
+}
+
+MlpImpl::MlpImpl(const ModelOptions& o) : kind_(o.mlp) {
+  const int64_t hidden = o.mlp_hidden();
+  up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(o.width, hidden).bias(false)));
+  if (kind_ == MlpKind::kSwiGlu) {
+    gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(o.width, hidden).bias(false)));
+  }
+  down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(hidden, o.width).bias(false)));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  if (kind_ == MlpKind::kSwiGlu) return down->forward(torch::silu(gate->forward(x)) * up->forward(x));
+  return down->forward(torch::gelu(up->forward(x), "tanh"));
+}
+
+BlockImpl::BlockImpl(const ModelOptions& o) {
+  norm1 = register_module("norm1", Norm(o.norm, o.width, o.norm_eps));
+  attn = register_module("attn", Attention(o));
+  norm2 = register_module("norm2", Norm(o.norm, o.width, o.norm_eps));
+  mlp = register_module("mlp", Mlp(o));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  auto h = x + attn->forward(norm1->forward(x), cos, sin);
+  return h + mlp->forward(norm2->forward(h));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TransformerImpl::TransformerImpl(const ModelOptions& options, uint64_t seed) : options_(options) {
+  options_.validate();
+  const auto& o = options_;
+  tok_emb = register_module("tok_emb", torch::nn::Embedding(o.vocab_size, o.width));
+  if (o.position == PositionKind::kLearned) {
+    pos_emb = register_module("pos_emb", torch::nn::Embedding(o.context, o.width));
+  } else {
+    const int64_t half = o.head_dim() / 2;
+    auto inv_freq = torch::pow(o.rope_base, -torch::arange(0, half, torch::kFloat64) / static_cast<double>(half));
+    auto angles = torch::outer(torch::arange(0, o.context, torch::kFloat64), inv_freq);  // (context, half)
+    rope_cos_ = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
+    rope_sin_ = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
+  }
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.layers; ++i) blocks->push_back(Block(o));
+  final_norm = register_module("final_norm", Norm(o.norm, o.width, o.norm_eps));
+  initialize(seed);
+}
+
+void TransformerImpl::initialize(uint64_t seed) {
+  // GPT-2 initialization: N(0, std) for matrices, residual output projections scaled by
+  // 1/sqrt(2 * layers) so the residual stream's variance does not grow with depth.
+  torch::NoGradGuard no_grad;
+  auto generator = at::detail::createCPUGenerator(seed);
+  const double std = options_.init_std;
+  const double residual_std = std / std::sqrt(2.0 * static_cast<double>(options_.layers));
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    if (p.dim() < 2) continue;  // norm weights stay 1, biases 0
+    const bool residual = name.ends_with("attn.proj.weight") || name.ends_with("mlp.down.weight");
+    p.normal_(0.0, residual ? residual_std : std, generator);
+  }
+}
+
+torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
+  LOCO_CHECK(tokens.dim() == 2, "tokens must be (B, T), got {} dims", tokens.dim());
+  const int64_t T = tokens.size(1);
+  LOCO_CHECK(T <= options_.context, "sequence length {} exceeds the context {}", T, options_.context);
+  auto x = tok_emb->forward(tokens);  // (B, T, C)
+  torch::Tensor cos, sin;
+  if (pos_emb) {
+    x = x + pos_emb->forward(torch::arange(T, tokens.options()));
+  } else {
+    cos = rope_cos_.narrow(0, 0, T);
+    sin = rope_sin_.narrow(0, 0, T);
+  }
+  for (const auto& block : *blocks) x = block->as<BlockImpl>()->forward(x, cos, sin);
+  x = final_norm->forward(x);
+  return torch::nn::functional::linear(x, tok_emb->weight);  // tied head: (B, T, V)
+}
+
+std::vector<ParameterGroup> TransformerImpl::parameter_groups() const {
+  std::vector<ParameterGroup> groups;
+  groups.push_back({"embed", {}, {}});
+  for (int64_t i = 0; i < options_.layers; ++i) groups.push_back({fmt::format("block.{}", i), {}, {}});
+  groups.push_back({"head", {}, {}});
+  for (const auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    size_t index = 0;
+    if (name.starts_with("tok_emb.") || name.starts_with("pos_emb.")) {
+      index = 0;
+    } else if (name.starts_with("blocks.")) {
+      index = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
+    } else if (name.starts_with("final_norm.")) {
+      index = groups.size() - 1;
+    } else {
+      LOCO_CHECK(false, "parameter '{}' belongs to no group", name);
+    }
+    groups[index].names.push_back(name);
+    groups[index].parameters.push_back(item.value());
+  }
+  return groups;
+}
+
+std::vector<torch::Tensor> TransformerImpl::block_parameters(const std::vector<int64_t>& indices) const {
+  std::vector<torch::Tensor> out;
+  auto groups = parameter_groups();
+  for (int64_t i : indices) {
+    LOCO_CHECK(i >= 0 && i < options_.layers, "block index {} out of range [0, {})", i, options_.layers);
+    auto& group = groups[static_cast<size_t>(1 + i)];
+    out.insert(out.end(), group.parameters.begin(), group.parameters.end());
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> TransformerImpl::non_block_parameters() const {
+  auto groups = parameter_groups();
+  std::vector<torch::Tensor> out = groups.front().parameters;
+  out.insert(out.end(), groups.back().parameters.begin(), groups.back().parameters.end());
+  return out;
+}
+
+LossParts language_model_loss(const torch::Tensor& logits, const torch::Tensor& targets, double z_loss) {
+  auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);  // (B*T, V)
+  auto ce = torch::nn::functional::cross_entropy(flat, targets.reshape({-1}));
+  if (z_loss <= 0) return {ce, ce};
+  auto z = torch::logsumexp(flat, -1);
+  return {ce + z_loss * z.pow(2).mean(), ce};
+}
+
+}  // namespace loco::model

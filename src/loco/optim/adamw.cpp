@@ -1,0 +1,106 @@
+#include "loco/optim/adamw.h"
+
+#include <cmath>
+#include <fmt/ranges.h>
+
+#include <map>
+
+#include "loco/core/error.h"
+
+namespace loco::optim {
+
+void AdamWOptions::validate() const {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw ConfigError("optim", message);
+  };
+  require(beta1 >= 0 && beta1 < 1, fmt::format("beta1 must be in [0, 1), got {}", beta1));
+  require(beta2 >= 0 && beta2 < 1, fmt::format("beta2 must be in [0, 1), got {}", beta2));
+  require(eps > 0, fmt::format("eps must be > 0, got {}", eps));
+  require(weight_decay >= 0, fmt::format("weight_decay must be >= 0, got {}", weight_decay));
+}
+
+AdamW::AdamW(std::vector<NamedParameter> parameters, AdamWOptions options)
+    : parameters_(std::move(parameters)), options_(options) {
+  options_.validate();
+  for (const auto& p : parameters_) {
+    exp_avg_.push_back(torch::zeros_like(p.tensor, torch::kFloat32));
+    exp_avg_sq_.push_back(torch::zeros_like(p.tensor, torch::kFloat32));
+  }
+}
+
+void AdamW::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double bias1 = 1 - std::pow(options_.beta1, static_cast<double>(steps_));
+  const double bias2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
+  const double step_size = lr / bias1;
+  const double bias2_sqrt = std::sqrt(bias2);
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    auto& p = parameters_[i].tensor;
+    const auto& grad = p.grad();
+    if (!grad.defined()) continue;
+    // Same operation order as torch.optim.AdamW (decoupled decay first), so results match it.
+    if (parameters_[i].decay && options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
+    exp_avg_[i].mul_(options_.beta1).add_(grad, 1 - options_.beta1);
+    exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
+    auto denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : parameters_) {
+    if (p.tensor.grad().defined()) p.tensor.mutable_grad().reset();
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    out.emplace_back(parameters_[i].name + ".exp_avg", exp_avg_[i]);
+    out.emplace_back(parameters_[i].name + ".exp_avg_sq", exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state(const std::vector<std::pair<std::string, torch::Tensor>>& tensors, int64_t steps) {
+  std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  torch::NoGradGuard no_grad;
+  auto restore = [&](const std::string& key, torch::Tensor& into) {
+    auto it = by_name.find(key);
+    if (it == by_name.end()) throw DataError("optim", fmt::format("optimizer state has no entry '{}'", key));
+    if (!it->second.sizes().equals(into.sizes())) {
+      throw DataError("optim", fmt::format("optimizer state '{}' has shape {}, the model needs {}", key,
+                                           fmt::join(it->second.sizes(), "x"), fmt::join(into.sizes(), "x")));
+    }
+    into.copy_(it->second);
+  };
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    restore(parameters_[i].name + ".exp_avg", exp_avg_[i]);
+    restore(parameters_[i].name + ".exp_avg_sq", exp_avg_sq_[i]);
+  }
+  if (by_name.size() != 2 * parameters_.size()) {
+    throw DataError("optim", fmt::format("optimizer state has {} entries, the model needs {}", by_name.size(),
+                                         2 * parameters_.size()));
+  }
+  steps_ = steps;
+}
+
+double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) norms.push_back(p.grad().detach().to(torch::kFloat32).norm());
+  }
+  if (norms.empty()) return 0.0;
+  const double total = torch::stack(norms).norm().item<double>();
+  if (max_norm > 0 && total > max_norm) {
+    const double scale = max_norm / (total + 1e-6);
+    for (const auto& p : parameters) {
+      if (p.grad().defined()) p.grad().mul_(scale);
+    }
+  }
+  return total;
+}
+
+}  // namespace loco::optim

@@ -1,0 +1,20 @@
+// Learning-rate schedule: linear warmup, then cosine decay to min_lr_ratio * lr (ALGORITHMS.md:
+// "warmup then cosine decay").
+#pragma once
+
+#include <cstdint>
+
+namespace loco::optim {
+
+struct ScheduleOptions {
+  double lr = 1e-3;           // peak learning rate
+  int64_t warmup_steps = 100;
+  int64_t total_steps = 1000; // decay ends here; later steps stay at the minimum
+  double min_lr_ratio = 0.1;
+  void validate() const;      // throws ConfigError
+};
+
+// Learning rate for 0-based step `step`: lr * (step + 1) / warmup during warmup, then cosine.
+double learning_rate(const ScheduleOptions& options, int64_t step);
+
+}  // namespace loco::optim

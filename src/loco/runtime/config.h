@@ -1,0 +1,93 @@
+// The run configuration: one TOML file, every key overridable on the command line as
+// --section.key=value, everything validated before any work starts.
+//
+// Each component keeps its own options struct (model::ModelOptions, optim::AdamWOptions, ...);
+// RunConfig gathers them, and a single table of keys (config.cpp) maps "section.key" to a field,
+// with its type, help text and range. That table drives parsing, overrides, validation, the saved
+// config.toml and the reference in docs/configuration.md (`loco config --reference`).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "loco/model/transformer.h"
+#include "loco/optim/adamw.h"
+
+namespace loco::runtime {
+
+namespace fs = std::filesystem;
+
+struct RunSection {
+  std::string dir = "runs/main";  // config.toml, metrics.jsonl, checkpoints/
+};
+
+struct DataSection {
+  std::string dir = "data/brown";  // a folder written by `loco prepare`
+};
+
+struct OptimSection {
+  double lr = 3e-3;
+  int64_t warmup_steps = 100;
+  double min_lr_ratio = 0.1;
+  double grad_clip = 1.0;  // 0 = no clipping
+  optim::AdamWOptions adamw;
+};
+
+struct TrainSection {
+  int64_t steps = 1000;
+  int64_t batch_size = 16;   // sequences per micro-batch
+  int64_t grad_accum = 1;    // micro-batches per step
+  int64_t seed = 1234;       // model init and data order
+  double z_loss = 0.0;
+  std::string device = "auto";
+  int64_t threads = 0;       // 0 = the machine's cores divided among local processes
+  int64_t log_every = 10;
+};
+
+struct EvalSection {
+  int64_t every = 200;       // steps between evaluations (and one at the end)
+  int64_t windows = 256;     // validation windows of `context` tokens, spread over the split
+  int64_t batch_size = 32;
+};
+
+struct CheckpointSection {
+  int64_t every = 500;       // steps between checkpoints (and one at the end); 0 = only at the end
+  int64_t keep = 2;          // most recent checkpoints kept
+};
+
+struct RunConfig {
+  RunSection run;
+  DataSection data;
+  model::ModelOptions model = default_model();  // model.vocab_size = 0: take it from the dataset
+  static model::ModelOptions default_model() {
+    model::ModelOptions options;
+    options.vocab_size = 0;
+    return options;
+  }
+  OptimSection optim;
+  TrainSection train;
+  EvalSection eval;
+  CheckpointSection checkpoint;
+};
+
+// Parses TOML text; `source` names it in errors. Unknown keys, wrong types and out-of-range values
+// throw ConfigError naming the key (and the line).
+RunConfig parse_config(const std::string& toml_text, const std::string& source);
+// Reads `file` (DataError if missing), then applies overrides ("section.key=value").
+RunConfig load_config(const fs::path& file, const std::vector<std::string>& overrides);
+// Applies one override "section.key=value"; the value is parsed as the key's type.
+void apply_override(RunConfig& config, const std::string& assignment);
+// Range and cross-field checks (e.g. model.heads divides model.width). Throws ConfigError.
+void validate(const RunConfig& config);
+
+// The resolved config as TOML; parse_config(to_toml(c)) == c.
+std::string to_toml(const RunConfig& config);
+// Keys whose values differ, as "key: a -> b" lines, restricted to keys starting with one of
+// `prefixes` (all keys when empty).
+std::vector<std::string> differences(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& prefixes = {});
+// Markdown table of every key: name, type, default, help.
+std::string reference_markdown();
+
+}  // namespace loco::runtime

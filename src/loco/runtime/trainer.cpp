@@ -1,0 +1,294 @@
+#include "loco/runtime/trainer.h"
+
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "loco/core/error.h"
+#include "loco/core/hash.h"
+#include "loco/core/files.h"
+#include "loco/metrics/metrics_log.h"
+#include "loco/metrics/progress.h"
+#include "loco/model/precision.h"
+#include "loco/optim/adamw.h"
+#include "loco/optim/schedule.h"
+#include "loco/runtime/checkpoint.h"
+
+namespace loco::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Keys that must not change when a run is resumed: they define the model, the data and the
+// trajectory. (train.steps, eval.*, checkpoint.* and logging may change.)
+const std::vector<std::string> kResumeFixedKeys = {"data.", "model.", "optim.", "train.batch_size",
+                                                   "train.grad_accum", "train.seed", "train.z_loss"};
+
+void prepare_run_dir(const fs::path& run_dir, bool resume) {
+  std::error_code ec;
+  if (resume || !fs::exists(run_dir, ec)) return;
+  if (!fs::is_directory(run_dir, ec)) {
+    throw ConfigError("train", fmt::format("run.dir {} exists and is not a folder", run_dir.string()));
+  }
+  if (!fs::is_empty(run_dir, ec)) {
+    throw ConfigError("train", fmt::format("run.dir {} already holds a run; pass --resume to continue it, or choose "
+                                           "another --run.dir (nothing was overwritten)",
+                                           run_dir.string()));
+  }
+}
+
+}  // namespace
+
+int64_t configure_threads(int64_t threads) {
+  if (threads <= 0) {
+    int64_t processes = 1;
+    if (const char* env = std::getenv("LOCO_LOCAL_PROCESSES")) processes = std::max<int64_t>(1, std::atoll(env));
+    const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+    threads = std::max<int64_t>(1, cores / processes);
+  }
+  torch::set_num_threads(static_cast<int>(threads));
+  return threads;
+}
+
+model::Transformer build_model(const RunConfig& config) {
+  LOCO_CHECK(config.model.vocab_size > 0, "vocab_size must be resolved before building the model");
+  return model::Transformer(config.model, static_cast<uint64_t>(config.train.seed));
+}
+
+NamedTensors model_weights(const model::Transformer& model) {
+  NamedTensors out;
+  for (const auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+void load_model_weights(model::Transformer& model, const NamedTensors& weights, const std::string& where) {
+  std::map<std::string, torch::Tensor> by_name(weights.begin(), weights.end());
+  torch::NoGradGuard no_grad;
+  auto params = model->named_parameters();
+  for (auto& item : params) {
+    auto it = by_name.find(item.key());
+    if (it == by_name.end()) throw DataError("checkpoint", fmt::format("{}: no weights for '{}'", where, item.key()));
+    if (!it->second.sizes().equals(item.value().sizes())) {
+      throw DataError("checkpoint", fmt::format("{}: '{}' has shape [{}], the model needs [{}]", where, item.key(),
+                                                fmt::join(it->second.sizes(), ", "), fmt::join(item.value().sizes(), ", ")));
+    }
+    item.value().copy_(it->second);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    throw DataError("checkpoint", fmt::format("{}: weights '{}' do not belong to this model", where, by_name.begin()->first));
+  }
+}
+
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  double total = 0;
+  int64_t tokens = 0;
+  for (const auto& batch : batches) {
+    model::AutocastGuard autocast(device, true);
+    auto logits = model->forward(batch.inputs.to(device));
+    auto loss = model::language_model_loss(logits, batch.targets.to(device), 0.0).cross_entropy;
+    const int64_t n = batch.targets.numel();
+    total += loss.item<double>() * static_cast<double>(n);
+    tokens += n;
+  }
+  if (was_training) model->train();
+  EvalResult result;
+  result.tokens = tokens;
+  result.loss = tokens > 0 ? total / static_cast<double>(tokens) : NAN;
+  result.ppl = std::exp(result.loss);
+  return result;
+}
+
+TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync, const TrainOptions& options) {
+  const auto call_start = Clock::now();
+  RunConfig config = input_config;
+
+  // --- Inputs, all checked before any step -------------------------------------------------
+  auto dataset = data::Dataset::open(config.data.dir);
+  const auto& manifest = dataset.manifest();
+  if (config.model.vocab_size == 0) {
+    config.model.vocab_size = manifest.vocab_size;
+  } else if (config.model.vocab_size != manifest.vocab_size) {
+    throw ConfigError("train", fmt::format("model.vocab_size = {} but the dataset {} has a vocabulary of {}; "
+                                           "hint: leave model.vocab_size = 0 to take the dataset's",
+                                           config.model.vocab_size, config.data.dir, manifest.vocab_size));
+  }
+  validate(config);
+  const fs::path run_dir(config.run.dir);
+  prepare_run_dir(run_dir, options.resume);
+  CheckpointStore store(run_dir / "checkpoints", config.checkpoint.keep);
+
+  std::optional<Checkpoint> resumed;
+  if (options.resume) {
+    auto latest = store.latest();
+    if (!latest) {
+      throw DataError("train", fmt::format("--resume: {} has no checkpoint to resume from",
+                                           (run_dir / "checkpoints").string()));
+    }
+    resumed = load_checkpoint(*latest);
+    RunConfig saved = parse_config(resumed->state.config_toml, (resumed->dir / "state.json").string());
+    auto changed = differences(saved, config, kResumeFixedKeys);
+    if (!changed.empty()) {
+      throw ConfigError("train", fmt::format("--resume: the config differs from the checkpoint's in keys that define "
+                                             "the run: {}", fmt::join(changed, "; ")));
+    }
+    if (resumed->state.tokenizer_hash != manifest.tokenizer_hash) {
+      throw DataError("train", fmt::format("--resume: the dataset {} was tokenized with tokenizer {}, the checkpoint "
+                                           "with {}", config.data.dir, hex64(manifest.tokenizer_hash),
+                                           hex64(resumed->state.tokenizer_hash)));
+    }
+  }
+  const torch::Device device = model::resolve_device(config.train.device);
+  const int64_t threads = configure_threads(config.train.threads);
+  write_file_atomic(run_dir / "config.toml", to_toml(config), "train");
+
+  // --- The parts ------------------------------------------------------------------------------
+  auto model = build_model(config);
+  if (resumed) load_model_weights(model, resumed->model, resumed->dir.string());
+  model->to(device);
+  model->train();
+
+  std::vector<optim::NamedParameter> named;
+  for (const auto& [name, tensor] : model_weights(model)) named.push_back({name, tensor, tensor.dim() >= 2});
+  optim::AdamW adamw(std::move(named), config.optim.adamw);
+  const optim::ScheduleOptions schedule{config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
+  schedule.validate();
+
+  data::WindowSampler sampler(dataset.train().tokens, config.model.context, static_cast<uint64_t>(config.train.seed));
+  const auto eval_batches =
+      data::evaluation_batches(dataset.val().tokens, config.model.context, config.eval.windows, config.eval.batch_size);
+
+  int64_t step = 0, tokens = 0;
+  double wall_before = 0;
+  if (resumed) {
+    adamw.load_state(resumed->optimizer, resumed->state.step);
+    sync.load_state(resumed->sync);
+    sampler.restore(resumed->state.sampler);
+    step = resumed->state.step;
+    tokens = resumed->state.tokens;
+    wall_before = resumed->state.wall_s;
+  }
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
+
+  metrics::MetricsLog log(run_dir / "metrics.jsonl");
+  metrics::Progress progress(step, config.train.steps, options.interactive, options.out);
+  const int64_t first_step = step;
+  progress.message(fmt::format(
+      "{} {} on {}: {} parameters, {} blocks x {} wide, context {}, vocab {}; {} train tokens; device {}, {} threads; "
+      "sync {}", resumed ? "resuming" : "training", config.run.dir, config.data.dir,
+      model::parameter_count(config.model), config.model.layers, config.model.width, config.model.context,
+      config.model.vocab_size, manifest.train_tokens, device.str(), threads, sync.name()));
+  if (resumed) progress.message(fmt::format("resumed from {} at step {}", resumed->dir.string(), step));
+  log.write(resumed ? "resume" : "start", {{"step", step}, {"parameters", model::parameter_count(config.model)},
+                                           {"device", device.str()}, {"threads", threads}, {"sync", sync.name()}});
+
+  auto save_checkpoint = [&](double wall_s) {
+    TrainingState state;
+    state.step = step;
+    state.tokens = tokens;
+    state.sampler = sampler.position();
+    state.seed = config.train.seed;
+    state.tokenizer_hash = manifest.tokenizer_hash;
+    state.config_toml = to_toml(config);
+    state.wall_s = wall_s;
+    auto dir = store.save(state, model_weights(model), adamw.state(), sync.state());
+    log.write("checkpoint", {{"step", step}, {"path", dir.string()}});
+  };
+
+  // --- The loop ----------------------------------------------------------------------------------
+  TrainSummary summary;
+  summary.first_step = first_step;
+  summary.val_unigram_entropy = manifest.val_unigram_entropy;
+  sync.on_start(model);
+  const int64_t tokens_per_step = config.train.batch_size * config.train.grad_accum * config.model.context;
+  auto interval_start = Clock::now();
+  int64_t interval_tokens = 0;
+  double interval_loss = 0;
+  int64_t interval_steps = 0;
+  EvalResult last_eval{NAN, NAN, 0};
+  bool stopped = false;
+
+  while (step < config.train.steps) {
+    const double lr = optim::learning_rate(schedule, step);
+    adamw.zero_grad();
+    double step_loss = 0;
+    for (int64_t micro = 0; micro < config.train.grad_accum; ++micro) {
+      auto batch = sampler.next(config.train.batch_size);
+      torch::Tensor loss, ce;
+      {
+        model::AutocastGuard autocast(device, true);
+        auto logits = model->forward(batch.inputs.to(device));  // (B, T, V)
+        auto parts = model::language_model_loss(logits, batch.targets.to(device), config.train.z_loss);
+        loss = parts.loss;
+        ce = parts.cross_entropy;
+      }
+      (loss / static_cast<double>(config.train.grad_accum)).backward();
+      step_loss += ce.item<double>() / static_cast<double>(config.train.grad_accum);
+    }
+    if (!std::isfinite(step_loss)) {
+      throw Error("train", fmt::format("the loss became {} at step {}; hint: lower optim.lr or enable optim.grad_clip "
+                                       "(the last checkpoint is intact)", step_loss, step));
+    }
+    algorithms::StepContext context{step, tokens_per_step, &model};
+    sync.after_backward(context);
+    const double grad_norm = optim::clip_grad_norm(parameters, config.optim.grad_clip);
+    adamw.step(lr);
+    sync.after_step(context);
+    ++step;
+    tokens += tokens_per_step;
+    summary.losses.push_back(step_loss);
+
+    interval_tokens += tokens_per_step;
+    interval_loss += step_loss;
+    ++interval_steps;
+    const bool last = step == config.train.steps;
+    stopped = options.stop != nullptr && options.stop->load();
+    const bool log_now = step % config.train.log_every == 0 || last || stopped;
+    const double interval_s = seconds_since(interval_start);
+    const double tokens_per_s = interval_s > 0 ? static_cast<double>(interval_tokens) / interval_s : 0;
+    progress.update(step, interval_loss / static_cast<double>(interval_steps), tokens_per_s, log_now);
+    if (log_now) {
+      log.write("train", {{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                          {"tokens", tokens}, {"tokens_per_s", tokens_per_s}});
+      interval_start = Clock::now();
+      interval_tokens = 0;
+      interval_loss = 0;
+      interval_steps = 0;
+    }
+    if (step % config.eval.every == 0 || last) {
+      last_eval = evaluate(model, eval_batches, device);
+      log.write("eval", {{"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl}, {"tokens", last_eval.tokens}});
+      progress.message(fmt::format("step {}: val_loss {:.4f}  val_ppl {:.2f}", step, last_eval.loss, last_eval.ppl));
+    }
+    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last || stopped) {
+      save_checkpoint(wall_before + seconds_since(call_start));
+    }
+    if (stopped) break;
+  }
+  progress.finish();
+  if (std::isnan(last_eval.loss)) last_eval = evaluate(model, eval_batches, device);
+
+  summary.steps = step;
+  summary.tokens = tokens;
+  summary.val_loss = last_eval.loss;
+  summary.val_ppl = last_eval.ppl;
+  summary.wall_s = wall_before + seconds_since(call_start);
+  summary.interrupted = stopped && step < config.train.steps;
+  log.write("summary", {{"steps", summary.steps}, {"tokens", summary.tokens}, {"val_loss", summary.val_loss},
+                        {"val_ppl", summary.val_ppl}, {"val_unigram_entropy", summary.val_unigram_entropy},
+                        {"wall_s", summary.wall_s}, {"interrupted", summary.interrupted}});
+  return summary;
+}
+
+}  // namespace loco::runtime

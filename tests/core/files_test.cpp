@@ -1,0 +1,51 @@
+#include <gtest/gtest.h>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "test_util.h"
+
+namespace loco {
+namespace {
+
+TEST(Files, AtomicWriteReplacesAndLeavesNoTemporaries) {
+  testing_util::TempDir dir;
+  const auto path = dir.path() / "sub" / "file.txt";
+  write_file_atomic(path, "first", "test");
+  write_file_atomic(path, "second", "test");
+  EXPECT_EQ(read_file(path, "test"), "second");
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(path.parent_path())) ++entries;
+  EXPECT_EQ(entries, 1);
+}
+
+TEST(Files, ReadMissingFileNamesIt) {
+  testing_util::TempDir dir;
+  testing_util::expect_error<DataError>([&] { read_file(dir.path() / "nope.bin", "test"); }, "nope.bin");
+  testing_util::expect_error<DataError>([&] { read_file(dir.path(), "test"); }, "is a folder");
+}
+
+TEST(Files, WriteIntoUnwritablePlaceNamesIt) {
+  // /proc is not writable, even for root: the error must name the path.
+  testing_util::expect_error<Error>([&] { write_file_atomic("/proc/loco-test/x", "data", "test"); }, "/proc/loco-test");
+}
+
+TEST(Files, FullDiskIsReportedAsSuch) {
+  // /dev/full answers every write with ENOSPC.
+  LineAppender out("/dev/full", "test");
+  testing_util::expect_error<Error>([&] { out.append("a line"); }, "disk is full");
+}
+
+TEST(Files, LineAppenderAppendsWholeLines) {
+  testing_util::TempDir dir;
+  const auto path = dir.path() / "m.jsonl";
+  {
+    LineAppender out(path, "test");
+    out.append("{\"a\":1}");
+  }
+  LineAppender again(path, "test");
+  again.append("{\"b\":2}");
+  EXPECT_EQ(read_file(path, "test"), "{\"a\":1}\n{\"b\":2}\n");
+}
+
+}  // namespace
+}  // namespace loco

@@ -1,0 +1,73 @@
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <set>
+
+#include "loco/core/error.h"
+#include "loco/data/batcher.h"
+
+namespace loco::data {
+namespace {
+
+std::vector<int32_t> ramp(int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+TEST(WindowSampler, TargetsAreInputsShiftedByOne) {
+  WindowSampler sampler(ramp(101), 10, 1);
+  auto batch = sampler.next(3);
+  ASSERT_EQ(batch.inputs.sizes(), (std::vector<int64_t>{3, 10}));
+  EXPECT_EQ(batch.inputs.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(batch.targets, batch.inputs + 1));
+  for (int64_t b = 0; b < 3; ++b) EXPECT_EQ(batch.inputs[b][0].item<int64_t>() % 10, 0) << "windows start on a multiple of context";
+}
+
+TEST(WindowSampler, EachEpochVisitsEveryWindowOnceInANewOrder) {
+  WindowSampler sampler(ramp(101), 10, 7);  // 10 windows per epoch
+  ASSERT_EQ(sampler.windows_per_epoch(), 10);
+  std::vector<int64_t> first, second;
+  for (int i = 0; i < 10; ++i) first.push_back(sampler.next(1).inputs[0][0].item<int64_t>());
+  EXPECT_EQ(sampler.position(), (SamplerPosition{0, 10}));
+  for (int i = 0; i < 10; ++i) second.push_back(sampler.next(1).inputs[0][0].item<int64_t>());
+  EXPECT_EQ(sampler.position(), (SamplerPosition{1, 10}));
+  EXPECT_EQ(std::set<int64_t>(first.begin(), first.end()).size(), 10u);
+  EXPECT_EQ(std::set<int64_t>(second.begin(), second.end()).size(), 10u);
+  EXPECT_NE(first, second);
+}
+
+TEST(WindowSampler, RestoreReproducesTheFuture) {
+  WindowSampler a(ramp(1001), 10, 3);
+  for (int i = 0; i < 37; ++i) a.next(3);  // crosses an epoch boundary
+  const auto position = a.position();
+  auto expected = a.next(5);
+
+  WindowSampler b(ramp(1001), 10, 3);
+  b.restore(position);
+  auto got = b.next(5);
+  EXPECT_TRUE(torch::equal(expected.inputs, got.inputs));
+  EXPECT_THROW(b.restore({0, 10'000}), DataError);
+}
+
+TEST(WindowSampler, SeedChangesOrderAndShortStreamsAreRejected) {
+  WindowSampler a(ramp(1001), 10, 1), b(ramp(1001), 10, 2);
+  EXPECT_FALSE(torch::equal(a.next(8).inputs, b.next(8).inputs));
+  EXPECT_THROW(WindowSampler(ramp(10), 10, 1), DataError);
+}
+
+TEST(EvaluationBatches, EvenlySpreadDeterministicAndBounded) {
+  auto batches = evaluation_batches(ramp(1001), 10, 7, 3);  // 100 windows available, 7 taken
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].inputs.size(0), 3);
+  EXPECT_EQ(batches[2].inputs.size(0), 1);
+  std::vector<int64_t> starts;
+  for (const auto& b : batches)
+    for (int64_t i = 0; i < b.inputs.size(0); ++i) starts.push_back(b.inputs[i][0].item<int64_t>());
+  EXPECT_EQ(starts, (std::vector<int64_t>{0, 140, 280, 420, 570, 710, 850}));
+  EXPECT_EQ(evaluation_batches(ramp(31), 10, 50, 8)[0].inputs.size(0), 3) << "capped by the windows available";
+  EXPECT_THROW(evaluation_batches(ramp(5), 10, 1, 1), DataError);
+}
+
+}  // namespace
+}  // namespace loco::data

@@ -1,0 +1,364 @@
+#include "loco/data/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "data/test_util.h"
+#include "loco/core/error.h"
+#include "loco/core/hash.h"
+#include "loco/data/shard.h"
+
+namespace loco::data {
+namespace {
+
+using testing::read_text;
+using testing::TempDir;
+using testing::TextGenerator;
+using testing::throws_with;
+using testing::write_text;
+
+constexpr int kVocab = 320;
+const std::vector<std::string> kLabels = {"fiction", "news", "science"};
+
+// 40 documents with labels, as JSONL; returns the texts in file order.
+std::vector<std::string> write_jsonl_corpus(const fs::path& file, size_t documents = 40) {
+  TextGenerator gen(2024);
+  std::vector<std::string> texts;
+  std::string jsonl;
+  for (size_t i = 0; i < documents; ++i) {
+    texts.push_back(gen.paragraph(2 + i % 4));
+    nlohmann::json line = {{"text", texts.back()}, {"label", kLabels[i % kLabels.size()]}};
+    jsonl += line.dump() + "\n";
+  }
+  write_text(file, jsonl);
+  return texts;
+}
+
+PrepareOptions options_for(const fs::path& corpus, const fs::path& out, uint64_t seed = 1234) {
+  PrepareOptions o;
+  o.corpus = corpus.string();
+  o.out = out;
+  o.cache_dir = out.parent_path() / "cache";
+  o.vocab_size = kVocab;
+  o.val_fraction = 0.25;
+  o.seed = seed;
+  o.shard_tokens = 1000;  // several shards per split
+  return o;
+}
+
+std::multiset<std::string> decoded_documents(const Dataset& ds, const Split& split) {
+  std::multiset<std::string> out;
+  for (const auto& d : split.documents) {
+    // Drop the eos that ends every document.
+    std::vector<int32_t> ids(split.tokens.begin() + static_cast<ptrdiff_t>(d.offset),
+                             split.tokens.begin() + static_cast<ptrdiff_t>(d.offset + d.length - 1));
+    out.insert(ds.tokenizer().decode(ids));
+  }
+  return out;
+}
+
+TEST(UnigramEntropy, ClosedForms) {
+  EXPECT_DOUBLE_EQ(unigram_entropy({0, 1, 2, 3}, 8), std::log(4.0));
+  EXPECT_DOUBLE_EQ(unigram_entropy({5, 5, 5}, 8), 0.0);
+  EXPECT_DOUBLE_EQ(unigram_entropy({0, 0, 1, 1}, 2), std::log(2.0));
+  // p = (1/2, 1/4, 1/4): H = 1.5 ln 2
+  EXPECT_NEAR(unigram_entropy({7, 7, 1, 2}, 8), 1.5 * std::log(2.0), 1e-15);
+  EXPECT_EQ(unigram_entropy({}, 8), 0.0);
+  EXPECT_THROW(unigram_entropy({8}, 8), InternalError);
+}
+
+class PreparedDataset : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    texts_ = write_jsonl_corpus(tmp_ / "corpus.jsonl");
+    PrepareOptions o = options_for(tmp_ / "corpus.jsonl", out_);
+    o.progress = [this](const std::string& line) { progress_.push_back(line); };
+    manifest_ = prepare_dataset(o);
+  }
+  TempDir tmp_;
+  fs::path out_ = tmp_ / "ds";
+  std::vector<std::string> texts_;
+  std::vector<std::string> progress_;
+  Manifest manifest_;
+};
+
+TEST_F(PreparedDataset, ManifestDescribesTheFolder) {
+  const Manifest& m = manifest_;
+  EXPECT_EQ(m.format_version, 1);
+  EXPECT_EQ(m.corpus, (tmp_ / "corpus.jsonl").string());
+  EXPECT_EQ(m.labels, kLabels);
+  EXPECT_EQ(m.vocab_size, kVocab);
+  EXPECT_EQ(m.seed, 1234u);
+  EXPECT_EQ(m.val_fraction, 0.25);
+  EXPECT_EQ(m.train_documents, 30u);
+  EXPECT_EQ(m.val_documents, 10u);
+  EXPECT_GT(m.train_tokens, m.val_tokens);
+  EXPECT_GT(m.train_shards.size(), 1u);
+  EXPECT_EQ(m.train_shards.front(), "train-00000.tok");
+  EXPECT_EQ(m.val_shards.front(), "val-00000.tok");
+  EXPECT_EQ(m.train_shards.size(), (m.train_tokens + 999) / 1000);
+  EXPECT_EQ(m.val_shards.size(), (m.val_tokens + 999) / 1000);
+  for (const auto& f : m.train_shards) EXPECT_TRUE(fs::exists(out_ / f)) << f;
+  EXPECT_TRUE(fs::exists(out_ / "tokenizer.model"));
+  EXPECT_TRUE(fs::exists(out_ / "train.docs"));
+  EXPECT_TRUE(fs::exists(out_ / "val.docs"));
+  EXPECT_EQ(m.tokenizer_hash, hash64(read_text(out_ / "tokenizer.model")));
+
+  // read_manifest gives back what prepare_dataset returned.
+  Manifest r = read_manifest(out_);
+  EXPECT_EQ(r.corpus, m.corpus);
+  EXPECT_EQ(r.labels, m.labels);
+  EXPECT_EQ(r.tokenizer_hash, m.tokenizer_hash);
+  EXPECT_EQ(r.train_tokens, m.train_tokens);
+  EXPECT_EQ(r.val_tokens, m.val_tokens);
+  EXPECT_EQ(r.train_shards, m.train_shards);
+  EXPECT_EQ(r.val_shards, m.val_shards);
+  EXPECT_EQ(r.val_unigram_entropy, m.val_unigram_entropy);  // exact through JSON
+
+  // The JSON also describes the tokenizer and counts documents per label.
+  auto j = nlohmann::json::parse(read_text(out_ / "manifest.json"));
+  EXPECT_EQ(j["tokenizer"]["type"], "sentencepiece-bpe");
+  EXPECT_EQ(j["tokenizer"]["vocab_size"], kVocab);
+  EXPECT_EQ(j["tokenizer"]["file"], "tokenizer.model");
+  EXPECT_EQ(j["tokenizer"]["hash"], hex64(m.tokenizer_hash));
+  EXPECT_EQ(j["tokenizer_hash"], hex64(m.tokenizer_hash));
+  uint64_t train_sum = 0, val_sum = 0;
+  for (auto c : j["label_documents"]["train"]) train_sum += c.get<uint64_t>();
+  for (auto c : j["label_documents"]["val"]) val_sum += c.get<uint64_t>();
+  EXPECT_EQ(train_sum, 30u);
+  EXPECT_EQ(val_sum, 10u);
+}
+
+TEST_F(PreparedDataset, ReportsProgress) {
+  ASSERT_GE(progress_.size(), 4u);
+  EXPECT_NE(progress_[0].find("read 40 documents (3 labels)"), std::string::npos) << progress_[0];
+  bool training = false, tokenized = false;
+  for (const auto& line : progress_) {
+    training |= line.find("training tokenizer (vocab 320) on 30 documents") != std::string::npos;
+    tokenized |= line.find(fmt::format("tokenized: train {} tokens, val {} tokens", manifest_.train_tokens,
+                                       manifest_.val_tokens)) != std::string::npos;
+  }
+  EXPECT_TRUE(training);
+  EXPECT_TRUE(tokenized);
+}
+
+TEST_F(PreparedDataset, OpensAndHoldsEveryDocumentOnce) {
+  Dataset ds = Dataset::open(out_);
+  EXPECT_EQ(ds.manifest().tokenizer_hash, manifest_.tokenizer_hash);
+  EXPECT_EQ(ds.tokenizer().hash(), manifest_.tokenizer_hash);
+  ASSERT_EQ(ds.train().tokens.size(), manifest_.train_tokens);
+  ASSERT_EQ(ds.val().tokens.size(), manifest_.val_tokens);
+  ASSERT_EQ(ds.train().documents.size(), 30u);
+  ASSERT_EQ(ds.val().documents.size(), 10u);
+
+  // Contiguous documents, each ending with eos; labels as in the corpus.
+  std::map<std::string, std::string> label_of;
+  for (size_t i = 0; i < texts_.size(); ++i) label_of[texts_[i]] = kLabels[i % kLabels.size()];
+  for (const Split* split : {&ds.train(), &ds.val()}) {
+    uint64_t next = 0;
+    for (const auto& d : split->documents) {
+      EXPECT_EQ(d.offset, next);
+      EXPECT_EQ(split->tokens[d.offset + d.length - 1], 2);
+      std::vector<int32_t> ids(split->tokens.begin() + static_cast<ptrdiff_t>(d.offset),
+                               split->tokens.begin() + static_cast<ptrdiff_t>(d.offset + d.length - 1));
+      EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 0) << "eos only at the end of a document";
+      EXPECT_EQ(ds.manifest().labels.at(d.label), label_of.at(ds.tokenizer().decode(ids)));
+      next = d.offset + d.length;
+    }
+    EXPECT_EQ(next, split->tokens.size());
+  }
+
+  // Train and val together are exactly the corpus: nothing lost, nothing in both.
+  std::multiset<std::string> all = decoded_documents(ds, ds.train());
+  std::multiset<std::string> val = decoded_documents(ds, ds.val());
+  all.insert(val.begin(), val.end());
+  EXPECT_EQ(all, std::multiset<std::string>(texts_.begin(), texts_.end()));
+}
+
+TEST_F(PreparedDataset, ValUnigramEntropyMatchesARecomputation) {
+  Dataset ds = Dataset::open(out_);
+  std::map<int32_t, double> counts;
+  for (int32_t t : ds.val().tokens) counts[t] += 1;
+  double h = 0;
+  const double n = static_cast<double>(ds.val().tokens.size());
+  for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
+  EXPECT_NEAR(manifest_.val_unigram_entropy, h, 1e-12);
+  EXPECT_GT(h, 1.0);
+  EXPECT_LT(h, std::log(static_cast<double>(kVocab)));
+}
+
+TEST_F(PreparedDataset, SameSeedGivesIdenticalFilesAndAnotherSeedAnotherSplit) {
+  prepare_dataset(options_for(tmp_ / "corpus.jsonl", tmp_ / "again"));
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(out_)) files.insert(e.path().filename().string());
+  std::set<std::string> files_again;
+  for (const auto& e : fs::directory_iterator(tmp_ / "again")) files_again.insert(e.path().filename().string());
+  EXPECT_EQ(files, files_again);
+  for (const auto& f : files) EXPECT_EQ(read_text(out_ / f), read_text(tmp_ / "again" / f)) << f;
+
+  prepare_dataset(options_for(tmp_ / "corpus.jsonl", tmp_ / "other", 99));
+  Dataset a = Dataset::open(out_), b = Dataset::open(tmp_ / "other");
+  EXPECT_NE(decoded_documents(a, a.val()), decoded_documents(b, b.val()));
+  EXPECT_EQ(b.manifest().val_documents, 10u);
+}
+
+// Copies the prepared folder, lets `damage` break it, and expects Dataset::open to fail naming
+// `file` and saying `problem`.
+void expect_open_fails(const fs::path& prepared, const fs::path& scratch,
+                       const std::function<void(const fs::path&)>& damage, const std::string& file,
+                       const std::string& problem) {
+  fs::remove_all(scratch);
+  fs::copy(prepared, scratch, fs::copy_options::recursive);
+  ASSERT_NO_THROW(Dataset::open(scratch));
+  damage(scratch);
+  EXPECT_TRUE(throws_with<DataError>([&] { Dataset::open(scratch); }, {(scratch / file).string(), problem}));
+}
+
+TEST_F(PreparedDataset, OpenFailsClearlyOnDamage) {
+  const fs::path copy = tmp_ / "copy";
+  expect_open_fails(
+      out_, copy, [](const fs::path& d) { fs::remove(d / "manifest.json"); }, "manifest.json",
+      "hint: run loco prepare");
+  expect_open_fails(
+      out_, copy,
+      [](const fs::path& d) {
+        std::string bytes = read_text(d / "train-00001.tok");
+        write_text(d / "train-00001.tok", bytes.substr(0, bytes.size() - 10));
+      },
+      "train-00001.tok", "truncated");
+  expect_open_fails(
+      out_, copy,
+      [](const fs::path& d) {
+        std::string bytes = read_text(d / "val-00000.tok");
+        bytes[kShardHeaderBytes + 5] ^= 0x40;
+        write_text(d / "val-00000.tok", bytes);
+      },
+      "val-00000.tok", "checksum mismatch");
+  expect_open_fails(
+      out_, copy, [](const fs::path& d) { fs::remove(d / "val-00000.tok"); }, "val-00000.tok", "no such file");
+  expect_open_fails(
+      out_, copy,
+      [](const fs::path& d) {
+        std::string bytes = read_text(d / "train.docs");
+        bytes[40] ^= 0x01;
+        write_text(d / "train.docs", bytes);
+      },
+      "train.docs", "checksum mismatch");
+  expect_open_fails(
+      out_, copy,
+      [](const fs::path& d) {
+        std::string bytes = read_text(d / "val.docs");
+        write_text(d / "val.docs", bytes.substr(0, bytes.size() - 16));
+      },
+      "val.docs", "truncated");
+  expect_open_fails(
+      out_, copy,
+      [](const fs::path& d) {
+        std::string text = read_text(d / "manifest.json");
+        auto j = nlohmann::ordered_json::parse(text);
+        j["train_tokens"] = j["train_tokens"].get<uint64_t>() + 1;
+        write_text(d / "manifest.json", j.dump(2));
+      },
+      "manifest.json", "the train shards hold");
+  expect_open_fails(
+      out_, copy,
+      [](const fs::path& d) {
+        auto j = nlohmann::ordered_json::parse(read_text(d / "manifest.json"));
+        j["vocab_size"] = "320";
+        write_text(d / "manifest.json", j.dump(2));
+      },
+      "manifest.json", "field \"vocab_size\" must be a positive integer");
+  expect_open_fails(
+      out_, copy, [](const fs::path& d) { write_text(d / "manifest.json", "{\"format_version\": 1,"); },
+      "manifest.json", "malformed JSON");
+}
+
+TEST_F(PreparedDataset, OpenRejectsAnotherTokenizer) {
+  // A tokenizer trained with another seed's split: a valid model, but not this dataset's.
+  prepare_dataset(options_for(tmp_ / "corpus.jsonl", tmp_ / "other", 99));
+  ASSERT_NE(read_manifest(tmp_ / "other").tokenizer_hash, manifest_.tokenizer_hash);
+  expect_open_fails(
+      out_, tmp_ / "copy",
+      [&](const fs::path& d) {
+        fs::copy_file(tmp_ / "other" / "tokenizer.model", d / "tokenizer.model", fs::copy_options::overwrite_existing);
+      },
+      "tokenizer.model", "tokenizer does not match");
+
+  // Shards written with another tokenizer: named by file, even when tokenizer.model and manifest agree.
+  expect_open_fails(
+      out_, tmp_ / "copy",
+      [&](const fs::path& d) {
+        std::vector<int32_t> tokens = read_shard(d / "val-00000.tok");
+        write_shard(d / "val-00000.tok", tokens, kVocab, manifest_.tokenizer_hash ^ 1);
+      },
+      "val-00000.tok", "tokenizer does not match");
+}
+
+TEST_F(PreparedDataset, RefusesANonEmptyOutputFolderUnlessOverwrite) {
+  PrepareOptions o = options_for(tmp_ / "corpus.jsonl", out_);
+  EXPECT_TRUE(throws_with<Error>([&] { prepare_dataset(o); }, {out_.string(), "not empty", "--overwrite"}));
+
+  // Overwrite with larger shards: the stale numbered shards go, unrelated files stay.
+  write_text(out_ / "notes.md", "mine");
+  o.overwrite = true;
+  o.shard_tokens = 1ull << 20;
+  Manifest m = prepare_dataset(o);
+  EXPECT_EQ(m.train_shards, std::vector<std::string>{"train-00000.tok"});
+  EXPECT_FALSE(fs::exists(out_ / "train-00001.tok"));
+  EXPECT_EQ(read_text(out_ / "notes.md"), "mine");
+  EXPECT_EQ(Dataset::open(out_).train().tokens.size(), m.train_tokens);
+  EXPECT_EQ(m.train_tokens, manifest_.train_tokens);  // same seed, same split, same tokens
+
+  write_text(tmp_ / "a-file", "x");
+  EXPECT_TRUE(throws_with<Error>([&] { prepare_dataset(options_for(tmp_ / "corpus.jsonl", tmp_ / "a-file")); },
+                                 {"a-file", "not a folder"}));
+}
+
+TEST(PrepareDataset, TextFolderCorpusDropsEmptyDocuments) {
+  TempDir tmp;
+  TextGenerator gen(3);
+  for (int i = 0; i < 12; ++i) write_text(tmp / "docs" / fmt::format("{:02d}.txt", i), gen.paragraph(4));
+  write_text(tmp / "docs" / "99-empty.txt", " \n\n");
+  std::vector<std::string> lines;
+  PrepareOptions o = options_for(tmp / "docs", tmp / "ds");
+  o.val_fraction = 0.01;  // rounds to 0 documents, but validation always gets one
+  o.progress = [&](const std::string& l) { lines.push_back(l); };
+  Manifest m = prepare_dataset(o);
+  EXPECT_EQ(m.labels, std::vector<std::string>{""});
+  EXPECT_EQ(m.val_documents, 1u);
+  EXPECT_EQ(m.train_documents, 11u);
+  EXPECT_NE(lines.at(0).find("read 13 documents (1 labels)"), std::string::npos) << lines.at(0);
+  EXPECT_NE(lines.at(0).find("dropped 1 empty"), std::string::npos) << lines.at(0);
+  EXPECT_NO_THROW(Dataset::open(tmp / "ds"));
+}
+
+TEST(PrepareDataset, InputErrors) {
+  TempDir tmp;
+  write_text(tmp / "one" / "only.txt", "a single document");
+  write_text(tmp / "one" / "blank.txt", "   ");
+  EXPECT_TRUE(throws_with<DataError>([&] { prepare_dataset(options_for(tmp / "one", tmp / "ds")); },
+                                     {"1 non-empty documents", "at least 2"}));
+  EXPECT_FALSE(fs::exists(tmp / "ds" / "manifest.json"));
+
+  PrepareOptions o = options_for(tmp / "one", tmp / "ds2");
+  o.vocab_size = 100;
+  EXPECT_TRUE(throws_with<ConfigError>([&] { prepare_dataset(o); }, {"vocab_size = 100"}));
+  o = options_for(tmp / "one", tmp / "ds2");
+  o.val_fraction = 1.0;
+  EXPECT_TRUE(throws_with<ConfigError>([&] { prepare_dataset(o); }, {"val_fraction"}));
+  o = options_for(tmp / "nope.jsonl", tmp / "ds2");
+  EXPECT_TRUE(throws_with<DataError>([&] { prepare_dataset(o); }, {"nope.jsonl"}));
+}
+
+TEST(ReadManifest, MissingFolderOrManifest) {
+  TempDir tmp;
+  EXPECT_TRUE(throws_with<DataError>([&] { read_manifest(tmp.path()); }, {"manifest.json", "no such file"}));
+  EXPECT_TRUE(throws_with<DataError>([&] { Dataset::open(tmp / "absent"); }, {"absent", "no such dataset folder"}));
+}
+
+}  // namespace
+}  // namespace loco::data
