@@ -31,6 +31,7 @@ class TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const fs::path& path() const { return path_; }
+  fs::path operator/(const fs::path& p) const { return path_ / p; }
 
  private:
   fs::path path_;

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "data/test_util.h"
+#include "data/data_test_util.h"
 #include "loco/core/error.h"
 
 namespace loco::data {

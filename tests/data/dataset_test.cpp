@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "data/test_util.h"
+#include "data/data_test_util.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/data/shard.h"

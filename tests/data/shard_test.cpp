@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "data/test_util.h"
+#include "data/data_test_util.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 

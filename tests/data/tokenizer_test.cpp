@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "data/test_util.h"
+#include "data/data_test_util.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 

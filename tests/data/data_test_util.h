@@ -1,4 +1,4 @@
-// Helpers shared by the data module's tests: private temporary folders, error-message checks and a
+// Helpers of the data module's tests: error-message checks and a
 // seeded generator of English-like text.
 #pragma once
 
@@ -12,38 +12,14 @@
 #include <string_view>
 #include <vector>
 
+#include "../test_util.h"
+
 namespace loco::data::testing {
 
 namespace fs = std::filesystem;
 
-// A fresh folder named after the running test (and the process), removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            fmt_name(std::string(info->test_suite_name()) + "-" + info->name() + "-" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const fs::path& p) const { return path_ / p; }
-
- private:
-  static std::string fmt_name(std::string s) {
-    for (char& c : s) {
-      if (c == '/') c = '_';
-    }
-    return "loco-data-" + s;
-  }
-  fs::path path_;
-};
+// Temporary folders shared with the other modules' tests.
+using TempDir = ::loco::testing_util::TempDir;
 
 inline void write_text(const fs::path& path, std::string_view bytes) {
   fs::create_directories(path.parent_path());

@@ -1,0 +1,147 @@
+// loco-bench train: the training loop's own overhead (data, logging, hooks, metrics) measured
+// against a bare libtorch forward/backward/AdamW loop of the same model, in the same process, on
+// the same batches. Also reports model FLOP utilization against a measured matmul peak.
+//
+//   build/loco-bench --config configs/brown.toml [--steps 40] [--rounds 3] [--section.key=value ...]
+//
+// Rounds alternate bare and loco so that a noisy machine affects both alike; the medians are
+// reported. Target (docs/benchmarks.md): loco's loop within 3% of the bare loop.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loco/core/error.h"
+#include "loco/data/batcher.h"
+#include "loco/data/dataset.h"
+#include "loco/runtime/config.h"
+#include "loco/runtime/trainer.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds per step of a bare loop: prepared batches, forward, cross entropy, backward, clip,
+// torch::optim::AdamW. Steps after `warmup` are timed.
+double bare_loop(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup) {
+  auto model = loco::runtime::build_model(config);
+  model->train();
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(config.optim.lr)
+                                                     .betas({config.optim.adamw.beta1, config.optim.adamw.beta2})
+                                                     .weight_decay(config.optim.adamw.weight_decay));
+  Clock::time_point start;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (static_cast<int64_t>(i) == warmup) start = Clock::now();
+    adamw.zero_grad();
+    auto logits = model->forward(batches[i].inputs);
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batches[i].targets.reshape({-1}));
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), config.optim.grad_clip);
+    adamw.step();
+    (void)loss.item<double>();  // the loop reads the loss too
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(batches.size() - warmup);
+}
+
+// Seconds per step of loco's own loop, from the timestamps of its train events (logged every step),
+// which excludes setup and the final evaluation and checkpoint.
+double loco_loop(loco::runtime::RunConfig config, const fs::path& run_dir, int64_t steps, int64_t warmup) {
+  fs::remove_all(run_dir);
+  config.run.dir = run_dir.string();
+  config.train.steps = steps;
+  config.train.log_every = 1;
+  config.eval.every = steps + 1;
+  config.checkpoint.every = 0;
+  loco::algorithms::NoSync sync;
+  loco::runtime::TrainOptions options;
+  options.out = fopen("/dev/null", "w");
+  loco::runtime::train(config, sync, options);
+  fclose(options.out);
+  std::vector<double> times;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "train") times.push_back(j["time"].get<double>());
+  }
+  return (times.back() - times[static_cast<size_t>(warmup - 1)]) / static_cast<double>(steps - warmup);
+}
+
+// Best of a few large fp32 matmuls: the machine's practical FLOP/s with these threads.
+double matmul_peak() {
+  auto a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    auto start = Clock::now();
+    auto c = torch::mm(a, b);
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    best = std::max(best, 2.0 * 1024 * 1024 * 1024 / s);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loco-bench: training-loop overhead and model FLOP utilization", "loco-bench"};
+  std::string config_file;
+  int64_t steps = 40, warmup = 5, rounds = 3;
+  std::string work_dir = "runs/bench";
+  app.add_option("--config", config_file, "TOML run config")->required();
+  app.add_option("--steps", steps, "steps per measurement")->capture_default_str()->check(CLI::Range(10, 100000));
+  app.add_option("--rounds", rounds, "alternating bare/loco rounds; medians are reported")->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--work-dir", work_dir, "scratch run folder (removed and rewritten)")->capture_default_str();
+  app.allow_extras();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<std::string> overrides;
+    for (const auto& extra : app.remaining()) overrides.push_back(extra.starts_with("--") ? extra.substr(2) : extra);
+    auto config = loco::runtime::load_config(config_file, overrides);
+    if (config.train.device != "cpu" && config.train.device != "auto") {
+      throw loco::ConfigError("bench", "loco-bench measures the CPU path; use train.device = \"cpu\"");
+    }
+    config.train.device = "cpu";
+    auto dataset = loco::data::Dataset::open(config.data.dir);
+    if (config.model.vocab_size == 0) config.model.vocab_size = dataset.manifest().vocab_size;
+    const int64_t threads = loco::runtime::configure_threads(config.train.threads);
+    // The bare loop gets the same batches loco's sampler would draw, prepared in advance.
+    loco::data::WindowSampler sampler(dataset.train().tokens, config.model.context, static_cast<uint64_t>(config.train.seed));
+    std::vector<loco::data::Batch> batches;
+    for (int64_t i = 0; i < steps; ++i) batches.push_back(sampler.next(config.train.batch_size * config.train.grad_accum));
+
+    const double tokens_per_step = static_cast<double>(config.train.batch_size * config.train.grad_accum * config.model.context);
+    const double flops_per_token = loco::model::training_flops_per_token(config.model);
+    const double peak = matmul_peak();
+    fmt::print("model: {} parameters, {:.1f} MFLOP/token (6N + attention); {} threads; matmul peak {:.1f} GFLOP/s\n",
+               loco::model::parameter_count(config.model), flops_per_token / 1e6, threads, peak / 1e9);
+    fmt::print("{} rounds of {} steps ({} warm-up), {} tokens/step\n\n", rounds, steps, warmup, tokens_per_step);
+    fmt::print("{:>6} {:>14} {:>14} {:>10}\n", "round", "bare tok/s", "loco tok/s", "overhead");
+    std::vector<double> bare_s, loco_s;
+    for (int64_t r = 0; r < rounds; ++r) {
+      bare_s.push_back(bare_loop(config, batches, warmup));
+      loco_s.push_back(loco_loop(config, fs::path(work_dir) / fmt::format("round-{}", r), steps, warmup));
+      fmt::print("{:>6} {:>14.0f} {:>14.0f} {:>9.1f}%\n", r + 1, tokens_per_step / bare_s.back(),
+                 tokens_per_step / loco_s.back(), 100.0 * (loco_s.back() / bare_s.back() - 1));
+    }
+    const double bare = median(bare_s), ours = median(loco_s);
+    fmt::print("\n{:>6} {:>14.0f} {:>14.0f} {:>9.1f}%   (median; target: overhead < 3%)\n", "median",
+               tokens_per_step / bare, tokens_per_step / ours, 100.0 * (ours / bare - 1));
+    fmt::print("MFU vs measured matmul peak: bare {:.1f}%, loco {:.1f}%\n",
+               100.0 * flops_per_token * tokens_per_step / bare / peak, 100.0 * flops_per_token * tokens_per_step / ours / peak);
+    fs::remove_all(work_dir);
+  } catch (const loco::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
