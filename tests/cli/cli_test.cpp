@@ -34,16 +34,16 @@ heads = 2
 lr = 0.003
 warmup_steps = 5
 [train]
-steps = 40
+steps = 150
 batch_size = 4
 threads = 1
 device = "cpu"
 log_every = 1
 [eval]
-every = 20
+every = 50
 windows = 8
 [checkpoint]
-every = 10
+every = 50
 )";
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -96,12 +96,12 @@ TEST_F(CliTest, InterruptedRunResumesToTheSameLosses) {
   child.signal(SIGSTOP);
   const size_t logged = count_events("interrupted", "train");
   ASSERT_GE(logged, 3u);
-  ASSERT_LT(logged, 40u) << "the run finished before it could be interrupted";
+  ASSERT_LT(logged, 150u) << "the run finished before it could be interrupted";
   child.signal(SIGINT);
   child.signal(SIGCONT);
   ASSERT_EQ(child.wait(std::chrono::seconds(120)), 130) << read_file(log("interrupted"), "test");
   const size_t stopped_at = losses("interrupted").size();
-  EXPECT_LT(stopped_at, 40u);
+  EXPECT_LT(stopped_at, 150u);
 
   auto args = train_args("interrupted");
   args.push_back("--resume");
@@ -118,7 +118,7 @@ TEST_F(CliTest, EvalAndGenerate) {
   auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run}, log("eval"));
   ASSERT_EQ(eval.status, 0) << eval.output;
   EXPECT_NE(eval.output.find("val_loss"), std::string::npos);
-  EXPECT_NE(eval.output.find("(step 40)"), std::string::npos) << eval.output;
+  EXPECT_NE(eval.output.find("(step 150)"), std::string::npos) << eval.output;
 
   auto gen = run_command({LOCO_BINARY, "generate", "--checkpoint", run, "--prompt", "the cat", "--max-new-tokens",
                           "12", "--seed", "3"}, log("generate"));
@@ -128,6 +128,31 @@ TEST_F(CliTest, EvalAndGenerate) {
   auto again = run_command({LOCO_BINARY, "generate", "--checkpoint", run, "--prompt", "the cat", "--max-new-tokens",
                             "12", "--seed", "3"}, log("generate2"));
   EXPECT_EQ(again.output, gen.output) << "same seed, same text";
+}
+
+TEST_F(CliTest, DatasetWithAnotherTokenizerIsRefused) {
+  auto trained = run_command(train_args("for-mismatch"), log("for-mismatch"));
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const auto other = (dir_->path() / "other-data").string();
+  auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other,
+                               "--vocab-size", "300"}, log("other-prepare"));
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  const auto run = (dir_->path() / "for-mismatch").string();
+  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run, "--data", other}, log("mismatch-eval"));
+  EXPECT_EQ(eval.status, 1);
+  EXPECT_NE(eval.output.find("was trained with tokenizer"), std::string::npos) << eval.output;
+  auto gen = run_command({LOCO_BINARY, "generate", "--checkpoint", run, "--data", other}, log("mismatch-gen"));
+  EXPECT_EQ(gen.status, 1);
+  EXPECT_NE(gen.output.find("does not match the checkpoint"), std::string::npos) << gen.output;
+}
+
+TEST_F(CliTest, ConfigurationDocsListEveryKey) {
+  // docs/configuration.md embeds `loco config --reference`; this keeps the two from drifting.
+  auto reference = run_command({LOCO_BINARY, "config", "--reference"}, log("reference"));
+  ASSERT_EQ(reference.status, 0);
+  const auto docs = read_file(fs::path(LOCO_SOURCE_DIR) / "docs" / "configuration.md", "test");
+  EXPECT_NE(docs.find(reference.output), std::string::npos)
+      << "docs/configuration.md is out of date: paste the output of `loco config --reference` into it";
 }
 
 TEST_F(CliTest, BadInputGetsClearErrors) {

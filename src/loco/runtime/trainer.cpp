@@ -2,8 +2,6 @@
 
 #include <fmt/ranges.h>
 
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -55,15 +53,9 @@ int64_t configure_threads(int64_t threads) {
     const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
     threads = std::max<int64_t>(1, cores / processes);
   }
+  // With the OpenMP build of OpenBLAS (scripts/setup.sh), BLAS calls share libtorch's OpenMP
+  // threads, so this one setting governs both (docs/footguns.md).
   torch::set_num_threads(static_cast<int>(threads));
-  // libtorch already splits work across its own threads; a multi-threaded BLAS (OpenBLAS) under it
-  // oversubscribes the cores. Measured on the 2-core CI machine: 2 torch threads with OpenBLAS at 1
-  // thread train up to 2x faster than with OpenBLAS at 2 (docs/footguns.md). Found at run time,
-  // so any BLAS works.
-  using SetThreads = void (*)(int);
-  if (auto* set_blas_threads = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set_blas_threads(1);
-  }
   return threads;
 }
 
