@@ -4,11 +4,13 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
+#include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/data/batcher.h"
@@ -34,8 +36,9 @@ void on_interrupt(int) {
 }
 
 fs::path default_cache_dir() {
-  if (const char* env = std::getenv("LOCO_CACHE")) return env;
-  if (const char* home = std::getenv("HOME")) return fs::path(home) / ".cache" / "loco";
+  const auto env = loco::read_environment();
+  if (env.cache_dir) return *env.cache_dir;
+  if (env.home) return *env.home / ".cache" / "loco";
   return ".loco-cache";
 }
 
@@ -169,11 +172,12 @@ int main(int argc, char** argv) {
       options.stop = &g_stop;
       options.interactive = loco::metrics::Progress::is_terminal(stderr);
       auto summary = loco::runtime::train(config, sync, options);
+      const double gain = summary.val_unigram_entropy - summary.val_loss;
       fmt::print("{} after {} steps ({} tokens, {}): val_loss {:.4f} (ppl {:.2f}); val_unigram_entropy {:.4f}; "
-                 "val_loss is {:.3f} nats below it\n",
+                 "val_loss is {:.3f} nats {} it\n",
                  summary.interrupted ? "interrupted" : "trained", summary.steps, summary.tokens,
                  loco::metrics::format_duration(summary.wall_s), summary.val_loss, summary.val_ppl,
-                 summary.val_unigram_entropy, summary.val_unigram_entropy - summary.val_loss);
+                 summary.val_unigram_entropy, std::abs(gain), gain >= 0 ? "below" : "above");
       if (summary.interrupted) {
         fmt::print("checkpoint saved; continue with: loco train --config {} --resume\n", config_file);
         return 130;

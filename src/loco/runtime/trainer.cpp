@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/core/files.h"
@@ -48,8 +49,7 @@ void prepare_run_dir(const fs::path& run_dir, bool resume) {
 
 int64_t configure_threads(int64_t threads) {
   if (threads <= 0) {
-    int64_t processes = 1;
-    if (const char* env = std::getenv("LOCO_LOCAL_PROCESSES")) processes = std::max<int64_t>(1, std::atoll(env));
+    const int64_t processes = read_environment().local_processes;
     const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
     threads = std::max<int64_t>(1, cores / processes);
   }

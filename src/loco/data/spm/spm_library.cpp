@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "loco/core/environment.h"
 #include "loco/core/error.h"
 
 namespace loco::data::detail {
@@ -15,7 +16,7 @@ namespace {
 
 SpmLibrary load_library() {
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("LOCO_SPM_LIBRARY")) candidates.emplace_back(env);
+  if (auto path = read_environment().spm_library) candidates.push_back(path->string());
   std::error_code ec;
   auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back((exe.parent_path() / "libloco_spm.so").string());

@@ -1,0 +1,48 @@
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "loco/core/environment.h"
+#include "loco/core/error.h"
+#include "test_util.h"
+
+namespace loco {
+namespace {
+
+// Sets a variable for the scope of a test and restores it afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Environment, ReadsVariablesAndDefaults) {
+  ScopedEnv a("LOCO_LOCAL_PROCESSES", nullptr), b("LOCO_CACHE", "/tmp/cache"), c("LOCO_SPM_LIBRARY", "");
+  auto env = read_environment();
+  EXPECT_EQ(env.local_processes, 1);
+  EXPECT_EQ(env.cache_dir, std::filesystem::path("/tmp/cache"));
+  EXPECT_FALSE(env.spm_library.has_value()) << "an empty variable counts as unset";
+  ScopedEnv d("LOCO_LOCAL_PROCESSES", "4");
+  EXPECT_EQ(read_environment().local_processes, 4);
+}
+
+TEST(Environment, MalformedProcessCountIsNamed) {
+  for (const char* bad : {"0", "two", "3x", "-1"}) {
+    ScopedEnv e("LOCO_LOCAL_PROCESSES", bad);
+    testing_util::expect_error<ConfigError>([] { read_environment(); }, "LOCO_LOCAL_PROCESSES");
+  }
+}
+
+}  // namespace
+}  // namespace loco
