@@ -2,10 +2,11 @@
 // against a bare libtorch forward/backward/AdamW loop of the same model, in the same process, on
 // the same batches. Also reports model FLOP utilization against a measured matmul peak.
 //
-//   build/loco-bench --config configs/brown.toml [--steps 40] [--rounds 3] [--section.key=value ...]
+//   build/loco-bench --config configs/brown.toml [--steps 30] [--rounds 5] [--section.key=value ...]
 //
 // After one unreported warm-up round of each, rounds alternate which loop goes first, so that a
-// noisy machine affects both alike; the medians are reported. Target (docs/benchmarks.md): loco's loop within 3% of the bare loop.
+// noisy machine affects both alike; the medians are reported. Target (docs/benchmarks.md): loco's
+// loop within 3% of the bare loop. Config overrides take the --section.key=value form only.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -65,6 +66,7 @@ double loco_loop(loco::runtime::RunConfig config, const fs::path& run_dir, int64
   loco::algorithms::NoSync sync;
   loco::runtime::TrainOptions options;
   options.out = fopen("/dev/null", "w");
+  if (options.out == nullptr) throw loco::Error("bench", "cannot open /dev/null");
   loco::runtime::train(config, sync, options);
   fclose(options.out);
   std::vector<double> times;
