@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev                 # libtorch's C++ frontend, CPU (1.13)
+  libgloo-dev                  # headers of Gloo, the collectives under c10d's ProcessGroupGloo
+  libcpp-httplib-dev           # the coordinator's HTTP control plane
   libsentencepiece-dev         # tokenizer
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line

@@ -1,0 +1,214 @@
+// The Gloo backend: c10d's ProcessGroupGloo over TCP, meeting through loco's KeyValueStore.
+// The only translation unit that sees c10d.
+
+// ProcessGroupGloo.hpp declares its class only under USE_C10D_GLOO, which LibTorch does not export.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/ranges.h>
+
+#include "loco/comm/group.h"
+#include "loco/core/error.h"
+
+namespace loco::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// c10d::Store over a KeyValueStore, every key under `prefix/`. Gloo's rendezvous uses it to
+// exchange the ranks' listening addresses.
+class StoreAdapter final : public c10d::Store {
+ public:
+  StoreAdapter(std::shared_ptr<KeyValueStore> store, std::string prefix, Duration timeout)
+      : c10d::Store(timeout), store_(std::move(store)), prefix_(std::move(prefix)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { store_->set(full(key), text(value)); }
+  std::vector<uint8_t> get(const std::string& key) override {
+    auto value = store_->get(full(key), timeout_);
+    if (!value) throw PeerError("comm", fmt::format("rendezvous: key '{}' did not appear within {} ms", full(key), timeout_.count()));
+    return to_bytes(*value);
+  }
+  int64_t add(const std::string& key, int64_t value) override { return store_->add(full(key), value); }
+  bool deleteKey(const std::string& key) override { return store_->remove(full(key)); }
+  bool check(const std::vector<std::string>& keys) override { return store_->check(full(keys)); }
+  int64_t getNumKeys() override { return store_->size(); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (const auto& key : keys) {
+      const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+      if (!store_->get(full(key), std::max(left, Duration(0)))) {
+        throw PeerError("comm", fmt::format("rendezvous: key '{}' did not appear within {} ms", full(key), timeout.count()));
+      }
+    }
+  }
+
+ private:
+  std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+  std::vector<std::string> full(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(full(k));
+    return out;
+  }
+  std::shared_ptr<KeyValueStore> store_;
+  std::string prefix_;
+};
+
+// Bytes each rank sends in Gloo's ring all-reduce (reduce-scatter then all-gather, gloo/allreduce.cc):
+// 2 (M - 1) / M of the buffer, and as much received. Checked against the kernel's TCP counters by
+// tests/comm/group_test.cpp.
+int64_t ring_all_reduce_bytes(int64_t bytes, int64_t size) { return 2 * (size - 1) * bytes / size; }
+
+// Gloo's broadcast is a binomial tree rooted at `root` (gloo/broadcast.cc): every other rank
+// receives the buffer once; a rank sends it once per child. Returns (sends, receives) of `rank`.
+std::pair<int64_t, int64_t> binomial_tree_messages(int64_t rank, int64_t size, int64_t root) {
+  const int64_t vrank = (rank - root + size) % size;
+  int64_t dim = 0;
+  while ((int64_t{1} << dim) < size) ++dim;
+  int64_t mask = (int64_t{1} << dim) - 1, sends = 0, receives = 0;
+  for (int64_t i = 0; i < dim; ++i) {
+    mask ^= int64_t{1} << i;
+    if ((vrank & mask) != 0) continue;
+    const int64_t vpeer = vrank ^ (int64_t{1} << i);
+    if (vpeer >= size) continue;
+    if ((vrank & (int64_t{1} << i)) == 0) ++sends; else ++receives;
+  }
+  return {sends, receives};
+}
+
+int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+class GlooGroup final : public GroupImpl {
+ public:
+  GlooGroup(std::shared_ptr<KeyValueStore> store, const GroupOptions& options) : options_(options) {
+    // Our own arrival barrier first, so that a missing rank is named in the error rather than
+    // surfacing as one of Gloo's internal key names.
+    const std::string prefix = options.prefix;
+    store->set(fmt::format("{}/arrived/{}", prefix, options.rank), "1");
+    const auto deadline = Clock::now() + options.timeout;
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < options.size; ++r) {
+      const auto left = std::max(Duration(0), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+      if (!store->get(fmt::format("{}/arrived/{}", prefix, r), left)) missing.push_back(r);
+    }
+    if (!missing.empty()) {
+      throw PeerError("comm", fmt::format("group '{}': rank(s) {} did not arrive within {} s (this is rank {} of {})",
+                                          prefix, fmt::join(missing, ", "), options.timeout.count() / 1000.0,
+                                          options.rank, options.size));
+    }
+    try {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
+      auto adapter = c10::make_intrusive<StoreAdapter>(std::move(store), prefix + "/gloo", options.timeout);
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(adapter, static_cast<int>(options.rank),
+                                                           static_cast<int>(options.size), gloo_options);
+    } catch (const PeerError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw PeerError("comm", fmt::format("group '{}': connecting rank {} of {} on {} failed: {}", prefix, options.rank,
+                                          options.size, options.host, first_line(e.what())));
+    }
+  }
+
+  int64_t rank() const override { return options_.rank; }
+  int64_t size() const override { return options_.size; }
+  std::string backend() const override { return "gloo"; }
+
+  CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors) override {
+    if (tensors.empty()) return {0, 0, 0, size()};
+    // Gloo reduces one buffer per call: several tensors travel as one flat buffer (one collective).
+    const auto dtype = tensors.front().scalar_type();
+    for (const auto& t : tensors) {
+      LOCO_CHECK(t.scalar_type() == dtype, "all_reduce_sum: mixed dtypes {} and {}", c10::toString(dtype),
+                 c10::toString(t.scalar_type()));
+    }
+    torch::Tensor flat;
+    if (tensors.size() == 1) {
+      flat = tensors.front().view({-1});
+    } else {
+      std::vector<torch::Tensor> views;
+      for (const auto& t : tensors) views.push_back(t.view({-1}));
+      flat = torch::cat(views);
+    }
+    std::vector<at::Tensor> buffer{flat};
+    run("all_reduce", bytes_of(flat), [&] { return group_->allreduce(buffer); });
+    if (tensors.size() > 1) {
+      int64_t offset = 0;
+      for (auto& t : tensors) {
+        t.view({-1}).copy_(flat.narrow(0, offset, t.numel()));
+        offset += t.numel();
+      }
+    }
+    const int64_t moved = ring_all_reduce_bytes(bytes_of(flat), size());
+    return {moved, moved, 0, size()};
+  }
+
+  CommStats broadcast(torch::Tensor& tensor, int64_t root) override {
+    std::vector<at::Tensor> buffer{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = static_cast<int>(root);
+    run("broadcast", bytes_of(tensor), [&] { return group_->broadcast(buffer, opts); });
+    auto [sends, receives] = binomial_tree_messages(rank(), size(), root);
+    return {sends * bytes_of(tensor), receives * bytes_of(tensor), 0, size()};
+  }
+
+  CommStats all_gather(const torch::Tensor& tensor, std::vector<torch::Tensor>& out) override {
+    out.clear();
+    for (int64_t r = 0; r < size(); ++r) out.push_back(torch::empty_like(tensor));
+    std::vector<std::vector<at::Tensor>> outputs{std::vector<at::Tensor>(out.begin(), out.end())};
+    std::vector<at::Tensor> input{tensor};
+    run("all_gather", bytes_of(tensor), [&] { return group_->allgather(outputs, input); });
+    const int64_t moved = (size() - 1) * bytes_of(tensor);  // ring all-gather (gloo/allgather.cc)
+    return {moved, moved, 0, size()};
+  }
+
+  CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    std::vector<at::Tensor> buffer{tensor};
+    run(fmt::format("send to rank {}", peer), bytes_of(tensor),
+        [&] { return group_->send(buffer, static_cast<int>(peer), static_cast<int>(tag)); });
+    return {bytes_of(tensor), 0, 0, 2};
+  }
+
+  CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    std::vector<at::Tensor> buffer{tensor};
+    run(fmt::format("recv from rank {}", peer), bytes_of(tensor),
+        [&] { return group_->recv(buffer, static_cast<int>(peer), static_cast<int>(tag)); });
+    return {0, bytes_of(tensor), 0, 2};
+  }
+
+ private:
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  // Starts an operation and waits for it, bounded by the group's timeout. Any failure is a peer's.
+  template <class Start>
+  void run(const std::string& what, int64_t bytes, Start&& start) {
+    const auto begin = Clock::now();
+    try {
+      auto work = start();
+      if (!work->wait(options_.timeout)) throw std::runtime_error("timed out");
+    } catch (const std::exception& e) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
+      throw PeerError("comm", fmt::format("{} of {} bytes in group '{}' (rank {} of {}) failed after {:.1f} s: {}", what,
+                                          bytes, options_.prefix, rank(), size(), elapsed, first_line(e.what())));
+    }
+  }
+
+  GroupOptions options_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace
+
+std::shared_ptr<GroupImpl> connect_gloo(std::shared_ptr<KeyValueStore> store, const GroupOptions& options) {
+  return std::make_shared<GlooGroup>(std::move(store), options);
+}
+
+}  // namespace loco::comm

@@ -1,0 +1,100 @@
+// Group: loco's one interface to collective communication. Algorithms see only this; c10d and its
+// camelCase API stay inside comm (gloo_group.cpp).
+//
+// A Group is a small handle (copies share one connection) over a backend:
+//   - Group::single(): a world of one rank. Every operation completes locally and moves no bytes,
+//     so single-process code takes exactly the path multi-process code takes (MLX's pattern).
+//   - Group::connect(): `size` ranks meet through a KeyValueStore and talk Gloo over TCP
+//     (c10d's ProcessGroupGloo). Each membership epoch of a run gets a fresh Group.
+//
+// Every operation blocks until it completes on this rank, is bounded by GroupOptions::timeout, and
+// returns what it cost: payload bytes sent and received by this rank as the wire carries them (the
+// algorithm's traffic, not the tensor's size; transport headers excluded), wall time, and how many
+// ranks took part (PCCL's lesson: results say who participated and what moved).
+//
+// Failures: a peer that dies, hangs past the timeout or breaks the protocol raises PeerError
+// (recoverable: the runtime's recovery loop handles it); after a PeerError the Group is unusable
+// and must be replaced. Misuse (a wrong shape, a rank out of range) raises InternalError.
+//
+// Not thread-safe: one thread issues a Group's operations, in the same order on every rank.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loco/comm/key_value.h"
+
+namespace loco::comm {
+
+struct CommStats {
+  int64_t bytes_sent = 0;      // payload bytes this rank sent
+  int64_t bytes_received = 0;  // payload bytes this rank received
+  double seconds = 0;          // wall time of the operation on this rank
+  int64_t participants = 0;    // ranks that took part
+  CommStats& operator+=(const CommStats& other);
+};
+
+struct GroupOptions {
+  int64_t rank = 0;
+  int64_t size = 1;
+  // Address this rank listens on and that its peers dial: 127.0.0.1 on one machine; across machines
+  // an address the peers can reach (runtime picks the one that reaches the coordinator).
+  std::string host = "127.0.0.1";
+  Duration timeout = std::chrono::seconds(60);  // rendezvous and every operation
+  std::string prefix = "group";                 // namespace of this group's keys in the store
+  void validate() const;                        // ConfigError on nonsense
+};
+
+// A backend. Implemented by gloo_group.cpp and the single-rank stand-in; users hold a Group.
+// Implementations take CPU tensors that are contiguous (Group ensures it) and report bytes.
+class GroupImpl {
+ public:
+  virtual ~GroupImpl() = default;
+  virtual int64_t rank() const = 0;
+  virtual int64_t size() const = 0;
+  virtual std::string backend() const = 0;
+  virtual CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors) = 0;
+  virtual CommStats broadcast(torch::Tensor& tensor, int64_t root) = 0;
+  virtual CommStats all_gather(const torch::Tensor& tensor, std::vector<torch::Tensor>& out) = 0;
+  virtual CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
+  virtual CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
+};
+
+class Group {
+ public:
+  // A world of one rank (rank 0, size 1).
+  static Group single();
+  // Joins the group `options` describes; blocks until all options.size ranks have arrived through
+  // `store`, or throws PeerError after options.timeout naming the ranks still missing.
+  static Group connect(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
+  explicit Group(std::shared_ptr<GroupImpl> impl);
+
+  int64_t rank() const { return impl_->rank(); }
+  int64_t size() const { return impl_->size(); }
+  std::string backend() const { return impl_->backend(); }
+
+  // Element-wise sum across ranks, in place. Every rank ends with bit-identical tensors.
+  CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors);
+  CommStats all_reduce_sum(torch::Tensor& tensor);
+  // Copies `root`'s tensor into every rank's `tensor` (same shape and dtype on every rank).
+  CommStats broadcast(torch::Tensor& tensor, int64_t root);
+  // out[r] = rank r's `tensor`, for every r (same shape and dtype on every rank).
+  CommStats all_gather(const torch::Tensor& tensor, std::vector<torch::Tensor>& out);
+  // Point to point; the receiver's tensor must match the sender's shape and dtype. `tag` tells
+  // apart messages between the same two ranks.
+  CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag = 0);
+  CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag = 0);
+
+ private:
+  std::shared_ptr<GroupImpl> impl_;
+};
+
+// The Gloo backend (gloo_group.cpp): exposed for Group::connect and tests.
+std::shared_ptr<GroupImpl> connect_gloo(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
+
+}  // namespace loco::comm

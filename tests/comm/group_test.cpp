@@ -1,0 +1,247 @@
+// Group over Gloo with ranks as threads on 127.0.0.1: results in closed form, bit-identical on
+// every rank, byte accounting checked against the kernel's TCP counters, and failures (a missing
+// rank, a silent rank, a departed rank) that end in PeerError within the timeout.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <chrono>
+
+#include "comm/rank_threads.h"
+#include "loco/comm/group.h"
+#include "loco/comm/wire_meter.h"
+#include "loco/core/error.h"
+#include "loco/core/hash.h"
+
+namespace loco::comm {
+namespace {
+
+using testing_util::run_ranks;
+using namespace std::chrono_literals;
+
+GroupOptions options(int64_t rank, int64_t size, Duration timeout = 10s, std::string prefix = "test") {
+  GroupOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = timeout;
+  o.prefix = std::move(prefix);
+  return o;
+}
+
+uint64_t hash_of(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return hash64(c.data_ptr(), static_cast<size_t>(c.numel() * c.element_size()));
+}
+
+void expect_all_ok(const auto& results) {
+  for (size_t r = 0; r < results.size(); ++r) ASSERT_FALSE(results[r].error) << "rank " << r << ": " << results[r].message();
+}
+
+TEST(GroupTest, SingleGroupIsTheWorldOfOne) {
+  auto group = Group::single();
+  EXPECT_EQ(group.rank(), 0);
+  EXPECT_EQ(group.size(), 1);
+  auto t = torch::arange(5, torch::kFloat32);
+  auto stats = group.all_reduce_sum(t);
+  EXPECT_TRUE(torch::equal(t, torch::arange(5, torch::kFloat32)));
+  EXPECT_EQ(stats.bytes_sent, 0);
+  EXPECT_EQ(stats.participants, 1);
+  std::vector<torch::Tensor> out;
+  group.all_gather(t, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(torch::equal(out[0], t));
+  EXPECT_THROW(group.send(t, 0), InternalError);
+  // A size-1 connect needs no store and no network.
+  EXPECT_EQ(Group::connect(nullptr, options(0, 1)).backend(), "single");
+}
+
+TEST(GroupTest, AllReduceSumsAcrossRanksBitIdentically) {
+  constexpr int64_t kSize = 3;
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  struct Out {
+    torch::Tensor a, b;
+    CommStats stats;
+  };
+  auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+    auto group = Group::connect(store, options(rank, kSize));
+    // Two tensors in one call (one collective); values with rounding so identical bits mean something.
+    auto a = torch::full({1000003}, 0.1f * static_cast<float>(rank + 1));
+    auto b = torch::arange(10, torch::kFloat32) * static_cast<float>(rank);
+    std::vector<torch::Tensor> tensors{a, b};
+    auto stats = group.all_reduce_sum(tensors);
+    return Out{a, b, stats};
+  });
+  expect_all_ok(results);
+  const float expected_a = 0.1f + 0.2f + 0.3f;
+  for (const auto& r : results) {
+    EXPECT_NEAR(r.value->a[0].item<float>(), expected_a, 1e-6);
+    EXPECT_TRUE(torch::equal(r.value->b, torch::arange(10, torch::kFloat32) * 3.0f));
+    EXPECT_EQ(hash_of(r.value->a), hash_of(results[0].value->a)) << "ranks disagree bit-wise";
+    // Ring all-reduce: each rank sends and receives 2 (M-1)/M of the buffer.
+    const int64_t bytes = (1000003 + 10) * 4;
+    EXPECT_EQ(r.value->stats.bytes_sent, 2 * (kSize - 1) * bytes / kSize);
+    EXPECT_EQ(r.value->stats.bytes_received, r.value->stats.bytes_sent);
+    EXPECT_EQ(r.value->stats.participants, kSize);
+    EXPECT_GT(r.value->stats.seconds, 0);
+  }
+}
+
+TEST(GroupTest, BroadcastAllGatherAndPointToPoint) {
+  constexpr int64_t kSize = 4;
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  struct Out {
+    torch::Tensor broadcast, received;
+    std::vector<torch::Tensor> gathered;
+    CommStats broadcast_stats;
+  };
+  auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+    auto group = Group::connect(store, options(rank, kSize));
+    Out out;
+    out.broadcast = torch::full({7}, static_cast<double>(rank), torch::kFloat64);
+    out.broadcast_stats = group.broadcast(out.broadcast, 2);
+    group.all_gather(torch::full({3}, static_cast<int64_t>(rank * 10), torch::kInt64), out.gathered);
+    // A ring of messages: send to the right, receive from the left (tagged, non-blocking sends).
+    out.received = torch::empty({5}, torch::kInt32);
+    const int64_t right = (rank + 1) % kSize, left = (rank + kSize - 1) % kSize;
+    if (rank % 2 == 0) {
+      group.send(torch::full({5}, static_cast<int32_t>(rank), torch::kInt32), right, 3);
+      group.recv(out.received, left, 3);
+    } else {
+      group.recv(out.received, left, 3);
+      group.send(torch::full({5}, static_cast<int32_t>(rank), torch::kInt32), right, 3);
+    }
+    return out;
+  });
+  expect_all_ok(results);
+  int64_t sent = 0, received = 0;
+  for (int64_t r = 0; r < kSize; ++r) {
+    const auto& out = *results[static_cast<size_t>(r)].value;
+    EXPECT_TRUE(torch::equal(out.broadcast, torch::full({7}, 2.0, torch::kFloat64)));
+    ASSERT_EQ(out.gathered.size(), static_cast<size_t>(kSize));
+    for (int64_t s = 0; s < kSize; ++s) EXPECT_EQ(out.gathered[static_cast<size_t>(s)][0].item<int64_t>(), s * 10);
+    EXPECT_TRUE(torch::equal(out.received, torch::full({5}, static_cast<int32_t>((r + kSize - 1) % kSize), torch::kInt32)));
+    sent += out.broadcast_stats.bytes_sent;
+    received += out.broadcast_stats.bytes_received;
+  }
+  // A broadcast delivers the buffer once to each non-root rank, whatever the tree.
+  EXPECT_EQ(received, (kSize - 1) * 7 * 8);
+  EXPECT_EQ(sent, received);
+  EXPECT_EQ(results[2].value->broadcast_stats.bytes_received, 0);
+}
+
+// The bytes Group reports are what the kernel's sockets carried, within transport headers.
+TEST(GroupTest, ReportedBytesMatchTheKernelsTcpCounters) {
+  constexpr int64_t kSize = 3;
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  std::barrier sync(kSize);
+  std::vector<WireCounters> readings;
+  struct Out {
+    CommStats all_reduce, all_gather, broadcast;
+  };
+  auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+    auto group = Group::connect(store, options(rank, kSize));
+    auto big = torch::ones({2'000'000}, torch::kFloat32);
+    std::vector<torch::Tensor> gathered;
+    Out out;
+    auto step = [&](auto&& operation) {
+      sync.arrive_and_wait();
+      if (rank == 0) readings.push_back(read_wire_counters());
+      sync.arrive_and_wait();
+      operation();
+    };
+    step([&] { out.all_reduce = group.all_reduce_sum(big); });
+    step([&] { out.all_gather = group.all_gather(big, gathered); });
+    step([&] { out.broadcast = group.broadcast(big, 1); });
+    step([] {});
+    return out;
+  });
+  expect_all_ok(results);
+  ASSERT_EQ(readings.size(), 4u);
+  auto total = [&](auto member) {
+    int64_t sum = 0;
+    for (const auto& r : results) sum += (*r.value.*member).bytes_sent;
+    return sum;
+  };
+  const int64_t reported[] = {total(&Out::all_reduce), total(&Out::all_gather), total(&Out::broadcast)};
+  for (size_t i = 0; i < 3; ++i) {
+    // All ranks live in this process: its sockets carried every rank's traffic, both ends.
+    const int64_t measured_sent = readings[i + 1].sent - readings[i].sent;
+    const int64_t measured_received = readings[i + 1].received - readings[i].received;
+    std::printf("operation %zu: reported %lld bytes, kernel counted %lld sent / %lld received\n", i,
+                static_cast<long long>(reported[i]), static_cast<long long>(measured_sent),
+                static_cast<long long>(measured_received));
+    EXPECT_GE(measured_sent, reported[i]) << "operation " << i;
+    EXPECT_LE(measured_sent, reported[i] + reported[i] / 100 + 65536) << "operation " << i;
+    EXPECT_NEAR(static_cast<double>(measured_received), static_cast<double>(measured_sent), 65536.0) << "operation " << i;
+  }
+}
+
+TEST(GroupTest, MissingRankIsNamedAfterTheTimeout) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  const auto start = std::chrono::steady_clock::now();
+  auto results = run_ranks<int>(2, [&](int64_t rank) {
+    Group::connect(store, options(rank, 3, 1s, "missing"));  // rank 2 never comes
+    return 0;
+  });
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.error);
+    EXPECT_NE(r.message().find("rank(s) 2 did not arrive"), std::string::npos) << r.message();
+    EXPECT_THROW(std::rethrow_exception(r.error), PeerError);
+  }
+  EXPECT_LT(elapsed, 5.0);
+}
+
+TEST(GroupTest, SilentPeerTimesOutAndDepartedPeerFailsFast) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  std::barrier sync(2);
+  struct Out {
+    std::string silent_error, departed_error;
+    double silent_s = 0, departed_s = 0;
+  };
+  auto results = run_ranks<Out>(2, [&](int64_t rank) {
+    Out out;
+    {
+      auto group = Group::connect(store, options(rank, 2, 1s, "silent"));
+      if (rank == 0) {
+        auto t = torch::ones({10});
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          group.all_reduce_sum(t);  // rank 1 never joins this one
+        } catch (const PeerError& e) {
+          out.silent_error = e.what();
+        }
+        out.silent_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      sync.arrive_and_wait();
+    }
+    auto group = Group::connect(store, options(rank, 2, 10s, "departed"));
+    sync.arrive_and_wait();
+    if (rank == 1) return out;  // leaves: its group is destroyed, its sockets close
+    std::this_thread::sleep_for(200ms);
+    auto t = torch::ones({10});
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      group.all_reduce_sum(t);
+    } catch (const PeerError& e) {
+      out.departed_error = e.what();
+    }
+    out.departed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
+  });
+  expect_all_ok(results);
+  const auto& out = *results[0].value;
+  EXPECT_NE(out.silent_error.find("all_reduce"), std::string::npos) << out.silent_error;
+  EXPECT_GE(out.silent_s, 0.9);
+  EXPECT_LT(out.silent_s, 5.0);
+  EXPECT_FALSE(out.departed_error.empty());
+  EXPECT_LT(out.departed_s, 5.0) << "a closed connection must not wait for the 10 s timeout";
+}
+
+TEST(GroupTest, OptionsAreValidated) {
+  EXPECT_THROW(options(2, 2).validate(), ConfigError);
+  EXPECT_THROW(options(0, 0).validate(), ConfigError);
+  EXPECT_THROW(options(0, 2, 0s).validate(), ConfigError);
+}
+
+}  // namespace
+}  // namespace loco::comm

@@ -1,0 +1,44 @@
+// Runs ranks as threads of the test process (c10d's own test pattern): each thread's result or
+// exception is collected and asserted on the main thread, never inside a rank.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace loco::testing_util {
+
+template <class T>
+struct RankResult {
+  std::optional<T> value;
+  std::exception_ptr error;
+  std::string message() const {
+    if (!error) return "";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+};
+
+template <class T>
+std::vector<RankResult<T>> run_ranks(int64_t size, const std::function<T(int64_t rank)>& body) {
+  std::vector<RankResult<T>> results(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        results[static_cast<size_t>(r)].value = body(r);
+      } catch (...) {
+        results[static_cast<size_t>(r)].error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+}  // namespace loco::testing_util
