@@ -1,0 +1,131 @@
+#include "loco/optim/outer.h"
+
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <map>
+
+#include "loco/core/error.h"
+
+namespace loco::optim {
+
+const char* to_string(OuterKind kind) {
+  switch (kind) {
+    case OuterKind::kNesterov: return "nesterov";
+    case OuterKind::kSgd: return "sgd";
+    case OuterKind::kAdam: return "adam";
+  }
+  return "?";
+}
+
+void OuterOptions::validate() const {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw ConfigError("optim", message);
+  };
+  require(lr > 0 && std::isfinite(lr), fmt::format("the outer lr must be > 0, got {}", lr));
+  require(momentum >= 0 && momentum < 1, fmt::format("the outer momentum must be in [0, 1), got {}", momentum));
+  require(beta2 >= 0 && beta2 < 1, fmt::format("the outer beta2 must be in [0, 1), got {}", beta2));
+  require(eps > 0, fmt::format("the outer eps must be > 0, got {}", eps));
+}
+
+OuterOptions default_outer_options(OuterKind kind) {
+  OuterOptions o;
+  o.kind = kind;
+  switch (kind) {
+    case OuterKind::kNesterov: o.lr = 0.7; o.momentum = 0.9; break;
+    case OuterKind::kSgd: o.lr = 1.0; o.momentum = 0.0; break;
+    case OuterKind::kAdam: o.lr = 1e-3; o.momentum = 0.9; break;
+  }
+  return o;
+}
+
+OuterOptimizer::OuterOptimizer(std::vector<std::string> names, std::vector<torch::Tensor> parameters, OuterOptions options)
+    : names_(std::move(names)), parameters_(std::move(parameters)), options_(options) {
+  options_.validate();
+  LOCO_CHECK(names_.size() == parameters_.size(), "{} names for {} parameters", names_.size(), parameters_.size());
+  const bool has_first = options_.kind != OuterKind::kSgd || options_.momentum > 0;
+  for (const auto& p : parameters_) {
+    LOCO_CHECK(p.scalar_type() == torch::kFloat32, "the global copy must be fp32, got {}", c10::toString(p.scalar_type()));
+    if (has_first) first_.push_back(torch::zeros_like(p));
+    if (options_.kind == OuterKind::kAdam) second_.push_back(torch::zeros_like(p));
+  }
+}
+
+void OuterOptimizer::step(const std::vector<torch::Tensor>& outer_gradients) {
+  LOCO_CHECK(outer_gradients.size() == parameters_.size(), "{} outer gradients for {} parameters",
+             outer_gradients.size(), parameters_.size());
+  torch::NoGradGuard no_grad;
+  ++steps_;
+  const double lr = options_.lr, mu = options_.momentum;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    auto& theta = parameters_[i];
+    const auto& delta = outer_gradients[i];
+    LOCO_CHECK(delta.sizes().equals(theta.sizes()), "outer gradient of '{}' has the wrong shape", names_[i]);
+    switch (options_.kind) {
+      case OuterKind::kNesterov:
+        first_[i].mul_(mu).add_(delta);                        // v ← μ v + Δ
+        theta.sub_(delta + mu * first_[i], lr);                // θ ← θ − η (Δ + μ v)
+        break;
+      case OuterKind::kSgd:
+        if (first_.empty()) {
+          theta.sub_(delta, lr);                               // θ ← θ − η Δ
+        } else {
+          first_[i].mul_(mu).add_(delta);                      // v ← μ v + Δ
+          theta.sub_(first_[i], lr);                           // θ ← θ − η v
+        }
+        break;
+      case OuterKind::kAdam: {
+        const double bias1 = 1 - std::pow(mu, static_cast<double>(steps_));
+        const double bias2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
+        first_[i].mul_(mu).add_(delta, 1 - mu);
+        second_[i].mul_(options_.beta2).addcmul_(delta, delta, 1 - options_.beta2);
+        auto denom = (second_[i].sqrt() / std::sqrt(bias2)).add_(options_.eps);
+        theta.addcdiv_(first_[i], denom, -lr / bias1);
+        break;
+      }
+    }
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> OuterOptimizer::state() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  const char* first_name = options_.kind == OuterKind::kAdam ? ".exp_avg" : ".momentum";
+  for (size_t i = 0; i < first_.size(); ++i) out.emplace_back(names_[i] + first_name, first_[i]);
+  for (size_t i = 0; i < second_.size(); ++i) out.emplace_back(names_[i] + ".exp_avg_sq", second_[i]);
+  out.emplace_back("steps", torch::tensor(steps_, torch::kInt64));
+  return out;
+}
+
+void OuterOptimizer::load_state(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  auto take = [&](const std::string& key) {
+    auto it = by_name.find(key);
+    if (it == by_name.end()) {
+      throw DataError("optim", fmt::format("outer optimizer state has no entry '{}' (was it saved with outer.optimizer = "
+                                           "\"{}\"?)", key, to_string(options_.kind)));
+    }
+    auto value = it->second;
+    by_name.erase(it);
+    return value;
+  };
+  torch::NoGradGuard no_grad;
+  const char* first_name = options_.kind == OuterKind::kAdam ? ".exp_avg" : ".momentum";
+  auto restore = [&](std::vector<torch::Tensor>& into, const char* suffix) {
+    for (size_t i = 0; i < into.size(); ++i) {
+      auto value = take(names_[i] + suffix);
+      if (!value.sizes().equals(into[i].sizes())) {
+        throw DataError("optim", fmt::format("outer optimizer state '{}{}' has shape [{}], the model needs [{}]", names_[i],
+                                             suffix, fmt::join(value.sizes(), ", "), fmt::join(into[i].sizes(), ", ")));
+      }
+      into[i].copy_(value);
+    }
+  };
+  restore(first_, first_name);
+  restore(second_, ".exp_avg_sq");
+  steps_ = take("steps").item<int64_t>();
+  if (!by_name.empty()) {
+    throw DataError("optim", fmt::format("outer optimizer state has an unexpected entry '{}'", by_name.begin()->first));
+  }
+}
+
+}  // namespace loco::optim
