@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
       loco::runtime::TrainOptions options;
       options.resume = resume;
       options.stop = &g_stop;
-      options.interactive = loco::metrics::Progress::is_terminal(stderr);
+      options.progress = loco::metrics::Progress::is_terminal(stderr) ? loco::metrics::ProgressMode::kBar
+                                                                       : loco::metrics::ProgressMode::kLines;
       auto summary = loco::runtime::train(config, sync, options);
       const double gain = summary.val_unigram_entropy - summary.val_loss;
       fmt::print("{} after {} steps ({} tokens, {}): val_loss {:.4f} (ppl {:.2f}); val_unigram_entropy {:.4f}; "

@@ -50,6 +50,24 @@ TEST(OuterOptimizer, SgdWithLrOneIsFederatedAveraging) {
   EXPECT_EQ(outer.state().size(), 1u);
 }
 
+// Given the average θ̄ itself, FedAvg lands on it exactly, where θ − fl(θ − θ̄) need not.
+TEST(OuterOptimizer, FedAvgToTheAverageIsExact) {
+  auto theta = torch::tensor({1.0f, 3.0f, -0.5f});
+  auto average = torch::tensor({-std::ldexp(1.0f, -30), 1e-9f, 0.25f});
+  auto via_delta = theta - (theta - average);
+  EXPECT_FALSE(torch::equal(via_delta, average)) << "the subtraction route rounds (that is the point of this test)";
+  OuterOptimizer outer({"w"}, {theta}, default_outer_options(OuterKind::kSgd));
+  outer.step_to_average({average});
+  EXPECT_TRUE(torch::equal(theta, average));
+  // With another lr, or momentum, it is the ordinary step on Δ = θ − θ̄.
+  auto a = torch::tensor({1.0f, 2.0f}), b = a.clone(), avg = torch::tensor({0.5f, 2.5f});
+  OuterOptimizer by_average({"w"}, {a}, default_outer_options(OuterKind::kNesterov));
+  OuterOptimizer by_delta({"w"}, {b}, default_outer_options(OuterKind::kNesterov));
+  by_average.step_to_average({avg});
+  by_delta.step({b - avg});
+  EXPECT_TRUE(torch::equal(a, b));
+}
+
 TEST(OuterOptimizer, HeavyBallSgd) {
   auto theta = torch::tensor({1.0f});
   OuterOptimizer outer({"w"}, {theta}, options_of(OuterKind::kSgd, 0.5, 0.5));

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loco/algorithms/diloco.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/runtime/checkpoint.h"
@@ -102,8 +103,9 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
   struct StopAt : algorithms::SyncStrategy {
     std::atomic<bool>* flag;
     std::string name() const override { return "stop-at-12"; }
-    void after_step(algorithms::StepContext& ctx) override {
+    std::optional<algorithms::SyncReport> after_step(algorithms::StepContext& ctx) override {
       if (ctx.step == 11) flag->store(true);
+      return std::nullopt;
     }
   } stopper;
   stopper.flag = &stop;
@@ -173,6 +175,26 @@ TEST_F(TrainerTest, GradientAccumulationMatchesALargerBatch) {
   auto a = train(big, sync, {});
   auto b = train(small, sync, {});
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-4) << "step " << i;
+}
+
+// DiLoCo with one worker, H = 1 and the outer step SGD(lr 1, no momentum) sets θ to the worker's
+// parameters after every inner step: it is plain training.
+TEST_F(TrainerTest, OneWorkerDiLoCoWithFedAvgEveryStepIsPlainTraining) {
+  algorithms::NoSync none;
+  auto plain = train(config("plain"), none, {});
+  auto c = config("fedavg");
+  c.sync.algorithm = Algorithm::kDiLoCo;
+  c.sync.inner_steps = 1;
+  c.outer.optimizer = optim::OuterKind::kSgd;
+  resolve_defaults(c);
+  ASSERT_EQ(outer_options(c).lr, 1.0);
+  ASSERT_EQ(outer_options(c).momentum, 0.0);
+  algorithms::DiLoCo diloco(comm::Group::single(), diloco_options(c));
+  auto fedavg = train(c, diloco, {});
+  EXPECT_EQ(fedavg.rounds, 30);
+  ASSERT_EQ(fedavg.losses.size(), plain.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(fedavg.losses[i], plain.losses[i]) << "step " << i;
+  EXPECT_EQ(fedavg.val_loss, plain.val_loss);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "loco/metrics/progress.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,9 +9,12 @@
 
 namespace loco::metrics {
 
-Progress::Progress(int64_t first_step, int64_t total_steps, bool interactive, std::FILE* out)
-    : first_step_(first_step), total_steps_(total_steps), interactive_(interactive), out_(out),
+Progress::Progress(int64_t first_step, int64_t total_steps, ProgressMode mode, std::FILE* out)
+    : first_step_(first_step), total_steps_(total_steps), mode_(mode), out_(out),
       start_(std::chrono::steady_clock::now()), last_draw_() {}
+
+Progress::Progress(int64_t first_step, int64_t total_steps, bool interactive, std::FILE* out)
+    : Progress(first_step, total_steps, interactive ? ProgressMode::kBar : ProgressMode::kLines, out) {}
 
 Progress::~Progress() { finish(); }
 
@@ -24,16 +28,43 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int unit = 0;
+  while (std::abs(bytes) >= 1000 && unit < 4) {
+    bytes /= 1000;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.{}f} {}", bytes, bytes < 10 ? 2 : 1, units[unit]);
+}
+
+void Progress::set_sync_totals(int64_t rounds, int64_t bytes_sent) {
+  rounds_ = rounds;
+  bytes_sent_ = bytes_sent;
+}
+
 std::string Progress::status_line(int64_t step, double loss, double tokens_per_s) const {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const int64_t done = step - first_step_;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step) : NAN;
-  return fmt::format("step {}/{}  loss {:.4f}  {:.0f} tok/s  elapsed {}  eta {}", step, total_steps_, loss,
-                     tokens_per_s, format_duration(elapsed), format_duration(eta));
+  std::string sync = rounds_ >= 0 ? fmt::format("  round {}, sent {}", rounds_, format_bytes(static_cast<double>(bytes_sent_))) : "";
+  return fmt::format("step {}/{}  loss {:.4f}  {:.0f} tok/s{}  elapsed {}  eta {}", step, total_steps_, loss,
+                     tokens_per_s, sync, format_duration(elapsed), format_duration(eta));
 }
 
 void Progress::update(int64_t step, double loss, double tokens_per_s, bool log_line) {
-  if (!interactive_) {
+  if (mode_ == ProgressMode::kJson) {
+    if (!log_line) return;
+    nlohmann::json state = {{"step", step}, {"steps", total_steps_}, {"loss", loss}, {"tokens_per_s", tokens_per_s}};
+    if (rounds_ >= 0) {
+      state["round"] = rounds_;
+      state["bytes_sent"] = bytes_sent_;
+    }
+    fmt::print(out_, "{}\n", nlohmann::json{{"progress", state}}.dump());
+    std::fflush(out_);
+    return;
+  }
+  if (mode_ == ProgressMode::kLines) {
     if (log_line) fmt::print(out_, "{}\n", status_line(step, loss, tokens_per_s));
     std::fflush(out_);
     return;
@@ -51,14 +82,19 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, bool log_l
 }
 
 void Progress::message(const std::string& text) {
-  if (interactive_ && bar_drawn_) fmt::print(out_, "\r\033[K");
+  if (mode_ == ProgressMode::kJson) {
+    fmt::print(out_, "{}\n", nlohmann::json{{"message", text}}.dump());
+    std::fflush(out_);
+    return;
+  }
+  if (mode_ == ProgressMode::kBar && bar_drawn_) fmt::print(out_, "\r\033[K");
   fmt::print(out_, "{}\n", text);
   bar_drawn_ = false;
   std::fflush(out_);
 }
 
 void Progress::finish() {
-  if (interactive_ && bar_drawn_) {
+  if (mode_ == ProgressMode::kBar && bar_drawn_) {
     fmt::print(out_, "\n");
     std::fflush(out_);
   }

@@ -51,16 +51,24 @@ OuterOptimizer::OuterOptimizer(std::vector<std::string> names, std::vector<torch
   }
 }
 
-void OuterOptimizer::step(const std::vector<torch::Tensor>& outer_gradients) {
-  LOCO_CHECK(outer_gradients.size() == parameters_.size(), "{} outer gradients for {} parameters",
-             outer_gradients.size(), parameters_.size());
+void OuterOptimizer::step(const std::vector<torch::Tensor>& outer_gradients) { update(&outer_gradients, nullptr); }
+
+void OuterOptimizer::step_to_average(const std::vector<torch::Tensor>& averages) { update(nullptr, &averages); }
+
+void OuterOptimizer::update(const std::vector<torch::Tensor>* outer_gradients, const std::vector<torch::Tensor>* averages) {
+  const auto& given = outer_gradients != nullptr ? *outer_gradients : *averages;
+  LOCO_CHECK(given.size() == parameters_.size(), "{} tensors for {} parameters", given.size(), parameters_.size());
   torch::NoGradGuard no_grad;
   ++steps_;
   const double lr = options_.lr, mu = options_.momentum;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto& theta = parameters_[i];
-    const auto& delta = outer_gradients[i];
-    LOCO_CHECK(delta.sizes().equals(theta.sizes()), "outer gradient of '{}' has the wrong shape", names_[i]);
+    LOCO_CHECK(given[i].sizes().equals(theta.sizes()), "outer step: '{}' has the wrong shape", names_[i]);
+    if (averages != nullptr && options_.kind == OuterKind::kSgd && first_.empty()) {
+      theta.lerp_(given[i], lr);  // θ + η (θ̄ − θ), exact at η = 1
+      continue;
+    }
+    const torch::Tensor delta = outer_gradients != nullptr ? given[i] : theta - given[i];
     switch (options_.kind) {
       case OuterKind::kNesterov:
         first_[i].mul_(mu).add_(delta);                        // v ← μ v + Δ

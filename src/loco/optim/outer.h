@@ -2,7 +2,7 @@
 // global parameters θ (fp32), once per round (ALGORITHMS.md, "DiLoCo"; Douillard et al. 2023, Alg. 1).
 //
 //   nesterov  v ← μ v + Δ ;  θ ← θ − η (Δ + μ v)          the published choice (η 0.7, μ 0.9)
-//   sgd       μ = 0: θ ← θ − η Δ  (η 1: FedAvg, θ becomes the workers' average)
+//   sgd       μ = 0: θ ← θ − η Δ  (η 1: FedAvg, θ becomes the workers' average θ̄)
 //             μ > 0: v ← μ v + Δ ;  θ ← θ − η v          (heavy ball)
 //   adam      Adam on Δ (β1 = μ, β2, ε, bias-corrected), no weight decay
 //
@@ -42,6 +42,10 @@ class OuterOptimizer {
 
   // One outer step: `outer_gradients[i]` is Δ for parameters[i] (same shape; fp32).
   void step(const std::vector<torch::Tensor>& outer_gradients);
+  // The same step given the workers' weighted average θ̄ = Σ w_m θ_m instead, Δ = θ − θ̄. SGD
+  // without momentum then computes θ ← lerp(θ, θ̄, η), which is θ̄ exactly for η = 1 (FedAvg),
+  // where θ − fl(θ − θ̄) can be off by a rounding.
+  void step_to_average(const std::vector<torch::Tensor>& averages);
   int64_t steps() const { return steps_; }
   const OuterOptions& options() const { return options_; }
 
@@ -50,6 +54,7 @@ class OuterOptimizer {
   void load_state(const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
 
  private:
+  void update(const std::vector<torch::Tensor>* outer_gradients, const std::vector<torch::Tensor>* averages);
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> first_, second_;  // momentum / exp_avg; exp_avg_sq (adam)

@@ -50,6 +50,7 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
         {"seed", state.seed},
         {"tokenizer_hash", hex64(state.tokenizer_hash)},
         {"wall_s", state.wall_s},
+        {"global_hash", hex64(state.global_hash)},
         {"torch_version", TORCH_VERSION},
         {"files", files},
         {"config", state.config_toml},
@@ -99,15 +100,41 @@ std::optional<fs::path> CheckpointStore::latest() const {
   return root_ / name;
 }
 
+std::vector<int64_t> CheckpointStore::steps() const {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (!entry.is_directory() || !n.starts_with("step-") || !fs::exists(entry.path() / "state.json", ec)) continue;
+    try {
+      out.push_back(std::stoll(n.substr(5)));
+    } catch (const std::exception&) {
+      // not one of ours
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path CheckpointStore::at(int64_t step) const { return root_ / checkpoint_name(step); }
+
+NamedTensors inference_weights(const Checkpoint& checkpoint) {
+  NamedTensors global;
+  for (const auto& [name, tensor] : checkpoint.sync) {
+    if (name.starts_with("global.")) global.emplace_back(name.substr(7), tensor);
+  }
+  return global.empty() ? checkpoint.model : global;
+}
+
 fs::path resolve_checkpoint_dir(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw DataError("checkpoint", fmt::format("{}: no such checkpoint or run folder", path.string()));
   if (fs::exists(path / "state.json", ec)) return path;
-  for (const fs::path& root : {path, path / "checkpoints"}) {
+  for (const fs::path& root : {path, path / "checkpoints", path / "workers" / "0" / "checkpoints"}) {
     if (fs::exists(root / "latest", ec)) return *CheckpointStore(root, 1).latest();
   }
   throw DataError("checkpoint", fmt::format("{}: neither a checkpoint (no state.json) nor a run folder with "
-                                            "checkpoints/latest", path.string()));
+                                            "checkpoints/latest or workers/0/checkpoints/latest", path.string()));
 }
 
 Checkpoint load_checkpoint(const fs::path& path) {
@@ -129,6 +156,9 @@ Checkpoint load_checkpoint(const fs::path& path) {
     s.seed = json.at("seed").get<int64_t>();
     s.tokenizer_hash = parse_hex64(json.at("tokenizer_hash").get<std::string>(), "checkpoint", state_path.string());
     s.wall_s = json.value("wall_s", 0.0);
+    if (json.contains("global_hash")) {
+      s.global_hash = parse_hex64(json.at("global_hash").get<std::string>(), "checkpoint", state_path.string());
+    }
     s.config_toml = json.at("config").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw DataError("checkpoint", fmt::format("{}: malformed: {}", state_path.string(), e.what()));

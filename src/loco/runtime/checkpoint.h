@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loco/data/batcher.h"
 #include "loco/runtime/safetensors.h"
@@ -32,6 +33,9 @@ struct TrainingState {
   uint64_t tokenizer_hash = 0;
   std::string config_toml;  // the resolved run config
   double wall_s = 0;        // training wall time so far
+  // XXH3-64 of the global parameters θ as of the last synchronization (0 without one, e.g. a
+  // single process): workers resuming together pick checkpoints that agree on it.
+  uint64_t global_hash = 0;
 };
 
 struct Checkpoint {
@@ -53,6 +57,10 @@ class CheckpointStore {
 
   // The folder `latest` names, if any.
   std::optional<fs::path> latest() const;
+  // Steps of the complete checkpoints present, oldest first.
+  std::vector<int64_t> steps() const;
+  // The folder of the checkpoint of `step` (which may not exist).
+  fs::path at(int64_t step) const;
 
  private:
   fs::path root_;
@@ -64,7 +72,12 @@ class CheckpointStore {
 // missing file, a size or checksum mismatch, or malformed state.json.
 Checkpoint load_checkpoint(const fs::path& path);
 
-// Resolves `path` as load_checkpoint does, without loading.
+// Resolves `path` as load_checkpoint does, without loading. A run folder means RUN/checkpoints
+// (one process) or, for a multi-worker run, worker 0's RUN/workers/0/checkpoints.
 fs::path resolve_checkpoint_dir(const fs::path& path);
+
+// The parameters to evaluate or sample from: the global θ ("global.<name>" in the sync state, as
+// DiLoCo saves it) when there is one, else the model's weights.
+NamedTensors inference_weights(const Checkpoint& checkpoint);
 
 }  // namespace loco::runtime

@@ -67,6 +67,9 @@ std::vector<Field> fields_of(RunConfig& c) {
   return {
       {"run.dir", "folder for config.toml, metrics.jsonl and checkpoints/", &c.run.dir},
       {"data.dir", "prepared dataset folder (written by `loco prepare`)", &c.data.dir},
+      {"data.shard", "how documents are divided among workers: iid (random), label (whole labels, e.g. Brown's genres) or kmeans (clusters of document embeddings)",
+       enum_field(c.data.shard, {{ShardPolicy::kIid, "iid"}, {ShardPolicy::kLabel, "label"}, {ShardPolicy::kKMeans, "kmeans"}})},
+      at_least(1, {"data.route_tokens", "kmeans shards: leading tokens of a document whose mean hidden state (initial model) embeds it", &c.data.route_tokens}),
       at_least(0, {"model.vocab_size", "vocabulary size; 0 = the dataset's", &c.model.vocab_size}),
       at_least(1, {"model.context", "context length T in tokens", &c.model.context}),
       at_least(1, {"model.layers", "transformer blocks", &c.model.layers}),
@@ -92,6 +95,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(0, {"train.seed", "seed of the model initialization and the data order", &c.train.seed}),
       at_least(0, {"train.z_loss", "z-loss coefficient (e.g. 1e-4); 0 = off", &c.train.z_loss}),
       {"train.device", "auto, cpu, cuda or cuda:N (bf16 autocast on CUDA, fp32 on CPU)", &c.train.device},
+      {"train.init_from", "checkpoint or run folder whose parameters (the global ones) start the run (a warm start); \"\" = random init", &c.train.init_from},
       at_least(0, {"train.threads", "CPU threads; 0 = cores divided among local processes", &c.train.threads}),
       at_least(1, {"train.log_every", "steps between train events and plain progress lines", &c.train.log_every}),
       at_least(1, {"eval.every", "steps between evaluations (one is always made at the end)", &c.eval.every}),
@@ -99,6 +103,24 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(1, {"eval.batch_size", "windows per evaluation batch", &c.eval.batch_size}),
       at_least(0, {"checkpoint.every", "steps between checkpoints (one is always written at the end); 0 = end only", &c.checkpoint.every}),
       at_least(1, {"checkpoint.keep", "how many recent checkpoints to keep", &c.checkpoint.keep}),
+      {"sync.algorithm", "none (one process), ddp (average gradients every step), diloco (outer step every sync.inner_steps), local (replicas that never talk)",
+       enum_field(c.sync.algorithm, {{Algorithm::kNone, "none"}, {Algorithm::kDdp, "ddp"}, {Algorithm::kDiLoCo, "diloco"}, {Algorithm::kLocal, "local"}})},
+      at_least(1, {"sync.inner_steps", "DiLoCo: inner steps H between outer steps", &c.sync.inner_steps}),
+      {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round) or uniform",
+       enum_field(c.sync.weighting, {{algorithms::Weighting::kTokens, "tokens"}, {algorithms::Weighting::kUniform, "uniform"}})},
+      positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
+      {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
+       enum_field(c.outer.optimizer, {{optim::OuterKind::kNesterov, "nesterov"}, {optim::OuterKind::kSgd, "sgd"}, {optim::OuterKind::kAdam, "adam"}})},
+      at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.001)", &c.outer.lr}),
+      between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, sgd 0, adam 0.9)", &c.outer.momentum}),
+      between(0, 0.999999, {"outer.beta2", "adam outer optimizer: beta2", &c.outer.beta2}),
+      positive({"outer.eps", "adam outer optimizer: epsilon", &c.outer.eps}),
+      at_least(1, {"cluster.workers", "worker processes (replicas) in the run", &c.cluster.workers}),
+      between(0, 65535, {"cluster.port", "port of `loco coordinator` (`loco launch` picks a free one unless --port is given)", &c.cluster.port}),
+      {"cluster.host", "address other workers use to reach this one; \"\" = the local address that reaches the coordinator", &c.cluster.host},
+      positive({"cluster.timeout_s", "seconds any collective, and the forming of a group, may take before it fails", &c.cluster.timeout_s}),
+      positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join", &c.cluster.join_timeout_s}),
+      positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),
   };
 }
 
@@ -279,9 +301,48 @@ RunConfig parse_config(const std::string& toml_text, const std::string& source) 
 RunConfig load_config(const fs::path& file, const std::vector<std::string>& overrides) {
   RunConfig config = parse_config(read_file(file, "config"), file.string());
   for (const auto& assignment : overrides) apply_override(config, assignment);
+  resolve_defaults(config);
   validate(config);
   return config;
 }
+
+const char* to_string(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kNone: return "none";
+    case Algorithm::kDdp: return "ddp";
+    case Algorithm::kDiLoCo: return "diloco";
+    case Algorithm::kLocal: return "local";
+  }
+  return "?";
+}
+
+optim::OuterOptions outer_options(const RunConfig& config) {
+  optim::OuterOptions o = optim::default_outer_options(config.outer.optimizer);
+  if (config.outer.lr > 0) o.lr = config.outer.lr;
+  if (config.outer.momentum >= 0) o.momentum = config.outer.momentum;
+  o.beta2 = config.outer.beta2;
+  o.eps = config.outer.eps;
+  return o;
+}
+
+void resolve_defaults(RunConfig& config) {
+  const auto o = outer_options(config);
+  config.outer.lr = o.lr;
+  config.outer.momentum = o.momentum;
+}
+
+algorithms::DiLoCoOptions diloco_options(const RunConfig& config) {
+  algorithms::DiLoCoOptions o;
+  o.inner_steps = config.sync.inner_steps;
+  o.total_steps = config.train.steps;
+  o.outer = outer_options(config);
+  o.weighting = config.sync.weighting;
+  o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
+  return o;
+}
+
+const std::vector<std::string> kPerWorkerKeys = {"run.dir", "data.dir", "train.device", "train.threads",
+                                                 "train.log_every", "cluster.host", "cluster.connect_timeout_s"};
 
 void apply_override(RunConfig& config, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -308,6 +369,11 @@ void validate(const RunConfig& c) {
   }
   if (c.run.dir.empty()) throw ConfigError("config", "run.dir must not be empty");
   if (c.data.dir.empty()) throw ConfigError("config", "data.dir must not be empty");
+  if (c.sync.algorithm == Algorithm::kNone && c.cluster.workers > 1) {
+    throw ConfigError("config", fmt::format("cluster.workers = {} needs a sync.algorithm (ddp, diloco or local), not none",
+                                            c.cluster.workers));
+  }
+  if (c.sync.bucket_mb * 1e6 < 4) throw ConfigError("config", "sync.bucket_mb must hold at least one number");
   const auto& d = c.train.device;
   if (d != "auto" && d != "cpu" && d != "cuda" && !d.starts_with("cuda:")) {
     throw ConfigError("config", fmt::format("train.device must be auto, cpu, cuda or cuda:N, got '{}'", d));
@@ -344,6 +410,15 @@ std::vector<std::string> differences(const RunConfig& a, const RunConfig& b, con
                                                           [&](const std::string& p) { return fa[i].key.starts_with(p); });
     const std::string va = value_text(fa[i].value), vb = value_text(fb[i].value);
     if (selected && va != vb) out.push_back(fmt::format("{}: {} -> {}", fa[i].key, va, vb));
+  }
+  return out;
+}
+
+std::vector<std::string> differences_except(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& excluded) {
+  std::vector<std::string> out;
+  for (auto& line : differences(a, b)) {
+    const bool skip = std::any_of(excluded.begin(), excluded.end(), [&](const std::string& p) { return line.starts_with(p); });
+    if (!skip) out.push_back(std::move(line));
   }
   return out;
 }

@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "loco/algorithms/diloco.h"
 #include "loco/model/transformer.h"
 #include "loco/optim/adamw.h"
+#include "loco/optim/outer.h"
 
 namespace loco::runtime {
 
@@ -23,8 +25,12 @@ struct RunSection {
   std::string dir = "runs/main";  // config.toml, metrics.jsonl, checkpoints/
 };
 
+enum class ShardPolicy { kIid, kLabel, kKMeans };
+
 struct DataSection {
   std::string dir = "data/brown";  // a folder written by `loco prepare`
+  ShardPolicy shard = ShardPolicy::kIid;  // how documents are divided among workers
+  int64_t route_tokens = 32;       // kmeans: leading tokens of a document that make its embedding
 };
 
 struct OptimSection {
@@ -42,6 +48,7 @@ struct TrainSection {
   int64_t seed = 1234;       // model init and data order
   double z_loss = 0.0;
   std::string device = "auto";
+  std::string init_from;     // checkpoint (or run folder) whose parameters start the run; "" = random init
   int64_t threads = 0;       // 0 = the machine's cores divided among local processes
   int64_t log_every = 10;
 };
@@ -50,6 +57,35 @@ struct EvalSection {
   int64_t every = 200;       // steps between evaluations (and one at the end)
   int64_t windows = 256;     // validation windows of `context` tokens, spread over the split
   int64_t batch_size = 32;
+};
+
+enum class Algorithm { kNone, kDdp, kDiLoCo, kLocal };
+const char* to_string(Algorithm algorithm);
+
+struct SyncSection {
+  Algorithm algorithm = Algorithm::kNone;
+  int64_t inner_steps = 50;          // DiLoCo's H
+  algorithms::Weighting weighting = algorithms::Weighting::kTokens;
+  double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
+};
+
+// outer.lr = 0 and outer.momentum = -1 stand for the optimizer's published defaults (see
+// optim::default_outer_options); load_config writes the values they stand for.
+struct OuterSection {
+  optim::OuterKind optimizer = optim::OuterKind::kNesterov;
+  double lr = 0;
+  double momentum = -1;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+};
+
+struct ClusterSection {
+  int64_t workers = 1;               // worker processes (replicas) in the run
+  int64_t port = 29500;              // `loco coordinator`'s port (`loco launch` picks a free one)
+  std::string host;                  // address peers use to reach this worker; "" = the one that reaches the coordinator
+  double timeout_s = 120;            // bound on every collective and on forming a group
+  double join_timeout_s = 300;       // the coordinator waits this long for all workers to join
+  double connect_timeout_s = 60;     // a worker retries reaching the coordinator this long
 };
 
 struct CheckpointSection {
@@ -70,12 +106,29 @@ struct RunConfig {
   TrainSection train;
   EvalSection eval;
   CheckpointSection checkpoint;
+  SyncSection sync;
+  OuterSection outer;
+  ClusterSection cluster;
 };
+
+// The outer optimizer's options, with outer.lr = 0 / outer.momentum = -1 resolved to the defaults.
+optim::OuterOptions outer_options(const RunConfig& config);
+// Replaces the "default" stand-ins (outer.lr = 0, outer.momentum = -1) by the values they mean.
+void resolve_defaults(RunConfig& config);
+// DiLoCo's options from the config.
+algorithms::DiLoCoOptions diloco_options(const RunConfig& config);
+
+// Keys that may differ between the workers of one run (paths, devices, threads, logging); every
+// other key must be equal (the coordinator refuses a worker otherwise).
+extern const std::vector<std::string> kPerWorkerKeys;
+// Keys whose values differ, as "key: a -> b", leaving out those starting with one of `excluded`.
+std::vector<std::string> differences_except(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& excluded);
 
 // Parses TOML text; `source` names it in errors. Unknown keys, wrong types and out-of-range values
 // throw ConfigError naming the key (and the line).
 RunConfig parse_config(const std::string& toml_text, const std::string& source);
-// Reads `file` (DataError if missing), then applies overrides ("section.key=value").
+// Reads `file` (DataError if missing), then applies overrides ("section.key=value"), then
+// resolve_defaults().
 RunConfig load_config(const fs::path& file, const std::vector<std::string>& overrides);
 // Applies one override "section.key=value"; the value is parsed as the key's type.
 void apply_override(RunConfig& config, const std::string& assignment);

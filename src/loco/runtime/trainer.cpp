@@ -30,7 +30,8 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 // Keys that must not change when a run is resumed: they define the model, the data and the
 // trajectory. (train.steps, eval.*, checkpoint.* and logging may change.)
 const std::vector<std::string> kResumeFixedKeys = {"data.", "model.", "optim.", "train.batch_size",
-                                                   "train.grad_accum", "train.seed", "train.z_loss"};
+                                                   "train.grad_accum", "train.seed", "train.z_loss",
+                                                   "train.init_from", "sync.", "outer.", "cluster.workers"};
 
 void prepare_run_dir(const fs::path& run_dir, bool resume) {
   std::error_code ec;
@@ -89,31 +90,52 @@ void load_model_weights(model::Transformer& model, const NamedTensors& weights, 
   }
 }
 
-EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device) {
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device,
+                    comm::Group* group) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
-  double total = 0;
-  int64_t tokens = 0;
-  for (const auto& batch : batches) {
+  const int64_t stride = group != nullptr ? group->size() : 1;
+  const int64_t first = group != nullptr ? group->rank() : 0;
+  double total = 0, tokens = 0;
+  for (size_t i = static_cast<size_t>(first); i < batches.size(); i += static_cast<size_t>(stride)) {
+    const auto& batch = batches[i];
     model::AutocastGuard autocast(device, true);
     auto logits = model->forward(batch.inputs.to(device));
     auto loss = model::language_model_loss(logits, batch.targets.to(device), 0.0).cross_entropy;
-    const int64_t n = batch.targets.numel();
-    total += loss.item<double>() * static_cast<double>(n);
+    const auto n = static_cast<double>(batch.targets.numel());
+    total += loss.item<double>() * n;
     tokens += n;
+  }
+  if (stride > 1) {
+    auto sums = torch::tensor({total, tokens}, torch::kFloat64);
+    group->all_reduce_sum(sums);
+    total = sums[0].item<double>();
+    tokens = sums[1].item<double>();
   }
   if (was_training) model->train();
   EvalResult result;
-  result.tokens = tokens;
-  result.loss = tokens > 0 ? total / static_cast<double>(tokens) : NAN;
+  result.tokens = static_cast<int64_t>(tokens);
+  result.loss = tokens > 0 ? total / tokens : NAN;
   result.ppl = std::exp(result.loss);
   return result;
+}
+
+void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
+  auto source = load_checkpoint(config.train.init_from);
+  if (source.state.tokenizer_hash != tokenizer_hash) {
+    throw DataError("train", fmt::format("train.init_from = {}: that model was trained with tokenizer {}, the dataset {} "
+                                         "uses {}", config.train.init_from, hex64(source.state.tokenizer_hash),
+                                         config.data.dir, hex64(tokenizer_hash)));
+  }
+  load_model_weights(model, inference_weights(source), source.dir.string());
 }
 
 TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync, const TrainOptions& options) {
   const auto call_start = Clock::now();
   RunConfig config = input_config;
+  resolve_defaults(config);
+  const WorkerRole& worker = options.worker;
 
   // --- Inputs, all checked before any step -------------------------------------------------
   auto dataset = data::Dataset::open(config.data.dir);
@@ -127,17 +149,20 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   }
   validate(config);
   const fs::path run_dir(config.run.dir);
-  prepare_run_dir(run_dir, options.resume);
-  CheckpointStore store(run_dir / "checkpoints", config.checkpoint.keep);
+  // A worker keeps its own checkpoints; the run folder holds what the workers share.
+  const fs::path state_dir = worker.distributed ? run_dir / "workers" / std::to_string(worker.rank) : run_dir;
+  const bool resume = options.resume || options.resume_step.has_value();
+  prepare_run_dir(state_dir, resume);
+  CheckpointStore store(state_dir / "checkpoints", config.checkpoint.keep);
 
   std::optional<Checkpoint> resumed;
-  if (options.resume) {
-    auto latest = store.latest();
-    if (!latest) {
+  if (resume) {
+    std::optional<fs::path> from = options.resume_step ? std::optional(store.at(*options.resume_step)) : store.latest();
+    if (!from) {
       throw DataError("train", fmt::format("--resume: {} has no checkpoint to resume from",
-                                           (run_dir / "checkpoints").string()));
+                                           (state_dir / "checkpoints").string()));
     }
-    resumed = load_checkpoint(*latest);
+    resumed = load_checkpoint(*from);
     RunConfig saved = parse_config(resumed->state.config_toml, (resumed->dir / "state.json").string());
     auto changed = differences(saved, config, kResumeFixedKeys);
     if (!changed.empty()) {
@@ -156,7 +181,11 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
 
   // --- The parts ------------------------------------------------------------------------------
   auto model = build_model(config);
-  if (resumed) load_model_weights(model, resumed->model, resumed->dir.string());
+  if (resumed) {
+    load_model_weights(model, resumed->model, resumed->dir.string());
+  } else if (!config.train.init_from.empty()) {
+    load_initial_weights(model, config, manifest.tokenizer_hash);
+  }
   model->to(device);
   model->train();
 
@@ -166,12 +195,15 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   const optim::ScheduleOptions schedule{config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
   schedule.validate();
 
-  data::WindowSampler sampler(dataset.train().tokens, config.model.context, static_cast<uint64_t>(config.train.seed));
+  // Each worker samples its own shard, in an order of its own (rank 0's is a single process's).
+  const auto& train_tokens = worker.train_tokens != nullptr ? *worker.train_tokens : dataset.train().tokens;
+  data::WindowSampler sampler(train_tokens, config.model.context, static_cast<uint64_t>(config.train.seed + worker.rank));
   const auto eval_batches =
       data::evaluation_batches(dataset.val().tokens, config.model.context, config.eval.windows, config.eval.batch_size);
 
   int64_t step = 0, tokens = 0;
   double wall_before = 0;
+  uint64_t global_hash = 0;
   if (resumed) {
     adamw.load_state(resumed->optimizer, resumed->state.step);
     sync.load_state(resumed->sync);
@@ -179,20 +211,25 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     step = resumed->state.step;
     tokens = resumed->state.tokens;
     wall_before = resumed->state.wall_s;
+    global_hash = resumed->state.global_hash;
   }
   std::vector<torch::Tensor> parameters;
   for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
 
   metrics::MetricsLog log(run_dir / "metrics.jsonl");
-  metrics::Progress progress(step, config.train.steps, options.interactive, options.out);
+  metrics::Progress progress(step, config.train.steps, options.progress, options.out);
   const int64_t first_step = step;
+  const std::string who = worker.distributed ? fmt::format("worker {}/{}: ", worker.rank, worker.world_size) : "";
   progress.message(fmt::format(
-      "{} {} on {}: {} parameters, {} blocks x {} wide, context {}, vocab {}; {} train tokens; device {}, {} threads; "
-      "sync {}", resumed ? "resuming" : "training", config.run.dir, config.data.dir,
+      "{}{} {} on {}: {} parameters, {} blocks x {} wide, context {}, vocab {}; {} train tokens{}; device {}, {} threads; "
+      "sync {}", who, resumed ? "resuming" : "training", config.run.dir, config.data.dir,
       model::parameter_count(config.model), config.model.layers, config.model.width, config.model.context,
-      config.model.vocab_size, manifest.train_tokens, device.str(), threads, sync.name()));
-  if (resumed) progress.message(fmt::format("resumed from {} at step {}", resumed->dir.string(), step));
-  log.write(resumed ? "resume" : "start", {{"step", step}, {"parameters", model::parameter_count(config.model)},
+      config.model.vocab_size, train_tokens.size(), worker.train_tokens != nullptr ? " in its shard" : "", device.str(),
+      threads, sync.name()));
+  if (resumed) progress.message(fmt::format("{}resumed from {} at step {}", who, resumed->dir.string(), step));
+  if (!resumed && !config.train.init_from.empty()) progress.message(fmt::format("{}initialized from {}", who, config.train.init_from));
+  log.write(resumed ? "resume" : "start", {{"worker", worker.rank}, {"world_size", worker.world_size}, {"step", step},
+                                           {"parameters", model::parameter_count(config.model)},
                                            {"device", device.str()}, {"threads", threads}, {"sync", sync.name()}});
 
   auto save_checkpoint = [&](double wall_s) {
@@ -204,24 +241,40 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     state.tokenizer_hash = manifest.tokenizer_hash;
     state.config_toml = to_toml(config);
     state.wall_s = wall_s;
+    state.global_hash = global_hash;
     auto dir = store.save(state, model_weights(model), adamw.state(), sync.state());
-    log.write("checkpoint", {{"step", step}, {"path", dir.string()}});
+    log.write("checkpoint", {{"worker", worker.rank}, {"step", step}, {"path", dir.string()}});
   };
 
   // --- The loop ----------------------------------------------------------------------------------
   TrainSummary summary;
   summary.first_step = first_step;
   summary.val_unigram_entropy = manifest.val_unigram_entropy;
-  sync.on_start(model);
+  auto record_sync = [&](const algorithms::SyncReport& report) {
+    summary.rounds += 1;
+    summary.bytes_sent += report.stats.bytes_sent;
+    summary.bytes_received += report.stats.bytes_received;
+    summary.sync_s += report.stats.seconds;
+    global_hash = report.params_hash;
+    log.write("sync", {{"round", report.round}, {"step", report.step}, {"worker", worker.rank},
+                       {"world_size", report.world_size}, {"bytes_sent", report.stats.bytes_sent},
+                       {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
+                       {"params_hash", hex64(report.params_hash)}});
+    progress.set_sync_totals(report.round, summary.bytes_sent);
+  };
+  if (auto report = sync.on_start(model, step)) record_sync(*report);  // a round left pending by a stop
+
   const int64_t tokens_per_step = config.train.batch_size * config.train.grad_accum * config.model.context;
   auto interval_start = Clock::now();
   int64_t interval_tokens = 0;
   double interval_loss = 0;
   int64_t interval_steps = 0;
   EvalResult last_eval{NAN, NAN, 0};
-  bool stopped = false;
+  bool stopped = false, eval_due = false, checkpoint_current = false;
+  std::optional<PeerError> peer_failure;
 
   while (step < config.train.steps) {
+    const data::SamplerPosition position = sampler.position();
     const double lr = optim::learning_rate(schedule, step);
     adamw.zero_grad();
     double step_loss = 0;
@@ -243,53 +296,92 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                                        "(the last checkpoint is intact)", step_loss, step));
     }
     algorithms::StepContext context{step, tokens_per_step, &model};
-    sync.after_backward(context);
+    try {
+      if (auto report = sync.after_backward(context)) record_sync(*report);
+    } catch (const PeerError& e) {
+      // The step cannot complete without its peers: it never happened (its batches are drawn again).
+      sampler.restore(position);
+      peer_failure = e;
+      break;
+    }
     const double grad_norm = optim::clip_grad_norm(parameters, config.optim.grad_clip);
     adamw.step(lr);
-    sync.after_step(context);
     ++step;
     tokens += tokens_per_step;
+    checkpoint_current = false;
     summary.losses.push_back(step_loss);
+    try {
+      if (auto report = sync.after_step(context)) record_sync(*report);
+    } catch (const PeerError& e) {
+      peer_failure = e;  // the inner step stands; its round's synchronization stays due
+    }
 
     interval_tokens += tokens_per_step;
     interval_loss += step_loss;
     ++interval_steps;
     const bool last = step == config.train.steps;
     stopped = options.stop != nullptr && options.stop->load();
-    const bool log_now = step % config.train.log_every == 0 || last || stopped;
+    const bool log_now = step % config.train.log_every == 0 || last || stopped || peer_failure;
     const double interval_s = seconds_since(interval_start);
     const double tokens_per_s = interval_s > 0 ? static_cast<double>(interval_tokens) / interval_s : 0;
     progress.update(step, interval_loss / static_cast<double>(interval_steps), tokens_per_s, log_now);
     if (log_now) {
-      log.write("train", {{"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", grad_norm},
+      log.write("train", {{"worker", worker.rank}, {"step", step}, {"loss", step_loss}, {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens", tokens}, {"tokens_per_s", tokens_per_s}});
       interval_start = Clock::now();
       interval_tokens = 0;
       interval_loss = 0;
       interval_steps = 0;
     }
-    if (step % config.eval.every == 0 || last) {
-      last_eval = evaluate(model, eval_batches, device);
-      log.write("eval", {{"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl}, {"tokens", last_eval.tokens}});
-      progress.message(fmt::format("step {}: val_loss {:.4f}  val_ppl {:.2f}", step, last_eval.loss, last_eval.ppl));
+    if (peer_failure) break;
+    // Evaluation scores the global parameters: it waits until the model holds them.
+    eval_due = eval_due || step % config.eval.every == 0 || last;
+    if (eval_due && sync.in_sync()) {
+      try {
+        last_eval = evaluate(model, eval_batches, device, worker.group);
+      } catch (const PeerError& e) {
+        peer_failure = e;
+        break;
+      }
+      eval_due = false;
+      log.write("eval", {{"worker", worker.rank}, {"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl},
+                         {"tokens", last_eval.tokens}});
+      progress.message(fmt::format("{}step {}: val_loss {:.4f}  val_ppl {:.2f}", who, step, last_eval.loss, last_eval.ppl));
     }
-    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last || stopped) {
+    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) {
       save_checkpoint(wall_before + seconds_since(call_start));
+      checkpoint_current = true;
     }
     if (stopped) break;
   }
   progress.finish();
-  if (std::isnan(last_eval.loss)) last_eval = evaluate(model, eval_batches, device);
+
+  bool run_stopping = false;
+  if (peer_failure) {
+    run_stopping = worker.run_stopping && worker.run_stopping();
+    log.write("peer_failure", {{"worker", worker.rank}, {"step", step}, {"error", peer_failure->what()},
+                               {"run_stopping", run_stopping}});
+  }
+  if ((stopped || peer_failure) && !checkpoint_current) save_checkpoint(wall_before + seconds_since(call_start));
+  if (peer_failure && !run_stopping) {
+    throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure->what(), step,
+                                         (state_dir / "checkpoints").string()));
+  }
+  summary.interrupted = (stopped || peer_failure) && step < config.train.steps;
+  if (std::isnan(last_eval.loss) && !summary.interrupted) last_eval = evaluate(model, eval_batches, device, worker.group);
 
   summary.steps = step;
   summary.tokens = tokens;
   summary.val_loss = last_eval.loss;
   summary.val_ppl = last_eval.ppl;
   summary.wall_s = wall_before + seconds_since(call_start);
-  summary.interrupted = stopped && step < config.train.steps;
-  log.write("summary", {{"steps", summary.steps}, {"tokens", summary.tokens}, {"val_loss", summary.val_loss},
-                        {"val_ppl", summary.val_ppl}, {"val_unigram_entropy", summary.val_unigram_entropy},
-                        {"wall_s", summary.wall_s}, {"interrupted", summary.interrupted}});
+  summary.global_hash = global_hash;
+  log.write("summary", {{"worker", worker.rank}, {"world_size", worker.world_size}, {"steps", summary.steps},
+                        {"tokens", summary.tokens}, {"val_loss", summary.val_loss}, {"val_ppl", summary.val_ppl},
+                        {"val_unigram_entropy", summary.val_unigram_entropy}, {"wall_s", summary.wall_s},
+                        {"interrupted", summary.interrupted}, {"sync", sync.name()}, {"rounds", summary.rounds},
+                        {"bytes_sent", summary.bytes_sent}, {"bytes_received", summary.bytes_received},
+                        {"sync_s", summary.sync_s}});
   return summary;
 }
 

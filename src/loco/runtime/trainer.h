@@ -8,9 +8,13 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "loco/algorithms/sync.h"
+#include "loco/comm/group.h"
+#include "loco/metrics/progress.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
 #include "loco/model/transformer.h"
@@ -19,11 +23,30 @@
 
 namespace loco::runtime {
 
+// This process's place in a run of several workers (set by runtime/worker). The defaults describe
+// a single process.
+struct WorkerRole {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  // One of the workers of `loco launch` / `loco worker`: its checkpoints live in
+  // RUN/workers/<rank>/checkpoints, and its events in RUN/metrics.jsonl carry its rank.
+  bool distributed = false;
+  // Splits the evaluation of the global parameters among the workers (nullptr: evaluate alone).
+  comm::Group* group = nullptr;
+  // This worker's shard of the training split (nullptr: the whole split).
+  const std::vector<int32_t>* train_tokens = nullptr;
+  // Asked after a collective failed: is the whole run stopping (a peer was interrupted), so that
+  // the failure is a clean stop rather than a crash?
+  std::function<bool()> run_stopping;
+};
+
 struct TrainOptions {
-  bool resume = false;                         // continue from RUN/checkpoints/latest
+  bool resume = false;                         // continue from the latest checkpoint
+  std::optional<int64_t> resume_step;          // ... or from this step's (workers agree on one)
   const std::atomic<bool>* stop = nullptr;     // set (e.g. by SIGINT): checkpoint and return
-  bool interactive = false;                    // draw a progress bar
+  metrics::ProgressMode progress = metrics::ProgressMode::kLines;
   std::FILE* out = stderr;                     // progress and messages
+  WorkerRole worker;
 };
 
 struct TrainSummary {
@@ -33,13 +56,20 @@ struct TrainSummary {
   double val_loss = 0, val_ppl = 0;
   double val_unigram_entropy = 0;  // of the dataset, for comparison
   double wall_s = 0;
-  bool interrupted = false;
+  bool interrupted = false;     // stopped early (a signal, or the run stopping); a checkpoint was saved
   std::vector<double> losses;  // training loss of each step taken by this call
+  // Synchronization totals of this call: rounds, payload bytes and time in collectives.
+  int64_t rounds = 0;
+  int64_t bytes_sent = 0, bytes_received = 0;
+  double sync_s = 0;
+  uint64_t global_hash = 0;    // of the global parameters after the last synchronization
 };
 
 // Runs (or resumes) the training described by `config` with `sync` plugged in. Writes
-// RUN/config.toml, RUN/metrics.jsonl and RUN/checkpoints/. Throws ConfigError/DataError on bad
-// input before any step is taken.
+// RUN/config.toml, RUN/metrics.jsonl and RUN/checkpoints/ (RUN/workers/<rank>/checkpoints/ for a
+// worker). Throws ConfigError/DataError on bad input before any step is taken. When a collective
+// fails (PeerError) it checkpoints the last consistent state, then returns as interrupted if the
+// run is stopping, or rethrows.
 TrainSummary train(const RunConfig& config, algorithms::SyncStrategy& sync, const TrainOptions& options);
 
 struct EvalResult {
@@ -48,8 +78,15 @@ struct EvalResult {
   int64_t tokens = 0;
 };
 
-// Mean loss of `model` over `batches` (no gradients; the model's training mode is restored).
-EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device);
+// Mean loss of `model` over `batches` (no gradients; the model's training mode is restored). With a
+// group of several ranks holding the same model, each scores every size()-th batch and the sums
+// are all-reduced: the same result for a fraction of the work each.
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device,
+                    comm::Group* group = nullptr);
+
+// Loads the parameters of `train.init_from` (a checkpoint or run folder; its global parameters
+// when it has them) into `model`. Throws DataError when the shapes or the tokenizer differ.
+void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash);
 
 // The model described by `config` (vocab_size already resolved), initialized from train.seed.
 model::Transformer build_model(const RunConfig& config);

@@ -1,0 +1,68 @@
+// DiLoCo (Douillard et al. 2023, arXiv 2311.08105, Algorithm 1; ALGORITHMS.md "DiLoCo"):
+//
+//   every worker m: H inner AdamW steps from θ on its own shard -> θ_m    (the loop does these)
+//   Δ_m = θ − θ_m                                          outer gradient, fp32
+//   Δ   = Σ_m w_m Δ_m,  w_m = tokens_m / Σ tokens          (or 1/M: sync.weighting = "uniform")
+//       = θ − θ̄,  θ̄ = Σ_m w_m θ_m                          what is all-reduced (same bytes)
+//   θ   ← OuterOpt(θ, Δ)                                    optim::OuterOptimizer on an fp32 CPU copy
+//   θ_m ← θ                                                 every worker continues from the new θ
+//
+// Each worker's AdamW state is its own: never averaged, never reset. A round ends every H inner
+// steps and at the run's last step (a short final round). One collective of two numbers carries
+// the weights, then θ̄ travels in buckets; the outer step is elementwise and every worker applies
+// it to the same all-reduced θ̄, so θ stays bit-identical across workers (params_hash shows it).
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/sync.h"
+#include "loco/optim/outer.h"
+
+namespace loco::algorithms {
+
+enum class Weighting { kTokens, kUniform };
+
+struct DiLoCoOptions {
+  int64_t inner_steps = 50;         // H
+  int64_t total_steps = 0;          // the run's inner steps; its last step ends the final round
+  optim::OuterOptions outer;
+  Weighting weighting = Weighting::kTokens;
+  int64_t bucket_bytes = 32 << 20;  // outer-gradient bytes per all-reduce
+  void validate() const;            // ConfigError
+};
+
+class DiLoCo final : public SyncStrategy {
+ public:
+  DiLoCo(comm::Group group, DiLoCoOptions options);
+  std::string name() const override { return "diloco"; }
+
+  std::optional<SyncReport> on_start(model::Transformer& model, int64_t step) override;
+  std::optional<SyncReport> after_step(StepContext& context) override;
+  bool in_sync() const override { return synced_step_ == step_; }
+
+  // "global.<param>" (θ), "outer.<...>" (the outer optimizer's state), and 0-dim int64 tensors
+  // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens".
+  NamedTensors state() const override;
+  void load_state(const NamedTensors& tensors) override;
+
+  // The global parameters θ (fp32, CPU), in the model's parameter order. Valid after on_start.
+  const std::vector<torch::Tensor>& global_parameters() const { return global_; }
+  bool round_ends_at(int64_t step) const;
+
+ private:
+  SyncReport synchronize(int64_t step);
+
+  comm::Group group_;
+  DiLoCoOptions options_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
+  std::vector<torch::Tensor> global_;      // θ
+  std::unique_ptr<optim::OuterOptimizer> outer_;
+  std::unique_ptr<FlatBuffer> average_;    // w_m θ_m, then θ̄ = Σ w_m θ_m
+  std::map<std::string, torch::Tensor> restored_;  // load_state's, until on_start applies it
+  int64_t round_ = 0, synced_step_ = 0, step_ = 0, round_tokens_ = 0;
+};
+
+}  // namespace loco::algorithms

@@ -1,0 +1,64 @@
+#include "loco/algorithms/flat_buffer.h"
+
+#include <fmt/ranges.h>
+
+#include "loco/core/error.h"
+#include "loco/core/hash.h"
+
+namespace loco::algorithms {
+
+FlatBuffer::FlatBuffer(const std::vector<torch::Tensor>& like, int64_t bucket_bytes) {
+  LOCO_CHECK(bucket_bytes >= 4, "bucket of {} bytes", bucket_bytes);
+  int64_t total = 0;
+  for (const auto& t : like) total += t.numel();
+  flat_ = torch::zeros({total}, torch::kFloat32);
+  int64_t offset = 0;
+  for (const auto& t : like) {
+    views_.push_back(flat_.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+  const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / 4);
+  for (int64_t start = 0; start < total; start += per_bucket) {
+    bucket_ranges_.emplace_back(start, std::min(per_bucket, total - start));
+  }
+}
+
+comm::CommStats FlatBuffer::all_reduce_sum(comm::Group& group) {
+  comm::CommStats total;
+  for (const auto& [offset, length] : bucket_ranges_) {
+    auto bucket = flat_.narrow(0, offset, length);
+    total += group.all_reduce_sum(bucket);
+  }
+  total.participants = group.size();
+  return total;
+}
+
+uint64_t hash_tensors(const std::vector<torch::Tensor>& tensors) {
+  Hasher hasher;
+  for (const auto& t : tensors) {
+    auto c = t.detach().to(torch::kCPU).contiguous();
+    hasher.update(c.data_ptr(), static_cast<size_t>(c.numel() * c.element_size()));
+  }
+  return hasher.digest();
+}
+
+comm::CommStats check_identical(comm::Group& group, const std::vector<torch::Tensor>& tensors, const std::string& what) {
+  const uint64_t mine = hash_tensors(tensors);
+  std::vector<torch::Tensor> all;
+  auto stats = group.all_gather(torch::tensor(static_cast<int64_t>(mine), torch::kInt64), all);
+  std::vector<std::string> differ;
+  const int64_t reference = all.front().item<int64_t>();
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r].item<int64_t>() != reference) {
+      differ.push_back(fmt::format("{} ({})", r, hex64(static_cast<uint64_t>(all[r].item<int64_t>()))));
+    }
+  }
+  if (!differ.empty()) {
+    throw DataError("algorithms", fmt::format("{} differ between workers: rank 0 has {}, rank(s) {}; hint: every worker "
+                                              "must start from the same train.seed and train.init_from",
+                                              what, hex64(static_cast<uint64_t>(reference)), fmt::join(differ, ", ")));
+  }
+  return stats;
+}
+
+}  // namespace loco::algorithms

@@ -1,0 +1,38 @@
+// Shared by the algorithms: a flat fp32 CPU buffer laid over a list of tensors, reduced in buckets,
+// and the parameter hash that workers compare.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "loco/comm/group.h"
+
+namespace loco::algorithms {
+
+// One contiguous fp32 CPU buffer with a view shaped like each of `like`, all-reduced in buckets of
+// at most `bucket_bytes` (one collective per bucket, not one per tensor).
+class FlatBuffer {
+ public:
+  FlatBuffer(const std::vector<torch::Tensor>& like, int64_t bucket_bytes);
+  std::vector<torch::Tensor>& views() { return views_; }
+  torch::Tensor& flat() { return flat_; }
+  int64_t buckets() const { return static_cast<int64_t>(bucket_ranges_.size()); }
+  // Sums the buffer across the group, bucket by bucket. Throws PeerError on a peer's failure.
+  comm::CommStats all_reduce_sum(comm::Group& group);
+
+ private:
+  torch::Tensor flat_;
+  std::vector<torch::Tensor> views_;
+  std::vector<std::pair<int64_t, int64_t>> bucket_ranges_;  // (offset, length) in elements
+};
+
+// XXH3-64 over the bytes of `tensors` (copied to CPU when needed), in order.
+uint64_t hash_tensors(const std::vector<torch::Tensor>& tensors);
+
+// Checks that every rank of `group` holds bit-identical `tensors` (e.g. the initial parameters).
+// Throws DataError naming the ranks that differ from rank 0, with a hint.
+comm::CommStats check_identical(comm::Group& group, const std::vector<torch::Tensor>& tensors, const std::string& what);
+
+}  // namespace loco::algorithms

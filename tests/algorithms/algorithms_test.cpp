@@ -1,0 +1,239 @@
+// DiLoCo and DDP with ranks as threads over Gloo on 127.0.0.1: the outer step against its closed
+// form across ranks, bit-identical θ on every rank after every round, DDP against one process with
+// the M× batch, and a round left pending by a failed collective completing after a restore.
+#include <gtest/gtest.h>
+
+#include "comm/rank_threads.h"
+#include "loco/algorithms/ddp.h"
+#include "loco/algorithms/diloco.h"
+#include "loco/optim/adamw.h"
+
+namespace loco::algorithms {
+namespace {
+
+using testing_util::run_ranks;
+using namespace std::chrono_literals;
+
+model::ModelOptions tiny_model() {
+  model::ModelOptions o;
+  o.vocab_size = 50;
+  o.context = 8;
+  o.layers = 2;
+  o.width = 16;
+  o.heads = 2;
+  return o;
+}
+
+comm::Group connect(const std::shared_ptr<comm::KeyValueStore>& store, int64_t rank, int64_t size, const std::string& prefix) {
+  comm::GroupOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = 20s;
+  o.prefix = prefix;
+  return comm::Group::connect(store, o);
+}
+
+std::vector<torch::Tensor> snapshot(const model::Transformer& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Batch `index` of a fixed random stream: (tokens (B, T+1)) for rank-independent reproducibility.
+torch::Tensor batch(int64_t index, int64_t size) {
+  auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + index));
+  return torch::randint(0, 50, {size, 9}, generator, torch::kInt64);
+}
+
+double train_step(model::Transformer& model, optim::AdamW& adamw, const torch::Tensor& tokens) {
+  adamw.zero_grad();
+  auto logits = model->forward(tokens.narrow(1, 0, 8));
+  auto loss = model::language_model_loss(logits, tokens.narrow(1, 1, 8), 0).loss;
+  loss.backward();
+  return loss.item<double>();
+}
+
+optim::AdamW make_adamw(model::Transformer& model) {
+  std::vector<optim::NamedParameter> named;
+  for (const auto& item : model->named_parameters()) named.push_back({item.key(), item.value(), item.value().dim() >= 2});
+  return optim::AdamW(std::move(named), optim::AdamWOptions{});
+}
+
+// Rank r moves every parameter by +(r + 1) and reports t_r tokens; one round (H = 1) of Nesterov:
+//   Δ = Σ w_r (θ0 − (θ0 + r + 1)) = −Σ w_r (r + 1),  w_r = t_r / Σ t
+//   v = Δ,  θ1 = θ0 − η (Δ + μ v) = θ0 − η (1 + μ) Δ
+TEST(DiLoCo, OuterStepAcrossRanksMatchesTheClosedForm) {
+  constexpr int64_t kSize = 3;
+  const int64_t tokens[kSize] = {100, 300, 600};
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  struct Out {
+    std::vector<torch::Tensor> before, after;
+    SyncReport report;
+  };
+  auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    DiLoCoOptions o;
+    o.inner_steps = 1;
+    o.total_steps = 10;
+    DiLoCo diloco(connect(store, rank, kSize, "closed-form"), o);
+    diloco.on_start(model, 0);
+    Out out;
+    out.before = snapshot(model);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(static_cast<double>(rank + 1));
+    }
+    StepContext context{0, tokens[rank], &model};
+    out.report = *diloco.after_step(context);
+    out.after = snapshot(model);
+    return out;
+  });
+  for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
+  const double total = 100 + 300 + 600;
+  const double delta = -(100 * 1 + 300 * 2 + 600 * 3) / total;
+  const double eta = 0.7, mu = 0.9;
+  for (const auto& r : results) {
+    const auto& out = *r.value;
+    for (size_t i = 0; i < out.before.size(); ++i) {
+      auto expected = out.before[i] - eta * (1 + mu) * delta;
+      EXPECT_TRUE(torch::allclose(out.after[i], expected, 1e-5, 1e-5)) << "parameter " << i;
+    }
+    EXPECT_EQ(out.report.round, 1);
+    EXPECT_EQ(out.report.world_size, kSize);
+    EXPECT_EQ(out.report.params_hash, results[0].value->report.params_hash) << "θ must be bit-identical on every rank";
+    EXPECT_GT(out.report.stats.bytes_sent, 0);
+  }
+}
+
+// Real inner AdamW steps on different data per rank, H = 3 over 8 steps: rounds end at steps 3, 6
+// and 8 (the short final round), and after each every rank holds the same θ, bit for bit.
+TEST(DiLoCo, EveryRankHoldsTheSameParametersAfterEveryRound) {
+  constexpr int64_t kSize = 3;
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto results = run_ranks<std::vector<SyncReport>>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    auto adamw = make_adamw(model);
+    DiLoCoOptions o;
+    o.inner_steps = 3;
+    o.total_steps = 8;
+    DiLoCo diloco(connect(store, rank, kSize, "rounds"), o);
+    diloco.on_start(model, 0);
+    std::vector<SyncReport> reports;
+    for (int64_t step = 0; step < 8; ++step) {
+      train_step(model, adamw, batch(100 * rank + step, 4));
+      adamw.step(1e-2);
+      StepContext context{step, 32, &model};
+      if (auto report = diloco.after_step(context)) {
+        reports.push_back(*report);
+        EXPECT_EQ(hash_tensors(model->parameters()), report->params_hash) << "the model continues from θ";
+      }
+      EXPECT_EQ(diloco.in_sync(), diloco.round_ends_at(step + 1));
+    }
+    return reports;
+  });
+  for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
+  for (const auto& r : results) {
+    ASSERT_EQ(r.value->size(), 3u);
+    const int64_t steps[] = {3, 6, 8};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ((*r.value)[i].step, steps[i]);
+      EXPECT_EQ((*r.value)[i].params_hash, (*results[0].value)[i].params_hash) << "round " << i + 1;
+    }
+  }
+  EXPECT_NE((*results[0].value)[0].params_hash, (*results[0].value)[1].params_hash) << "θ moves between rounds";
+}
+
+// DDP with M ranks on M slices of a batch takes the steps one process takes on the whole batch.
+TEST(Ddp, MatchesOneProcessWithTheMTimesBatch) {
+  constexpr int64_t kSize = 2, kSteps = 5, kPerRank = 3;
+  std::vector<torch::Tensor> reference;
+  {
+    model::Transformer model(tiny_model(), 9);
+    auto adamw = make_adamw(model);
+    for (int64_t step = 0; step < kSteps; ++step) {
+      train_step(model, adamw, batch(step, kSize * kPerRank));
+      optim::clip_grad_norm(model->parameters(), 1.0);
+      adamw.step(1e-2);
+    }
+    reference = snapshot(model);
+  }
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto results = run_ranks<std::vector<torch::Tensor>>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 9);
+    auto adamw = make_adamw(model);
+    Ddp ddp(connect(store, rank, kSize, "ddp"), DdpOptions{64});  // tiny buckets: many collectives
+    ddp.on_start(model, 0);
+    for (int64_t step = 0; step < kSteps; ++step) {
+      train_step(model, adamw, batch(step, kSize * kPerRank).narrow(0, rank * kPerRank, kPerRank));
+      StepContext context{step, kPerRank * 8, &model};
+      ddp.after_backward(context);
+      optim::clip_grad_norm(model->parameters(), 1.0);
+      adamw.step(1e-2);
+      ddp.after_step(context);
+    }
+    return snapshot(model);
+  });
+  for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_TRUE(torch::equal((*results[0].value)[i], (*results[1].value)[i])) << "ranks differ in parameter " << i;
+    EXPECT_TRUE(torch::allclose((*results[0].value)[i], reference[i], 1e-5, 1e-6))
+        << "parameter " << i << " differs by " << ((*results[0].value)[i] - reference[i]).abs().max().item<float>();
+  }
+}
+
+TEST(DiLoCo, DifferentStartingParametersAreRefused) {
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto results = run_ranks<int>(2, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5 + static_cast<uint64_t>(rank));  // a different seed on rank 1
+    DiLoCoOptions o;
+    o.total_steps = 10;
+    DiLoCo diloco(connect(store, rank, 2, "differ"), o);
+    diloco.on_start(model, 0);
+    return 0;
+  });
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.error);
+    EXPECT_NE(r.message().find("the initial parameters differ between workers"), std::string::npos) << r.message();
+  }
+}
+
+// A checkpoint taken after a round's last inner step but before its synchronization (a peer left)
+// restores into a DiLoCo that performs the round's sync in on_start, as the uninterrupted run did.
+TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
+  model::Transformer model(tiny_model(), 5);
+  auto adamw = make_adamw(model);
+  DiLoCoOptions o;
+  o.inner_steps = 2;
+  o.total_steps = 4;
+  DiLoCo first(comm::Group::single(), o);
+  first.on_start(model, 0);
+  StepContext context{0, 32, &model};
+  train_step(model, adamw, batch(0, 4));
+  adamw.step(1e-2);
+  first.after_step(context);
+  train_step(model, adamw, batch(1, 4));
+  adamw.step(1e-2);
+  // Capture the state at step 2 as if the sync had failed, then let the uninterrupted run sync.
+  NamedTensors pending_state;  // state() aliases the live tensors: copy, as a checkpoint does
+  for (const auto& [name, tensor] : first.state()) pending_state.emplace_back(name, tensor.clone());
+  auto pending_model = snapshot(model);
+  context.step = 1;
+  auto expected = *first.after_step(context);
+
+  model::Transformer restored(tiny_model(), 77);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = restored->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(pending_model[i]);
+  }
+  DiLoCo second(comm::Group::single(), o);
+  second.load_state(pending_state);
+  auto report = second.on_start(restored, 2);
+  ASSERT_TRUE(report.has_value()) << "the pending round is synchronized at start";
+  EXPECT_EQ(report->round, 1);
+  EXPECT_EQ(report->params_hash, expected.params_hash);
+  EXPECT_TRUE(second.in_sync());
+}
+
+}  // namespace
+}  // namespace loco::algorithms
