@@ -1,7 +1,9 @@
 // loco: train language models across poorly connected machines. This file only parses the command
-// line and calls the runtime; see docs/architecture.md.
+// line and calls the runtime; see docs/architecture.md. Subcommands: prepare, train, launch, worker,
+// coordinator, eval, generate, config.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <atomic>
 #include <cmath>
@@ -20,19 +22,84 @@
 #include "loco/model/sampling.h"
 #include "loco/runtime/checkpoint.h"
 #include "loco/runtime/config.h"
+#include "loco/runtime/coordinator.h"
+#include "loco/runtime/launcher.h"
 #include "loco/runtime/trainer.h"
+#include "loco/runtime/worker.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_interrupts{0};
 
 void on_interrupt(int) {
   // First Ctrl-C: finish the step, checkpoint, exit. Second: default action (terminate).
   g_stop.store(true);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+}
+
+// `loco launch` counts interrupts: the launcher stops its workers on the first, kills on the second.
+void on_launch_interrupt(int) { g_interrupts.fetch_add(1); }
+
+void install(void (*handler)(int)) {
+  std::signal(SIGINT, handler);
+  std::signal(SIGTERM, handler);
+}
+
+std::string describe_summary(const loco::runtime::TrainSummary& summary) {
+  const double gain = summary.val_unigram_entropy - summary.val_loss;
+  std::string sync;
+  if (summary.rounds > 0) {
+    sync = fmt::format("; {} sync rounds sent {}, received {} ({:.1f} s in collectives)", summary.rounds,
+                       loco::metrics::format_bytes(static_cast<double>(summary.bytes_sent)),
+                       loco::metrics::format_bytes(static_cast<double>(summary.bytes_received)), summary.sync_s);
+  }
+  return fmt::format("{} after {} steps ({} tokens, {}): val_loss {:.4f} (ppl {:.2f}); val_unigram_entropy {:.4f}; "
+                     "val_loss is {:.3f} nats {} it{}",
+                     summary.interrupted ? "interrupted" : "trained", summary.steps, summary.tokens,
+                     loco::metrics::format_duration(summary.wall_s), summary.val_loss, summary.val_ppl,
+                     summary.val_unigram_entropy, std::abs(gain), gain >= 0 ? "below" : "above", sync);
+}
+
+// One line for the whole launch: the global model's loss (or each replica's, for `local`) and the
+// traffic of one worker.
+void print_launch_summary(const loco::runtime::RunConfig& config, const loco::runtime::LaunchResult& result) {
+  using loco::metrics::format_bytes;
+  const auto& summaries = result.summaries;
+  if (summaries.empty() || !summaries[0].contains("steps")) return;
+  const auto& first = summaries[0];
+  int64_t tokens = 0;
+  for (const auto& s : summaries) tokens += s.value("tokens", int64_t{0});
+  std::string loss;
+  if (config.sync.algorithm == loco::runtime::Algorithm::kLocal) {
+    std::vector<std::string> each;
+    double sum = 0;
+    for (const auto& s : summaries) {
+      each.push_back(fmt::format("{:.4f}", s.value("val_loss", NAN)));
+      sum += s.value("val_loss", NAN);
+    }
+    loss = fmt::format("val_loss of each replica {} (mean {:.4f})", fmt::join(each, ", "), sum / static_cast<double>(summaries.size()));
+  } else {
+    loss = fmt::format("val_loss {:.4f} (ppl {:.2f}) of the global parameters", first.value("val_loss", NAN),
+                       first.value("val_ppl", NAN));
+  }
+  fmt::print("{} {} with {} workers: {} steps each ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; each worker "
+             "sent {} and received {} in {} sync rounds ({:.1f} s in collectives)\n",
+             result.outcome == loco::runtime::RunOutcome::kFinished ? "trained" : "stopped",
+             loco::runtime::to_string(config.sync.algorithm), summaries.size(), first.value("steps", int64_t{0}), tokens,
+             loco::metrics::format_duration(result.wall_s), loss, first.value("val_unigram_entropy", NAN),
+             format_bytes(first.value("bytes_sent", 0.0)), format_bytes(first.value("bytes_received", 0.0)),
+             first.value("rounds", int64_t{0}), first.value("sync_s", 0.0));
+}
+
+loco::metrics::ProgressMode progress_mode(const std::string& name) {
+  if (name == "json") return loco::metrics::ProgressMode::kJson;
+  if (name == "lines") return loco::metrics::ProgressMode::kLines;
+  if (name == "bar") return loco::metrics::ProgressMode::kBar;
+  return loco::metrics::Progress::is_terminal(stderr) ? loco::metrics::ProgressMode::kBar : loco::metrics::ProgressMode::kLines;
 }
 
 fs::path default_cache_dir() {
@@ -75,7 +142,8 @@ Loaded load_for_inference(const std::string& checkpoint_path, const std::string&
                                               (loaded.checkpoint.dir / "state.json").string());
   if (!data_override.empty()) loaded.config.data.dir = data_override;
   loaded.model = loco::runtime::build_model(loaded.config);
-  loco::runtime::load_model_weights(loaded.model, loaded.checkpoint.model, loaded.checkpoint.dir.string());
+  loco::runtime::load_model_weights(loaded.model, loco::runtime::inference_weights(loaded.checkpoint),
+                                    loaded.checkpoint.dir.string());
   loaded.model->to(device);
   loaded.model->eval();
   return loaded;
@@ -138,6 +206,38 @@ int main(int argc, char** argv) {
   cmd_generate->add_option("--seed", sample.seed, "sampling seed")->capture_default_str();
   cmd_generate->add_option("--data", data_dir, "dataset folder holding the tokenizer (default: the training one)");
 
+  // launch
+  int64_t workers = 0, port = -1;
+  auto* cmd_launch = app.add_subcommand("launch", "Train with a coordinator and several worker processes on this machine "
+                                                   "(override any config key with --section.key=value)");
+  cmd_launch->add_option("--workers", workers, "worker processes (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd_launch->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
+  cmd_launch->add_option("--port", port, "the coordinator's port on 127.0.0.1 (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
+  cmd_launch->add_flag("--resume", resume, "continue the run in run.dir from the workers' checkpoints");
+  cmd_launch->allow_extras();
+
+  // worker
+  std::string coordinator_address, progress = "auto";
+  int64_t rank = -1;
+  auto* cmd_worker = app.add_subcommand("worker", "One worker of a run: joins a coordinator and trains its shard");
+  cmd_worker->add_option("--coordinator", coordinator_address, "HOST:PORT of `loco coordinator` (default: $MASTER_ADDR:$MASTER_PORT)");
+  cmd_worker->add_option("--config", config_file, "TOML run config (the coordinator's, up to paths and devices)")->required();
+  cmd_worker->add_option("--rank", rank, "this worker's rank (default: $RANK, $SLURM_PROCID, or the coordinator's choice)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd_worker->add_flag("--resume", resume, "continue from this worker's checkpoints (needs the rank)");
+  cmd_worker->add_option("--progress", progress, "auto, bar, lines or json")->check(CLI::IsMember({"auto", "bar", "lines", "json"}));
+  cmd_worker->allow_extras();
+
+  // coordinator
+  std::string bind = "0.0.0.0";
+  auto* cmd_coordinator = app.add_subcommand("coordinator", "Serve a run's membership and rendezvous to its workers");
+  cmd_coordinator->add_option("--config", config_file, "TOML run config: the reference every worker must match")->required();
+  cmd_coordinator->add_option("--port", port, "port to listen on (default: the config's cluster.port)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
+  cmd_coordinator->add_option("--bind", bind, "address to listen on")->capture_default_str();
+  cmd_coordinator->add_option("--workers", workers, "workers in the run (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd_coordinator->add_flag("--resume", resume, "the workers continue from their checkpoints");
+  cmd_coordinator->allow_extras();
+
   // config
   bool reference = false;
   auto* cmd_config = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
@@ -164,26 +264,107 @@ int main(int argc, char** argv) {
     }
     if (cmd_train->parsed()) {
       auto config = loco::runtime::load_config(config_file, collect_overrides(cmd_train->remaining()));
-      std::signal(SIGINT, on_interrupt);
-      std::signal(SIGTERM, on_interrupt);
-      loco::algorithms::NoSync sync;
+      if (config.cluster.workers > 1) {
+        throw loco::ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` "
+                                                   "(or `loco coordinator` and `loco worker`)", config.cluster.workers));
+      }
+      install(on_interrupt);
+      // One process is a group of one: DiLoCo, DDP and local then take the same path as with M workers.
+      auto sync = loco::runtime::make_strategy(config, loco::comm::Group::single());
       loco::runtime::TrainOptions options;
       options.resume = resume;
       options.stop = &g_stop;
-      options.progress = loco::metrics::Progress::is_terminal(stderr) ? loco::metrics::ProgressMode::kBar
-                                                                       : loco::metrics::ProgressMode::kLines;
-      auto summary = loco::runtime::train(config, sync, options);
-      const double gain = summary.val_unigram_entropy - summary.val_loss;
-      fmt::print("{} after {} steps ({} tokens, {}): val_loss {:.4f} (ppl {:.2f}); val_unigram_entropy {:.4f}; "
-                 "val_loss is {:.3f} nats {} it\n",
-                 summary.interrupted ? "interrupted" : "trained", summary.steps, summary.tokens,
-                 loco::metrics::format_duration(summary.wall_s), summary.val_loss, summary.val_ppl,
-                 summary.val_unigram_entropy, std::abs(gain), gain >= 0 ? "below" : "above");
+      options.progress = progress_mode("auto");
+      auto summary = loco::runtime::train(config, *sync, options);
+      fmt::print("{}\n", describe_summary(summary));
       if (summary.interrupted) {
         fmt::print("checkpoint saved; continue with: loco train --config {} --resume\n", config_file);
         return 130;
       }
       return 0;
+    }
+    if (cmd_launch->parsed()) {
+      auto overrides = collect_overrides(cmd_launch->remaining());
+      if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
+      auto config = loco::runtime::load_config(config_file, overrides);
+      install(on_launch_interrupt);
+      loco::runtime::LaunchOptions options;
+      options.config_file = config_file;
+      options.overrides = overrides;
+      options.resume = resume;
+      options.port = port > 0 ? port : 0;
+      options.executable = fs::read_symlink("/proc/self/exe");
+      options.interactive = loco::metrics::Progress::is_terminal(stderr);
+      options.interrupts = &g_interrupts;
+      auto result = loco::runtime::launch(config, options);
+      print_launch_summary(config, result);
+      switch (result.outcome) {
+        case loco::runtime::RunOutcome::kFinished: return 0;
+        case loco::runtime::RunOutcome::kStopped:
+          fmt::print("stopped ({}); the workers saved their state; continue with: loco launch --config {} --resume\n",
+                     result.message, config_file);
+          return 130;
+        case loco::runtime::RunOutcome::kFailed:
+          fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n",
+                     result.message);
+          return 1;
+      }
+    }
+    if (cmd_worker->parsed()) {
+      const auto env = loco::read_environment();
+      if (coordinator_address.empty()) {
+        if (!env.master_addr || !env.master_port) {
+          throw loco::ConfigError("cli", "worker: no coordinator; pass --coordinator HOST:PORT or set MASTER_ADDR and MASTER_PORT");
+        }
+        coordinator_address = fmt::format("{}:{}", *env.master_addr, *env.master_port);
+      }
+      auto config = loco::runtime::load_config(config_file, collect_overrides(cmd_worker->remaining()));
+      if (env.world_size && *env.world_size != config.cluster.workers) {
+        throw loco::ConfigError("cli", fmt::format("WORLD_SIZE (or SLURM_NTASKS) is {} but cluster.workers is {}; hint: pass "
+                                                   "--cluster.workers={}", *env.world_size, config.cluster.workers, *env.world_size));
+      }
+      install(on_interrupt);
+      loco::runtime::WorkerOptions options;
+      options.coordinator = coordinator_address;
+      options.rank = rank >= 0 ? rank : env.rank.value_or(-1);
+      options.resume = resume;
+      options.stop = &g_stop;
+      options.progress = progress_mode(progress);
+      options.out = options.progress == loco::metrics::ProgressMode::kJson ? stdout : stderr;
+      auto summary = loco::runtime::run_worker(config, options);
+      if (options.progress != loco::metrics::ProgressMode::kJson) fmt::print("{}\n", describe_summary(summary));
+      return summary.interrupted ? 130 : 0;
+    }
+    if (cmd_coordinator->parsed()) {
+      auto overrides = collect_overrides(cmd_coordinator->remaining());
+      if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
+      auto config = loco::runtime::load_config(config_file, overrides);
+      install(on_interrupt);
+      loco::runtime::CoordinatorOptions options;
+      options.bind = bind;
+      options.port = port > 0 ? port : config.cluster.port;
+      options.config = config;
+      options.resume = resume;
+      options.log = [](const std::string& line) { fmt::print(stderr, "coordinator: {}\n", line); };
+      if (fs::exists(fs::path(config.data.dir) / "manifest.json")) {
+        options.dataset = loco::runtime::protocol::DatasetIdentity::of(loco::data::read_manifest(config.data.dir));
+      }
+      loco::runtime::Coordinator coordinator(options);
+      coordinator.start();
+      while (true) {
+        if (g_stop.load()) {
+          fmt::print(stderr, "coordinator: interrupted; running workers keep training (they need the coordinator to "
+                             "start, and to tell a stop from a crash)\n");
+          return 130;
+        }
+        auto result = coordinator.wait_for(std::chrono::milliseconds(500));
+        if (!result) continue;
+        switch (result->outcome) {
+          case loco::runtime::RunOutcome::kFinished: fmt::print(stderr, "coordinator: the run finished\n"); return 0;
+          case loco::runtime::RunOutcome::kStopped: fmt::print(stderr, "coordinator: the run stopped: {}\n", result->message); return 130;
+          case loco::runtime::RunOutcome::kFailed: fmt::print(stderr, "error: [coordinator] {}\n", result->message); return 1;
+        }
+      }
     }
     if (cmd_eval->parsed()) {
       const auto device = loco::model::resolve_device("auto");

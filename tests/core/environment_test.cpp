@@ -44,5 +44,21 @@ TEST(Environment, MalformedProcessCountIsNamed) {
   }
 }
 
+TEST(Environment, TorchrunAndSlurmVariablesGiveRankAndCoordinator) {
+  ScopedEnv a("RANK", nullptr), b("SLURM_PROCID", "3"), c("WORLD_SIZE", nullptr), d("SLURM_NTASKS", "8"),
+      e("MASTER_ADDR", "node17"), f("MASTER_PORT", "29400");
+  auto env = read_environment();
+  EXPECT_EQ(env.rank, 3) << "Slurm's when torchrun's is absent";
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.master_addr, "node17");
+  EXPECT_EQ(env.master_port, 29400);
+  ScopedEnv g("RANK", "1"), h("WORLD_SIZE", "2");
+  env = read_environment();
+  EXPECT_EQ(env.rank, 1) << "torchrun's RANK wins over SLURM_PROCID";
+  EXPECT_EQ(env.world_size, 2);
+  ScopedEnv i("MASTER_PORT", "http");
+  testing_util::expect_error<ConfigError>([] { read_environment(); }, "MASTER_PORT must be an integer >= 1, got 'http'");
+}
+
 }  // namespace
 }  // namespace loco

@@ -15,6 +15,19 @@ std::optional<std::filesystem::path> path_variable(const char* name) {
   return std::filesystem::path(value);
 }
 
+// The integer in variable `name`, if set; ConfigError unless it is an integer >= `minimum`.
+std::optional<int64_t> integer_variable(const char* name, int64_t minimum) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string_view text(value);
+  int64_t parsed = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+  if (ec != std::errc() || end != text.data() + text.size() || parsed < minimum) {
+    throw ConfigError("env", fmt::format("{} must be an integer >= {}, got '{}'", name, minimum, text));
+  }
+  return parsed;
+}
+
 }  // namespace
 
 Environment read_environment() {
@@ -22,15 +35,13 @@ Environment read_environment() {
   env.cache_dir = path_variable("LOCO_CACHE");
   env.home = path_variable("HOME");
   env.spm_library = path_variable("LOCO_SPM_LIBRARY");
-  if (const char* value = std::getenv("LOCO_LOCAL_PROCESSES"); value != nullptr && *value != '\0') {
-    const std::string_view text(value);
-    int64_t parsed = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-    if (ec != std::errc() || end != text.data() + text.size() || parsed < 1) {
-      throw ConfigError("env", fmt::format("LOCO_LOCAL_PROCESSES must be an integer >= 1, got '{}'", text));
-    }
-    env.local_processes = parsed;
-  }
+  env.local_processes = integer_variable("LOCO_LOCAL_PROCESSES", 1).value_or(1);
+  env.rank = integer_variable("RANK", 0);
+  if (!env.rank) env.rank = integer_variable("SLURM_PROCID", 0);
+  env.world_size = integer_variable("WORLD_SIZE", 1);
+  if (!env.world_size) env.world_size = integer_variable("SLURM_NTASKS", 1);
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') env.master_addr = addr;
+  env.master_port = integer_variable("MASTER_PORT", 1);
   return env;
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 
 namespace loco {
 
@@ -12,10 +13,15 @@ struct Environment {
   std::optional<std::filesystem::path> home;         // HOME: default cache under ~/.cache/loco
   int64_t local_processes = 1;                       // LOCO_LOCAL_PROCESSES: loco processes sharing the cores
   std::optional<std::filesystem::path> spm_library;  // LOCO_SPM_LIBRARY: path of libloco_spm.so
+  // Set by torchrun / Slurm, read by `loco worker` when its flags do not say:
+  std::optional<int64_t> rank;               // RANK, else SLURM_PROCID
+  std::optional<int64_t> world_size;         // WORLD_SIZE, else SLURM_NTASKS
+  std::optional<std::string> master_addr;    // MASTER_ADDR: the coordinator's host
+  std::optional<int64_t> master_port;        // MASTER_PORT: the coordinator's port
 };
 
-// Reads the variables now. A malformed LOCO_LOCAL_PROCESSES (not an integer >= 1) throws
-// ConfigError naming it.
+// Reads the variables now. A malformed number (LOCO_LOCAL_PROCESSES not an integer >= 1, RANK not
+// an integer >= 0, ...) throws ConfigError naming the variable.
 Environment read_environment();
 
 }  // namespace loco

@@ -192,6 +192,10 @@ void TransformerImpl::initialize(uint64_t seed) {
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
+  return torch::nn::functional::linear(hidden(tokens), tok_emb->weight);  // tied head: (B, T, V)
+}
+
+torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   LOCO_CHECK(tokens.dim() == 2, "tokens must be (B, T), got {} dims", tokens.dim());
   const int64_t T = tokens.size(1);
   LOCO_CHECK(T <= options_.context, "sequence length {} exceeds the context {}", T, options_.context);
@@ -204,8 +208,7 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
     sin = rope_sin_.narrow(0, 0, T);
   }
   for (const auto& block : *blocks) x = block->as<BlockImpl>()->forward(x, cos, sin);
-  x = final_norm->forward(x);
-  return torch::nn::functional::linear(x, tok_emb->weight);  // tied head: (B, T, V)
+  return final_norm->forward(x);  // (B, T, C)
 }
 
 std::vector<ParameterGroup> TransformerImpl::parameter_groups() const {

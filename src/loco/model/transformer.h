@@ -125,6 +125,9 @@ class TransformerImpl : public torch::nn::Module {
 
   // tokens (B, T) int64 with T <= context -> logits (B, T, vocab) in float32 (or the autocast dtype)
   torch::Tensor forward(const torch::Tensor& tokens);
+  // tokens (B, T) -> the last block's output after the final norm, (B, T, width): what the tied
+  // head reads, and what DiPaCo-style routing embeds documents with.
+  torch::Tensor hidden(const torch::Tensor& tokens);
 
   const ModelOptions& options() const { return options_; }
   int64_t num_blocks() const { return options_.layers; }

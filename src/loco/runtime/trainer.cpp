@@ -90,33 +90,24 @@ void load_model_weights(model::Transformer& model, const NamedTensors& weights, 
   }
 }
 
-EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device,
-                    comm::Group* group) {
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
-  const int64_t stride = group != nullptr ? group->size() : 1;
-  const int64_t first = group != nullptr ? group->rank() : 0;
-  double total = 0, tokens = 0;
-  for (size_t i = static_cast<size_t>(first); i < batches.size(); i += static_cast<size_t>(stride)) {
-    const auto& batch = batches[i];
+  double total = 0;
+  int64_t tokens = 0;
+  for (const auto& batch : batches) {
     model::AutocastGuard autocast(device, true);
     auto logits = model->forward(batch.inputs.to(device));
     auto loss = model::language_model_loss(logits, batch.targets.to(device), 0.0).cross_entropy;
-    const auto n = static_cast<double>(batch.targets.numel());
-    total += loss.item<double>() * n;
+    const int64_t n = batch.targets.numel();
+    total += loss.item<double>() * static_cast<double>(n);
     tokens += n;
-  }
-  if (stride > 1) {
-    auto sums = torch::tensor({total, tokens}, torch::kFloat64);
-    group->all_reduce_sum(sums);
-    total = sums[0].item<double>();
-    tokens = sums[1].item<double>();
   }
   if (was_training) model->train();
   EvalResult result;
-  result.tokens = static_cast<int64_t>(tokens);
-  result.loss = tokens > 0 ? total / tokens : NAN;
+  result.tokens = tokens;
+  result.loss = tokens > 0 ? total / static_cast<double>(tokens) : NAN;
   result.ppl = std::exp(result.loss);
   return result;
 }
@@ -337,16 +328,13 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     // Evaluation scores the global parameters: it waits until the model holds them.
     eval_due = eval_due || step % config.eval.every == 0 || last;
     if (eval_due && sync.in_sync()) {
-      try {
-        last_eval = evaluate(model, eval_batches, device, worker.group);
-      } catch (const PeerError& e) {
-        peer_failure = e;
-        break;
-      }
       eval_due = false;
-      log.write("eval", {{"worker", worker.rank}, {"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl},
-                         {"tokens", last_eval.tokens}});
-      progress.message(fmt::format("{}step {}: val_loss {:.4f}  val_ppl {:.2f}", who, step, last_eval.loss, last_eval.ppl));
+      if (worker.evaluates) {
+        last_eval = evaluate(model, eval_batches, device);
+        log.write("eval", {{"worker", worker.rank}, {"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl},
+                           {"tokens", last_eval.tokens}});
+        progress.message(fmt::format("{}step {}: val_loss {:.4f}  val_ppl {:.2f}", who, step, last_eval.loss, last_eval.ppl));
+      }
     }
     if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) {
       save_checkpoint(wall_before + seconds_since(call_start));
@@ -368,7 +356,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                                          (state_dir / "checkpoints").string()));
   }
   summary.interrupted = (stopped || peer_failure) && step < config.train.steps;
-  if (std::isnan(last_eval.loss) && !summary.interrupted) last_eval = evaluate(model, eval_batches, device, worker.group);
+  if (std::isnan(last_eval.loss) && !summary.interrupted && worker.evaluates) last_eval = evaluate(model, eval_batches, device);
 
   summary.steps = step;
   summary.tokens = tokens;

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "loco/algorithms/sync.h"
-#include "loco/comm/group.h"
 #include "loco/metrics/progress.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
@@ -31,8 +30,9 @@ struct WorkerRole {
   // One of the workers of `loco launch` / `loco worker`: its checkpoints live in
   // RUN/workers/<rank>/checkpoints, and its events in RUN/metrics.jsonl carry its rank.
   bool distributed = false;
-  // Splits the evaluation of the global parameters among the workers (nullptr: evaluate alone).
-  comm::Group* group = nullptr;
+  // Whether this worker evaluates. The global parameters are the same on every worker, so only
+  // one scores them; evaluation never communicates (every collective belongs to the sync strategy).
+  bool evaluates = true;
   // This worker's shard of the training split (nullptr: the whole split).
   const std::vector<int32_t>* train_tokens = nullptr;
   // Asked after a collective failed: is the whole run stopping (a peer was interrupted), so that
@@ -78,11 +78,8 @@ struct EvalResult {
   int64_t tokens = 0;
 };
 
-// Mean loss of `model` over `batches` (no gradients; the model's training mode is restored). With a
-// group of several ranks holding the same model, each scores every size()-th batch and the sums
-// are all-reduced: the same result for a fraction of the work each.
-EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device,
-                    comm::Group* group = nullptr);
+// Mean loss of `model` over `batches` (no gradients; the model's training mode is restored).
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device);
 
 // Loads the parameters of `train.init_from` (a checkpoint or run folder; its global parameters
 // when it has them) into `model`. Throws DataError when the shapes or the tokenizer differ.

@@ -1,0 +1,477 @@
+#include "loco/runtime/coordinator.h"
+
+#include <fmt/ranges.h>
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "loco/comm/key_value.h"
+#include "loco/core/hash.h"
+
+namespace loco::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using protocol::ProtocolError;
+
+constexpr auto kMaxWait = std::chrono::milliseconds(2000);  // longest a request is held
+constexpr size_t kMaxKeyBytes = 512;
+
+// A refusal the worker can act on: answered with HTTP 409 and shown to the user as is.
+class Refusal : public Error {
+ public:
+  explicit Refusal(std::string_view message) : Error("coordinator", message) {}
+};
+
+struct Member {
+  std::string name;
+  protocol::JoinRequest request;
+  std::string status;  // "" while training; then finished / stopped / failed
+  std::string error;
+  nlohmann::json summary;
+};
+
+std::string random_run_id() {
+  std::random_device device;
+  return hex64((static_cast<uint64_t>(device()) << 32) ^ device());
+}
+
+nlohmann::json body_json(const httplib::Request& request) {
+  try {
+    return nlohmann::json::parse(request.body);
+  } catch (const nlohmann::json::exception&) {
+    throw ProtocolError("the request body is not valid JSON");
+  }
+}
+
+std::string key_param(const httplib::Request& request) {
+  if (!request.has_param("key")) throw ProtocolError("parameter 'key' is missing");
+  auto key = request.get_param_value("key");
+  if (key.empty() || key.size() > kMaxKeyBytes) throw ProtocolError("parameter 'key' must have 1 to 512 bytes");
+  return key;
+}
+
+int64_t int_param(const httplib::Request& request, const char* name) {
+  if (!request.has_param(name)) throw ProtocolError(fmt::format("parameter '{}' is missing", name));
+  try {
+    size_t used = 0;
+    const auto text = request.get_param_value(name);
+    const int64_t value = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {
+    throw ProtocolError(fmt::format("parameter '{}' is not an integer", name));
+  }
+}
+
+void reply_json(httplib::Response& response, const nlohmann::json& body, int status = 200) {
+  response.status = status;
+  response.set_content(body.dump(), "application/json");
+}
+
+}  // namespace
+
+struct Coordinator::Impl {
+  explicit Impl(CoordinatorOptions o) : options(std::move(o)), members(static_cast<size_t>(options.config.cluster.workers)) {}
+
+  CoordinatorOptions options;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  const std::string run_id = random_run_id();
+  comm::MemoryKeyValueStore store;
+
+  mutable std::mutex mutex;
+  std::condition_variable changed;
+  std::string phase = "waiting";  // waiting, running, finished, failed
+  bool stopping = false;
+  std::string reason;             // of the stop or the failure
+  int64_t epoch = 0;
+  std::vector<std::optional<Member>> members;
+  std::map<int64_t, int64_t> resume_steps;
+  const Clock::time_point started = Clock::now();
+  std::optional<Clock::time_point> first_end;  // when the first worker reported its end
+
+  void log(const std::string& line) const {
+    if (options.log) options.log(line);
+  }
+  int64_t world_size() const { return static_cast<int64_t>(members.size()); }
+
+  std::vector<int64_t> missing_locked() const {
+    std::vector<int64_t> out;
+    for (size_t r = 0; r < members.size(); ++r) {
+      if (!members[r]) out.push_back(static_cast<int64_t>(r));
+    }
+    return out;
+  }
+
+  void fail_locked(const std::string& why) {
+    if (phase == "finished" || phase == "failed") return;
+    phase = "failed";
+    reason = why;
+    log("run failed: " + why);
+    changed.notify_all();
+  }
+
+  // Once one worker has ended, the others' collectives end within cluster.timeout_s; a worker that
+  // still has not reported its end a grace period after that is gone (killed): the run fails.
+  void check_end_deadline_locked() {
+    if (phase != "running" || !first_end) return;
+    const auto grace = std::chrono::duration<double>(options.config.cluster.timeout_s + 30);
+    if (Clock::now() - *first_end < grace) return;
+    std::vector<int64_t> silent;
+    for (size_t r = 0; r < members.size(); ++r) {
+      if (members[r] && members[r]->status.empty()) silent.push_back(static_cast<int64_t>(r));
+    }
+    fail_locked(fmt::format("worker rank(s) {} never reported their end (killed?)", fmt::join(silent, ", ")));
+  }
+
+  // A worker that never joins fails the run, named, after cluster.join_timeout_s.
+  void check_join_deadline_locked() {
+    if (phase != "waiting") return;
+    const auto limit = std::chrono::duration<double>(options.config.cluster.join_timeout_s);
+    if (Clock::now() - started < limit) return;
+    std::vector<std::string> joined;
+    for (size_t r = 0; r < members.size(); ++r) {
+      if (members[r]) joined.push_back(fmt::format("{} ({})", r, members[r]->name));
+    }
+    fail_locked(fmt::format("worker rank(s) {} never joined within {:.0f} s (cluster.join_timeout_s); joined: {}",
+                            fmt::join(missing_locked(), ", "), options.config.cluster.join_timeout_s,
+                            joined.empty() ? "none" : fmt::format("{}", fmt::join(joined, ", "))));
+  }
+
+  // Each worker resumes from its newest checkpoint whose global parameters all workers have a
+  // checkpoint of; among such parameters, the newest set (the one losing least work) wins.
+  void plan_resume_locked() {
+    std::map<uint64_t, std::vector<int64_t>> newest;  // global hash -> newest step per rank
+    for (size_t r = 0; r < members.size(); ++r) {
+      const auto& checkpoints = members[r]->request.checkpoints;
+      if (checkpoints.empty()) {
+        fail_locked(fmt::format("--resume: worker {} ({}) has no checkpoint to resume from", r, members[r]->name));
+        return;
+      }
+      for (const auto& c : checkpoints) {
+        auto& steps = newest.try_emplace(c.global_hash, std::vector<int64_t>(members.size(), -1)).first->second;
+        steps[r] = std::max(steps[r], c.step);
+      }
+    }
+    std::optional<std::pair<int64_t, uint64_t>> best;  // (least step among ranks, hash)
+    for (const auto& [hash, steps] : newest) {
+      const int64_t least = *std::min_element(steps.begin(), steps.end());
+      if (least >= 0 && (!best || least > best->first)) best = {least, hash};
+    }
+    if (!best) {
+      std::vector<std::string> listing;
+      for (size_t r = 0; r < members.size(); ++r) {
+        std::vector<std::string> entries;
+        for (const auto& c : members[r]->request.checkpoints) entries.push_back(fmt::format("{} ({})", c.step, hex64(c.global_hash)));
+        listing.push_back(fmt::format("worker {}: {}", r, fmt::join(entries, ", ")));
+      }
+      fail_locked(fmt::format("--resume: the workers' checkpoints share no global parameters (step (hash)): {}",
+                              fmt::join(listing, "; ")));
+      return;
+    }
+    const auto& steps = newest.at(best->second);
+    for (size_t r = 0; r < members.size(); ++r) resume_steps[static_cast<int64_t>(r)] = steps[r];
+    log(fmt::format("resuming: worker steps {} (global parameters {})", fmt::join(steps, ", "), hex64(best->second)));
+  }
+
+  protocol::JoinReply join(const protocol::JoinRequest& request) {
+    RunConfig theirs;
+    try {
+      theirs = parse_config(request.config_toml, "the worker's config");
+    } catch (const ConfigError& e) {
+      throw Refusal(fmt::format("{}'s config is invalid: {}", request.name, e.what()));
+    }
+    std::lock_guard lock(mutex);
+    check_join_deadline_locked();
+    if (phase != "waiting") {
+      throw Refusal(fmt::format("the run is {} ({}); this version does not take workers after the start",
+                                phase, phase == "failed" ? reason : fmt::format("{} workers", world_size())));
+    }
+    auto changed_keys = differences_except(options.config, theirs, kPerWorkerKeys);
+    if (!changed_keys.empty()) {
+      throw Refusal(fmt::format("{}'s config differs from the run's (run -> worker): {}", request.name,
+                                fmt::join(changed_keys, "; ")));
+    }
+    if (!options.dataset) {
+      options.dataset = request.dataset;  // the first worker's dataset is the run's
+    } else if (auto diff = options.dataset->differences(request.dataset); !diff.empty()) {
+      throw Refusal(fmt::format("{}'s dataset differs from the run's: {}; every worker needs the same prepared "
+                                "dataset", request.name, fmt::join(diff, "; ")));
+    }
+    if (request.resume != options.resume) {
+      throw Refusal(options.resume ? fmt::format("the run is resuming but {} was started without --resume", request.name)
+                                   : fmt::format("{} asks to resume but the run starts fresh (start the coordinator "
+                                                 "with --resume)", request.name));
+    }
+    int64_t rank = request.rank;
+    if (rank >= world_size()) {
+      throw Refusal(fmt::format("rank {} is outside the run's {} workers (0..{})", rank, world_size(), world_size() - 1));
+    }
+    if (rank >= 0 && members[static_cast<size_t>(rank)]) {
+      throw Refusal(fmt::format("rank {} is already taken by {}", rank, members[static_cast<size_t>(rank)]->name));
+    }
+    if (rank < 0) {
+      auto missing = missing_locked();
+      if (missing.empty()) throw Refusal(fmt::format("the run already has its {} workers", world_size()));
+      rank = missing.front();
+    }
+    if (request.resume && request.rank < 0) throw Refusal("a resuming worker must say its rank (--rank)");
+    members[static_cast<size_t>(rank)] = Member{request.name, request, "", "", nlohmann::json::object()};
+    const auto still_missing = missing_locked();
+    log(fmt::format("worker {} joined from {} ({}/{})", rank, request.name, world_size() - static_cast<int64_t>(still_missing.size()),
+                    world_size()));
+    if (still_missing.empty()) {
+      if (options.resume) plan_resume_locked();
+      if (phase == "waiting") {
+        phase = "running";
+        log(fmt::format("all {} workers joined: training starts (epoch {})", world_size(), epoch));
+      }
+      changed.notify_all();
+    }
+    return {rank, world_size(), run_id};
+  }
+
+  protocol::StartReply start_reply_locked(int64_t rank) const {
+    protocol::StartReply reply;
+    reply.phase = phase;
+    reply.missing = missing_locked();
+    reply.epoch = epoch;
+    reply.error = phase == "failed" ? reason : "";
+    if (auto it = resume_steps.find(rank); it != resume_steps.end()) reply.resume_step = it->second;
+    return reply;
+  }
+
+  void done(const protocol::DoneRequest& request) {
+    std::lock_guard lock(mutex);
+    if (request.rank < 0 || request.rank >= world_size() || !members[static_cast<size_t>(request.rank)]) {
+      throw ProtocolError(fmt::format("rank {} is not a member of this run", request.rank));
+    }
+    auto& member = *members[static_cast<size_t>(request.rank)];
+    member.status = request.status;
+    member.error = request.error;
+    member.summary = request.summary;
+    log(fmt::format("worker {} {}{}", request.rank, request.status, request.error.empty() ? "" : ": " + request.error));
+    if (!first_end) first_end = Clock::now();
+    const bool all_done = std::all_of(members.begin(), members.end(), [](const auto& m) { return m && !m->status.empty(); });
+    if (all_done && phase != "failed") {
+      phase = "finished";
+      changed.notify_all();
+    }
+  }
+
+  nlohmann::json state_locked() const {
+    nlohmann::json list = nlohmann::json::array();
+    for (size_t r = 0; r < members.size(); ++r) {
+      if (!members[r]) continue;
+      list.push_back({{"rank", r}, {"name", members[r]->name}, {"status", members[r]->status.empty() ? "training" : members[r]->status}});
+    }
+    return {{"phase", phase}, {"stopping", stopping}, {"reason", reason}, {"epoch", epoch}, {"workers", world_size()},
+            {"run_id", run_id}, {"members", list}, {"missing", missing_locked()}};
+  }
+
+  // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409); any other
+  // exception is logged and answered 500. The coordinator keeps serving the others either way.
+  template <class F>
+  httplib::Server::Handler guard(F&& handler) {
+    return [this, handler](const httplib::Request& request, httplib::Response& response) {
+      try {
+        handler(request, response);
+      } catch (const Refusal& e) {
+        log(fmt::format("refused {} from {}: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 409);
+      } catch (const ProtocolError& e) {
+        log(fmt::format("bad request {} from {}: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 400);
+      } catch (const std::exception& e) {
+        log(fmt::format("request {} from {} failed: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 500);
+      }
+    };
+  }
+
+  void install_routes() {
+    server.Post("/v1/join", guard([this](const auto& request, auto& response) {
+      reply_json(response, join(protocol::JoinRequest::from_json(body_json(request))).to_json());
+    }));
+    server.Post("/v1/start", guard([this](const auto& request, auto& response) {
+      const auto body = body_json(request);
+      if (!body.is_object() || !body.contains("rank") || !body["rank"].is_number_integer()) {
+        throw ProtocolError("field 'rank' is missing or not an integer");
+      }
+      const int64_t rank = body["rank"].template get<int64_t>();
+      std::unique_lock lock(mutex);
+      check_join_deadline_locked();
+      changed.wait_for(lock, kMaxWait, [&] { return phase != "waiting"; });
+      check_join_deadline_locked();
+      reply_json(response, start_reply_locked(rank).to_json());
+    }));
+    server.Post("/v1/stop", guard([this](const auto& request, auto& response) {
+      const auto body = body_json(request);
+      const std::string why = body.is_object() && body.contains("reason") && body["reason"].is_string()
+                                  ? body["reason"].template get<std::string>().substr(0, 1024)
+                                  : "a worker asked";
+      std::lock_guard lock(mutex);
+      if (!stopping) log("stopping: " + why);
+      stopping = true;
+      if (reason.empty()) reason = why;
+      reply_json(response, {{"stopping", true}});
+    }));
+    server.Get("/v1/state", guard([this](const auto&, auto& response) {
+      std::lock_guard lock(mutex);
+      reply_json(response, state_locked());
+    }));
+    server.Post("/v1/done", guard([this](const auto& request, auto& response) {
+      done(protocol::DoneRequest::from_json(body_json(request)));
+      reply_json(response, {{"ok", true}});
+    }));
+    server.Post("/v1/kv/set", guard([this](const auto& request, auto& response) {
+      try {
+        store.set(key_param(request), request.body);
+      } catch (const Error& e) {
+        throw ProtocolError(e.what());  // over a limit
+      }
+      reply_json(response, {{"ok", true}});
+    }));
+    server.Get("/v1/kv/get", guard([this](const auto& request, auto& response) {
+      const auto key = key_param(request);
+      const auto wait = std::clamp<int64_t>(int_param(request, "wait_ms"), 0, kMaxWait.count());
+      auto value = store.get(key, std::chrono::milliseconds(wait));
+      if (!value) {
+        reply_json(response, {{"error", "not set"}}, 404);
+        return;
+      }
+      response.set_content(*value, "application/octet-stream");
+    }));
+    server.Post("/v1/kv/add", guard([this](const auto& request, auto& response) {
+      int64_t value = 0;
+      try {
+        value = store.add(key_param(request), int_param(request, "delta"));
+      } catch (const ProtocolError&) {
+        throw;
+      } catch (const Error& e) {
+        throw ProtocolError(e.what());
+      }
+      reply_json(response, {{"value", value}});
+    }));
+    server.Post("/v1/kv/check", guard([this](const auto& request, auto& response) {
+      const auto body = body_json(request);
+      std::vector<std::string> keys;
+      try {
+        keys = body.template get<std::vector<std::string>>();
+      } catch (const nlohmann::json::exception&) {
+        throw ProtocolError("the body must be a JSON array of keys");
+      }
+      reply_json(response, {{"ok", store.check(keys)}});
+    }));
+    server.Post("/v1/kv/remove", guard([this](const auto& request, auto& response) {
+      reply_json(response, {{"removed", store.remove(key_param(request))}});
+    }));
+    server.Get("/v1/kv/size", guard([this](const auto&, auto& response) { reply_json(response, {{"size", store.size()}}); }));
+    server.Get("/", guard([this](const auto&, auto& response) {
+      std::lock_guard lock(mutex);
+      std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\nepoch {}, {} workers\n", options.config.run.dir,
+                                     run_id, phase, stopping ? " (stopping: " + reason + ")" : "", epoch, world_size());
+      for (size_t r = 0; r < members.size(); ++r) {
+        text += members[r] ? fmt::format("  worker {}: {} {}\n", r, members[r]->name,
+                                         members[r]->status.empty() ? (phase == "waiting" ? "joined" : "training") : members[r]->status)
+                           : fmt::format("  worker {}: not joined\n", r);
+      }
+      response.set_content(text, "text/plain");
+    }));
+  }
+};
+
+Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  auto& server = impl_->server;
+  // httplib sets SO_REUSEPORT by default, which would let a second coordinator share the port
+  // silently. Plain SO_REUSEADDR makes "already in use" an error, as it should be.
+  server.set_socket_options([](socket_t socket) {
+    int yes = 1;
+    ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  server.set_read_timeout(std::chrono::seconds(10));
+  server.set_write_timeout(std::chrono::seconds(10));
+  server.set_payload_max_length(4 << 20);
+  const size_t threads = static_cast<size_t>(std::max<int64_t>(8, 2 * impl_->world_size() + 4));
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->install_routes();
+  const auto& bind = impl_->options.bind;
+  const int64_t port = impl_->options.port;
+  errno = 0;
+  if (port == 0) {
+    impl_->port = server.bind_to_any_port(bind);
+  } else {
+    impl_->port = server.bind_to_port(bind, static_cast<int>(port)) ? static_cast<int>(port) : -1;
+  }
+  if (impl_->port <= 0) {
+    const int error = errno;
+    throw ConfigError("coordinator", fmt::format("cannot listen on {}:{}: {}; hint: choose another --port (cluster.port) or "
+                                                 "stop what holds it", bind, port,
+                                                 error != 0 ? std::strerror(error) : "the address is in use or not this machine's"));
+  }
+}
+
+Coordinator::~Coordinator() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int64_t Coordinator::port() const { return impl_->port; }
+
+void Coordinator::start() {
+  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  impl_->log(fmt::format("listening on {}:{} for {} worker(s) of {}", impl_->options.bind, impl_->port,
+                         impl_->world_size(), impl_->options.config.run.dir));
+}
+
+std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mutex);
+  const auto deadline = Clock::now() + timeout;
+  while (impl_->phase != "finished" && impl_->phase != "failed") {
+    impl_->check_join_deadline_locked();
+    impl_->check_end_deadline_locked();
+    if (Clock::now() >= deadline) return std::nullopt;
+    impl_->changed.wait_for(lock, std::min<Clock::duration>(std::chrono::milliseconds(200), deadline - Clock::now()));
+  }
+  CoordinatorResult result;
+  result.message = impl_->reason;
+  bool any_failed = impl_->phase == "failed", any_stopped = false;
+  for (const auto& m : impl_->members) {
+    result.summaries.push_back(m ? m->summary : nlohmann::json::object());
+    if (m && m->status == "failed") {
+      any_failed = true;
+      if (result.message.empty()) result.message = m->error;
+    }
+    if (m && m->status == "stopped") any_stopped = true;
+  }
+  result.outcome = any_failed ? RunOutcome::kFailed : any_stopped || impl_->stopping ? RunOutcome::kStopped : RunOutcome::kFinished;
+  return result;
+}
+
+void Coordinator::request_stop(const std::string& reason) {
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->stopping) impl_->log("stopping: " + reason);
+  impl_->stopping = true;
+  if (impl_->reason.empty()) impl_->reason = reason;
+}
+
+void Coordinator::fail(const std::string& reason) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->fail_locked(reason);
+}
+
+nlohmann::json Coordinator::state() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->state_locked();
+}
+
+}  // namespace loco::runtime

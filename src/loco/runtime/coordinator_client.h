@@ -1,0 +1,65 @@
+// A worker's side of the coordinator protocol (coordinator.h): join, wait for the start, the
+// rendezvous store, and the run's state. Every request has a timeout; a coordinator that cannot be
+// reached is retried with backoff, then reported as PeerError naming its address.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "loco/comm/key_value.h"
+#include "loco/runtime/protocol.h"
+
+namespace httplib {
+class Client;
+}
+
+namespace loco::runtime {
+
+class CoordinatorClient {
+ public:
+  // `address` is "host:port" (ConfigError when malformed). Nothing is sent yet.
+  CoordinatorClient(const std::string& address, std::chrono::milliseconds connect_timeout);
+  ~CoordinatorClient();
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  std::string address() const;
+
+  // Joins the run. Retries while the coordinator cannot be reached, up to the connect timeout
+  // (then PeerError: "cannot reach the coordinator at ..."). A refusal throws ConfigError with the
+  // coordinator's reason (a config, dataset or rank that does not fit the run).
+  protocol::JoinReply join(const protocol::JoinRequest& request);
+  // Polls until every worker has joined and training may start; throws Error with the
+  // coordinator's reason when the run failed (e.g. a worker never joined), PeerError when the
+  // coordinator is gone, and stops early (returning phase "stopping") when `stop` is set.
+  protocol::StartReply wait_for_start(int64_t rank, const std::atomic<bool>* stop);
+  // Whether the run is stopping or over (asked after a collective failed). A coordinator that does
+  // not answer counts as "no".
+  bool run_stopping();
+  void report_stop(int64_t rank, const std::string& reason);
+  void report_done(const protocol::DoneRequest& request);
+
+  // The coordinator's key-value store, for comm::Group::connect.
+  std::shared_ptr<comm::KeyValueStore> key_value_store();
+
+  // The local address this machine uses to reach the coordinator: the one peers on its network
+  // can reach this worker at (no packet is sent to find it).
+  std::string local_address() const;
+
+  // Low level, for the key-value store: one request, retried briefly on connection errors.
+  // Returns (HTTP status, body); throws PeerError when the coordinator stays unreachable.
+  std::pair<int, std::string> request(const std::string& method, const std::string& path, const std::string& body,
+                                      std::chrono::milliseconds read_timeout);
+
+ private:
+  std::string host_;
+  int port_ = 0;
+  std::chrono::milliseconds connect_timeout_;
+  std::mutex mutex_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+}  // namespace loco::runtime

@@ -1,0 +1,152 @@
+#include "loco/runtime/protocol.h"
+
+#include <fmt/ranges.h>
+
+#include "loco/core/hash.h"
+
+namespace loco::runtime::protocol {
+namespace {
+
+// Typed access to a field of a JSON object from the network.
+template <class T>
+T field(const nlohmann::json& json, const char* name) {
+  if (!json.is_object()) throw ProtocolError("the request body is not a JSON object");
+  auto it = json.find(name);
+  if (it == json.end()) throw ProtocolError(fmt::format("field '{}' is missing", name));
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw ProtocolError(fmt::format("field '{}' has the wrong type", name));
+  }
+}
+
+template <class T>
+T field_or(const nlohmann::json& json, const char* name, T fallback) {
+  if (!json.is_object() || !json.contains(name) || json.at(name).is_null()) return fallback;
+  return field<T>(json, name);
+}
+
+uint64_t hex_field(const nlohmann::json& json, const char* name) {
+  const auto text = field<std::string>(json, name);
+  try {
+    return parse_hex64(text, "protocol", name);
+  } catch (const DataError&) {
+    throw ProtocolError(fmt::format("field '{}' is not a 16-digit hex number", name));
+  }
+}
+
+void check_length(const std::string& value, size_t limit, const char* name) {
+  if (value.size() > limit) throw ProtocolError(fmt::format("field '{}' is longer than {} bytes", name, limit));
+}
+
+}  // namespace
+
+DatasetIdentity DatasetIdentity::of(const data::Manifest& m) {
+  return {m.tokenizer_hash, m.vocab_size, m.train_documents, m.val_documents, m.train_tokens, m.val_tokens, m.labels};
+}
+
+nlohmann::json DatasetIdentity::to_json() const {
+  return {{"tokenizer_hash", hex64(tokenizer_hash)}, {"vocab_size", vocab_size},
+          {"train_documents", train_documents},     {"val_documents", val_documents},
+          {"train_tokens", train_tokens},           {"val_tokens", val_tokens},
+          {"labels", labels}};
+}
+
+DatasetIdentity DatasetIdentity::from_json(const nlohmann::json& json) {
+  DatasetIdentity d;
+  d.tokenizer_hash = hex_field(json, "tokenizer_hash");
+  d.vocab_size = field<int64_t>(json, "vocab_size");
+  d.train_documents = field<uint64_t>(json, "train_documents");
+  d.val_documents = field<uint64_t>(json, "val_documents");
+  d.train_tokens = field<uint64_t>(json, "train_tokens");
+  d.val_tokens = field<uint64_t>(json, "val_tokens");
+  d.labels = field<std::vector<std::string>>(json, "labels");
+  if (d.labels.size() > 100000) throw ProtocolError("field 'labels' is too long");
+  return d;
+}
+
+std::vector<std::string> DatasetIdentity::differences(const DatasetIdentity& w) const {
+  std::vector<std::string> out;
+  auto compare = [&](const char* name, auto mine, auto theirs) {
+    if (mine != theirs) out.push_back(fmt::format("{}: {} (run) vs {} (worker)", name, mine, theirs));
+  };
+  if (tokenizer_hash != w.tokenizer_hash) {
+    out.push_back(fmt::format("tokenizer: {} (run) vs {} (worker)", hex64(tokenizer_hash), hex64(w.tokenizer_hash)));
+  }
+  compare("vocab_size", vocab_size, w.vocab_size);
+  compare("train_documents", train_documents, w.train_documents);
+  compare("val_documents", val_documents, w.val_documents);
+  compare("train_tokens", train_tokens, w.train_tokens);
+  compare("val_tokens", val_tokens, w.val_tokens);
+  if (labels != w.labels) out.push_back(fmt::format("labels: [{}] (run) vs [{}] (worker)", fmt::join(labels, ", "), fmt::join(w.labels, ", ")));
+  return out;
+}
+
+nlohmann::json JoinRequest::to_json() const {
+  nlohmann::json checkpoints_json = nlohmann::json::array();
+  for (const auto& c : checkpoints) checkpoints_json.push_back({{"step", c.step}, {"global_hash", hex64(c.global_hash)}});
+  return {{"version", version}, {"name", name}, {"rank", rank}, {"config", config_toml}, {"dataset", dataset.to_json()},
+          {"resume", resume}, {"checkpoints", checkpoints_json}};
+}
+
+JoinRequest JoinRequest::from_json(const nlohmann::json& json) {
+  JoinRequest r;
+  r.version = field<int>(json, "version");
+  if (r.version != kVersion) {
+    throw ProtocolError(fmt::format("protocol version {} is not this coordinator's ({}); run the same loco everywhere",
+                                    r.version, kVersion));
+  }
+  r.name = field<std::string>(json, "name");
+  check_length(r.name, 256, "name");
+  r.rank = field<int64_t>(json, "rank");
+  r.config_toml = field<std::string>(json, "config");
+  check_length(r.config_toml, 1 << 20, "config");
+  r.dataset = DatasetIdentity::from_json(field<nlohmann::json>(json, "dataset"));
+  r.resume = field<bool>(json, "resume");
+  const auto checkpoints = field_or<nlohmann::json>(json, "checkpoints", nlohmann::json::array());
+  if (!checkpoints.is_array() || checkpoints.size() > 10000) throw ProtocolError("field 'checkpoints' must be a short array");
+  for (const auto& c : checkpoints) r.checkpoints.push_back({field<int64_t>(c, "step"), hex_field(c, "global_hash")});
+  return r;
+}
+
+nlohmann::json JoinReply::to_json() const { return {{"rank", rank}, {"world_size", world_size}, {"run_id", run_id}}; }
+
+JoinReply JoinReply::from_json(const nlohmann::json& json) {
+  return {field<int64_t>(json, "rank"), field<int64_t>(json, "world_size"), field<std::string>(json, "run_id")};
+}
+
+nlohmann::json StartReply::to_json() const {
+  nlohmann::json j = {{"phase", phase}, {"missing", missing}, {"epoch", epoch}, {"error", error}};
+  j["resume_step"] = resume_step ? nlohmann::json(*resume_step) : nlohmann::json();
+  return j;
+}
+
+StartReply StartReply::from_json(const nlohmann::json& json) {
+  StartReply r;
+  r.phase = field<std::string>(json, "phase");
+  r.missing = field<std::vector<int64_t>>(json, "missing");
+  r.epoch = field<int64_t>(json, "epoch");
+  r.error = field<std::string>(json, "error");
+  if (json.contains("resume_step") && !json.at("resume_step").is_null()) r.resume_step = field<int64_t>(json, "resume_step");
+  return r;
+}
+
+nlohmann::json DoneRequest::to_json() const {
+  return {{"rank", rank}, {"status", status}, {"error", error}, {"summary", summary}};
+}
+
+DoneRequest DoneRequest::from_json(const nlohmann::json& json) {
+  DoneRequest r;
+  r.rank = field<int64_t>(json, "rank");
+  r.status = field<std::string>(json, "status");
+  if (r.status != "finished" && r.status != "stopped" && r.status != "failed") {
+    throw ProtocolError(fmt::format("field 'status' must be finished, stopped or failed, got '{}'", r.status.substr(0, 32)));
+  }
+  r.error = field_or<std::string>(json, "error", "");
+  check_length(r.error, 1 << 16, "error");
+  r.summary = field_or<nlohmann::json>(json, "summary", nlohmann::json::object());
+  if (!r.summary.is_object()) throw ProtocolError("field 'summary' must be an object");
+  return r;
+}
+
+}  // namespace loco::runtime::protocol
