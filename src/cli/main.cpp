@@ -1,8 +1,10 @@
 // loco: train language models across poorly connected machines. This file only parses the command
 // line and calls the runtime; see docs/architecture.md. Subcommands: prepare, train, launch, worker,
-// coordinator, eval, generate, config.
+// coordinator, eval, generate, config. Exit status: 0 done, 1 bad input or environment, 2 a peer or
+// the coordinator failed, 3 a bug, 130 interrupted (state saved).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <fmt/ranges.h>
 
 #include <atomic>
@@ -64,6 +66,12 @@ std::string describe_summary(const loco::runtime::TrainSummary& summary) {
                      summary.val_unigram_entropy, std::abs(gain), gain >= 0 ? "below" : "above", sync);
 }
 
+// A number from a worker's summary; NaN when absent or null (a worker that did not evaluate).
+double number(const nlohmann::json& json, const char* key) {
+  auto it = json.find(key);
+  return it != json.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
 // One line for the whole launch: the global model's loss (or each replica's, for `local`) and the
 // traffic of one worker.
 void print_launch_summary(const loco::runtime::RunConfig& config, const loco::runtime::LaunchResult& result) {
@@ -78,21 +86,23 @@ void print_launch_summary(const loco::runtime::RunConfig& config, const loco::ru
     std::vector<std::string> each;
     double sum = 0;
     for (const auto& s : summaries) {
-      each.push_back(fmt::format("{:.4f}", s.value("val_loss", NAN)));
-      sum += s.value("val_loss", NAN);
+      each.push_back(fmt::format("{:.4f}", number(s, "val_loss")));
+      sum += number(s, "val_loss");
     }
     loss = fmt::format("val_loss of each replica {} (mean {:.4f})", fmt::join(each, ", "), sum / static_cast<double>(summaries.size()));
+  } else if (std::isnan(number(first, "val_loss"))) {
+    loss = "not evaluated yet";
   } else {
-    loss = fmt::format("val_loss {:.4f} (ppl {:.2f}) of the global parameters", first.value("val_loss", NAN),
-                       first.value("val_ppl", NAN));
+    loss = fmt::format("val_loss {:.4f} (ppl {:.2f}) of the global parameters", number(first, "val_loss"),
+                       number(first, "val_ppl"));
   }
   fmt::print("{} {} with {} workers: {} steps each ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; each worker "
              "sent {} and received {} in {} sync rounds ({:.1f} s in collectives)\n",
              result.outcome == loco::runtime::RunOutcome::kFinished ? "trained" : "stopped",
              loco::runtime::to_string(config.sync.algorithm), summaries.size(), first.value("steps", int64_t{0}), tokens,
-             loco::metrics::format_duration(result.wall_s), loss, first.value("val_unigram_entropy", NAN),
-             format_bytes(first.value("bytes_sent", 0.0)), format_bytes(first.value("bytes_received", 0.0)),
-             first.value("rounds", int64_t{0}), first.value("sync_s", 0.0));
+             loco::metrics::format_duration(result.wall_s), loss, number(first, "val_unigram_entropy"),
+             format_bytes(number(first, "bytes_sent")), format_bytes(number(first, "bytes_received")),
+             first.value("rounds", int64_t{0}), number(first, "sync_s"));
 }
 
 loco::metrics::ProgressMode progress_mode(const std::string& name) {
@@ -414,6 +424,13 @@ int main(int argc, char** argv) {
       fmt::print("{}", loco::runtime::to_toml(config));
       return 0;
     }
+  } catch (const loco::PeerError& e) {
+    // A peer or the coordinator failed or could not be reached: not the user's input.
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const loco::InternalError& e) {
+    fmt::print(stderr, "error: {} (a bug in loco: please report it)\n", e.what());
+    return 3;
   } catch (const loco::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -25,7 +25,7 @@ CheckpointStore::CheckpointStore(fs::path root, int64_t keep) : root_(std::move(
 }
 
 fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& model, const NamedTensors& optimizer,
-                               const NamedTensors& sync) const {
+                               const NamedTensors& sync, bool prune) const {
   std::error_code ec;
   fs::create_directories(root_, ec);
   if (ec) throw Error("checkpoint", fmt::format("{}: cannot create folder: {}", root_.string(), ec.message()));
@@ -76,6 +76,7 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
     throw;
   }
 
+  if (!prune) return final_dir;
   // Prune: keep the newest `keep` complete checkpoints (names sort by step).
   std::vector<fs::path> existing;
   for (const auto& entry : fs::directory_iterator(root_, ec)) {

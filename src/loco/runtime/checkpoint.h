@@ -49,11 +49,12 @@ class CheckpointStore {
   // `root` is RUN/checkpoints. Keeps the `keep` most recent checkpoints.
   CheckpointStore(fs::path root, int64_t keep);
 
-  // Writes a complete checkpoint and points `latest` at it; then removes checkpoints beyond `keep`.
-  // Throws Error naming the file on I/O failure (a full disk included); the previous checkpoint
-  // stays intact in that case.
+  // Writes a complete checkpoint and points `latest` at it; then, when `prune`, removes
+  // checkpoints beyond `keep`. (A checkpoint taken because the run stops does not prune: the
+  // older ones may be what the other workers can resume with.) Throws Error naming the file on I/O
+  // failure (a full disk included); the previous checkpoint stays intact in that case.
   fs::path save(const TrainingState& state, const NamedTensors& model, const NamedTensors& optimizer,
-                const NamedTensors& sync) const;
+                const NamedTensors& sync, bool prune = true) const;
 
   // The folder `latest` names, if any.
   std::optional<fs::path> latest() const;

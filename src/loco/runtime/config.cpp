@@ -341,8 +341,9 @@ algorithms::DiLoCoOptions diloco_options(const RunConfig& config) {
   return o;
 }
 
-const std::vector<std::string> kPerWorkerKeys = {"run.dir", "data.dir", "train.device", "train.threads",
-                                                 "train.log_every", "cluster.host", "cluster.connect_timeout_s"};
+const std::vector<std::string> kPerWorkerKeys = {"run.dir",       "data.dir",     "train.device",
+                                                 "train.threads", "train.log_every", "cluster.host",
+                                                 "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s"};
 
 void apply_override(RunConfig& config, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -374,6 +375,10 @@ void validate(const RunConfig& c) {
                                             c.cluster.workers));
   }
   if (c.sync.bucket_mb * 1e6 < 4) throw ConfigError("config", "sync.bucket_mb must hold at least one number");
+  if (c.cluster.workers > 1 && c.checkpoint.keep < 2) {
+    throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
+                                "checkpoint in the making, and the others must still hold the one before");
+  }
   const auto& d = c.train.device;
   if (d != "auto" && d != "cpu" && d != "cuda" && !d.starts_with("cuda:")) {
     throw ConfigError("config", fmt::format("train.device must be auto, cpu, cuda or cuda:N, got '{}'", d));

@@ -118,8 +118,9 @@ void resolve_defaults(RunConfig& config);
 // DiLoCo's options from the config.
 algorithms::DiLoCoOptions diloco_options(const RunConfig& config);
 
-// Keys that may differ between the workers of one run (paths, devices, threads, logging); every
-// other key must be equal (the coordinator refuses a worker otherwise).
+// Keys that may differ between the processes of one run (paths, devices, threads, logging, and
+// the settings of one process only: ports, addresses, its own timeouts); every other key must be
+// equal (the coordinator refuses a worker otherwise).
 extern const std::vector<std::string> kPerWorkerKeys;
 // Keys whose values differ, as "key: a -> b", leaving out those starting with one of `excluded`.
 std::vector<std::string> differences_except(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& excluded);

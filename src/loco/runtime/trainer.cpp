@@ -223,7 +223,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                                            {"parameters", model::parameter_count(config.model)},
                                            {"device", device.str()}, {"threads", threads}, {"sync", sync.name()}});
 
-  auto save_checkpoint = [&](double wall_s) {
+  auto save_checkpoint = [&](double wall_s, bool prune) {
     TrainingState state;
     state.step = step;
     state.tokens = tokens;
@@ -233,7 +233,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     state.config_toml = to_toml(config);
     state.wall_s = wall_s;
     state.global_hash = global_hash;
-    auto dir = store.save(state, model_weights(model), adamw.state(), sync.state());
+    auto dir = store.save(state, model_weights(model), adamw.state(), sync.state(), prune);
     log.write("checkpoint", {{"worker", worker.rank}, {"step", step}, {"path", dir.string()}});
   };
 
@@ -337,7 +337,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       }
     }
     if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) {
-      save_checkpoint(wall_before + seconds_since(call_start));
+      save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/true);
       checkpoint_current = true;
     }
     if (stopped) break;
@@ -350,7 +350,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     log.write("peer_failure", {{"worker", worker.rank}, {"step", step}, {"error", peer_failure->what()},
                                {"run_stopping", run_stopping}});
   }
-  if ((stopped || peer_failure) && !checkpoint_current) save_checkpoint(wall_before + seconds_since(call_start));
+  if ((stopped || peer_failure) && !checkpoint_current) save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/false);
   if (peer_failure && !run_stopping) {
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure->what(), step,
                                          (state_dir / "checkpoints").string()));

@@ -1,0 +1,352 @@
+// Multi-process runs end to end: `loco launch` (a coordinator and real worker processes over
+// loopback), `loco coordinator` with `loco worker`, real signals (SIGINT, SIGKILL), and the errors
+// of bad input. Tiny model, short timeouts.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "loco/core/files.h"
+#include "process_util.h"
+#include "test_util.h"
+#include "tiny_corpus.h"
+
+namespace loco {
+namespace {
+
+using testing_util::Child;
+using testing_util::run_command;
+using testing_util::TempDir;
+using namespace std::chrono_literals;
+
+// A port nothing listens on right now.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Processes whose command line mentions `fragment` (to prove that none outlives a run).
+std::vector<pid_t> processes_mentioning(const std::string& fragment) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(fragment) != std::string::npos && std::stoi(name) != ::getpid()) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    testing_util::write_tiny_corpus(dir_->path() / "corpus");
+    auto r = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out",
+                          data().string(), "--vocab-size", "320", "--cache", (dir_->path() / "cache").string()},
+                         (dir_->path() / "prepare.log").string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ofstream(config()) << R"([model]
+context = 32
+layers = 2
+width = 32
+heads = 2
+[optim]
+lr = 0.003
+warmup_steps = 5
+[train]
+steps = 40
+batch_size = 4
+device = "cpu"
+log_every = 5
+[eval]
+every = 20
+windows = 8
+[checkpoint]
+every = 10
+[sync]
+algorithm = "diloco"
+inner_steps = 5
+[cluster]
+workers = 3
+timeout_s = 20
+join_timeout_s = 30
+connect_timeout_s = 10
+)";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  void TearDown() override {
+    EXPECT_TRUE(processes_mentioning(dir_->path().string()).empty()) << "a loco process outlived its test";
+  }
+
+  static fs::path data() { return dir_->path() / "data"; }
+  static fs::path config() { return dir_->path() / "tiny.toml"; }
+  static fs::path run(const std::string& name) { return dir_->path() / name; }
+  static std::string log(const std::string& name) { return (dir_->path() / (name + ".log")).string(); }
+  static std::vector<std::string> launch_args(const std::string& name, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {LOCO_BINARY, "launch", "--config", config().string(), "--data.dir=" + data().string(),
+                                     "--run.dir=" + run(name).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  static std::vector<nlohmann::json> events(const std::string& name, const std::string& kind) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(run(name) / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.at("event") == kind) out.push_back(j);
+    }
+    return out;
+  }
+  // The global parameters' hash after the last round, which every worker must agree on.
+  static std::string final_hash(const std::string& name) {
+    std::map<int64_t, std::string> by_round;
+    for (const auto& e : events(name, "sync")) by_round[e["round"].get<int64_t>()] = e["params_hash"].get<std::string>();
+    return by_round.empty() ? "" : by_round.rbegin()->second;
+  }
+
+  static TempDir* dir_;
+};
+TempDir* LaunchTest::dir_ = nullptr;
+
+TEST_F(LaunchTest, DiLoCoWorkersHoldIdenticalParametersAfterEveryRound) {
+  auto result = run_command(launch_args("diloco"), log("diloco"), 240s);
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_NE(result.output.find("trained diloco with 3 workers: 40 steps each"), std::string::npos) << result.output;
+
+  // Every worker logs a sync event per round (H = 5 over 40 steps: 8 rounds) and all agree on θ.
+  std::map<int64_t, std::set<std::string>> hashes;
+  std::map<int64_t, int> per_worker;
+  for (const auto& e : events("diloco", "sync")) {
+    for (const char* key : {"round", "worker", "world_size", "bytes_sent", "bytes_received", "seconds", "params_hash"}) {
+      ASSERT_TRUE(e.contains(key)) << key;
+    }
+    EXPECT_EQ(e["world_size"], 3);
+    hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+    per_worker[e["worker"].get<int64_t>()] += 1;
+    EXPECT_GT(e["bytes_sent"].get<int64_t>(), 0);
+  }
+  ASSERT_EQ(hashes.size(), 8u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "workers disagree on θ after round " << round;
+  EXPECT_EQ(per_worker, (std::map<int64_t, int>{{0, 8}, {1, 8}, {2, 8}}));
+  EXPECT_NE(hashes[1], hashes[8]) << "θ must move";
+
+  // One summary per worker with its totals; the bytes are the ring all-reduce's.
+  auto summaries = events("diloco", "summary");
+  ASSERT_EQ(summaries.size(), 3u);
+  for (const auto& s : summaries) {
+    EXPECT_EQ(s["rounds"], 8);
+    EXPECT_EQ(s["bytes_sent"], s["bytes_received"]);
+    EXPECT_GE(s["bytes_sent"].get<int64_t>(), 8 * 2 * 2 * 34976 * 4 / 3) << "8 rounds of 34,976 fp32 parameters";
+  }
+  // The global parameters are scored once, by worker 0, and `loco eval` finds them in the run.
+  for (const auto& e : events("diloco", "eval")) EXPECT_EQ(e["worker"], 0);
+  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run("diloco").string()}, log("diloco-eval"));
+  ASSERT_EQ(eval.status, 0) << eval.output;
+  EXPECT_NE(eval.output.find(fmt::format("val_loss {:.4f}", events("diloco", "eval").back()["val_loss"].get<double>())),
+            std::string::npos) << eval.output;
+
+  // The shards are recorded: a partition of the training documents.
+  auto shards = nlohmann::json::parse(read_file(run("diloco") / "shards.json", "test"));
+  EXPECT_EQ(shards["policy"], "iid");
+  std::set<int64_t> documents;
+  size_t total = 0;
+  for (const auto& w : shards["workers"]) {
+    for (const auto& d : w["document_indices"]) documents.insert(d.get<int64_t>());
+    total += w["document_indices"].size();
+  }
+  EXPECT_EQ(documents.size(), total) << "no document in two shards";
+}
+
+TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
+  auto ddp = run_command(launch_args("ddp", {"--sync.algorithm=ddp", "--workers", "2", "--train.steps=10"}), log("ddp"), 240s);
+  ASSERT_EQ(ddp.status, 0) << ddp.output;
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("ddp", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  ASSERT_EQ(hashes.size(), 10u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round;
+
+  auto local = run_command(launch_args("local", {"--sync.algorithm=local", "--workers", "2", "--train.steps=10"}), log("local"), 240s);
+  ASSERT_EQ(local.status, 0) << local.output;
+  EXPECT_TRUE(events("local", "sync").empty());
+  EXPECT_EQ(events("local", "summary").size(), 2u);
+  EXPECT_NE(local.output.find("val_loss of each replica"), std::string::npos) << local.output;
+}
+
+// One worker through the launcher (a real process, a real coordinator) trains exactly as `loco train`.
+TEST_F(LaunchTest, OneLaunchedWorkerIsPlainTraining) {
+  auto launched = run_command(launch_args("one", {"--workers", "1", "--sync.inner_steps=1", "--outer.optimizer=sgd"}), log("one"), 240s);
+  ASSERT_EQ(launched.status, 0) << launched.output;
+  auto plain = run_command({LOCO_BINARY, "train", "--config", config().string(), "--data.dir=" + data().string(),
+                            "--run.dir=" + run("plain").string(), "--cluster.workers=1", "--sync.algorithm=none"},
+                           log("plain"));
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  auto losses = [](const std::vector<nlohmann::json>& train) {
+    std::vector<double> out;
+    for (const auto& e : train) out.push_back(e["loss"].get<double>());
+    return out;
+  };
+  EXPECT_EQ(losses(events("one", "train")), losses(events("plain", "train")));
+  EXPECT_EQ(events("one", "summary")[0]["val_loss"], events("plain", "summary")[0]["val_loss"]);
+}
+
+// Ctrl-C mid-run: every worker finishes its step and checkpoints; --resume then ends on the very
+// same global parameters as a run that was never interrupted.
+TEST_F(LaunchTest, InterruptedLaunchResumesToTheSameParameters) {
+  const std::vector<std::string> longer = {"--train.steps=200", "--sync.inner_steps=10", "--eval.every=50"};
+  auto straight = run_command(launch_args("straight", longer), log("straight"), 240s);
+  ASSERT_EQ(straight.status, 0) << straight.output;
+
+  Child launcher(launch_args("stopped", longer), log("stopped"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (events("stopped", "sync").size() < 6 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  launcher.signal(SIGINT);
+  ASSERT_EQ(launcher.wait(120s), 130) << read_file(log("stopped"), "test");
+  const auto stopped = events("stopped", "summary");
+  ASSERT_EQ(stopped.size(), 3u);
+  for (const auto& s : stopped) EXPECT_TRUE(s["interrupted"].get<bool>()) << "the run stopped before its end";
+
+  auto args = launch_args("stopped", longer);
+  args.push_back("--resume");
+  auto resumed = run_command(args, log("resumed"), 240s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(final_hash("stopped"), final_hash("straight"));
+  EXPECT_FALSE(final_hash("straight").empty());
+}
+
+// A worker killed with SIGKILL: the others stop and save their state, nothing is left running, and
+// --resume completes the run on the same parameters as an uninterrupted one.
+TEST_F(LaunchTest, KilledWorkerStopsTheRunAndResumeCompletesIt) {
+  const std::vector<std::string> longer = {"--train.steps=200", "--sync.inner_steps=10", "--eval.every=50"};
+  auto straight = run_command(launch_args("unkilled", longer), log("unkilled"), 240s);
+  ASSERT_EQ(straight.status, 0) << straight.output;
+
+  Child launcher(launch_args("killed", longer), log("killed"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (events("killed", "sync").size() < 9 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  std::vector<pid_t> victims;
+  for (pid_t pid : processes_mentioning(run("killed").string())) {
+    std::ifstream in(fmt::format("/proc/{}/cmdline", pid));
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(std::string("--rank\0" "1", 8)) != std::string::npos) victims.push_back(pid);
+  }
+  ASSERT_EQ(victims.size(), 1u) << "worker 1's process";
+  ::kill(victims[0], SIGKILL);
+  const int status = launcher.wait(120s);
+  EXPECT_EQ(status, 1) << read_file(log("killed"), "test");
+  EXPECT_NE(read_file(log("killed"), "test").find("worker 1 exited with status 137"), std::string::npos);
+
+  auto args = launch_args("killed", longer);
+  args.push_back("--resume");
+  auto resumed = run_command(args, log("killed-resumed"), 240s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(final_hash("killed"), final_hash("unkilled"));
+}
+
+TEST_F(LaunchTest, LabelAndKMeansShards) {
+  auto label = run_command(launch_args("label", {"--data.shard=label", "--workers", "2"}), log("label"), 240s);
+  EXPECT_EQ(label.status, 1);
+  EXPECT_NE(label.output.find("has 1 label(s) ((none)) for 2 workers; hint"), std::string::npos) << label.output;
+
+  auto kmeans = run_command(launch_args("kmeans", {"--data.shard=kmeans", "--workers", "2", "--train.steps=10"}), log("kmeans"), 240s);
+  ASSERT_EQ(kmeans.status, 0) << kmeans.output;
+  auto shards = nlohmann::json::parse(read_file(run("kmeans") / "shards.json", "test"));
+  EXPECT_EQ(shards["policy"], "kmeans");
+  EXPECT_EQ(shards["workers"].size(), 2u);
+}
+
+// `loco coordinator` + `loco worker`: a worker whose config or dataset differs is refused, naming
+// the difference; a worker that never shows up fails the run after the join timeout, named.
+TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
+  const int port = free_port();
+  const std::string address = fmt::format("127.0.0.1:{}", port);
+  Child coordinator({LOCO_BINARY, "coordinator", "--config", config().string(), "--data.dir=" + data().string(),
+                     "--run.dir=" + run("coordinated").string(), "--port", std::to_string(port), "--bind", "127.0.0.1",
+                     "--workers", "2", "--cluster.join_timeout_s=8"},
+                    log("coordinator"));
+  auto worker = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {LOCO_BINARY, "worker", "--coordinator", address, "--config", config().string(),
+                                     "--data.dir=" + data().string(), "--run.dir=" + run("coordinated").string(),
+                                     "--cluster.workers=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_command(args, log(name), 60s);
+  };
+  auto shape = worker("bad-shape", {"--model.layers=3"});
+  EXPECT_EQ(shape.status, 1);
+  EXPECT_NE(shape.output.find("config differs from the run's (run -> worker): model.layers: 2 -> 3"), std::string::npos) << shape.output;
+
+  const auto other = dir_->path() / "other-data";
+  auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other.string(),
+                               "--vocab-size", "300", "--cache", (dir_->path() / "cache").string()}, log("other"));
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  auto dataset = worker("bad-data", {"--data.dir=" + other.string()});
+  EXPECT_EQ(dataset.status, 1);
+  EXPECT_NE(dataset.output.find("dataset differs from the run's: tokenizer"), std::string::npos) << dataset.output;
+
+  auto rank = worker("bad-rank", {"--rank", "7"});
+  EXPECT_EQ(rank.status, 1);
+  EXPECT_NE(rank.output.find("rank 7 is outside the run's 2 workers"), std::string::npos) << rank.output;
+
+  // One worker joins; the second never does.
+  auto lonely = worker("lonely", {"--rank", "0"});
+  EXPECT_EQ(lonely.status, 1);
+  EXPECT_NE(lonely.output.find("worker rank(s) 1 never joined within 8 s"), std::string::npos) << lonely.output;
+  EXPECT_EQ(coordinator.wait(30s), 1);
+  EXPECT_NE(read_file(log("coordinator"), "test").find("never joined"), std::string::npos);
+}
+
+TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
+  const int port = free_port();
+  Child first({LOCO_BINARY, "coordinator", "--config", config().string(), "--run.dir=" + run("port").string(), "--port",
+               std::to_string(port), "--cluster.join_timeout_s=20"},
+              log("first"));
+  std::this_thread::sleep_for(1s);
+  auto second = run_command({LOCO_BINARY, "coordinator", "--config", config().string(), "--run.dir=" + run("port2").string(),
+                             "--port", std::to_string(port)}, log("second"), 30s);
+  EXPECT_EQ(second.status, 1);
+  EXPECT_NE(second.output.find(fmt::format("cannot listen on 0.0.0.0:{}", port)), std::string::npos) << second.output;
+  first.signal(SIGINT);
+  EXPECT_EQ(first.wait(30s), 130);
+
+  // Nobody listens: the worker retries with backoff, then says so.
+  const auto start = std::chrono::steady_clock::now();
+  auto unreachable = run_command({LOCO_BINARY, "worker", "--coordinator", fmt::format("127.0.0.1:{}", free_port()), "--config",
+                                  config().string(), "--data.dir=" + data().string(), "--run.dir=" + run("nowhere").string(),
+                                  "--cluster.connect_timeout_s=2"},
+                                 log("unreachable"), 60s);
+  EXPECT_EQ(unreachable.status, 2);
+  EXPECT_NE(unreachable.output.find("cannot reach the coordinator at 127.0.0.1:"), std::string::npos) << unreachable.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+
+  auto malformed = run_command({LOCO_BINARY, "worker", "--coordinator", "nohostport", "--config", config().string(),
+                                "--data.dir=" + data().string()}, log("malformed"), 30s);
+  EXPECT_EQ(malformed.status, 1);
+  EXPECT_NE(malformed.output.find("'nohostport' is not HOST:PORT"), std::string::npos) << malformed.output;
+
+  // A fresh launch never writes into a used run folder; `loco train` is one process.
+  fs::create_directories(run("used"));
+  std::ofstream(run("used") / "metrics.jsonl") << "{}\n";
+  auto used = run_command(launch_args("used"), log("used"), 30s);
+  EXPECT_EQ(used.status, 1);
+  EXPECT_NE(used.output.find("already holds a run; pass --resume"), std::string::npos) << used.output;
+  auto train = run_command({LOCO_BINARY, "train", "--config", config().string(), "--data.dir=" + data().string(),
+                            "--run.dir=" + run("train-many").string()}, log("train-many"), 30s);
+  EXPECT_EQ(train.status, 1);
+  EXPECT_NE(train.output.find("use `loco launch`"), std::string::npos) << train.output;
+}
+
+}  // namespace
+}  // namespace loco
