@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: set up, build, prepare the Brown corpus, train, evaluate and sample text.
-#   scripts/main.sh [--train.key=value ...]      (overrides go to `loco train`)
+# The main job: set up, build, prepare the Brown corpus, train a small GPT with DiLoCo on 4 local
+# worker processes (configs/brown.toml), evaluate the global parameters and sample text.
+#   scripts/main.sh [--section.key=value ...]      (overrides go to `loco launch`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -11,12 +12,18 @@ run=runs/brown
 if [ ! -f "$data/manifest.json" ]; then
   build/loco prepare --corpus brown --out "$data"
 fi
-if [ -f "$run/checkpoints/latest" ]; then
+if [ -d "$run" ] && [ ! -d "$run/workers" ]; then
+  # A run of the earlier single-process main job: keep it, out of the way.
+  echo "main: $run holds a single-process run; moving it to $run.single"
+  rm -rf "$run.single"
+  mv "$run" "$run.single"
+fi
+if compgen -G "$run/workers/*/checkpoints/latest" > /dev/null; then
   # A previous main job left a run here: continue it (a finished run just evaluates again).
-  build/loco train --config configs/brown.toml --data.dir="$data" --run.dir="$run" --resume "$@"
+  build/loco launch --config configs/brown.toml --data.dir="$data" --run.dir="$run" --resume "$@"
 else
-  rm -rf "$run"
-  build/loco train --config configs/brown.toml --data.dir="$data" --run.dir="$run" "$@"
+  rm -rf "$run"  # nothing saved yet (stopped before its first checkpoint)
+  build/loco launch --config configs/brown.toml --data.dir="$data" --run.dir="$run" "$@"
 fi
 build/loco eval --checkpoint "$run"
 for prompt in "The jury said" "She looked at him and"; do

@@ -1,6 +1,6 @@
 // loco: train language models across poorly connected machines. This file only parses the command
 // line and calls the runtime; see docs/architecture.md. Subcommands: prepare, train, launch, worker,
-// coordinator, eval, generate, config. Exit status: 0 done, 1 bad input or environment, 2 a peer or
+// coordinator, eval, generate, report, config. Exit status: 0 done, 1 bad input or environment, 2 a peer or
 // the coordinator failed, 3 a bug, 130 interrupted (state saved).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -26,6 +26,7 @@
 #include "loco/runtime/config.h"
 #include "loco/runtime/coordinator.h"
 #include "loco/runtime/launcher.h"
+#include "loco/runtime/report.h"
 #include "loco/runtime/trainer.h"
 #include "loco/runtime/worker.h"
 
@@ -248,6 +249,11 @@ int main(int argc, char** argv) {
   cmd_coordinator->add_flag("--resume", resume, "the workers continue from their checkpoints");
   cmd_coordinator->allow_extras();
 
+  // report
+  std::vector<std::string> report_runs;
+  auto* cmd_report = app.add_subcommand("report", "Compare runs: one Markdown table of their results and traffic");
+  cmd_report->add_option("runs", report_runs, "run folders")->required();
+
   // config
   bool reference = false;
   auto* cmd_config = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
@@ -375,6 +381,12 @@ int main(int argc, char** argv) {
           case loco::runtime::RunOutcome::kFailed: fmt::print(stderr, "error: [coordinator] {}\n", result->message); return 1;
         }
       }
+    }
+    if (cmd_report->parsed()) {
+      std::vector<loco::runtime::RunReport> reports;
+      for (const auto& r : report_runs) reports.push_back(loco::runtime::read_run_report(r));
+      fmt::print("{}", loco::runtime::report_table(reports));
+      return 0;
     }
     if (cmd_eval->parsed()) {
       const auto device = loco::model::resolve_device("auto");

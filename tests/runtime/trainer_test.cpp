@@ -177,6 +177,24 @@ TEST_F(TrainerTest, GradientAccumulationMatchesALargerBatch) {
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-4) << "step " << i;
 }
 
+// train.init_from starts from another run's (global) parameters, with fresh optimizer state.
+TEST_F(TrainerTest, InitFromWarmStartsFromACheckpoint) {
+  algorithms::NoSync sync;
+  auto first = train(config("warm-source"), sync, {});
+  auto c = config("warm");
+  c.train.steps = 2;
+  c.train.init_from = config("warm-source").run.dir;
+  auto warm = train(c, sync, {});
+  auto cold = config("cold");
+  cold.train.steps = 2;
+  auto fresh = train(cold, sync, {});
+  EXPECT_LT(warm.losses.front(), fresh.losses.front() - 0.5) << "the warm start begins where the source ended";
+  EXPECT_NEAR(warm.losses.front(), first.losses.back(), 0.5);
+  auto missing = config("warm-missing");
+  missing.train.init_from = (dir_->path() / "no-such-run").string();
+  expect_error<DataError>([&] { train(missing, sync, {}); }, "no-such-run");
+}
+
 // DiLoCo with one worker, H = 1 and the outer step SGD(lr 1, no momentum) sets θ to the worker's
 // parameters after every inner step: it is plain training.
 TEST_F(TrainerTest, OneWorkerDiLoCoWithFedAvgEveryStepIsPlainTraining) {

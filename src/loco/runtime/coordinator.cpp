@@ -142,7 +142,7 @@ struct Coordinator::Impl {
     for (size_t r = 0; r < members.size(); ++r) {
       if (members[r]) joined.push_back(fmt::format("{} ({})", r, members[r]->name));
     }
-    fail_locked(fmt::format("worker rank(s) {} never joined within {:.0f} s (cluster.join_timeout_s); joined: {}",
+    fail_locked(fmt::format("worker rank(s) {} never joined within {:g} s (cluster.join_timeout_s); joined: {}",
                             fmt::join(missing_locked(), ", "), options.config.cluster.join_timeout_s,
                             joined.empty() ? "none" : fmt::format("{}", fmt::join(joined, ", "))));
   }

@@ -1,0 +1,229 @@
+// The coordinator in-process, driven through CoordinatorClient and through raw HTTP: joins and
+// refusals, the rendezvous store, a missing worker, the resume plan, and hostile requests.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "loco/core/error.h"
+#include "loco/runtime/coordinator.h"
+#include "loco/runtime/coordinator_client.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_util::expect_error;
+
+RunConfig run_config(int64_t workers) {
+  RunConfig c;
+  c.sync.algorithm = Algorithm::kDiLoCo;
+  c.cluster.workers = workers;
+  c.cluster.join_timeout_s = 30;
+  resolve_defaults(c);
+  return c;
+}
+
+protocol::DatasetIdentity dataset() {
+  protocol::DatasetIdentity d;
+  d.tokenizer_hash = 0x1234;
+  d.vocab_size = 320;
+  d.train_documents = 36;
+  d.train_tokens = 38000;
+  d.labels = {""};
+  return d;
+}
+
+protocol::JoinRequest join_request(const RunConfig& config, int64_t rank = -1) {
+  protocol::JoinRequest r;
+  r.name = "test:" + std::to_string(rank);
+  r.rank = rank;
+  r.config_toml = to_toml(config);
+  r.dataset = dataset();
+  return r;
+}
+
+struct Running {
+  explicit Running(CoordinatorOptions options) : coordinator((options.bind = "127.0.0.1", options.port = 0, options)) {
+    coordinator.start();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(coordinator.port()); }
+  Coordinator coordinator;
+};
+
+CoordinatorOptions options_for(const RunConfig& config) {
+  CoordinatorOptions o;
+  o.config = config;
+  return o;
+}
+
+TEST(Coordinator, WorkersJoinStartAndShareTheStore) {
+  const auto config = run_config(2);
+  Running running(options_for(config));
+  CoordinatorClient a(running.address(), 5s), b(running.address(), 5s);
+  auto joined_a = a.join(join_request(config));
+  auto joined_b = b.join(join_request(config));
+  EXPECT_EQ(joined_a.rank, 0);
+  EXPECT_EQ(joined_b.rank, 1);
+  EXPECT_EQ(joined_a.world_size, 2);
+  EXPECT_EQ(joined_a.run_id, joined_b.run_id);
+  auto start = a.wait_for_start(0, nullptr);
+  EXPECT_EQ(start.phase, "running");
+  EXPECT_EQ(start.epoch, 0);
+  EXPECT_FALSE(start.resume_step.has_value());
+
+  // The store, over HTTP: binary values, waits that time out, counters.
+  auto store_a = a.key_value_store(), store_b = b.key_value_store();
+  std::thread later([&] {
+    std::this_thread::sleep_for(300ms);
+    store_a->set("epoch/0/addr/0", std::string("\0\1\2 bytes", 9));
+  });
+  auto value = store_b->get("epoch/0/addr/0", 10s);
+  later.join();
+  ASSERT_TRUE(value.has_value());
+  EXPECT_EQ(*value, std::string("\0\1\2 bytes", 9));
+  const auto before = std::chrono::steady_clock::now();
+  EXPECT_FALSE(store_b->get("never/set", 500ms).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - before, 450ms);
+  EXPECT_EQ(store_a->add("counter", 5), 5);
+  EXPECT_EQ(store_b->add("counter", -2), 3);
+  EXPECT_TRUE(store_a->check({"epoch/0/addr/0", "counter"}));
+  EXPECT_TRUE(store_a->remove("counter"));
+  EXPECT_FALSE(store_a->check({"counter"}));
+
+  // Stop, then both end: the run stopped.
+  EXPECT_FALSE(a.run_stopping());
+  b.report_stop(1, "worker 1 interrupted");
+  EXPECT_TRUE(a.run_stopping());
+  a.report_done({0, "stopped", "", {{"steps", 7}}});
+  EXPECT_FALSE(running.coordinator.wait_for(0ms).has_value()) << "worker 1 has not reported its end";
+  b.report_done({1, "stopped", "", {{"steps", 8}}});
+  auto result = running.coordinator.wait_for(5s);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, RunOutcome::kStopped);
+  EXPECT_EQ(result->summaries[1]["steps"], 8);
+}
+
+TEST(Coordinator, RefusesWorkersThatDoNotFit) {
+  const auto config = run_config(2);
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  auto other_shape = config;
+  other_shape.model.layers = 7;
+  expect_error<ConfigError>([&] { client.join(join_request(other_shape)); }, "model.layers: 4 -> 7");
+  auto other_data = join_request(config);
+  other_data.dataset.train_tokens = 1;
+  client.join(join_request(config, 1));  // the first worker's dataset matches the reference
+  expect_error<ConfigError>([&] { client.join(other_data); }, "train_tokens: 38000 (run) vs 1 (worker)");
+  expect_error<ConfigError>([&] { client.join(join_request(config, 1)); }, "rank 1 is already taken by test:1");
+  expect_error<ConfigError>([&] { client.join(join_request(config, 5)); }, "rank 5 is outside the run's 2 workers");
+  auto resuming = join_request(config, 0);
+  resuming.resume = true;
+  expect_error<ConfigError>([&] { client.join(resuming); }, "asks to resume but the run starts fresh");
+  // Paths, devices and one process's own settings may differ.
+  auto elsewhere = config;
+  elsewhere.run.dir = "/elsewhere";
+  elsewhere.train.device = "cpu";
+  elsewhere.cluster.connect_timeout_s = 5;
+  EXPECT_EQ(client.join(join_request(elsewhere)).rank, 0);
+  expect_error<ConfigError>([&] { client.join(join_request(config)); }, "the run is running");
+}
+
+TEST(Coordinator, MissingWorkerFailsTheRunByName) {
+  auto config = run_config(3);
+  config.cluster.join_timeout_s = 0.5;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  client.join(join_request(config, 1));
+  expect_error<Error>([&] { client.wait_for_start(1, nullptr); }, "worker rank(s) 0, 2 never joined within 0.5 s");
+  auto result = running.coordinator.wait_for(1s);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, RunOutcome::kFailed);
+  EXPECT_NE(result->message.find("joined: 1 (test:1)"), std::string::npos) << result->message;
+}
+
+TEST(Coordinator, ResumePicksTheNewestParametersEveryWorkerHas) {
+  const auto config = run_config(2);
+  auto options = options_for(config);
+  options.resume = true;
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto a = join_request(config, 0), b = join_request(config, 1);
+  a.resume = b.resume = true;
+  a.checkpoints = {{30, 0xA}, {36, 0xA}, {20, 0x9}};  // worker 0 went on past the round that worker 1 lost
+  b.checkpoints = {{10, 0x8}, {20, 0x9}};
+  client.join(a);
+  client.join(b);
+  auto start0 = client.wait_for_start(0, nullptr), start1 = client.wait_for_start(1, nullptr);
+  EXPECT_EQ(start0.resume_step, 20);
+  EXPECT_EQ(start1.resume_step, 20);
+}
+
+TEST(Coordinator, ResumeWithoutCommonParametersFails) {
+  const auto config = run_config(2);
+  auto options = options_for(config);
+  options.resume = true;
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto a = join_request(config, 0), b = join_request(config, 1);
+  a.resume = b.resume = true;
+  a.checkpoints = {{30, 0xA}};
+  b.checkpoints = {{10, 0x8}};
+  client.join(a);
+  client.join(b);
+  expect_error<Error>([&] { client.wait_for_start(0, nullptr); }, "share no global parameters");
+}
+
+// Garbage, truncated JSON, wrong types, huge keys: answered 400, and the coordinator serves on.
+TEST(Coordinator, HostileRequestsGetAnErrorAndChangeNothing) {
+  const auto config = run_config(1);
+  Running running(options_for(config));
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"/v1/join", std::string("\x00\xff\x13garbage", 10)},
+      {"/v1/join", R"({"version": 1, "name": "x", "rank": "zero")"},
+      {"/v1/join", R"({"version": 1, "name": "x", "rank": "zero", "config": "", "dataset": {}, "resume": false})"},
+      {"/v1/join", R"({"version": 99})"},
+      {"/v1/done", R"({"rank": 0, "status": "exploded"})"},
+      {"/v1/start", R"([1, 2])"},
+      {"/v1/kv/set?key=" + std::string(600, 'k'), "v"},
+      {"/v1/kv/add?key=n&delta=ten", ""},
+      {"/v1/kv/check", R"({"not": "a list"})"},
+  };
+  for (const auto& [path, body] : bad) {
+    auto result = raw.Post(path, body, "application/json");
+    ASSERT_TRUE(result) << path;
+    EXPECT_EQ(result->status, 400) << path << ": " << result->body;
+    EXPECT_NE(result->body.find("error"), std::string::npos);
+  }
+  auto too_big = raw.Post("/v1/kv/set?key=big", std::string(5 << 20, 'x'), "application/octet-stream");
+  ASSERT_TRUE(too_big);
+  EXPECT_EQ(too_big->status, 413);
+  EXPECT_EQ(running.coordinator.state()["members"].size(), 0u) << "nothing joined";
+  CoordinatorClient client(running.address(), 5s);
+  EXPECT_EQ(client.join(join_request(config)).rank, 0) << "a good worker is still served";
+}
+
+TEST(CoordinatorClient, BadAddressesAndUnreachableCoordinators) {
+  expect_error<ConfigError>([] { CoordinatorClient("no-port", 1s); }, "'no-port' is not HOST:PORT");
+  expect_error<ConfigError>([] { CoordinatorClient("host:99999", 1s); }, "the port must be a number in 1..65535");
+  Coordinator taken([] {
+    CoordinatorOptions o = options_for(run_config(1));
+    o.bind = "127.0.0.1";
+    o.port = 0;
+    return o;
+  }());
+  const int port = static_cast<int>(taken.port());
+  // A second coordinator on the same port is an error (cpp-httplib's SO_REUSEPORT is off).
+  expect_error<ConfigError>([&] {
+    CoordinatorOptions o = options_for(run_config(1));
+    o.bind = "127.0.0.1";
+    o.port = port;
+    Coordinator second(o);
+  }, fmt::format("cannot listen on 127.0.0.1:{}", port));
+}
+
+}  // namespace
+}  // namespace loco::runtime
