@@ -271,20 +271,23 @@ TEST_F(LaunchTest, LabelAndKMeansShards) {
 // `loco coordinator` + `loco worker`: a worker whose config or dataset differs is refused, naming
 // the difference; a worker that never shows up fails the run after the join timeout, named.
 TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
-  const int port = free_port();
-  const std::string address = fmt::format("127.0.0.1:{}", port);
-  Child coordinator({LOCO_BINARY, "coordinator", "--config", config().string(), "--data.dir=" + data().string(),
-                     "--run.dir=" + run("coordinated").string(), "--port", std::to_string(port), "--bind", "127.0.0.1",
-                     "--workers", "2", "--cluster.join_timeout_s=8"},
-                    log("coordinator"));
-  auto worker = [&](const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> args = {LOCO_BINARY, "worker", "--coordinator", address, "--config", config().string(),
-                                     "--data.dir=" + data().string(), "--run.dir=" + run("coordinated").string(),
-                                     "--cluster.workers=2"};
+  auto start_coordinator = [&](const std::string& name, int port, double join_timeout) {
+    return std::make_unique<Child>(
+        std::vector<std::string>{LOCO_BINARY, "coordinator", "--config", config().string(), "--data.dir=" + data().string(),
+                                 "--run.dir=" + run(name).string(), "--port", std::to_string(port), "--bind", "127.0.0.1",
+                                 "--workers", "2", fmt::format("--cluster.join_timeout_s={}", join_timeout)},
+        log(name));
+  };
+  auto worker = [&](int port, const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {LOCO_BINARY, "worker", "--coordinator", fmt::format("127.0.0.1:{}", port), "--config",
+                                     config().string(), "--data.dir=" + data().string(),
+                                     "--run.dir=" + run("coordinated").string(), "--cluster.workers=2"};
     args.insert(args.end(), extra.begin(), extra.end());
     return run_command(args, log(name), 60s);
   };
-  auto shape = worker("bad-shape", {"--model.layers=3"});
+  const int port = free_port();
+  auto coordinator = start_coordinator("coordinated", port, 300);
+  auto shape = worker(port, "bad-shape", {"--model.layers=3"});
   EXPECT_EQ(shape.status, 1);
   EXPECT_NE(shape.output.find("config differs from the run's (run -> worker): model.layers: 2 -> 3"), std::string::npos) << shape.output;
 
@@ -292,20 +295,24 @@ TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
   auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other.string(),
                                "--vocab-size", "300", "--cache", (dir_->path() / "cache").string()}, log("other"));
   ASSERT_EQ(prepared.status, 0) << prepared.output;
-  auto dataset = worker("bad-data", {"--data.dir=" + other.string()});
+  auto dataset = worker(port, "bad-data", {"--data.dir=" + other.string()});
   EXPECT_EQ(dataset.status, 1);
   EXPECT_NE(dataset.output.find("dataset differs from the run's: tokenizer"), std::string::npos) << dataset.output;
 
-  auto rank = worker("bad-rank", {"--rank", "7"});
+  auto rank = worker(port, "bad-rank", {"--rank", "7"});
   EXPECT_EQ(rank.status, 1);
   EXPECT_NE(rank.output.find("rank 7 is outside the run's 2 workers"), std::string::npos) << rank.output;
+  coordinator->signal(SIGINT);
+  EXPECT_EQ(coordinator->wait(30s), 130);
 
-  // One worker joins; the second never does.
-  auto lonely = worker("lonely", {"--rank", "0"});
+  // One worker joins; the second never does: the run fails after the join timeout, naming it.
+  const int lonely_port = free_port();
+  auto lonely_coordinator = start_coordinator("lonely-run", lonely_port, 10);
+  auto lonely = worker(lonely_port, "lonely", {"--rank", "0"});
   EXPECT_EQ(lonely.status, 1);
-  EXPECT_NE(lonely.output.find("worker rank(s) 1 never joined within 8 s"), std::string::npos) << lonely.output;
-  EXPECT_EQ(coordinator.wait(30s), 1);
-  EXPECT_NE(read_file(log("coordinator"), "test").find("never joined"), std::string::npos);
+  EXPECT_NE(lonely.output.find("worker rank(s) 1 never joined within 10 s"), std::string::npos) << lonely.output;
+  EXPECT_EQ(lonely_coordinator->wait(30s), 1);
+  EXPECT_NE(read_file(log("lonely-run"), "test").find("never joined"), std::string::npos);
 }
 
 TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
