@@ -91,9 +91,14 @@ std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
   std::vector<protocol::CheckpointInfo> out;
   CheckpointStore store(dir, 1);
   for (int64_t step : store.steps()) {
-    auto state = nlohmann::json::parse(read_file(store.at(step) / "state.json", "worker"));
-    const uint64_t hash = state.contains("global_hash") ? parse_hex64(state["global_hash"].get<std::string>(), "worker", "global_hash") : 0;
-    out.push_back({step, hash});
+    const auto path = store.at(step) / "state.json";
+    try {
+      auto state = nlohmann::json::parse(read_file(path, "worker"));
+      const uint64_t hash = state.contains("global_hash") ? parse_hex64(state["global_hash"].get<std::string>(), "worker", path.string()) : 0;
+      out.push_back({step, hash});
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("worker", fmt::format("{}: malformed: {}", path.string(), e.what()));
+    }
   }
   return out;
 }
