@@ -60,11 +60,16 @@ std::string describe_summary(const loco::runtime::TrainSummary& summary) {
                        loco::metrics::format_bytes(static_cast<double>(summary.bytes_sent)),
                        loco::metrics::format_bytes(static_cast<double>(summary.bytes_received)), summary.sync_s);
   }
-  return fmt::format("{} after {} steps ({} tokens, {}): val_loss {:.4f} (ppl {:.2f}); val_unigram_entropy {:.4f}; "
-                     "val_loss is {:.3f} nats {} it{}",
-                     summary.interrupted ? "interrupted" : "trained", summary.steps, summary.tokens,
-                     loco::metrics::format_duration(summary.wall_s), summary.val_loss, summary.val_ppl,
-                     summary.val_unigram_entropy, std::abs(gain), gain >= 0 ? "below" : "above", sync);
+  std::string loss;
+  if (std::isnan(summary.val_loss)) {
+    loss = "not evaluated in this process (worker 0 scores the global parameters; a stopped round is scored on resume)";
+  } else {
+    loss = fmt::format("val_loss {:.4f} (ppl {:.2f}); val_unigram_entropy {:.4f}; val_loss is {:.3f} nats {} it",
+                       summary.val_loss, summary.val_ppl, summary.val_unigram_entropy, std::abs(gain),
+                       gain >= 0 ? "below" : "above");
+  }
+  return fmt::format("{} after {} steps ({} tokens, {}): {}{}", summary.interrupted ? "interrupted" : "trained",
+                     summary.steps, summary.tokens, loco::metrics::format_duration(summary.wall_s), loss, sync);
 }
 
 // A number from a worker's summary; NaN when absent or null (a worker that did not evaluate).

@@ -217,7 +217,9 @@ struct Coordinator::Impl {
       throw Refusal(fmt::format("rank {} is outside the run's {} workers (0..{})", rank, world_size(), world_size() - 1));
     }
     if (rank >= 0 && members[static_cast<size_t>(rank)]) {
-      throw Refusal(fmt::format("rank {} is already taken by {}", rank, members[static_cast<size_t>(rank)]->name));
+      const auto& holder = *members[static_cast<size_t>(rank)];
+      throw Refusal(fmt::format("rank {} is already taken by {}{}", rank, holder.name,
+                                holder.request.rank < 0 ? " (which asked for any rank: give every worker a --rank, or none)" : ""));
     }
     if (rank < 0) {
       auto missing = missing_locked();

@@ -356,7 +356,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                                          (state_dir / "checkpoints").string()));
   }
   summary.interrupted = (stopped || peer_failure) && step < config.train.steps;
-  if (std::isnan(last_eval.loss) && !summary.interrupted && worker.evaluates) last_eval = evaluate(model, eval_batches, device);
+  if (std::isnan(last_eval.loss) && worker.evaluates && sync.in_sync()) last_eval = evaluate(model, eval_batches, device);
 
   summary.steps = step;
   summary.tokens = tokens;
