@@ -53,7 +53,12 @@ if ! finished "$warm"; then
 fi
 run ddp-warm          --sync.algorithm=ddp --train.init_from="$warm" --optim.warmup_steps=0
 run diloco-h250-warm  --sync.inner_steps=250 --train.init_from="$warm" --optim.warmup_steps=0
+# Plain averaging was the best outer step at H = 250 from scratch: does it also win at H = 50 and
+# from the warm start?
+run diloco-h50-fedavg        --sync.inner_steps=50 --outer.optimizer=sgd
+run diloco-h250-warm-fedavg  --sync.inner_steps=250 --outer.optimizer=sgd --train.init_from="$warm" --optim.warmup_steps=0
 
 echo
 "$loco" report "$out"/ddp "$out"/diloco-h10 "$out"/diloco-h50 "$out"/diloco-h250 "$out"/local \
-  "$out"/diloco-h250-lr0.4 "$out"/diloco-h250-fedavg "$out"/pretrain "$out"/ddp-warm "$out"/diloco-h250-warm
+  "$out"/diloco-h250-lr0.4 "$out"/diloco-h250-fedavg "$out"/diloco-h50-fedavg "$out"/pretrain "$out"/ddp-warm \
+  "$out"/diloco-h250-warm "$out"/diloco-h250-warm-fedavg

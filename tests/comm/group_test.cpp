@@ -135,7 +135,7 @@ TEST(GroupTest, ReportedBytesMatchTheKernelsTcpCounters) {
   std::barrier sync(kSize);
   std::vector<WireCounters> readings;
   struct Out {
-    CommStats all_reduce, all_gather, broadcast;
+    CommStats all_reduce, all_gather, broadcast, encoded;
   };
   auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
     auto group = Group::connect(store, options(rank, kSize));
@@ -151,18 +151,21 @@ TEST(GroupTest, ReportedBytesMatchTheKernelsTcpCounters) {
     step([&] { out.all_reduce = group.all_reduce_sum(big); });
     step([&] { out.all_gather = group.all_gather(big, gathered); });
     step([&] { out.broadcast = group.broadcast(big, 1); });
+    auto values = torch::randn({2'000'000});
+    step([&] { out.encoded = group.all_reduce_sum(values, ReduceOptions{Encoding::kE3M0, ReduceAlgorithm::kRing}); });
     step([] {});
     return out;
   });
   expect_all_ok(results);
-  ASSERT_EQ(readings.size(), 4u);
+  ASSERT_EQ(readings.size(), 5u);
   auto total = [&](auto member) {
     int64_t sum = 0;
     for (const auto& r : results) sum += (*r.value.*member).bytes_sent;
     return sum;
   };
-  const int64_t reported[] = {total(&Out::all_reduce), total(&Out::all_gather), total(&Out::broadcast)};
-  for (size_t i = 0; i < 3; ++i) {
+  const int64_t reported[] = {total(&Out::all_reduce), total(&Out::all_gather), total(&Out::broadcast),
+                              total(&Out::encoded)};
+  for (size_t i = 0; i < 4; ++i) {
     // All ranks live in this process: its sockets carried every rank's traffic, both ends.
     const int64_t measured_sent = readings[i + 1].sent - readings[i].sent;
     const int64_t measured_received = readings[i + 1].received - readings[i].received;
@@ -172,6 +175,81 @@ TEST(GroupTest, ReportedBytesMatchTheKernelsTcpCounters) {
     EXPECT_GE(measured_sent, reported[i]) << "operation " << i;
     EXPECT_LE(measured_sent, reported[i] + reported[i] / 100 + 65536) << "operation " << i;
     EXPECT_NEAR(static_cast<double>(measured_received), static_cast<double>(measured_sent), 65536.0) << "operation " << i;
+  }
+}
+
+// The encoded all-reduce, both algorithms: every rank ends bit-identical, within the bound of the
+// format from the exact fp32 sum, having sent the bytes the algorithm promises.
+TEST(GroupTest, EncodedAllReduceIsIdenticalOnEveryRankAndWithinTheBound) {
+  constexpr int64_t kCount = 10'000;  // 40 blocks: a partial last block, chunks of unequal sizes
+  for (int64_t size : {2, 4}) {
+    for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kRing}) {
+      for (auto encoding : {Encoding::kFp32, Encoding::kBf16, Encoding::kFp8, Encoding::kE3M0, Encoding::kInt4}) {
+        auto store = std::make_shared<MemoryKeyValueStore>();
+        auto input = [](int64_t rank) {
+          torch::manual_seed(static_cast<uint64_t>(100 + rank));
+          return torch::randn({kCount}) * 1e-3;
+        };
+        auto results = run_ranks<std::pair<torch::Tensor, CommStats>>(size, [&](int64_t rank) {
+          auto group = Group::connect(store, options(rank, size));
+          auto t = input(rank);
+          auto stats = group.all_reduce_sum(t, ReduceOptions{encoding, algorithm});
+          return std::pair{t, stats};
+        });
+        expect_all_ok(results);
+        const std::string what = fmt::format("M {} {} {}", size, algorithm == ReduceAlgorithm::kRing ? "ring" : "gather",
+                                             to_string(encoding));
+        auto exact = torch::zeros({kCount});
+        torch::Tensor sum_of_magnitudes = torch::zeros({kCount});
+        for (int64_t r = 0; r < size; ++r) {
+          exact += input(r);
+          sum_of_magnitudes += input(r).abs();
+        }
+        // Every encode of a (partial) sum errs by at most (relative + absolute) times the largest
+        // magnitude it covers, <= the sum of the inputs' magnitudes; the ring encodes up to M
+        // times along a value's path, the gather once per input.
+        const auto bound = encoding_bound(encoding);
+        const double per_encode = bound.relative + bound.absolute;
+        const double allowed = per_encode * static_cast<double>(size) * sum_of_magnitudes.max().item<double>() + 1e-9;
+        for (int64_t r = 0; r < size; ++r) {
+          const auto& [t, stats] = *results[static_cast<size_t>(r)].value;
+          EXPECT_TRUE(torch::equal(t, results[0].value->first)) << what << ": rank " << r << " differs from rank 0";
+          EXPECT_LE((t - exact).abs().max().item<double>(), allowed) << what;
+          if (encoding == Encoding::kFp32) continue;  // Gloo's own all-reduce, counted elsewhere
+          // The flag of non-finite values (8 bytes, ring) comes first; then the encoded data.
+          const int64_t flag = 2 * (size - 1) * 8 / size;
+          const int64_t whole = encoded_bytes(encoding, kCount);
+          if (algorithm == ReduceAlgorithm::kGather) {
+            EXPECT_EQ(stats.bytes_sent, flag + (size - 1) * whole) << what;
+          } else {
+            // 2 (M − 1) chunk messages of about E / M each.
+            const double expected = 2.0 * static_cast<double>(size - 1) / static_cast<double>(size) * static_cast<double>(whole);
+            EXPECT_NEAR(static_cast<double>(stats.bytes_sent - flag), expected, expected * 0.1) << what;
+          }
+          EXPECT_EQ(stats.participants, size);
+        }
+        if (encoding != Encoding::kFp32 && size == 4) {
+          EXPECT_GT((results[0].value->first - exact).abs().max().item<double>(), 0) << what << ": a lossy format was exact?";
+        }
+      }
+    }
+  }
+}
+
+TEST(GroupTest, EncodedAllReduceRefusesNanOnEveryRank) {
+  constexpr int64_t kSize = 3;
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  auto results = run_ranks<int>(kSize, [&](int64_t rank) {
+    auto group = Group::connect(store, options(rank, kSize));
+    auto t = torch::ones({1000});
+    if (rank == 1) t[3] = std::numeric_limits<float>::quiet_NaN();
+    group.all_reduce_sum(t, ReduceOptions{Encoding::kE3M0});
+    return 0;
+  });
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.error);
+    EXPECT_NE(r.message().find("1 value(s) are NaN or Inf across the group"), std::string::npos) << r.message();
+    EXPECT_THROW(std::rethrow_exception(r.error), DataError);
   }
 }
 

@@ -177,6 +177,26 @@ class GlooGroup final : public GroupImpl {
     return {bytes_of(tensor), 0, 0, 2};
   }
 
+  CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) override {
+    std::vector<at::Tensor> out_buffer{out}, in_buffer{in};
+    const auto begin = Clock::now();
+    try {
+      // Both are posted before either is waited for: Gloo holds a send until its peer posts the
+      // matching recv, so every rank of a ring must have its recv posted too.
+      auto sending = group_->send(out_buffer, static_cast<int>(to), static_cast<int>(tag));
+      auto receiving = group_->recv(in_buffer, static_cast<int>(from), static_cast<int>(tag));
+      if (!sending->wait(options_.timeout)) throw std::runtime_error("send timed out");
+      const auto left = options_.timeout - std::chrono::duration_cast<Duration>(Clock::now() - begin);
+      if (!receiving->wait(std::max(left, Duration(1)))) throw std::runtime_error("recv timed out");
+    } catch (const std::exception& e) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
+      throw PeerError("comm", fmt::format("ring hop (send {} bytes to rank {}, receive {} from rank {}) in group '{}' "
+                                          "(rank {} of {}) failed after {:.1f} s: {}", bytes_of(out), to, bytes_of(in),
+                                          from, options_.prefix, rank(), size(), elapsed, first_line(e.what())));
+    }
+    return {bytes_of(out), bytes_of(in), 0, size()};
+  }
+
   CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override {
     std::vector<at::Tensor> buffer{tensor};
     run(fmt::format("recv from rank {}", peer), bytes_of(tensor),

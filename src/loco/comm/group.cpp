@@ -27,6 +27,9 @@ class SingleGroup final : public GroupImpl {
   CommStats recv(torch::Tensor&, int64_t, int64_t) override {
     throw InternalError("comm", "recv in a group of one rank: there is no peer");
   }
+  CommStats send_recv(const torch::Tensor&, int64_t, torch::Tensor&, int64_t, int64_t) override {
+    throw InternalError("comm", "send_recv in a group of one rank: there is no peer");
+  }
 };
 
 // Backends take contiguous CPU tensors. A tensor that is neither is staged through a contiguous
@@ -53,15 +56,16 @@ void check_peer(const GroupImpl& impl, int64_t peer, const char* what) {
   }
 }
 
+}  // namespace
+
 template <class F>
-CommStats timed(F&& operation) {
+CommStats Group::timed(F&& operation) {
   const auto start = Clock::now();
   CommStats stats = operation();
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  counters_->bytes_sent += stats.bytes_sent;
   return stats;
 }
-
-}  // namespace
 
 CommStats& CommStats::operator+=(const CommStats& other) {
   bytes_sent += other.bytes_sent;
@@ -131,6 +135,93 @@ CommStats Group::recv(torch::Tensor& tensor, int64_t peer, int64_t tag) {
   return timed([&] {
     Staged staged(tensor);
     CommStats stats = impl_->recv(staged.staged, peer, tag);
+    staged.write_back();
+    return stats;
+  });
+}
+
+CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& options) {
+  LOCO_CHECK(tensor.scalar_type() == torch::kFloat32, "an encoded all-reduce takes fp32, got {}",
+             c10::toString(tensor.scalar_type()));
+  if (options.encoding == Encoding::kFp32) return all_reduce_sum(tensor);
+  const auto start = Clock::now();  // the whole operation, encoding and decoding included
+  Staged staged(tensor);
+  auto flat = staged.staged.view({-1});
+  // One number first: how many values are not finite, on all ranks together. Every rank then
+  // refuses alike, instead of one rank refusing to encode while the others wait for its bytes.
+  auto not_finite = torch::logical_not(torch::isfinite(flat)).sum().to(torch::kFloat64).view({1});
+  CommStats stats = all_reduce_sum(not_finite);
+  if (not_finite.item<double>() > 0) {
+    throw DataError("comm", fmt::format("all-reduce in {}: {} value(s) are NaN or Inf across the group ({} on this rank); "
+                                        "they have no encoding (an outer gradient that is not finite means training "
+                                        "diverged; hint: lower optim.lr or outer.lr)", to_string(options.encoding),
+                                        static_cast<int64_t>(not_finite.item<double>()),
+                                        torch::logical_not(torch::isfinite(flat)).sum().item<int64_t>()));
+  }
+  if (size() == 1) {
+    flat.copy_(decode(encode(flat, options.encoding), options.encoding, flat.numel()));
+  } else {
+    // The ring needs a whole block per chunk; a tensor of fewer blocks than ranks is gathered.
+    const bool ring_fits = (flat.numel() + kEncodingBlock - 1) / kEncodingBlock >= size();
+    const bool ring = ring_fits && (options.algorithm == ReduceAlgorithm::kRing ||
+                                    (options.algorithm == ReduceAlgorithm::kAuto && size() > 2));
+    stats += ring ? reduce_ring(flat, options.encoding) : reduce_gather(flat, options.encoding);
+  }
+  staged.write_back();
+  stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return stats;
+}
+
+CommStats Group::reduce_gather(torch::Tensor& flat, Encoding encoding) {
+  std::vector<torch::Tensor> all;
+  CommStats stats = all_gather(encode(flat, encoding), all);
+  flat.zero_();
+  for (const auto& encoded : all) decode_add(encoded, encoding, flat);
+  return stats;
+}
+
+CommStats Group::reduce_ring(torch::Tensor& flat, Encoding encoding) {
+  // Chunk c is a whole number of blocks, so encoding a chunk is encoding its blocks.
+  const int64_t m = size(), r = rank(), n = flat.numel();
+  const int64_t blocks = (n + kEncodingBlock - 1) / kEncodingBlock;
+  auto chunk = [&](int64_t c) {
+    c = ((c % m) + m) % m;
+    const int64_t begin = std::min(n, c * blocks / m * kEncodingBlock);
+    const int64_t end = std::min(n, (c + 1) * blocks / m * kEncodingBlock);
+    return flat.narrow(0, begin, end - begin);
+  };
+  const int64_t next = (r + 1) % m, previous = (r + m - 1) % m;
+  CommStats stats;
+  // Reduce-scatter: at hop k, send the running sum of chunk r − k, receive that of chunk r − k − 1
+  // and add this rank's own values to it. After M − 1 hops this rank holds chunk r + 1's sum.
+  auto outgoing = encode(chunk(r), encoding);
+  for (int64_t k = 0; k < m - 1; ++k) {
+    auto target = chunk(r - k - 1);
+    auto incoming = torch::empty({encoded_bytes(encoding, target.numel())}, torch::kUInt8);
+    stats += send_recv(outgoing, next, incoming, previous, k);
+    decode_add(incoming, encoding, target);
+    outgoing = encode(target, encoding);
+  }
+  // All-gather: the owner's encoded sum travels around the ring unchanged; every rank, the owner
+  // included, takes the decoded bytes as the result, so all hold the same values.
+  chunk(r + 1).copy_(decode(outgoing, encoding, chunk(r + 1).numel()));
+  for (int64_t k = 0; k < m - 1; ++k) {
+    auto target = chunk(r - k);
+    auto incoming = torch::empty({encoded_bytes(encoding, target.numel())}, torch::kUInt8);
+    stats += send_recv(outgoing, next, incoming, previous, m + k);
+    target.copy_(decode(incoming, encoding, target.numel()));
+    outgoing = incoming;
+  }
+  stats.participants = m;
+  return stats;
+}
+
+CommStats Group::send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) {
+  check_peer(*impl_, to, "send_recv");
+  check_peer(*impl_, from, "send_recv");
+  return timed([&] {
+    Staged staged(in);
+    CommStats stats = impl_->send_recv(out.to(torch::kCPU).contiguous(), to, staged.staged, from, tag);
     staged.write_back();
     return stats;
   });

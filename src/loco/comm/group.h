@@ -16,17 +16,20 @@
 // (recoverable: the runtime's recovery loop handles it); after a PeerError the Group is unusable
 // and must be replaced. Misuse (a wrong shape, a rank out of range) raises InternalError.
 //
-// Not thread-safe: one thread issues a Group's operations, in the same order on every rank.
+// Not thread-safe: one thread at a time issues a Group's operations (it may be a background
+// thread), in the same order on every rank. bytes_sent() may be read from any thread.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "loco/comm/encoding.h"
 #include "loco/comm/key_value.h"
 
 namespace loco::comm {
@@ -50,6 +53,25 @@ struct GroupOptions {
   void validate() const;                        // ConfigError on nonsense
 };
 
+// How an all-reduce puts values on the wire (PCCL's pattern: quantization is an option of the
+// operation). With an encoding other than fp32, each rank's values are encoded before they are
+// sent and received values are decoded and accumulated in fp32, by one of two algorithms:
+//   kGather  every rank all-gathers every rank's encoded tensor and sums the decoded tensors in
+//            rank order: (M − 1) · E bytes sent per rank for an encoded size E; exact sum of the
+//            decoded inputs.
+//   kRing    ring reduce-scatter with decode-add-encode at every hop, then a ring all-gather of
+//            the reduced chunks: 2 (M − 1) / M · E bytes per rank; a partial sum is re-encoded at
+//            each hop, so the error grows with M.
+//   kAuto    the one that sends fewer bytes for this M: kRing when M > 2 (at M = 2 both send E,
+//            and kGather is the exact one).
+// Either way every rank ends with bit-identical values (they all decode the same bytes, in the
+// same order).
+enum class ReduceAlgorithm { kAuto, kGather, kRing };
+struct ReduceOptions {
+  Encoding encoding = Encoding::kFp32;
+  ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;
+};
+
 // A backend. Implemented by gloo_group.cpp and the single-rank stand-in; users hold a Group.
 // Implementations take CPU tensors that are contiguous (Group ensures it) and report bytes.
 class GroupImpl {
@@ -63,6 +85,8 @@ class GroupImpl {
   virtual CommStats all_gather(const torch::Tensor& tensor, std::vector<torch::Tensor>& out) = 0;
   virtual CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
   virtual CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
+  // Sends `out` to `to` while receiving `in` from `from` (a ring hop: both are in flight at once).
+  virtual CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) = 0;
 };
 
 class Group {
@@ -81,6 +105,9 @@ class Group {
   // Element-wise sum across ranks, in place. Every rank ends with bit-identical tensors.
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors);
   CommStats all_reduce_sum(torch::Tensor& tensor);
+  // The sum with `options.encoding` on the wire (see ReduceOptions). `tensor` is fp32. Throws
+  // DataError, on every rank alike, when some rank's values are not finite.
+  CommStats all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& options);
   // Copies `root`'s tensor into every rank's `tensor` (same shape and dtype on every rank).
   CommStats broadcast(torch::Tensor& tensor, int64_t root);
   // out[r] = rank r's `tensor`, for every r (same shape and dtype on every rank).
@@ -89,9 +116,25 @@ class Group {
   // apart messages between the same two ranks.
   CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag = 0);
   CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag = 0);
+  // Sends `out` to rank `to` while receiving `in` from rank `from`, both in flight at once (one
+  // hop of a ring; a blocking send followed by a blocking recv would deadlock the ring).
+  CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag = 0);
+
+  // Payload bytes this group's operations have sent so far, all threads together: updated as each
+  // operation completes (a bucket, a ring hop), so a caller can see when bytes moved.
+  int64_t bytes_sent() const { return counters_->bytes_sent.load(); }
 
  private:
+  struct Counters {
+    std::atomic<int64_t> bytes_sent{0};
+  };
+  template <class F>
+  CommStats timed(F&& operation);
+  CommStats reduce_gather(torch::Tensor& flat, Encoding encoding);
+  CommStats reduce_ring(torch::Tensor& flat, Encoding encoding);
+
   std::shared_ptr<GroupImpl> impl_;
+  std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();
 };
 
 // The Gloo backend (gloo_group.cpp): exposed for Group::connect and tests.

@@ -1,0 +1,63 @@
+// Encodings of fp32 values for the wire: how Streaming DiLoCo sends outer gradients in fewer bits
+// (Douillard et al. 2025, arXiv 2501.18512, section 2.3; ALGORITHMS.md "Streaming DiLoCo").
+//
+//   fp32   4 bytes per value, exact
+//   bf16   2 bytes: the top half of the fp32, rounded to nearest even; saturates at ±3.39e38
+//   fp8    1 byte:  E4M3 (4 exponent bits, 3 mantissa bits, max 448), per-block scaled
+//   e3m0   4 bits:  sign + 3 exponent bits, no mantissa: 0 or ±2^k·s for k in [-6, 0]
+//   int8   1 byte:  sign-magnitude integer in [-127, 127], per-block scaled
+//   int4   4 bits:  sign-magnitude integer in [-7, 7], per-block scaled
+//
+// The scaled formats split the values into blocks of kEncodingBlock and store each block's
+// largest magnitude s as an fp32 before the codes, so that a value encodes as its fraction of s
+// rounded to the nearest level (ties toward zero). The layout of an encoded buffer is
+// [scales: fp32 x blocks][codes], little-endian; 4-bit codes pack two per byte, the first value
+// in the low nibble. Decoding happens in fp32.
+//
+// NaN and Inf cannot be encoded: encode() refuses them with a DataError naming the first one
+// (an outer gradient that is not finite means training diverged; sending it would corrupt every
+// worker's θ). Zeros and fp32 denormals encode like any other value.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace loco::comm {
+
+enum class Encoding { kFp32, kBf16, kFp8, kE3M0, kInt8, kInt4 };
+
+const char* to_string(Encoding encoding);
+std::optional<Encoding> parse_encoding(const std::string& name);
+
+// Values per scale in the scaled formats (fp8, e3m0, int8, int4).
+inline constexpr int64_t kEncodingBlock = 256;
+
+// The round-trip error bound of an encoding: for every value x of a block whose largest
+// magnitude is s,  |x − decode(encode(x))| <= relative·|x| + absolute·s + floor, where floor is
+// the resolution of the denormals the result lands in (2^-134 for bf16; 2^-150, half fp32's
+// smallest denormal, for the scaled formats' fp32 arithmetic).
+struct EncodingBound {
+  double relative = 0;
+  double absolute = 0;
+  double floor = 0;
+};
+EncodingBound encoding_bound(Encoding encoding);
+
+// Bytes of encode()'s output for `count` values.
+int64_t encoded_bytes(Encoding encoding, int64_t count);
+
+// Encodes `values` (fp32, any shape, any device; read as a flat array) into a 1-D uint8 CPU tensor
+// of encoded_bytes(encoding, values.numel()). Throws DataError on NaN or Inf.
+torch::Tensor encode(const torch::Tensor& values, Encoding encoding);
+
+// out += decode(encoded): `out` is a contiguous fp32 CPU tensor of the encoded values' count.
+// Throws InternalError when the encoded size does not match out's count.
+void decode_add(const torch::Tensor& encoded, Encoding encoding, torch::Tensor& out);
+
+// decode(encoded) as a new 1-D fp32 tensor of `count` values.
+torch::Tensor decode(const torch::Tensor& encoded, Encoding encoding, int64_t count);
+
+}  // namespace loco::comm
