@@ -186,10 +186,13 @@ TEST(GroupTest, EncodedAllReduceIsIdenticalOnEveryRankAndWithinTheBound) {
     for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kRing}) {
       for (auto encoding : {Encoding::kFp32, Encoding::kBf16, Encoding::kFp8, Encoding::kE3M0, Encoding::kInt4}) {
         auto store = std::make_shared<MemoryKeyValueStore>();
-        auto input = [](int64_t rank) {
+        // Drawn before the rank threads start: they would race on the global generator.
+        std::vector<torch::Tensor> inputs;
+        for (int64_t rank = 0; rank < size; ++rank) {
           torch::manual_seed(static_cast<uint64_t>(100 + rank));
-          return torch::randn({kCount}) * 1e-3;
-        };
+          inputs.push_back(torch::randn({kCount}) * 1e-3);
+        }
+        auto input = [&](int64_t rank) { return inputs[static_cast<size_t>(rank)].clone(); };
         auto results = run_ranks<std::pair<torch::Tensor, CommStats>>(size, [&](int64_t rank) {
           auto group = Group::connect(store, options(rank, size));
           auto t = input(rank);
