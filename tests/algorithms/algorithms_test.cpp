@@ -3,61 +3,14 @@
 // the M× batch, and a round left pending by a failed collective completing after a restore.
 #include <gtest/gtest.h>
 
-#include "comm/rank_threads.h"
+#include "algorithms/algorithms_util.h"
 #include "loco/algorithms/ddp.h"
 #include "loco/algorithms/diloco.h"
-#include "loco/optim/adamw.h"
 
 namespace loco::algorithms {
 namespace {
 
 using testing_util::run_ranks;
-using namespace std::chrono_literals;
-
-model::ModelOptions tiny_model() {
-  model::ModelOptions o;
-  o.vocab_size = 50;
-  o.context = 8;
-  o.layers = 2;
-  o.width = 16;
-  o.heads = 2;
-  return o;
-}
-
-comm::Group connect(const std::shared_ptr<comm::KeyValueStore>& store, int64_t rank, int64_t size, const std::string& prefix) {
-  comm::GroupOptions o;
-  o.rank = rank;
-  o.size = size;
-  o.timeout = 20s;
-  o.prefix = prefix;
-  return comm::Group::connect(store, o);
-}
-
-std::vector<torch::Tensor> snapshot(const model::Transformer& model) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-// Batch `index` of a fixed random stream: (tokens (B, T+1)) for rank-independent reproducibility.
-torch::Tensor batch(int64_t index, int64_t size) {
-  auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + index));
-  return torch::randint(0, 50, {size, 9}, generator, torch::kInt64);
-}
-
-double train_step(model::Transformer& model, optim::AdamW& adamw, const torch::Tensor& tokens) {
-  adamw.zero_grad();
-  auto logits = model->forward(tokens.narrow(1, 0, 8));
-  auto loss = model::language_model_loss(logits, tokens.narrow(1, 1, 8), 0).loss;
-  loss.backward();
-  return loss.item<double>();
-}
-
-optim::AdamW make_adamw(model::Transformer& model) {
-  std::vector<optim::NamedParameter> named;
-  for (const auto& item : model->named_parameters()) named.push_back({item.key(), item.value(), item.value().dim() >= 2});
-  return optim::AdamW(std::move(named), optim::AdamWOptions{});
-}
 
 // Rank r moves every parameter by +(r + 1) and reports t_r tokens; one round (H = 1) of Nesterov:
 //   Δ = Σ w_r (θ0 − (θ0 + r + 1)) = −Σ w_r (r + 1),  w_r = t_r / Σ t
@@ -84,7 +37,7 @@ TEST(DiLoCo, OuterStepAcrossRanksMatchesTheClosedForm) {
       for (auto& p : model->parameters()) p.add_(static_cast<double>(rank + 1));
     }
     StepContext context{0, tokens[rank], &model};
-    out.report = *diloco.after_step(context);
+    out.report = diloco.after_step(context).at(0);
     out.after = snapshot(model);
     return out;
   });
@@ -123,9 +76,9 @@ TEST(DiLoCo, EveryRankHoldsTheSameParametersAfterEveryRound) {
       train_step(model, adamw, batch(100 * rank + step, 4));
       adamw.step(1e-2);
       StepContext context{step, 32, &model};
-      if (auto report = diloco.after_step(context)) {
-        reports.push_back(*report);
-        EXPECT_EQ(hash_tensors(model->parameters()), report->params_hash) << "the model continues from θ";
+      for (const auto& report : diloco.after_step(context)) {
+        reports.push_back(report);
+        EXPECT_EQ(hash_tensors(model->parameters()), report.params_hash) << "the model continues from θ";
       }
       EXPECT_EQ(diloco.in_sync(), diloco.round_ends_at(step + 1));
     }
@@ -218,7 +171,7 @@ TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
   for (const auto& [name, tensor] : first.state()) pending_state.emplace_back(name, tensor.clone());
   auto pending_model = snapshot(model);
   context.step = 1;
-  auto expected = *first.after_step(context);
+  auto expected = first.after_step(context).at(0);
 
   model::Transformer restored(tiny_model(), 77);
   {
@@ -228,10 +181,10 @@ TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
   }
   DiLoCo second(comm::Group::single(), o);
   second.load_state(pending_state);
-  auto report = second.on_start(restored, 2);
-  ASSERT_TRUE(report.has_value()) << "the pending round is synchronized at start";
-  EXPECT_EQ(report->round, 1);
-  EXPECT_EQ(report->params_hash, expected.params_hash);
+  auto reports = second.on_start(restored, 2);
+  ASSERT_EQ(reports.size(), 1u) << "the pending round is synchronized at start";
+  EXPECT_EQ(reports[0].round, 1);
+  EXPECT_EQ(reports[0].params_hash, expected.params_hash);
   EXPECT_TRUE(second.in_sync());
 }
 

@@ -6,15 +6,15 @@ namespace loco::algorithms {
 
 Ddp::Ddp(comm::Group group, DdpOptions options) : group_(std::move(group)), options_(options) {}
 
-std::optional<SyncReport> Ddp::on_start(model::Transformer& model, int64_t step) {
+SyncReports Ddp::on_start(model::Transformer& model, int64_t step) {
   parameters_ = model->parameters();
   buffer_ = std::make_unique<FlatBuffer>(parameters_, options_.bucket_bytes);
   check_identical(group_, parameters_, "the parameters at step " + std::to_string(step));
   rounds_ = step;
-  return std::nullopt;
+  return {};
 }
 
-std::optional<SyncReport> Ddp::after_backward(StepContext& context) {
+SyncReports Ddp::after_backward(StepContext& context) {
   (void)context;
   torch::NoGradGuard no_grad;
   auto& views = buffer_->views();
@@ -30,17 +30,18 @@ std::optional<SyncReport> Ddp::after_backward(StepContext& context) {
     if (p.grad().defined()) p.mutable_grad().copy_(views[i]);
     else p.mutable_grad() = views[i].to(p.device()).clone();
   }
-  return std::nullopt;
+  return {};
 }
 
-std::optional<SyncReport> Ddp::after_step(StepContext& context) {
+SyncReports Ddp::after_step(StepContext& context) {
   SyncReport report;
   report.round = ++rounds_;
   report.step = context.step + 1;
   report.world_size = group_.size();
   report.stats = pending_;
   report.params_hash = hash_tensors(parameters_);
-  return report;
+  report.stall_seconds = pending_.seconds;
+  return {report};
 }
 
 }  // namespace loco::algorithms

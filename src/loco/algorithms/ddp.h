@@ -20,11 +20,12 @@ class Ddp final : public SyncStrategy {
   std::string name() const override { return "ddp"; }
 
   // Checks that every worker starts from identical parameters.
-  std::optional<SyncReport> on_start(model::Transformer& model, int64_t step) override;
+  SyncReports on_start(model::Transformer& model, int64_t step) override;
   // Replaces each gradient by its mean over the workers.
-  std::optional<SyncReport> after_backward(StepContext& context) override;
+  SyncReports after_backward(StepContext& context) override;
   // Reports the step's all-reduce with the hash of the updated parameters.
-  std::optional<SyncReport> after_step(StepContext& context) override;
+  SyncReports after_step(StepContext& context) override;
+  int64_t bytes_sent() const override { return group_.bytes_sent(); }
 
  private:
   comm::Group group_;

@@ -26,7 +26,7 @@ bool DiLoCo::round_ends_at(int64_t step) const {
   return step % options_.inner_steps == 0 || step == options_.total_steps;
 }
 
-std::optional<SyncReport> DiLoCo::on_start(model::Transformer& model, int64_t step) {
+SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   torch::NoGradGuard no_grad;
   names_.clear();
   parameters_.clear();
@@ -42,7 +42,7 @@ std::optional<SyncReport> DiLoCo::on_start(model::Transformer& model, int64_t st
   if (restored_.empty()) {
     check_identical(group_, global_, "the initial parameters");
     synced_step_ = step;
-    return std::nullopt;
+    return {};
   }
 
   // Resumed: θ and the outer state come from the checkpoint; the model holds θ_m.
@@ -78,15 +78,15 @@ std::optional<SyncReport> DiLoCo::on_start(model::Transformer& model, int64_t st
   }
   outer_->load_state(outer_state);
   // Checkpointed after its round's inner steps but before the round's sync completed: sync now.
-  if (synced_step_ < step && round_ends_at(step)) return synchronize(step);
-  return std::nullopt;
+  if (synced_step_ < step && round_ends_at(step)) return {synchronize(step)};
+  return {};
 }
 
-std::optional<SyncReport> DiLoCo::after_step(StepContext& context) {
+SyncReports DiLoCo::after_step(StepContext& context) {
   round_tokens_ += context.step_tokens;
   step_ = context.step + 1;
-  if (!round_ends_at(step_)) return std::nullopt;
-  return synchronize(step_);
+  if (!round_ends_at(step_)) return {};
+  return {synchronize(step_)};
 }
 
 SyncReport DiLoCo::synchronize(int64_t step) {
@@ -123,10 +123,11 @@ SyncReport DiLoCo::synchronize(int64_t step) {
   report.world_size = participants;
   report.stats = stats;
   report.params_hash = hash_tensors(global_);
+  report.stall_seconds = stats.seconds;
   return report;
 }
 
-NamedTensors DiLoCo::state() const {
+NamedTensors DiLoCo::state() {
   NamedTensors out;
   for (size_t i = 0; i < names_.size(); ++i) out.emplace_back("global." + names_[i], global_[i]);
   for (auto& [key, value] : outer_->state()) out.emplace_back("outer." + key, value);

@@ -38,13 +38,14 @@ class DiLoCo final : public SyncStrategy {
   DiLoCo(comm::Group group, DiLoCoOptions options);
   std::string name() const override { return "diloco"; }
 
-  std::optional<SyncReport> on_start(model::Transformer& model, int64_t step) override;
-  std::optional<SyncReport> after_step(StepContext& context) override;
+  SyncReports on_start(model::Transformer& model, int64_t step) override;
+  SyncReports after_step(StepContext& context) override;
   bool in_sync() const override { return synced_step_ == step_; }
+  int64_t bytes_sent() const override { return group_.bytes_sent(); }
 
   // "global.<param>" (θ), "outer.<...>" (the outer optimizer's state), and 0-dim int64 tensors
   // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens".
-  NamedTensors state() const override;
+  NamedTensors state() override;
   void load_state(const NamedTensors& tensors) override;
 
   // The global parameters θ (fp32, CPU), in the model's parameter order. Valid after on_start.

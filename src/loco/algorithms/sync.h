@@ -3,9 +3,11 @@
 // The loop (runtime/trainer) calls the hooks below in this order for every inner step:
 //   forward/backward (with gradient accumulation) -> after_backward -> clip -> AdamW step -> after_step
 // and knows nothing else about the algorithm. DDP averages gradients in after_backward; DiLoCo
-// takes an outer step every H calls of after_step; a single process (NoSync) does nothing.
+// takes an outer step every H calls of after_step; Streaming DiLoCo synchronizes one fragment at a
+// time with the collective running in the background; a single process (NoSync) does nothing.
 //
-// Hooks that communicate return a SyncReport, which the loop writes as a `sync` event. A
+// Hooks return a SyncReport for each synchronization they completed, which the loop writes as a
+// `sync` event. A
 // collective that fails throws PeerError out of the hook, leaving the strategy's state as it was
 // before the hook (the loop checkpoints that state; see docs/failure-model.md).
 #pragma once
@@ -34,9 +36,12 @@ struct SyncReport {
   int64_t round = 0;          // synchronizations completed so far, this one included
   int64_t step = 0;           // inner steps completed when it happened
   int64_t world_size = 0;     // workers that took part
-  comm::CommStats stats;      // all its collectives together
-  uint64_t params_hash = 0;   // XXH3-64 of the parameters after it; equal on every worker
+  comm::CommStats stats;      // all its collectives together (their wall time, wherever they ran)
+  uint64_t params_hash = 0;   // XXH3-64 of the (global) parameters after it; equal on every worker
+  int64_t fragment = -1;      // Streaming DiLoCo: the fragment synchronized; -1: the whole model
+  double stall_seconds = 0;   // time the training loop waited for it (= stats.seconds when blocking)
 };
+using SyncReports = std::vector<SyncReport>;
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
@@ -48,27 +53,34 @@ class SyncStrategy {
   // Called once before the first step, with the model (restored, after a resume) and the inner
   // steps already done. A strategy that was checkpointed with a synchronization still due (its
   // collective failed) performs it here.
-  virtual std::optional<SyncReport> on_start(model::Transformer& model, int64_t step) {
+  virtual SyncReports on_start(model::Transformer& model, int64_t step) {
     (void)model;
     (void)step;
-    return std::nullopt;
+    return {};
   }
   // Gradients are final for this step; the strategy may rewrite them (e.g. average across workers).
-  virtual std::optional<SyncReport> after_backward(StepContext& context) {
+  virtual SyncReports after_backward(StepContext& context) {
     (void)context;
-    return std::nullopt;
+    return {};
   }
   // Parameters were updated by the inner optimizer; the strategy may rewrite them.
-  virtual std::optional<SyncReport> after_step(StepContext& context) {
+  virtual SyncReports after_step(StepContext& context) {
     (void)context;
-    return std::nullopt;
+    return {};
   }
-  // Whether the model's parameters are the global parameters θ now. Evaluation waits for this.
+  // Whether the model's parameters are the global parameters θ now.
   virtual bool in_sync() const { return true; }
+  // The global parameters θ (in the model's parameter order) for evaluation to score at any step,
+  // when the strategy offers them; nullptr: evaluation waits until in_sync().
+  virtual const std::vector<torch::Tensor>* evaluation_parameters() const { return nullptr; }
+  // Payload bytes sent so far, updated as each collective completes, even in the background; the
+  // loop samples it every step to find the busiest step.
+  virtual int64_t bytes_sent() const { return 0; }
 
   // State the strategy needs to resume exactly (outer optimizer, global copy...), saved with the
   // checkpoint; load_state receives what state() returned, before on_start. Default: stateless.
-  virtual NamedTensors state() const { return {}; }
+  // May wait for communication in flight, so that what it returns is complete.
+  virtual NamedTensors state() { return {}; }
   virtual void load_state(const NamedTensors& tensors) { (void)tensors; }
 };
 

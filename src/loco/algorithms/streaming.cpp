@@ -1,0 +1,341 @@
+#include "loco/algorithms/streaming.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "loco/core/error.h"
+
+namespace loco::algorithms {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+torch::Tensor scalar(int64_t value) { return torch::tensor(value, torch::kInt64); }
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+}  // namespace
+
+void StreamingOptions::validate() const {
+  if (inner_steps < 1) throw ConfigError("algorithms", fmt::format("sync.inner_steps must be >= 1, got {}", inner_steps));
+  if (total_steps < 1) throw ConfigError("algorithms", fmt::format("the run must have >= 1 step, got {}", total_steps));
+  if (fragments < 1 || fragments > inner_steps) {
+    throw ConfigError("algorithms", fmt::format("sync.fragments must be in [1, sync.inner_steps = {}] so that every "
+                                                "fragment has its own sync step, got {}", inner_steps, fragments));
+  }
+  if (overlap_steps < 0 || overlap_steps >= inner_steps) {
+    throw ConfigError("algorithms", fmt::format("sync.overlap_steps must be in [0, sync.inner_steps = {}), got {}: a "
+                                                "fragment's result must arrive before its next sync starts",
+                                                inner_steps, overlap_steps));
+  }
+  if (!(merge_alpha >= 0 && merge_alpha <= 1)) {
+    throw ConfigError("algorithms", fmt::format("sync.merge_alpha must be in [0, 1], got {}", merge_alpha));
+  }
+  if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
+  outer.validate();
+}
+
+std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer& model, int64_t fragments,
+                                                       FragmentPattern pattern) {
+  const int64_t blocks = model->num_blocks();
+  if (fragments < 1 || fragments > blocks) {
+    throw ConfigError("algorithms", fmt::format("sync.fragments = {} needs between 1 and {} (the model's blocks)",
+                                                fragments, blocks));
+  }
+  std::map<std::string, size_t> index_of;
+  for (const auto& item : model->named_parameters()) index_of.emplace(item.key(), index_of.size());
+
+  std::vector<std::vector<FragmentSlice>> plan(static_cast<size_t>(fragments));
+  for (const auto& group : model->parameter_groups()) {
+    const bool is_block = group.name.starts_with("block.");
+    for (size_t j = 0; j < group.names.size(); ++j) {
+      const size_t index = index_of.at(group.names[j]);
+      const int64_t rows = group.parameters[j].size(0);
+      if (is_block) {
+        const int64_t block = std::stoll(group.name.substr(6));
+        const int64_t p = pattern == FragmentPattern::kStrided ? block % fragments : block * fragments / blocks;
+        plan[static_cast<size_t>(p)].push_back({index, group.names[j], 0, rows});
+        continue;
+      }
+      for (int64_t p = 0; p < fragments; ++p) {
+        const int64_t begin = p * rows / fragments, end = (p + 1) * rows / fragments;
+        if (end == begin) continue;
+        const std::string name = end - begin == rows ? group.names[j] : fmt::format("{}[{}:{}]", group.names[j], begin, end);
+        plan[static_cast<size_t>(p)].push_back({index, name, begin, end - begin});
+      }
+    }
+  }
+  // In the model's parameter order, so that one fragment lays its values out as DiLoCo does.
+  for (auto& slices : plan) {
+    std::sort(slices.begin(), slices.end(),
+              [](const auto& a, const auto& b) { return std::tie(a.index, a.begin) < std::tie(b.index, b.begin); });
+  }
+  return plan;
+}
+
+StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options)
+    : group_(std::move(group)), options_(options) {
+  options_.validate();
+}
+
+StreamingDiLoCo::~StreamingDiLoCo() = default;
+
+bool StreamingDiLoCo::starts_at(int64_t fragment, int64_t step) const {
+  const int64_t offset = fragment * options_.inner_steps / options_.fragments;
+  return step >= std::max<int64_t>(1, offset) && step <= options_.total_steps && (step - offset) % options_.inner_steps == 0;
+}
+
+int64_t StreamingDiLoCo::apply_step(const Fragment& fragment) const {
+  return std::min(fragment.started + options_.overlap_steps, options_.total_steps);
+}
+
+bool StreamingDiLoCo::in_sync() const {
+  return std::all_of(fragments_.begin(), fragments_.end(), [&](const Fragment& f) { return !f.pending && f.exact == step_; });
+}
+
+SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
+  torch::NoGradGuard no_grad;
+  names_.clear();
+  parameters_.clear();
+  global_.clear();
+  for (const auto& item : model->named_parameters()) {
+    names_.push_back(item.key());
+    parameters_.push_back(item.value());
+    global_.push_back(item.value().detach().to(torch::kCPU, torch::kFloat32).clone());
+  }
+  fragments_.clear();
+  fragments_.resize(static_cast<size_t>(options_.fragments));
+  const auto plan = plan_fragments(model, options_.fragments, options_.pattern);
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    auto& f = fragments_[p];
+    f.slices = plan[p];
+    std::vector<std::string> names;
+    for (const auto& s : f.slices) {
+      names.push_back(s.name);
+      f.local.push_back(parameters_[s.index].narrow(0, s.begin, s.rows));
+      f.global.push_back(global_[s.index].narrow(0, s.begin, s.rows));
+    }
+    f.outer = std::make_unique<optim::OuterOptimizer>(names, f.global, options_.outer);
+    f.sent = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
+    f.result = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
+    f.offset = static_cast<int64_t>(p) * options_.inner_steps / options_.fragments;
+    f.started = step;
+    f.exact = step;
+  }
+  step_ = step;
+  if (restored_.empty()) {
+    background_.submit([&] { return check_identical(group_, global_, "the initial parameters"); }).get();
+    return {};
+  }
+
+  // Resumed: θ, the outer states and the schedule come from the checkpoint; the model holds θ_m.
+  auto take = [&](const std::string& key) {
+    auto it = restored_.find(key);
+    if (it == restored_.end()) throw DataError("algorithms", fmt::format("Streaming DiLoCo state has no entry '{}'", key));
+    auto value = it->second;
+    restored_.erase(it);
+    return value;
+  };
+  auto take_into = [&](const std::string& key, const torch::Tensor& into) {
+    auto value = take(key);
+    if (!value.sizes().equals(into.sizes())) {
+      throw DataError("algorithms", fmt::format("Streaming DiLoCo state '{}' has shape [{}], the model needs [{}]", key,
+                                                fmt::join(value.sizes(), ", "), fmt::join(into.sizes(), ", ")));
+    }
+    into.copy_(value);
+  };
+  for (size_t i = 0; i < names_.size(); ++i) take_into("global." + names_[i], global_[i]);
+  rounds_ = take("streaming.rounds").item<int64_t>();
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    auto& f = fragments_[p];
+    const std::string key = fmt::format("streaming.{}.", p);
+    f.round = take(key + "round").item<int64_t>();
+    f.tokens = take(key + "tokens").item<int64_t>();
+    f.started = take(key + "started").item<int64_t>();
+    f.exact = take(key + "exact").item<int64_t>();
+    f.pending_tokens = take(key + "pending_tokens").item<int64_t>();
+    if (restored_.count(key + "result")) {
+      take_into(key + "result", f.result->flat());
+      f.arrived = Reduced{{}, take(key + "participants").item<int64_t>()};
+      f.pending = true;
+    } else if (restored_.count(key + "sent")) {
+      take_into(key + "sent", f.sent->flat());
+      f.pending = true;
+      f.reduction = submit(f);  // its collective failed: every worker sends again
+    }
+    NamedTensors outer_state;
+    const std::string prefix = fmt::format("outer.{}.", p);
+    for (auto it = restored_.begin(); it != restored_.end();) {
+      if (it->first.starts_with(prefix)) {
+        outer_state.emplace_back(it->first.substr(prefix.size()), it->second);
+        it = restored_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    f.outer->load_state(outer_state);
+  }
+  if (!restored_.empty()) {
+    throw DataError("algorithms", fmt::format("Streaming DiLoCo state has an unexpected entry '{}' (was it saved with "
+                                              "another sync.fragments?)", restored_.begin()->first));
+  }
+  // Whatever this step still owed (a sync to start or to complete, left by a failed collective).
+  return advance(step);
+}
+
+SyncReports StreamingDiLoCo::after_step(StepContext& context) {
+  step_ = context.step + 1;
+  for (auto& f : fragments_) f.tokens += context.step_tokens;
+  return advance(step_);
+}
+
+SyncReports StreamingDiLoCo::advance(int64_t step) {
+  const bool last = step == options_.total_steps;
+  SyncReports reports;
+  // Results due now (τ steps after their start, or the run's end), then the syncs that start now
+  // (and at the last step every fragment that trained since its last start), then, when τ = 0 or
+  // at the end, their results at once. Always in fragment order: every worker issues the same
+  // collectives in the same order.
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    if (fragments_[p].pending && apply_step(fragments_[p]) <= step) reports.push_back(complete(p, step, last));
+  }
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    auto& f = fragments_[p];
+    if (f.pending || f.started >= step) continue;
+    if (starts_at(static_cast<int64_t>(p), step) || last) start(f, step);
+  }
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    if (fragments_[p].pending && apply_step(fragments_[p]) <= step) reports.push_back(complete(p, step, last));
+  }
+  return reports;
+}
+
+void StreamingDiLoCo::start(Fragment& f, int64_t step) {
+  torch::NoGradGuard no_grad;
+  auto& sent = f.sent->views();
+  for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]);
+  f.pending_tokens = f.tokens;
+  f.tokens = 0;
+  f.started = step;
+  f.pending = true;
+  f.stall = 0;
+  f.failure = nullptr;
+  f.reduction = submit(f);
+}
+
+std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f) {
+  return background_.submit([this, &f] {
+    torch::NoGradGuard no_grad;
+    // w_m = tokens_m / Σ tokens, from one small all-reduce of (tokens, 1), as in DiLoCo.
+    auto control = torch::tensor({static_cast<double>(f.pending_tokens), 1.0}, torch::kFloat64);
+    comm::CommStats stats = group_.all_reduce_sum(control);
+    const double total_tokens = control[0].item<double>();
+    const int64_t participants = std::llround(control[1].item<double>());
+    const double weight = options_.weighting == Weighting::kTokens && total_tokens > 0
+                              ? static_cast<double>(f.pending_tokens) / total_tokens
+                              : 1.0 / static_cast<double>(participants);
+    auto& result = f.result->views();
+    const auto& sent = f.sent->views();
+    if (options_.exchange == comm::Encoding::kFp32) {
+      // Σ w_m θ_m, bucket by bucket: DiLoCo's own collective (see diloco.cpp).
+      for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
+      if (weight != 1.0) f.result->flat().mul_(weight);
+      stats += f.result->all_reduce_sum(group_);
+    } else {
+      // Σ w_m Δ_m with Δ_m = θ_p − θ_{m,p}, each worker's term encoded on the wire. θ_p changes
+      // only when this fragment's result is applied, after this task.
+      for (size_t i = 0; i < result.size(); ++i) torch::sub_out(result[i], f.global[i], sent[i]);
+      if (weight != 1.0) f.result->flat().mul_(weight);
+      stats += group_.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
+    }
+    stats.participants = participants;
+    return Reduced{stats, participants};
+  });
+}
+
+SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
+  torch::NoGradGuard no_grad;
+  auto& f = fragments_[index];
+  const auto wait_start = Clock::now();
+  if (!f.arrived) {
+    if (f.failure) std::rethrow_exception(f.failure);
+    LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
+    try {
+      f.arrived = f.reduction.get();
+    } catch (const PeerError&) {
+      f.failure = std::current_exception();  // the fragment stays pending; state() keeps what it sent
+      throw;
+    }
+  }
+  f.stall += seconds_since(wait_start);
+  const Reduced reduced = *f.arrived;
+
+  if (options_.exchange == comm::Encoding::kFp32) f.outer->step_to_average(f.result->views());
+  else f.outer->step(f.result->views());
+  // The merge: θ_{m,p} ← α·θ_{m,p} + (1 − α)·θ̃_p = lerp(θ̃_p, θ_{m,p}, α); α = 0 copies θ̃_p exactly.
+  const double alpha = last ? 0.0 : options_.merge_alpha;
+  for (size_t i = 0; i < f.local.size(); ++i) {
+    auto global = f.global[i].to(f.local[i].device(), f.local[i].scalar_type());
+    if (alpha == 0) f.local[i].copy_(global);
+    else f.local[i].copy_(torch::lerp(global, f.local[i], alpha));
+  }
+  f.arrived.reset();
+  f.pending = false;
+  f.round += 1;
+  if (alpha == 0) f.exact = step;
+  rounds_ += 1;
+
+  SyncReport report;
+  report.round = rounds_;
+  report.step = step;
+  report.world_size = reduced.participants;
+  report.stats = reduced.stats;
+  report.params_hash = hash_tensors(global_);
+  report.fragment = static_cast<int64_t>(index);
+  report.stall_seconds = f.stall;
+  return report;
+}
+
+NamedTensors StreamingDiLoCo::state() {
+  NamedTensors out;
+  for (size_t i = 0; i < names_.size(); ++i) out.emplace_back("global." + names_[i], global_[i]);
+  out.emplace_back("streaming.rounds", scalar(rounds_));
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    auto& f = fragments_[p];
+    const std::string key = fmt::format("streaming.{}.", p);
+    for (auto& [name, value] : f.outer->state()) out.emplace_back(fmt::format("outer.{}.{}", p, name), value);
+    out.emplace_back(key + "round", scalar(f.round));
+    out.emplace_back(key + "tokens", scalar(f.tokens));
+    out.emplace_back(key + "started", scalar(f.started));
+    out.emplace_back(key + "exact", scalar(f.exact));
+    out.emplace_back(key + "pending_tokens", scalar(f.pending_tokens));
+    if (!f.pending) continue;
+    // A sync in flight: wait for it, so the checkpoint holds either its result or, when the
+    // collective failed, what this worker sent (to send again on resume).
+    if (!f.arrived && f.reduction.valid()) {
+      const auto wait_start = Clock::now();
+      try {
+        f.arrived = f.reduction.get();
+      } catch (const PeerError&) {
+        f.failure = std::current_exception();  // complete() reports it
+      }
+      f.stall += seconds_since(wait_start);
+    }
+    if (f.arrived) {
+      out.emplace_back(key + "result", f.result->flat());
+      out.emplace_back(key + "participants", scalar(f.arrived->participants));
+    } else {
+      out.emplace_back(key + "sent", f.sent->flat());
+    }
+  }
+  return out;
+}
+
+void StreamingDiLoCo::load_state(const NamedTensors& tensors) {
+  restored_.clear();
+  for (const auto& [key, value] : tensors) restored_[key] = value;
+}
+
+}  // namespace loco::algorithms

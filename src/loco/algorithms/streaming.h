@@ -1,0 +1,136 @@
+// Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512; ALGORITHMS.md "Streaming DiLoCo"):
+// DiLoCo with three changes.
+//
+// 1. Fragments. The model's parameters are split into P fragments (plan_fragments below); fragment
+//    p is synchronized every H inner steps at offset t_p = floor(p·H/P), so only one fragment is on
+//    the wire at a time. Each fragment has its own slice of θ and its own outer optimizer.
+// 2. Overlap. At fragment p's sync step t its outer reduction starts on a background thread and
+//    the worker keeps training; at step t + τ it waits (the stall), then
+//        θ̃_p ← OuterOpt(θ_p, Δ_p);   θ_{m,p} ← α·θ_{m,p}(t+τ) + (1 − α)·θ̃_p;   θ_p ← θ̃_p
+// 3. Low-precision exchange. With sync.exchange other than fp32, each worker's weighted outer
+//    gradient w_m·Δ_m is encoded (comm/encoding.h) and the sum accumulates in fp32
+//    (Group::all_reduce_sum with ReduceOptions). With fp32 the workers' weighted parameters
+//    Σ w_m θ_m travel instead, exactly as in DiLoCo (algorithms/diloco.h).
+//
+// τ = 0, α = 0, P = 1 and fp32 is DiLoCo: the same collectives on the same values, so the same
+// bits (tests/algorithms/streaming_test.cpp). At the run's last step every fragment synchronizes
+// with τ = 0 and the model takes θ (α is not applied), so a finished run's model is θ.
+//
+// Threads: every collective of this strategy runs on its one background thread, in the same order
+// on every worker (the schedule is deterministic). The training thread only copies a fragment's
+// parameters out when its sync starts and applies the result when it completes.
+#pragma once
+
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loco/algorithms/diloco.h"
+#include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/sync.h"
+#include "loco/comm/background.h"
+#include "loco/optim/outer.h"
+
+namespace loco::algorithms {
+
+enum class FragmentPattern { kStrided, kSequential };
+
+struct StreamingOptions {
+  int64_t inner_steps = 50;   // H: inner steps between two syncs of one fragment
+  int64_t total_steps = 0;    // the run's inner steps; its last step synchronizes every fragment
+  int64_t fragments = 4;      // P
+  FragmentPattern pattern = FragmentPattern::kStrided;
+  int64_t overlap_steps = 1;  // τ: inner steps between the start of a fragment's sync and its use
+  double merge_alpha = 0.5;   // α: the share of the local fragment kept at the merge
+  comm::Encoding exchange = comm::Encoding::kFp32;
+  optim::OuterOptions outer;
+  Weighting weighting = Weighting::kTokens;
+  int64_t bucket_bytes = 32 << 20;  // fp32 exchange: bytes per all-reduce
+  void validate() const;            // ConfigError naming the bad option
+};
+
+// A piece of a fragment: rows [begin, begin + rows) of dimension 0 of parameter `index` (in the
+// model's named_parameters() order); the whole parameter when it has no more rows.
+struct FragmentSlice {
+  size_t index = 0;
+  std::string name;  // the parameter's name, with "[begin:end]" when it is a part of it
+  int64_t begin = 0, rows = 0;
+};
+
+// Which parameters each fragment holds. Blocks go by `pattern`: strided puts block i in fragment
+// i mod P; sequential gives fragment p the p-th run of consecutive blocks (sizes differing by at
+// most one). Every other parameter (the token and position embeddings, which the output layer
+// shares, and the final norm) is cut along its first dimension into P equal runs of rows, run p
+// joining fragment p, so that fragments are about equally large however big the vocabulary is.
+// Throws ConfigError when P exceeds the number of blocks.
+std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer& model, int64_t fragments,
+                                                       FragmentPattern pattern);
+
+class StreamingDiLoCo final : public SyncStrategy {
+ public:
+  StreamingDiLoCo(comm::Group group, StreamingOptions options);
+  ~StreamingDiLoCo() override;
+  std::string name() const override { return "streaming"; }
+
+  SyncReports on_start(model::Transformer& model, int64_t step) override;
+  SyncReports after_step(StepContext& context) override;
+  bool in_sync() const override;
+  const std::vector<torch::Tensor>* evaluation_parameters() const override { return &global_; }
+  int64_t bytes_sent() const override { return group_.bytes_sent(); }
+
+  // "global.<param>" (θ), per fragment p "outer.<p>.<...>" (its outer optimizer), and 0-dim
+  // tensors "streaming.step", "streaming.rounds", "streaming.<p>.{round,tokens,started}"; for a
+  // fragment whose sync is in flight, either its reduced result ("streaming.<p>.result", when it
+  // arrived) or what it sent ("streaming.<p>.sent", when the collective failed, to send again).
+  NamedTensors state() override;
+  void load_state(const NamedTensors& tensors) override;
+
+  // Inner steps (1-based) at which fragment p's sync starts.
+  bool starts_at(int64_t fragment, int64_t step) const;
+  int64_t fragments() const { return static_cast<int64_t>(fragments_.size()); }
+
+ private:
+  struct Reduced {  // what a background reduction returns
+    comm::CommStats stats;
+    int64_t participants = 0;
+  };
+  struct Fragment {
+    std::vector<FragmentSlice> slices;
+    std::vector<torch::Tensor> local, global;  // views of the model's parameters and of θ
+    std::unique_ptr<optim::OuterOptimizer> outer;
+    std::unique_ptr<FlatBuffer> sent;          // the local values as they were when the sync started
+    std::unique_ptr<FlatBuffer> result;        // θ̄ (fp32) or Δ (encoded exchange), once reduced
+    int64_t offset = 0;                        // t_p
+    int64_t round = 0;                         // syncs of this fragment completed
+    int64_t tokens = 0;                        // tokens since its last sync started
+    int64_t started = 0;                       // inner step its last sync started at
+    int64_t exact = 0;                         // inner step the model last took θ_p unmerged
+    // In flight: started, not applied.
+    bool pending = false;
+    int64_t pending_tokens = 0;                // the weight's tokens of the sync in flight
+    std::future<Reduced> reduction;
+    std::optional<Reduced> arrived;            // its result, once waited for
+    std::exception_ptr failure;                // its collective's error, when state() met it first
+    double stall = 0;                          // seconds the training thread waited for it
+  };
+
+  SyncReports advance(int64_t step);
+  void start(Fragment& fragment, int64_t step);
+  std::future<Reduced> submit(Fragment& fragment);
+  SyncReport complete(size_t index, int64_t step, bool last);
+  int64_t apply_step(const Fragment& fragment) const;
+
+  comm::Group group_;
+  StreamingOptions options_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
+  std::vector<torch::Tensor> global_;      // θ, fp32 CPU
+  std::vector<Fragment> fragments_;
+  std::map<std::string, torch::Tensor> restored_;
+  int64_t step_ = 0, rounds_ = 0;
+  comm::Background background_;  // last: destroyed first, while the members its tasks use exist
+};
+
+}  // namespace loco::algorithms

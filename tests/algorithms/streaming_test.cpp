@@ -1,0 +1,244 @@
+// Streaming DiLoCo with ranks as threads over Gloo: fragment plans, the staggered schedule, τ = 0,
+// α = 0, P = 1 reproducing DiLoCo bit for bit, identical θ on every rank after every fragment sync
+// with 4-bit exchange, the merge against its closed form, and a checkpoint taken while a
+// fragment is on the wire resuming into the uninterrupted run.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "algorithms/algorithms_util.h"
+#include "loco/algorithms/diloco.h"
+#include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/streaming.h"
+#include "loco/core/error.h"
+
+namespace loco::algorithms {
+namespace {
+
+using testing_util::run_ranks;
+
+StreamingOptions streaming(int64_t h, int64_t total, int64_t p, int64_t tau, double alpha,
+                           comm::Encoding exchange = comm::Encoding::kFp32) {
+  StreamingOptions o;
+  o.inner_steps = h;
+  o.total_steps = total;
+  o.fragments = p;
+  o.overlap_steps = tau;
+  o.merge_alpha = alpha;
+  o.exchange = exchange;
+  return o;
+}
+
+TEST(Streaming, FragmentPlansCoverEveryParameterRowOnce) {
+  model::Transformer model(tiny_model(6), 5);
+  const auto params = model->parameters();
+  for (auto pattern : {FragmentPattern::kStrided, FragmentPattern::kSequential}) {
+    auto plan = plan_fragments(model, 3, pattern);
+    ASSERT_EQ(plan.size(), 3u);
+    std::vector<int64_t> covered(params.size(), 0), sizes;
+    for (size_t p = 0; p < plan.size(); ++p) {
+      int64_t size = 0;
+      std::set<int64_t> blocks;
+      for (const auto& s : plan[p]) {
+        covered[s.index] += s.rows;
+        size += s.rows * (params[s.index].numel() / params[s.index].size(0));
+        if (s.name.starts_with("blocks.")) blocks.insert(std::stoll(s.name.substr(7)));
+        else EXPECT_NE(s.name.find('['), std::string::npos) << s.name << ": a non-block parameter is cut in rows";
+      }
+      // strided: {p, p + 3}; sequential: {2p, 2p + 1}
+      const std::set<int64_t> expected = pattern == FragmentPattern::kStrided
+                                             ? std::set<int64_t>{static_cast<int64_t>(p), static_cast<int64_t>(p) + 3}
+                                             : std::set<int64_t>{2 * static_cast<int64_t>(p), 2 * static_cast<int64_t>(p) + 1};
+      EXPECT_EQ(blocks, expected) << "fragment " << p;
+      sizes.push_back(size);
+    }
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(covered[i], params[i].size(0)) << "parameter " << i;
+    EXPECT_LE(*std::max_element(sizes.begin(), sizes.end()) - *std::min_element(sizes.begin(), sizes.end()), 16 * 2)
+        << "fragments of equal blocks differ only by a row or two of the cut parameters";
+  }
+  auto whole = plan_fragments(model, 1, FragmentPattern::kStrided);
+  ASSERT_EQ(whole[0].size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(whole[0][i].index, i) << "one fragment is the model in order";
+  EXPECT_THROW(plan_fragments(model, 7, FragmentPattern::kStrided), ConfigError);
+}
+
+TEST(Streaming, OptionsAreValidated) {
+  EXPECT_NO_THROW(streaming(10, 100, 4, 1, 0.5).validate());
+  EXPECT_THROW(streaming(10, 100, 11, 1, 0.5).validate(), ConfigError);  // P > H
+  EXPECT_THROW(streaming(10, 100, 2, 10, 0.5).validate(), ConfigError);  // τ >= H
+  EXPECT_THROW(streaming(10, 100, 2, -1, 0.5).validate(), ConfigError);
+  EXPECT_THROW(streaming(10, 100, 2, 1, 1.5).validate(), ConfigError);
+}
+
+// Three ranks, real AdamW steps on different data: with P = 1, τ = 0, α = 0 and fp32, Streaming
+// DiLoCo takes exactly DiLoCo's path.
+TEST(Streaming, OneFragmentWithoutOverlapIsDiLoCoBitForBit) {
+  constexpr int64_t kSize = 3, kSteps = 8;
+  auto run = [&](bool stream) {
+    auto store = std::make_shared<comm::MemoryKeyValueStore>();
+    auto results = run_ranks<std::pair<std::vector<uint64_t>, std::vector<torch::Tensor>>>(kSize, [&](int64_t rank) {
+      model::Transformer model(tiny_model(), 5);
+      auto adamw = make_adamw(model);
+      std::unique_ptr<SyncStrategy> sync;
+      if (stream) {
+        sync = std::make_unique<StreamingDiLoCo>(connect(store, rank, kSize, "s"), streaming(3, kSteps, 1, 0, 0.0));
+      } else {
+        DiLoCoOptions o;
+        o.inner_steps = 3;
+        o.total_steps = kSteps;
+        sync = std::make_unique<DiLoCo>(connect(store, rank, kSize, "d"), o);
+      }
+      sync->on_start(model, 0);
+      std::vector<uint64_t> hashes;
+      for (int64_t step = 0; step < kSteps; ++step) {
+        train_step(model, adamw, batch(100 * rank + step, 4));
+        adamw.step(1e-2);
+        StepContext context{step, 32 + 8 * rank, &model};  // unequal tokens: unequal weights
+        for (const auto& report : sync->after_step(context)) hashes.push_back(report.params_hash);
+      }
+      EXPECT_TRUE(sync->in_sync());
+      return std::pair{hashes, snapshot(model)};
+    });
+    for (const auto& r : results) EXPECT_FALSE(r.error) << r.message();
+    return *results[1].value;
+  };
+  const auto diloco = run(false), stream = run(true);
+  ASSERT_EQ(diloco.first.size(), 3u);  // steps 3, 6 and 8
+  EXPECT_EQ(stream.first, diloco.first);
+  for (size_t i = 0; i < diloco.second.size(); ++i) EXPECT_TRUE(torch::equal(stream.second[i], diloco.second[i])) << i;
+}
+
+// P = 2, H = 4, τ = 1, α = 0.5, e3m0 over 11 steps: fragment 0 starts at 4 and 8, fragment 1 (offset
+// 2) at 2, 6 and 10; results land a step later; at step 11 both synchronize once more and the
+// model becomes θ. Every rank holds the same θ after every sync.
+TEST(Streaming, StaggeredFourBitSyncsLeaveEveryRankWithTheSameTheta) {
+  constexpr int64_t kSize = 3, kSteps = 11;
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  struct Out {
+    std::vector<SyncReport> reports;
+    uint64_t model_hash = 0;
+    bool in_sync = false;
+  };
+  auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    auto adamw = make_adamw(model);
+    StreamingDiLoCo sync(connect(store, rank, kSize, "staggered"), streaming(4, kSteps, 2, 1, 0.5, comm::Encoding::kE3M0));
+    sync.on_start(model, 0);
+    Out out;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      train_step(model, adamw, batch(100 * rank + step, 4));
+      adamw.step(1e-2);
+      StepContext context{step, 32, &model};
+      for (const auto& report : sync.after_step(context)) out.reports.push_back(report);
+      if (step + 1 < kSteps) EXPECT_FALSE(sync.in_sync()) << "step " << step + 1;
+    }
+    out.model_hash = hash_tensors(model->parameters());
+    out.in_sync = sync.in_sync();
+    return out;
+  });
+  for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
+  // (fragment, step at which its result was applied)
+  const std::vector<std::pair<int64_t, int64_t>> expected = {{1, 3}, {0, 5}, {1, 7}, {0, 9}, {1, 11}, {0, 11}, {1, 11}};
+  for (const auto& r : results) {
+    const auto& out = *r.value;
+    ASSERT_EQ(out.reports.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(out.reports[i].fragment, expected[i].first) << "sync " << i;
+      EXPECT_EQ(out.reports[i].step, expected[i].second) << "sync " << i;
+      EXPECT_EQ(out.reports[i].round, static_cast<int64_t>(i) + 1);
+      EXPECT_EQ(out.reports[i].world_size, kSize);
+      EXPECT_EQ(out.reports[i].params_hash, results[0].value->reports[i].params_hash) << "θ differs after sync " << i;
+      EXPECT_GT(out.reports[i].stats.bytes_sent, 0);
+    }
+    EXPECT_TRUE(out.in_sync);
+    EXPECT_EQ(out.model_hash, out.reports.back().params_hash) << "a finished run's model is θ";
+  }
+  EXPECT_NE(results[0].value->reports[0].params_hash, results[0].value->reports[1].params_hash);
+}
+
+// One rank, one fragment, τ = 1, α = 0.5, FedAvg (sgd lr 1): the sync started at step t returns
+// θ̃ = θ_m(t) and at step t + 1 the model becomes 0.5·θ_m(t + 1) + 0.5·θ_m(t).
+TEST(Streaming, MergeMatchesItsClosedForm) {
+  model::Transformer model(tiny_model(), 5);
+  auto o = streaming(2, 4, 1, 1, 0.5);
+  o.outer = optim::default_outer_options(optim::OuterKind::kSgd);
+  StreamingDiLoCo sync(comm::Group::single(), o);
+  sync.on_start(model, 0);
+  auto move = [&](double by) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(by);
+  };
+  StepContext context{0, 8, &model};
+  move(1.0);
+  EXPECT_TRUE(sync.after_step(context).empty());
+  move(2.0);  // step 2: fragment 0 starts with θ_m(2) = θ0 + 3
+  context.step = 1;
+  const auto at_start = snapshot(model);
+  EXPECT_TRUE(sync.after_step(context).empty());
+  move(4.0);  // step 3: θ_m(3) = θ0 + 7, then the merge
+  context.step = 2;
+  const auto before_merge = snapshot(model);
+  ASSERT_EQ(sync.after_step(context).size(), 1u);
+  const auto merged = snapshot(model);
+  for (size_t i = 0; i < merged.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(merged[i], 0.5 * before_merge[i] + 0.5 * at_start[i], 1e-6, 1e-6)) << i;
+    EXPECT_TRUE(torch::equal((*sync.evaluation_parameters())[i], at_start[i])) << "θ is the FedAvg of one worker";
+  }
+}
+
+// Deterministic "inner steps" (each adds a step-dependent amount), one rank, P = 2, τ = 2, e3m0: a
+// checkpoint at step 5, while fragment 0's sync (started at step 4, due at 6) is in flight,
+// restores into a run that ends exactly where the uninterrupted one does.
+TEST(Streaming, CheckpointWhileAFragmentIsInFlightResumesExactly) {
+  const auto options = streaming(4, 12, 2, 2, 0.5, comm::Encoding::kE3M0);
+  auto inner_step = [](model::Transformer& model, int64_t step) {
+    torch::NoGradGuard no_grad;
+    int64_t i = 0;
+    for (auto& p : model->parameters()) p.add_(0.01 * std::sin(static_cast<double>(step * 7 + i++)));
+  };
+  auto run = [&](model::Transformer& model, StreamingDiLoCo& sync, int64_t from, int64_t to) {
+    std::vector<uint64_t> hashes;
+    for (int64_t step = from; step < to; ++step) {
+      inner_step(model, step);
+      StepContext context{step, 16, &model};
+      for (const auto& report : sync.after_step(context)) hashes.push_back(report.params_hash);
+    }
+    return hashes;
+  };
+  model::Transformer straight(tiny_model(), 5);
+  StreamingDiLoCo uninterrupted(comm::Group::single(), options);
+  uninterrupted.on_start(straight, 0);
+  const auto expected = run(straight, uninterrupted, 0, 12);
+
+  model::Transformer first(tiny_model(), 5);
+  NamedTensors saved;
+  std::vector<torch::Tensor> saved_model;
+  std::vector<uint64_t> hashes;
+  {
+    StreamingDiLoCo sync(comm::Group::single(), options);
+    sync.on_start(first, 0);
+    hashes = run(first, sync, 0, 5);  // fragment 1 started at step 2 (applied at 4); fragment 0 at 4
+    for (const auto& [name, tensor] : sync.state()) saved.emplace_back(name, tensor.clone());
+    saved_model = snapshot(first);
+    bool in_flight = false;
+    for (const auto& [name, tensor] : saved) in_flight = in_flight || name.ends_with(".result");
+    EXPECT_TRUE(in_flight) << "the checkpoint must catch a sync in flight to test anything";
+  }
+  model::Transformer second(tiny_model(), 99);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = second->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(saved_model[i]);
+  }
+  StreamingDiLoCo resumed(comm::Group::single(), options);
+  resumed.load_state(saved);
+  for (const auto& report : resumed.on_start(second, 5)) hashes.push_back(report.params_hash);
+  const auto rest = run(second, resumed, 5, 12);
+  hashes.insert(hashes.end(), rest.begin(), rest.end());
+  EXPECT_EQ(hashes, expected);
+  const auto a = snapshot(straight), b = snapshot(second);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
+}  // namespace
+}  // namespace loco::algorithms
