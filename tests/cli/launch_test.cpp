@@ -171,6 +171,61 @@ TEST_F(LaunchTest, DiLoCoWorkersHoldIdenticalParametersAfterEveryRound) {
   EXPECT_EQ(documents.size(), total) << "no document in two shards";
 }
 
+// Streaming DiLoCo with 4-bit exchange: P = 2 fragments, H = 10, τ = 1 over 40 steps: fragment 1
+// syncs from step 5, fragment 0 from step 10, both once more at the end: 9 syncs, on which every
+// worker agrees. Checkpoints every 10 steps catch fragment 0 on the wire; a run stopped with
+// Ctrl-C and resumed ends on the uninterrupted run's θ.
+TEST_F(LaunchTest, StreamingWorkersAgreeAndResumeMidFlight) {
+  const std::vector<std::string> streaming = {"--sync.algorithm=streaming", "--sync.fragments=2", "--sync.inner_steps=10",
+                                              "--sync.overlap_steps=1", "--sync.exchange=e3m0"};
+  auto result = run_command(launch_args("streaming", streaming), log("streaming"), 240s);
+  ASSERT_EQ(result.status, 0) << result.output;
+  std::map<int64_t, std::set<std::string>> hashes;
+  std::map<int64_t, int64_t> fragment_of;
+  for (const auto& e : events("streaming", "sync")) {
+    for (const char* key : {"fragment", "stall_s", "params_hash", "bytes_sent"}) ASSERT_TRUE(e.contains(key)) << key;
+    hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+    fragment_of[e["round"].get<int64_t>()] = e["fragment"].get<int64_t>();
+  }
+  ASSERT_EQ(hashes.size(), 9u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "workers disagree on θ after sync " << round;
+  EXPECT_EQ(fragment_of[1], 1);
+  EXPECT_EQ(fragment_of[2], 0);
+  for (const auto& s : events("streaming", "summary")) {
+    // e3m0 sends a little over 1/8 of fp32's bytes; the busiest step carries about one fragment.
+    EXPECT_LT(s["bytes_sent"].get<int64_t>(), 9 * 34976 * 4 / 2 / 4) << "the exchange must be 4-bit";
+    EXPECT_GT(s["peak_step_bytes"].get<int64_t>(), 0);
+    EXPECT_LT(s["peak_step_bytes"].get<int64_t>(), s["bytes_sent"].get<int64_t>());
+    EXPECT_GT(s["compute_utilization"].get<double>(), 0);
+    EXPECT_LE(s["compute_utilization"].get<double>(), 1);
+  }
+  // θ is scored mid-run (step 20) without waiting for a round boundary, and at the end.
+  std::vector<int64_t> eval_steps;
+  for (const auto& e : events("streaming", "eval")) eval_steps.push_back(e["step"].get<int64_t>());
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{20, 40}));
+  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run("streaming").string()}, log("streaming-eval"));
+  ASSERT_EQ(eval.status, 0) << eval.output;
+  EXPECT_NE(eval.output.find(fmt::format("val_loss {:.4f}", events("streaming", "eval").back()["val_loss"].get<double>())),
+            std::string::npos) << eval.output;
+
+  auto longer = streaming;
+  longer.insert(longer.end(), {"--train.steps=200", "--eval.every=50"});
+  auto straight = run_command(launch_args("streaming-straight", longer), log("streaming-straight"), 240s);
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  Child launcher(launch_args("streaming-stopped", longer), log("streaming-stopped"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (events("streaming-stopped", "sync").size() < 3 * 8 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  launcher.signal(SIGINT);
+  ASSERT_EQ(launcher.wait(120s), 130) << read_file(log("streaming-stopped"), "test");
+  auto args = launch_args("streaming-stopped", longer);
+  args.push_back("--resume");
+  auto resumed = run_command(args, log("streaming-resumed"), 240s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(final_hash("streaming-stopped"), final_hash("streaming-straight"));
+}
+
 TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
   auto ddp = run_command(launch_args("ddp", {"--sync.algorithm=ddp", "--workers", "2", "--train.steps=10"}), log("ddp"), 240s);
   ASSERT_EQ(ddp.status, 0) << ddp.output;

@@ -103,9 +103,9 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
   struct StopAt : algorithms::SyncStrategy {
     std::atomic<bool>* flag;
     std::string name() const override { return "stop-at-12"; }
-    std::optional<algorithms::SyncReport> after_step(algorithms::StepContext& ctx) override {
+    algorithms::SyncReports after_step(algorithms::StepContext& ctx) override {
       if (ctx.step == 11) flag->store(true);
-      return std::nullopt;
+      return {};
     }
   } stopper;
   stopper.flag = &stop;

@@ -103,12 +103,21 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(1, {"eval.batch_size", "windows per evaluation batch", &c.eval.batch_size}),
       at_least(0, {"checkpoint.every", "steps between checkpoints (one is always written at the end); 0 = end only", &c.checkpoint.every}),
       at_least(1, {"checkpoint.keep", "how many recent checkpoints to keep", &c.checkpoint.keep}),
-      {"sync.algorithm", "none (one process), ddp (average gradients every step), diloco (outer step every sync.inner_steps), local (replicas that never talk)",
-       enum_field(c.sync.algorithm, {{Algorithm::kNone, "none"}, {Algorithm::kDdp, "ddp"}, {Algorithm::kDiLoCo, "diloco"}, {Algorithm::kLocal, "local"}})},
-      at_least(1, {"sync.inner_steps", "DiLoCo: inner steps H between outer steps", &c.sync.inner_steps}),
+      {"sync.algorithm", "none (one process), ddp (average gradients every step), diloco (outer step every sync.inner_steps), streaming (Streaming DiLoCo: fragments on a staggered schedule, overlapped), local (replicas that never talk)",
+       enum_field(c.sync.algorithm, {{Algorithm::kNone, "none"}, {Algorithm::kDdp, "ddp"}, {Algorithm::kDiLoCo, "diloco"},
+                                     {Algorithm::kStreaming, "streaming"}, {Algorithm::kLocal, "local"}})},
+      at_least(1, {"sync.inner_steps", "DiLoCo: inner steps H between outer steps (streaming: between two syncs of one fragment)", &c.sync.inner_steps}),
       {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round) or uniform",
        enum_field(c.sync.weighting, {{algorithms::Weighting::kTokens, "tokens"}, {algorithms::Weighting::kUniform, "uniform"}})},
       positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
+      at_least(1, {"sync.fragments", "streaming: fragments P, synchronized in turn every sync.inner_steps / P steps (at most the model's blocks)", &c.sync.fragments}),
+      {"sync.fragment_pattern", "streaming: strided (block i in fragment i mod P) or sequential (runs of consecutive blocks)",
+       enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
+      at_least(0, {"sync.overlap_steps", "streaming: inner steps tau a fragment's sync overlaps before its result is applied (0 = wait at once)", &c.sync.overlap_steps}),
+      between(0, 1, {"sync.merge_alpha", "streaming: share alpha of the local fragment kept when the global one arrives (0 = take the global)", &c.sync.merge_alpha}),
+      {"sync.exchange", "streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4",
+       enum_field(c.sync.exchange, {{comm::Encoding::kFp32, "fp32"}, {comm::Encoding::kBf16, "bf16"}, {comm::Encoding::kFp8, "fp8"},
+                                    {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
       {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
        enum_field(c.outer.optimizer, {{optim::OuterKind::kNesterov, "nesterov"}, {optim::OuterKind::kSgd, "sgd"}, {optim::OuterKind::kAdam, "adam"}})},
       at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.001)", &c.outer.lr}),
@@ -311,6 +320,7 @@ const char* to_string(Algorithm algorithm) {
     case Algorithm::kNone: return "none";
     case Algorithm::kDdp: return "ddp";
     case Algorithm::kDiLoCo: return "diloco";
+    case Algorithm::kStreaming: return "streaming";
     case Algorithm::kLocal: return "local";
   }
   return "?";
@@ -335,6 +345,21 @@ algorithms::DiLoCoOptions diloco_options(const RunConfig& config) {
   algorithms::DiLoCoOptions o;
   o.inner_steps = config.sync.inner_steps;
   o.total_steps = config.train.steps;
+  o.outer = outer_options(config);
+  o.weighting = config.sync.weighting;
+  o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
+  return o;
+}
+
+algorithms::StreamingOptions streaming_options(const RunConfig& config) {
+  algorithms::StreamingOptions o;
+  o.inner_steps = config.sync.inner_steps;
+  o.total_steps = config.train.steps;
+  o.fragments = config.sync.fragments;
+  o.pattern = config.sync.fragment_pattern;
+  o.overlap_steps = config.sync.overlap_steps;
+  o.merge_alpha = config.sync.merge_alpha;
+  o.exchange = config.sync.exchange;
   o.outer = outer_options(config);
   o.weighting = config.sync.weighting;
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
@@ -371,8 +396,20 @@ void validate(const RunConfig& c) {
   if (c.run.dir.empty()) throw ConfigError("config", "run.dir must not be empty");
   if (c.data.dir.empty()) throw ConfigError("config", "data.dir must not be empty");
   if (c.sync.algorithm == Algorithm::kNone && c.cluster.workers > 1) {
-    throw ConfigError("config", fmt::format("cluster.workers = {} needs a sync.algorithm (ddp, diloco or local), not none",
-                                            c.cluster.workers));
+    throw ConfigError("config", fmt::format("cluster.workers = {} needs a sync.algorithm (ddp, diloco, streaming or local), "
+                                            "not none", c.cluster.workers));
+  }
+  if (c.sync.exchange != comm::Encoding::kFp32 && c.sync.algorithm != Algorithm::kStreaming) {
+    throw ConfigError("config", fmt::format("sync.exchange = \"{}\" needs sync.algorithm = \"streaming\" (hint: streaming "
+                                            "with sync.fragments = 1, sync.overlap_steps = 0 and sync.merge_alpha = 0 is "
+                                            "DiLoCo with outer gradients encoded)", comm::to_string(c.sync.exchange)));
+  }
+  if (c.sync.algorithm == Algorithm::kStreaming) {
+    if (c.sync.fragments > c.model.layers) {
+      throw ConfigError("config", fmt::format("sync.fragments = {} exceeds model.layers = {}: each fragment needs a block",
+                                              c.sync.fragments, c.model.layers));
+    }
+    streaming_options(c).validate();
   }
   if (c.sync.bucket_mb * 1e6 < 4) throw ConfigError("config", "sync.bucket_mb must hold at least one number");
   if (c.cluster.workers > 1 && c.checkpoint.keep < 2) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loco/algorithms/diloco.h"
+#include "loco/algorithms/streaming.h"
 #include "loco/model/transformer.h"
 #include "loco/optim/adamw.h"
 #include "loco/optim/outer.h"
@@ -59,7 +60,7 @@ struct EvalSection {
   int64_t batch_size = 32;
 };
 
-enum class Algorithm { kNone, kDdp, kDiLoCo, kLocal };
+enum class Algorithm { kNone, kDdp, kDiLoCo, kStreaming, kLocal };
 const char* to_string(Algorithm algorithm);
 
 struct SyncSection {
@@ -67,6 +68,12 @@ struct SyncSection {
   int64_t inner_steps = 50;          // DiLoCo's H
   algorithms::Weighting weighting = algorithms::Weighting::kTokens;
   double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
+  // Streaming DiLoCo
+  int64_t fragments = 4;             // P
+  algorithms::FragmentPattern fragment_pattern = algorithms::FragmentPattern::kStrided;
+  int64_t overlap_steps = 1;         // τ
+  double merge_alpha = 0.5;          // α
+  comm::Encoding exchange = comm::Encoding::kFp32;
 };
 
 // outer.lr = 0 and outer.momentum = -1 stand for the optimizer's published defaults (see
@@ -117,6 +124,7 @@ optim::OuterOptions outer_options(const RunConfig& config);
 void resolve_defaults(RunConfig& config);
 // DiLoCo's options from the config.
 algorithms::DiLoCoOptions diloco_options(const RunConfig& config);
+algorithms::StreamingOptions streaming_options(const RunConfig& config);
 
 // Keys that may differ between the processes of one run (paths, devices, threads, logging, and
 // the settings of one process only: ports, addresses, its own timeouts); every other key must be

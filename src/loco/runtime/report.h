@@ -2,6 +2,7 @@
 // and metrics.jsonl (what the benchmark scripts print).
 #pragma once
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -16,6 +17,10 @@ struct RunReport {
   double bytes_sent = 0, bytes_received = 0;  // per worker (the most any worker moved), all sessions
   double wall_s = 0;
   bool finished = false;            // every worker's last summary was not interrupted
+  // From summaries that carry them (runs of loco before these existed show "-"): the most bytes a
+  // worker sent during one inner step, its seconds waiting for communication (the most of any
+  // worker), and the mean compute utilization of the workers' last sessions.
+  double peak_step_bytes = NAN, stall_s = NAN, compute_utilization = NAN;
 };
 
 // Reads one run folder. Throws DataError naming the file when it holds no run.

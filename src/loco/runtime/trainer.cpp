@@ -112,6 +112,26 @@ EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& b
   return result;
 }
 
+// Scores `parameters` (the global θ, in the model's order) in place of the model's own, which are
+// put back afterwards.
+EvalResult evaluate_parameters(model::Transformer& model, const std::vector<torch::Tensor>& parameters,
+                               const std::vector<data::Batch>& batches, const torch::Device& device) {
+  auto live = model->parameters();
+  LOCO_CHECK(live.size() == parameters.size(), "{} parameters to evaluate for a model of {}", parameters.size(), live.size());
+  std::vector<torch::Tensor> own;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < live.size(); ++i) {
+      own.push_back(live[i].detach().clone());
+      live[i].copy_(parameters[i]);
+    }
+  }
+  auto result = evaluate(model, batches, device);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(own[i]);
+  return result;
+}
+
 void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
   auto source = load_checkpoint(config.train.init_from);
   if (source.state.tokenizer_hash != tokenizer_hash) {
@@ -246,16 +266,23 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     summary.bytes_sent += report.stats.bytes_sent;
     summary.bytes_received += report.stats.bytes_received;
     summary.sync_s += report.stats.seconds;
+    summary.stall_s += report.stall_seconds;
     global_hash = report.params_hash;
-    log.write("sync", {{"round", report.round}, {"step", report.step}, {"worker", worker.rank},
-                       {"world_size", report.world_size}, {"bytes_sent", report.stats.bytes_sent},
-                       {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
-                       {"params_hash", hex64(report.params_hash)}});
+    nlohmann::json event = {{"round", report.round}, {"step", report.step}, {"worker", worker.rank},
+                            {"world_size", report.world_size}, {"bytes_sent", report.stats.bytes_sent},
+                            {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
+                            {"stall_s", report.stall_seconds}, {"params_hash", hex64(report.params_hash)}};
+    if (report.fragment >= 0) event["fragment"] = report.fragment;
+    log.write("sync", event);
     progress.set_sync_totals(report.round, summary.bytes_sent);
   };
-  if (auto report = sync.on_start(model, step)) record_sync(*report);  // a round left pending by a stop
+  for (const auto& report : sync.on_start(model, step)) record_sync(report);  // a round left pending by a stop
 
   const int64_t tokens_per_step = config.train.batch_size * config.train.grad_accum * config.model.context;
+  auto score = [&] {
+    const auto* global = sync.in_sync() ? nullptr : sync.evaluation_parameters();
+    return global != nullptr ? evaluate_parameters(model, *global, eval_batches, device) : evaluate(model, eval_batches, device);
+  };
   auto interval_start = Clock::now();
   int64_t interval_tokens = 0;
   double interval_loss = 0;
@@ -263,8 +290,18 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   EvalResult last_eval{NAN, NAN, 0};
   bool stopped = false, eval_due = false, checkpoint_current = false;
   std::optional<PeerError> peer_failure;
+  // Compute utilization: the inner steps' wall time (evaluation and checkpoints excluded) and the
+  // part of it spent inside the sync hooks (collectives, waiting, applying outer steps).
+  double steps_s = 0, hooks_s = 0;
+  int64_t bytes_before = sync.bytes_sent();
+  auto in_hook = [&](auto&& hook) {
+    const auto start = Clock::now();
+    hook();
+    hooks_s += seconds_since(start);
+  };
 
   while (step < config.train.steps) {
+    const auto step_start = Clock::now();
     const data::SamplerPosition position = sampler.position();
     const double lr = optim::learning_rate(schedule, step);
     adamw.zero_grad();
@@ -288,7 +325,9 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     }
     algorithms::StepContext context{step, tokens_per_step, &model};
     try {
-      if (auto report = sync.after_backward(context)) record_sync(*report);
+      in_hook([&] {
+        for (const auto& report : sync.after_backward(context)) record_sync(report);
+      });
     } catch (const PeerError& e) {
       // The step cannot complete without its peers: it never happened (its batches are drawn again).
       sampler.restore(position);
@@ -302,10 +341,16 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     checkpoint_current = false;
     summary.losses.push_back(step_loss);
     try {
-      if (auto report = sync.after_step(context)) record_sync(*report);
+      in_hook([&] {
+        for (const auto& report : sync.after_step(context)) record_sync(report);
+      });
     } catch (const PeerError& e) {
       peer_failure = e;  // the inner step stands; its round's synchronization stays due
     }
+    steps_s += seconds_since(step_start);
+    const int64_t bytes_now = sync.bytes_sent();  // what moved during this step, in the background too
+    summary.peak_step_bytes = std::max(summary.peak_step_bytes, bytes_now - bytes_before);
+    bytes_before = bytes_now;
 
     interval_tokens += tokens_per_step;
     interval_loss += step_loss;
@@ -325,12 +370,13 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       interval_steps = 0;
     }
     if (peer_failure) break;
-    // Evaluation scores the global parameters: it waits until the model holds them.
+    // Evaluation scores the global parameters: those the strategy keeps, or the model's once it
+    // holds them.
     eval_due = eval_due || step % config.eval.every == 0 || last;
-    if (eval_due && sync.in_sync()) {
+    if (eval_due && (sync.in_sync() || sync.evaluation_parameters() != nullptr)) {
       eval_due = false;
       if (worker.evaluates) {
-        last_eval = evaluate(model, eval_batches, device);
+        last_eval = score();
         log.write("eval", {{"worker", worker.rank}, {"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl},
                            {"tokens", last_eval.tokens}});
         progress.message(fmt::format("{}step {}: val_loss {:.4f}  val_ppl {:.2f}", who, step, last_eval.loss, last_eval.ppl));
@@ -356,7 +402,10 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                                          (state_dir / "checkpoints").string()));
   }
   summary.interrupted = (stopped || peer_failure) && step < config.train.steps;
-  if (std::isnan(last_eval.loss) && worker.evaluates && sync.in_sync()) last_eval = evaluate(model, eval_batches, device);
+  if (std::isnan(last_eval.loss) && worker.evaluates && (sync.in_sync() || sync.evaluation_parameters() != nullptr)) {
+    last_eval = score();
+  }
+  summary.compute_utilization = steps_s > 0 ? (steps_s - hooks_s) / steps_s : 0;
 
   summary.steps = step;
   summary.tokens = tokens;
@@ -369,7 +418,9 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                         {"val_unigram_entropy", summary.val_unigram_entropy}, {"wall_s", summary.wall_s},
                         {"interrupted", summary.interrupted}, {"sync", sync.name()}, {"rounds", summary.rounds},
                         {"bytes_sent", summary.bytes_sent}, {"bytes_received", summary.bytes_received},
-                        {"sync_s", summary.sync_s}});
+                        {"sync_s", summary.sync_s}, {"stall_s", summary.stall_s},
+                        {"peak_step_bytes", summary.peak_step_bytes},
+                        {"compute_utilization", summary.compute_utilization}});
   return summary;
 }
 

@@ -62,6 +62,9 @@ struct TrainSummary {
   int64_t rounds = 0;
   int64_t bytes_sent = 0, bytes_received = 0;
   double sync_s = 0;
+  double stall_s = 0;               // time the loop waited for communication
+  int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step
+  double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
   uint64_t global_hash = 0;    // of the global parameters after the last synchronization
 };
 

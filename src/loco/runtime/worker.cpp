@@ -8,6 +8,7 @@
 
 #include "loco/algorithms/ddp.h"
 #include "loco/algorithms/diloco.h"
+#include "loco/algorithms/streaming.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
 #include "loco/runtime/checkpoint.h"
@@ -131,6 +132,8 @@ std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config,
       return std::make_unique<algorithms::Ddp>(std::move(group),
                                                algorithms::DdpOptions{static_cast<int64_t>(config.sync.bucket_mb * 1e6)});
     case Algorithm::kDiLoCo: return std::make_unique<algorithms::DiLoCo>(std::move(group), diloco_options(config));
+    case Algorithm::kStreaming:
+      return std::make_unique<algorithms::StreamingDiLoCo>(std::move(group), streaming_options(config));
   }
   LOCO_CHECK(false, "unknown algorithm");
 }
@@ -208,7 +211,7 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(rank)]);
 
     // --- The process group of this membership epoch ----------------------------------------------
-    const bool communicates = config.sync.algorithm == Algorithm::kDdp || config.sync.algorithm == Algorithm::kDiLoCo;
+    const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
     std::optional<comm::Group> group;
     if (communicates) {
       comm::GroupOptions group_options;
