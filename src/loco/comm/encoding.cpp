@@ -1,6 +1,12 @@
 #include "loco/comm/encoding.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -10,10 +16,34 @@ namespace loco::comm {
 namespace {
 
 // A scaled format: the non-negative levels a value's fraction of its block scale rounds to
-// (ascending, from 0 to 1), and the bits of one code (sign bit included).
+// (ascending, from 0 to 1), and the bits of one code (sign bit included). A value's code is the
+// number of midpoints between levels below its fraction (nearest level, ties toward zero); to find
+// it without a search per value, `first_code[k]` holds the code of the smallest float whose bits
+// shifted right by kTableShift are k, and the encoder steps up from there (each table entry spans
+// a factor of 1 + 1/16, so a step or two at most).
 struct Scaled {
   std::vector<float> levels;
   int bits = 8;
+  std::vector<float> midpoints;
+  std::vector<uint8_t> first_code;
+
+  static constexpr int kTableShift = 19;  // keeps the exponent and 4 mantissa bits of a float in [0, 1]
+
+  Scaled(std::vector<float> levels_in, int bits_in) : levels(std::move(levels_in)), bits(bits_in) {
+    for (size_t i = 0; i + 1 < levels.size(); ++i) midpoints.push_back((levels[i] + levels[i + 1]) / 2);
+    const uint32_t last = std::bit_cast<uint32_t>(1.0f) >> kTableShift;
+    for (uint32_t k = 0; k <= last; ++k) {
+      const float low = std::bit_cast<float>(k << kTableShift);
+      first_code.push_back(static_cast<uint8_t>(std::lower_bound(midpoints.begin(), midpoints.end(), low) - midpoints.begin()));
+    }
+  }
+
+  // The code of a fraction r in [0, 1]: the number of midpoints strictly below r.
+  uint32_t code_of(float r) const {
+    uint32_t code = first_code[std::bit_cast<uint32_t>(r) >> kTableShift];
+    while (code < midpoints.size() && midpoints[code] < r) ++code;
+    return code;
+  }
 };
 
 std::vector<float> fp8_e4m3_levels() {
@@ -28,19 +58,17 @@ std::vector<float> fp8_e4m3_levels() {
   return out;
 }
 
+std::vector<float> integer_levels(int largest) {
+  std::vector<float> out;
+  for (int k = 0; k <= largest; ++k) out.push_back(static_cast<float>(static_cast<double>(k) / largest));
+  return out;
+}
+
 const Scaled* scaled_format(Encoding encoding) {
   static const Scaled fp8{fp8_e4m3_levels(), 8};
   static const Scaled e3m0{{0.f, 0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.f}, 4};
-  static const Scaled int8 = [] {
-    Scaled s{{}, 8};
-    for (int k = 0; k <= 127; ++k) s.levels.push_back(static_cast<float>(k / 127.0));
-    return s;
-  }();
-  static const Scaled int4 = [] {
-    Scaled s{{}, 4};
-    for (int k = 0; k <= 7; ++k) s.levels.push_back(static_cast<float>(k / 7.0));
-    return s;
-  }();
+  static const Scaled int8{integer_levels(127), 8};
+  static const Scaled int4{integer_levels(7), 4};
   switch (encoding) {
     case Encoding::kFp8: return &fp8;
     case Encoding::kE3M0: return &e3m0;
@@ -48,10 +76,6 @@ const Scaled* scaled_format(Encoding encoding) {
     case Encoding::kInt4: return &int4;
     default: return nullptr;
   }
-}
-
-torch::Tensor tensor_of(const std::vector<float>& values) {
-  return torch::from_blob(const_cast<float*>(values.data()), {static_cast<int64_t>(values.size())}, torch::kFloat32).clone();
 }
 
 int64_t blocks_of(int64_t count) { return (count + kEncodingBlock - 1) / kEncodingBlock; }
@@ -69,49 +93,66 @@ void check_finite(const torch::Tensor& flat) {
                                       "outer.lr)", flat[index].item<float>(), index, flat.numel()));
 }
 
-torch::Tensor encode_scaled(const torch::Tensor& flat, const Scaled& format) {
-  const int64_t count = flat.numel(), blocks = blocks_of(count);
-  auto padded = torch::zeros({blocks * kEncodingBlock}, torch::kFloat32);
-  padded.narrow(0, 0, count).copy_(flat);
-  auto values = padded.view({blocks, kEncodingBlock});
-  auto magnitude = values.abs();
-  auto scale = std::get<0>(magnitude.max(1));  // (blocks) the largest magnitude of each block
-  // |x| <= s, so the correctly rounded |x| / s is in [0, 1]; a zero block divides 0 by the tiny.
-  auto ratio = magnitude / scale.clamp_min(std::numeric_limits<float>::denorm_min()).unsqueeze(1);
-  auto levels = tensor_of(format.levels);
-  auto midpoints = (levels.narrow(0, 0, levels.numel() - 1) + levels.narrow(0, 1, levels.numel() - 1)) / 2;
-  auto codes = torch::bucketize(ratio, midpoints, /*out_int32=*/false, /*right=*/false);  // nearest, ties down
-  auto negative = torch::logical_and(values < 0, codes > 0).to(torch::kInt64);
-  codes = codes.bitwise_or(negative.bitwise_left_shift(format.bits - 1)).view({-1});
-
-  torch::Tensor packed;
-  if (format.bits == 8) {
-    packed = codes.narrow(0, 0, count).to(torch::kUInt8);
-  } else {
-    auto pairs = codes.view({-1, 2});  // blocks * kEncodingBlock is even
-    packed = pairs.select(1, 0).bitwise_or(pairs.select(1, 1).bitwise_left_shift(4)).to(torch::kUInt8);
-    packed = packed.narrow(0, 0, (count + 1) / 2);
-  }
-  return torch::cat({as_bytes(scale), packed});
+int64_t encoded_bytes_scaled(const Scaled& format, int64_t count) {
+  return 4 * blocks_of(count) + (format.bits == 8 ? count : (count + 1) / 2);
 }
 
-torch::Tensor decode_scaled(const torch::Tensor& encoded, const Scaled& format, int64_t count) {
+// Blocks per task of at::parallel_for: the codecs are memory-bound beyond a few hundred KB.
+constexpr int64_t kBlocksPerTask = 64;
+
+torch::Tensor encode_scaled(const torch::Tensor& flat, const Scaled& format) {
+  const int64_t count = flat.numel(), blocks = blocks_of(count);
+  auto encoded = torch::empty({encoded_bytes_scaled(format, count)}, torch::kUInt8);
+  const float* in = flat.data_ptr<float>();
+  uint8_t* scales = encoded.data_ptr<uint8_t>();
+  uint8_t* codes = scales + 4 * blocks;
+  const uint32_t sign_bit = 1u << (format.bits - 1);
+  at::parallel_for(0, blocks, kBlocksPerTask, [&](int64_t first, int64_t last) {
+    std::array<uint8_t, kEncodingBlock> block_codes{};
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t begin = b * kEncodingBlock, n = std::min(kEncodingBlock, count - begin);
+      const float* x = in + begin;
+      float scale = 0;
+      for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(x[i]));
+      std::memcpy(scales + 4 * b, &scale, 4);
+      // |x| <= s, so the correctly rounded |x| / s is in [0, 1]; a zero block divides 0 by the tiny.
+      const float divisor = std::max(scale, std::numeric_limits<float>::denorm_min());
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t code = format.code_of(std::fabs(x[i]) / divisor);
+        block_codes[static_cast<size_t>(i)] = static_cast<uint8_t>(x[i] < 0 && code > 0 ? code | sign_bit : code);
+      }
+      if (format.bits == 8) {
+        std::memcpy(codes + begin, block_codes.data(), static_cast<size_t>(n));
+      } else {  // two codes a byte, the first in the low nibble; a block starts on a byte
+        for (int64_t i = 0; i < n; i += 2) {
+          const uint8_t high = i + 1 < n ? block_codes[static_cast<size_t>(i + 1)] : 0;
+          codes[(begin + i) / 2] = static_cast<uint8_t>(block_codes[static_cast<size_t>(i)] | (high << 4));
+        }
+      }
+    }
+  });
+  return encoded;
+}
+
+// out[i] += decode(encoded)[i] for `count` values.
+void decode_add_scaled(const torch::Tensor& encoded, const Scaled& format, int64_t count, float* out) {
   const int64_t blocks = blocks_of(count);
-  auto scale = from_bytes(encoded.narrow(0, 0, 4 * blocks), torch::kFloat32);
-  auto bytes = encoded.narrow(0, 4 * blocks, encoded.numel() - 4 * blocks).to(torch::kInt64);
-  torch::Tensor codes;
-  if (format.bits == 8) {
-    codes = bytes;
-  } else {
-    codes = torch::stack({bytes.bitwise_and(0xF), bytes.bitwise_right_shift(4)}, 1).view({-1}).narrow(0, 0, count);
-  }
-  const int64_t sign_bit = int64_t{1} << (format.bits - 1);
-  auto magnitude_codes = torch::zeros({blocks * kEncodingBlock}, torch::kInt64);
-  magnitude_codes.narrow(0, 0, count).copy_(codes.bitwise_and(sign_bit - 1));
-  auto negative = codes.bitwise_and(sign_bit).ne(0);
-  auto values = tensor_of(format.levels).index_select(0, magnitude_codes).view({blocks, kEncodingBlock});
-  values = (values * scale.unsqueeze(1)).view({-1}).narrow(0, 0, count);
-  return torch::where(negative, -values, values);
+  const uint8_t* scales = encoded.data_ptr<uint8_t>();
+  const uint8_t* codes = scales + 4 * blocks;
+  const uint32_t sign_bit = 1u << (format.bits - 1);
+  const float* levels = format.levels.data();
+  at::parallel_for(0, blocks, kBlocksPerTask, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t begin = b * kEncodingBlock, end = std::min(begin + kEncodingBlock, count);
+      float scale;
+      std::memcpy(&scale, scales + 4 * b, 4);
+      for (int64_t i = begin; i < end; ++i) {
+        const uint32_t code = format.bits == 8 ? codes[i] : (codes[i / 2] >> (4 * (i % 2))) & 0xF;
+        const float value = levels[code & (sign_bit - 1)] * scale;
+        out[i] += code & sign_bit ? -value : value;
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -153,8 +194,7 @@ int64_t encoded_bytes(Encoding encoding, int64_t count) {
     case Encoding::kBf16: return 2 * count;
     default: break;
   }
-  const auto* format = scaled_format(encoding);
-  return 4 * blocks_of(count) + (format->bits == 8 ? count : (count + 1) / 2);
+  return encoded_bytes_scaled(*scaled_format(encoding), count);
 }
 
 torch::Tensor encode(const torch::Tensor& values, Encoding encoding) {
@@ -172,22 +212,39 @@ torch::Tensor encode(const torch::Tensor& values, Encoding encoding) {
   }
 }
 
-torch::Tensor decode(const torch::Tensor& encoded, Encoding encoding, int64_t count) {
+namespace {
+
+torch::Tensor checked_bytes(const torch::Tensor& encoded, Encoding encoding, int64_t count) {
   LOCO_CHECK(encoded.scalar_type() == torch::kUInt8 && encoded.dim() == 1, "decode: encoded bytes must be 1-D uint8");
   LOCO_CHECK(encoded.numel() == encoded_bytes(encoding, count), "decode: {} bytes do not hold {} values of {} ({} bytes)",
              encoded.numel(), count, to_string(encoding), encoded_bytes(encoding, count));
-  auto bytes = encoded.to(torch::kCPU).contiguous();
+  return encoded.to(torch::kCPU).contiguous();
+}
+
+}  // namespace
+
+torch::Tensor decode(const torch::Tensor& encoded, Encoding encoding, int64_t count) {
+  auto bytes = checked_bytes(encoded, encoding, count);
   switch (encoding) {
     case Encoding::kFp32: return from_bytes(bytes, torch::kFloat32);
     case Encoding::kBf16: return from_bytes(bytes, torch::kBFloat16).to(torch::kFloat32);
-    default: return decode_scaled(bytes, *scaled_format(encoding), count);
+    default: {
+      auto out = torch::zeros({count}, torch::kFloat32);
+      decode_add_scaled(bytes, *scaled_format(encoding), count, out.data_ptr<float>());
+      return out;
+    }
   }
 }
 
 void decode_add(const torch::Tensor& encoded, Encoding encoding, torch::Tensor& out) {
   LOCO_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.device().is_cpu(),
              "decode_add: out must be a contiguous fp32 CPU tensor");
-  out.view({-1}).add_(decode(encoded, encoding, out.numel()));
+  if (encoding == Encoding::kFp32 || encoding == Encoding::kBf16) {
+    out.view({-1}).add_(decode(encoded, encoding, out.numel()));
+    return;
+  }
+  auto bytes = checked_bytes(encoded, encoding, out.numel());
+  decode_add_scaled(bytes, *scaled_format(encoding), out.numel(), out.data_ptr<float>());
 }
 
 }  // namespace loco::comm
