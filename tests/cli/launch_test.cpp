@@ -191,11 +191,17 @@ TEST_F(LaunchTest, StreamingWorkersAgreeAndResumeMidFlight) {
   for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "workers disagree on θ after sync " << round;
   EXPECT_EQ(fragment_of[1], 1);
   EXPECT_EQ(fragment_of[2], 0);
+  std::map<int64_t, int64_t> largest_sync;  // per worker: the most bytes one fragment's sync sent
+  for (const auto& e : events("streaming", "sync")) {
+    auto& largest = largest_sync[e["worker"].get<int64_t>()];
+    largest = std::max(largest, e["bytes_sent"].get<int64_t>());
+  }
   for (const auto& s : events("streaming", "summary")) {
-    // e3m0 sends a little over 1/8 of fp32's bytes; the busiest step carries about one fragment.
+    // e3m0 sends a little over 1/8 of fp32's bytes; the syncs are 5 steps apart, so no step but
+    // the last (where both fragments sync) carries more than one fragment.
     EXPECT_LT(s["bytes_sent"].get<int64_t>(), 9 * 34976 * 4 / 2 / 4) << "the exchange must be 4-bit";
     EXPECT_GT(s["peak_step_bytes"].get<int64_t>(), 0);
-    EXPECT_LT(s["peak_step_bytes"].get<int64_t>(), s["bytes_sent"].get<int64_t>());
+    EXPECT_LE(s["peak_step_bytes"].get<int64_t>(), largest_sync[s["worker"].get<int64_t>()]);
     EXPECT_GT(s["compute_utilization"].get<double>(), 0);
     EXPECT_LE(s["compute_utilization"].get<double>(), 1);
   }

@@ -348,8 +348,10 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       peer_failure = e;  // the inner step stands; its round's synchronization stays due
     }
     steps_s += seconds_since(step_start);
-    const int64_t bytes_now = sync.bytes_sent();  // what moved during this step, in the background too
-    summary.peak_step_bytes = std::max(summary.peak_step_bytes, bytes_now - bytes_before);
+    // What moved during this step, in the background too. The last step is left out of the peak:
+    // Streaming DiLoCo synchronizes every fragment there, so that training ends on one θ.
+    const int64_t bytes_now = sync.bytes_sent();
+    if (step < config.train.steps) summary.peak_step_bytes = std::max(summary.peak_step_bytes, bytes_now - bytes_before);
     bytes_before = bytes_now;
 
     interval_tokens += tokens_per_step;

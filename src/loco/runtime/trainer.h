@@ -63,7 +63,7 @@ struct TrainSummary {
   int64_t bytes_sent = 0, bytes_received = 0;
   double sync_s = 0;
   double stall_s = 0;               // time the loop waited for communication
-  int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step
+  int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step but the last
   double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
   uint64_t global_hash = 0;    // of the global parameters after the last synchronization
 };
