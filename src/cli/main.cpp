@@ -102,13 +102,20 @@ void print_launch_summary(const loco::runtime::RunConfig& config, const loco::ru
     loss = fmt::format("val_loss {:.4f} (ppl {:.2f}) of the global parameters", number(first, "val_loss"),
                        number(first, "val_ppl"));
   }
+  // Worker 0's peak, stall and utilization: what overlapping communication (Streaming DiLoCo) buys.
+  std::string overlap;
+  if (first.contains("peak_step_bytes") && first.value("rounds", int64_t{0}) > 0) {
+    overlap = fmt::format("; worker 0: at most {} sent in one step, {:.1f} s stalled, {:.1f}% compute",
+                          format_bytes(number(first, "peak_step_bytes")), number(first, "stall_s"),
+                          100 * number(first, "compute_utilization"));
+  }
   fmt::print("{} {} with {} workers: {} steps each ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; each worker "
-             "sent {} and received {} in {} sync rounds ({:.1f} s in collectives)\n",
+             "sent {} and received {} in {} sync rounds ({:.1f} s in collectives){}\n",
              result.outcome == loco::runtime::RunOutcome::kFinished ? "trained" : "stopped",
              loco::runtime::to_string(config.sync.algorithm), summaries.size(), first.value("steps", int64_t{0}), tokens,
              loco::metrics::format_duration(result.wall_s), loss, number(first, "val_unigram_entropy"),
              format_bytes(number(first, "bytes_sent")), format_bytes(number(first, "bytes_received")),
-             first.value("rounds", int64_t{0}), number(first, "sync_s"));
+             first.value("rounds", int64_t{0}), number(first, "sync_s"), overlap);
 }
 
 loco::metrics::ProgressMode progress_mode(const std::string& name) {

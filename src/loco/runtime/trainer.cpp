@@ -415,15 +415,28 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   summary.val_ppl = last_eval.ppl;
   summary.wall_s = wall_before + seconds_since(call_start);
   summary.global_hash = global_hash;
-  log.write("summary", {{"worker", worker.rank}, {"world_size", worker.world_size}, {"steps", summary.steps},
-                        {"tokens", summary.tokens}, {"val_loss", summary.val_loss}, {"val_ppl", summary.val_ppl},
-                        {"val_unigram_entropy", summary.val_unigram_entropy}, {"wall_s", summary.wall_s},
-                        {"interrupted", summary.interrupted}, {"sync", sync.name()}, {"rounds", summary.rounds},
-                        {"bytes_sent", summary.bytes_sent}, {"bytes_received", summary.bytes_received},
-                        {"sync_s", summary.sync_s}, {"stall_s", summary.stall_s},
-                        {"peak_step_bytes", summary.peak_step_bytes},
-                        {"compute_utilization", summary.compute_utilization}});
+  auto event = summary_json(summary);
+  event.update({{"worker", worker.rank}, {"world_size", worker.world_size}, {"sync", sync.name()}});
+  log.write("summary", event);
   return summary;
+}
+
+nlohmann::json summary_json(const TrainSummary& s) {
+  return {{"steps", s.steps},
+          {"tokens", s.tokens},
+          {"val_loss", s.val_loss},
+          {"val_ppl", s.val_ppl},
+          {"val_unigram_entropy", s.val_unigram_entropy},
+          {"wall_s", s.wall_s},
+          {"interrupted", s.interrupted},
+          {"rounds", s.rounds},
+          {"bytes_sent", s.bytes_sent},
+          {"bytes_received", s.bytes_received},
+          {"sync_s", s.sync_s},
+          {"stall_s", s.stall_s},
+          {"peak_step_bytes", s.peak_step_bytes},
+          {"compute_utilization", s.compute_utilization},
+          {"global_hash", hex64(s.global_hash)}};
 }
 
 }  // namespace loco::runtime

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "loco/algorithms/sync.h"
@@ -67,6 +68,9 @@ struct TrainSummary {
   double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
   uint64_t global_hash = 0;    // of the global parameters after the last synchronization
 };
+
+// The summary as JSON: the `summary` event of metrics.jsonl, and what a worker reports at its end.
+nlohmann::json summary_json(const TrainSummary& summary);
 
 // Runs (or resumes) the training described by `config` with `sync` plugged in. Writes
 // RUN/config.toml, RUN/metrics.jsonl and RUN/checkpoints/ (RUN/workers/<rank>/checkpoints/ for a

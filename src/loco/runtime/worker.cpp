@@ -104,14 +104,6 @@ std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
   return out;
 }
 
-nlohmann::json summary_json(const TrainSummary& s) {
-  return {{"steps", s.steps},           {"tokens", s.tokens},       {"val_loss", s.val_loss},
-          {"val_ppl", s.val_ppl},       {"wall_s", s.wall_s},       {"interrupted", s.interrupted},
-          {"rounds", s.rounds},         {"bytes_sent", s.bytes_sent}, {"bytes_received", s.bytes_received},
-          {"sync_s", s.sync_s},         {"global_hash", hex64(s.global_hash)},
-          {"val_unigram_entropy", s.val_unigram_entropy}};
-}
-
 }  // namespace
 
 data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers) {
