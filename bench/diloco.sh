@@ -2,7 +2,7 @@
 # The DiLoCo benchmark: Brown, M = 4 worker processes, the same model (bench/diloco.toml) and the
 # same tokens per worker (7,500 steps of 8 x 64 tokens) for every algorithm:
 #   ddp  vs  diloco H = 10, 50, 250  vs  local (no communication)
-# then what may close DiLoCo's gap to DDP: the outer optimizer's lr and momentum, and a warm start
+# then what may close DiLoCo's gap to DDP: a smaller outer lr, plain averaging, and a warm start
 # from a pretrained checkpoint (train.init_from), as in the paper. Prints one table (`loco report`).
 #
 #   bench/diloco.sh [OUT]          OUT defaults to runs/bench-diloco; finished runs are kept and
@@ -13,24 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/bench-diloco}
 steps=${STEPS:-7500}
+config=bench/diloco.toml
 loco=build/loco
-[ -x "$loco" ] || scripts/build.sh
-[ -f data/brown/manifest.json ] || "$loco" prepare --corpus brown --out data/brown
-mkdir -p "$out"
-
-# Whether OUT/NAME holds a run that every worker finished.
-finished() { "$loco" report "$1" > /dev/null 2>&1 && ! "$loco" report "$1" | grep -q "(unfinished)"; }
-
-# run NAME [overrides...]: one launch into OUT/NAME, its output in OUT/NAME.log.
-run() {
-  local name=$1; shift
-  if finished "$out/$name"; then echo "bench: $name already done"; return; fi
-  rm -rf "${out:?}/$name"
-  echo "bench: $name ($*)"
-  "$loco" launch --config bench/diloco.toml --run.dir="$out/$name" --train.steps="$steps" "$@" > "$out/$name.log" 2>&1 \
-    || { echo "bench: $name failed, see $out/$name.log"; tail -n 5 "$out/$name.log"; exit 1; }
-  tail -n 1 "$out/$name.log"
-}
+source bench/common.sh
+prepare
 
 run ddp           --sync.algorithm=ddp
 run diloco-h10    --sync.inner_steps=10
@@ -53,12 +39,7 @@ if ! finished "$warm"; then
 fi
 run ddp-warm          --sync.algorithm=ddp --train.init_from="$warm" --optim.warmup_steps=0
 run diloco-h250-warm  --sync.inner_steps=250 --train.init_from="$warm" --optim.warmup_steps=0
-# Plain averaging was the best outer step at H = 250 from scratch: does it also win at H = 50 and
-# from the warm start?
-run diloco-h50-fedavg        --sync.inner_steps=50 --outer.optimizer=sgd
-run diloco-h250-warm-fedavg  --sync.inner_steps=250 --outer.optimizer=sgd --train.init_from="$warm" --optim.warmup_steps=0
-
 echo
 "$loco" report "$out"/ddp "$out"/diloco-h10 "$out"/diloco-h50 "$out"/diloco-h250 "$out"/local \
-  "$out"/diloco-h250-lr0.4 "$out"/diloco-h250-fedavg "$out"/diloco-h50-fedavg "$out"/pretrain "$out"/ddp-warm \
-  "$out"/diloco-h250-warm "$out"/diloco-h250-warm-fedavg
+  "$out"/diloco-h250-lr0.4 "$out"/diloco-h250-fedavg "$out"/pretrain "$out"/ddp-warm \
+  "$out"/diloco-h250-warm
