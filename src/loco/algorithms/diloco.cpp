@@ -39,43 +39,21 @@ SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   outer_ = std::make_unique<optim::OuterOptimizer>(names_, global_, options_.outer);
   average_ = std::make_unique<FlatBuffer>(global_, options_.bucket_bytes);
   step_ = step;
-  if (restored_.empty()) {
+  if (!restored_ || restored_->empty()) {
     check_identical(group_, global_, "the initial parameters");
     synced_step_ = step;
     return {};
   }
 
   // Resumed: θ and the outer state come from the checkpoint; the model holds θ_m.
-  auto take = [&](const std::string& key) {
-    auto it = restored_.find(key);
-    if (it == restored_.end()) throw DataError("algorithms", fmt::format("DiLoCo state has no entry '{}'", key));
-    auto value = it->second;
-    restored_.erase(it);
-    return value;
-  };
-  for (size_t i = 0; i < names_.size(); ++i) {
-    auto value = take("global." + names_[i]);
-    if (!value.sizes().equals(global_[i].sizes())) {
-      throw DataError("algorithms", fmt::format("DiLoCo state 'global.{}' has shape [{}], the model needs [{}]", names_[i],
-                                                fmt::join(value.sizes(), ", "), fmt::join(global_[i].sizes(), ", ")));
-    }
-    global_[i].copy_(value);
-  }
-  round_ = take("diloco.round").item<int64_t>();
-  synced_step_ = take("diloco.synced_step").item<int64_t>();
-  round_tokens_ = take("diloco.round_tokens").item<int64_t>();
-  NamedTensors outer_state;
-  for (auto it = restored_.begin(); it != restored_.end();) {
-    if (it->first.starts_with("outer.")) {
-      outer_state.emplace_back(it->first.substr(6), it->second);
-      it = restored_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (!restored_.empty()) {
-    throw DataError("algorithms", fmt::format("DiLoCo state has an unexpected entry '{}'", restored_.begin()->first));
-  }
+  auto& restored = *restored_;
+  for (size_t i = 0; i < names_.size(); ++i) restored.take_into("global." + names_[i], global_[i]);
+  round_ = restored.take_int("diloco.round");
+  synced_step_ = restored.take_int("diloco.synced_step");
+  round_tokens_ = restored.take_int("diloco.round_tokens");
+  NamedTensors outer_state = restored.take_prefix("outer.");
+  restored.expect_all_taken();
+  restored_.reset();
   outer_->load_state(outer_state);
   // Checkpointed after its round's inner steps but before the round's sync completed: sync now.
   if (synced_step_ < step && round_ends_at(step)) return {synchronize(step)};
@@ -138,8 +116,7 @@ NamedTensors DiLoCo::state() {
 }
 
 void DiLoCo::load_state(const NamedTensors& tensors) {
-  restored_.clear();
-  for (const auto& [key, value] : tensors) restored_[key] = value;
+  restored_.emplace("DiLoCo", tensors);
 }
 
 }  // namespace loco::algorithms

@@ -15,8 +15,10 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/restored_state.h"
 #include "loco/algorithms/sync.h"
 #include "loco/optim/outer.h"
 
@@ -62,7 +64,7 @@ class DiLoCo final : public SyncStrategy {
   std::vector<torch::Tensor> global_;      // θ
   std::unique_ptr<optim::OuterOptimizer> outer_;
   std::unique_ptr<FlatBuffer> average_;    // w_m θ_m, then θ̄ = Σ w_m θ_m
-  std::map<std::string, torch::Tensor> restored_;  // load_state's, until on_start applies it
+  std::optional<RestoredState> restored_;  // load_state's, until on_start applies it
   int64_t round_ = 0, synced_step_ = 0, step_ = 0, round_tokens_ = 0;
 };
 

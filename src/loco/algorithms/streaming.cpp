@@ -125,62 +125,36 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     f.exact = step;
   }
   step_ = step;
-  if (restored_.empty()) {
+  if (!restored_ || restored_->empty()) {
     background_.submit([&] { return check_identical(group_, global_, "the initial parameters"); }).get();
     return {};
   }
 
   // Resumed: θ, the outer states and the schedule come from the checkpoint; the model holds θ_m.
-  auto take = [&](const std::string& key) {
-    auto it = restored_.find(key);
-    if (it == restored_.end()) throw DataError("algorithms", fmt::format("Streaming DiLoCo state has no entry '{}'", key));
-    auto value = it->second;
-    restored_.erase(it);
-    return value;
-  };
-  auto take_into = [&](const std::string& key, const torch::Tensor& into) {
-    auto value = take(key);
-    if (!value.sizes().equals(into.sizes())) {
-      throw DataError("algorithms", fmt::format("Streaming DiLoCo state '{}' has shape [{}], the model needs [{}]", key,
-                                                fmt::join(value.sizes(), ", "), fmt::join(into.sizes(), ", ")));
-    }
-    into.copy_(value);
-  };
-  for (size_t i = 0; i < names_.size(); ++i) take_into("global." + names_[i], global_[i]);
-  rounds_ = take("streaming.rounds").item<int64_t>();
+  auto& restored = *restored_;
+  for (size_t i = 0; i < names_.size(); ++i) restored.take_into("global." + names_[i], global_[i]);
+  rounds_ = restored.take_int("streaming.rounds");
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     const std::string key = fmt::format("streaming.{}.", p);
-    f.round = take(key + "round").item<int64_t>();
-    f.tokens = take(key + "tokens").item<int64_t>();
-    f.started = take(key + "started").item<int64_t>();
-    f.exact = take(key + "exact").item<int64_t>();
-    f.pending_tokens = take(key + "pending_tokens").item<int64_t>();
-    if (restored_.count(key + "result")) {
-      take_into(key + "result", f.result->flat());
-      f.arrived = Reduced{{}, take(key + "participants").item<int64_t>()};
+    f.round = restored.take_int(key + "round");
+    f.tokens = restored.take_int(key + "tokens");
+    f.started = restored.take_int(key + "started");
+    f.exact = restored.take_int(key + "exact");
+    f.pending_tokens = restored.take_int(key + "pending_tokens");
+    if (restored.has(key + "result")) {
+      restored.take_into(key + "result", f.result->flat());
+      f.arrived = Reduced{{}, restored.take_int(key + "participants")};
       f.pending = true;
-    } else if (restored_.count(key + "sent")) {
-      take_into(key + "sent", f.sent->flat());
+    } else if (restored.has(key + "sent")) {
+      restored.take_into(key + "sent", f.sent->flat());
       f.pending = true;
       f.reduction = submit(f);  // its collective failed: every worker sends again
     }
-    NamedTensors outer_state;
-    const std::string prefix = fmt::format("outer.{}.", p);
-    for (auto it = restored_.begin(); it != restored_.end();) {
-      if (it->first.starts_with(prefix)) {
-        outer_state.emplace_back(it->first.substr(prefix.size()), it->second);
-        it = restored_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    f.outer->load_state(outer_state);
+    f.outer->load_state(restored.take_prefix(fmt::format("outer.{}.", p)));
   }
-  if (!restored_.empty()) {
-    throw DataError("algorithms", fmt::format("Streaming DiLoCo state has an unexpected entry '{}' (was it saved with "
-                                              "another sync.fragments?)", restored_.begin()->first));
-  }
+  restored.expect_all_taken(" (was it saved with another sync.fragments?)");
+  restored_.reset();
   // Whatever this step still owed (a sync to start or to complete, left by a failed collective).
   return advance(step);
 }
@@ -334,8 +308,7 @@ NamedTensors StreamingDiLoCo::state() {
 }
 
 void StreamingDiLoCo::load_state(const NamedTensors& tensors) {
-  restored_.clear();
-  for (const auto& [key, value] : tensors) restored_[key] = value;
+  restored_.emplace("Streaming DiLoCo", tensors);
 }
 
 }  // namespace loco::algorithms

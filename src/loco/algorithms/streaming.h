@@ -24,11 +24,13 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loco/algorithms/diloco.h"
 #include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/restored_state.h"
 #include "loco/algorithms/sync.h"
 #include "loco/comm/background.h"
 #include "loco/optim/outer.h"
@@ -128,7 +130,7 @@ class StreamingDiLoCo final : public SyncStrategy {
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
   std::vector<torch::Tensor> global_;      // θ, fp32 CPU
   std::vector<Fragment> fragments_;
-  std::map<std::string, torch::Tensor> restored_;
+  std::optional<RestoredState> restored_;  // load_state's, until on_start applies it
   int64_t step_ = 0, rounds_ = 0;
   comm::Background background_;  // last: destroyed first, while the members its tasks use exist
 };
