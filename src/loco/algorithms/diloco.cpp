@@ -18,8 +18,15 @@ void DiLoCoOptions::validate() const {
   outer.validate();
 }
 
-DiLoCo::DiLoCo(comm::Group group, DiLoCoOptions options) : group_(std::move(group)), options_(options) {
+DiLoCo::DiLoCo(comm::Group group, DiLoCoOptions options, Membership* membership)
+    : group_(std::move(group)), membership_(membership), options_(options) {
   options_.validate();
+}
+
+void DiLoCo::use_group(const comm::Group& group) {
+  if (group.same_as(group_)) return;
+  bytes_before_ += group_.bytes_sent();
+  group_ = group;
 }
 
 bool DiLoCo::round_ends_at(int64_t step) const {
@@ -40,8 +47,12 @@ SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   average_ = std::make_unique<FlatBuffer>(global_, options_.bucket_bytes);
   step_ = step;
   if (!restored_ || restored_->empty()) {
-    check_identical(group_, global_, "the initial parameters");
     synced_step_ = step;
+    if (membership_ == nullptr) {
+      check_identical(group_, global_, "the initial parameters");
+    } else if (membership_->joining()) {
+      return {join_round()};
+    }
     return {};
   }
 
@@ -52,6 +63,7 @@ SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   synced_step_ = restored.take_int("diloco.synced_step");
   round_tokens_ = restored.take_int("diloco.round_tokens");
   NamedTensors outer_state = restored.take_prefix("outer.");
+  if (auto slots = restored.take_prefix("elastic.slots"); !slots.empty()) slots_ = slots.front().second;
   restored.expect_all_taken();
   restored_.reset();
   outer_->load_state(outer_state);
@@ -68,13 +80,101 @@ SyncReports DiLoCo::after_step(StepContext& context) {
 }
 
 SyncReport DiLoCo::synchronize(int64_t step) {
+  if (membership_ != nullptr) return synchronize_elastic(step);
+  return reduce_and_step(group_, true, step);
+}
+
+SyncReport DiLoCo::synchronize_elastic(int64_t step) {
+  int64_t failed_epoch = std::exchange(failed_epoch_, -1);
+  for (int64_t attempt = 0;; ++attempt) {
+    RoundPlan plan = membership_->begin_round(round_ + 1, step, failed_epoch);
+    use_group(plan.group);
+    SyncReport report;
+    try {
+      report = reduce_and_step(group_, plan.contributes(), step);
+    } catch (const Evicted&) {
+      throw;
+    } catch (const PeerError&) {
+      failed_epoch = plan.epoch;  // nothing changed: the round is convened again with whoever is left
+      continue;
+    }
+    slots_ = plan.slots;
+    membership_->end_round(plan, step, report.params_hash);
+    if (plan.has_joiners()) {
+      try {
+        report.stats += transfer_state(group_);
+      } catch (const Evicted&) {
+        throw;
+      } catch (const PeerError&) {
+        failed_epoch_ = plan.epoch;  // a joiner failed: its epoch is reported broken at the next round
+      }
+    }
+    report.attempts = attempt + 1;
+    return report;
+  }
+}
+
+SyncReport DiLoCo::join_round() {
+  int64_t failed_epoch = -1;
+  for (;;) {
+    RoundPlan plan = membership_->begin_round(0, step_, failed_epoch);
+    use_group(plan.group);
+    try {
+      SyncReport report = reduce_and_step(group_, false, step_);
+      report.stats += transfer_state(group_);
+      slots_ = plan.slots;
+      step_ = synced_step_;
+      joined_step_ = synced_step_;
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);
+      report.round = round_;
+      report.step = synced_step_;
+      report.params_hash = hash_tensors(global_);
+      membership_->end_round(plan, synced_step_, report.params_hash);
+      return report;
+    } catch (const Evicted&) {
+      throw;
+    } catch (const PeerError&) {
+      failed_epoch = plan.epoch;
+    }
+  }
+}
+
+comm::CommStats DiLoCo::transfer_state(comm::Group& group) {
+  torch::NoGradGuard no_grad;
+  // θ and the outer state travel as one fp32 buffer (their shapes are the model's on every rank).
+  std::vector<torch::Tensor> parts(global_.begin(), global_.end());
+  auto outer_state = outer_->state();
+  for (auto& [name, tensor] : outer_state) parts.push_back(tensor);
+  std::vector<torch::Tensor> flat_parts;
+  for (const auto& t : parts) flat_parts.push_back(t.reshape({-1}));
+  auto flat = torch::cat(flat_parts);
+  auto counters = torch::tensor({round_, synced_step_}, torch::kInt64);
+  comm::CommStats stats = group.broadcast(counters, 0);
+  stats += group.broadcast(flat, 0);
+  if (group.rank() == 0) return stats;
+  int64_t offset = 0;
+  for (auto& t : parts) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+  outer_->load_state(outer_state);
+  round_ = counters[0].item<int64_t>();
+  synced_step_ = counters[1].item<int64_t>();
+  round_tokens_ = 0;
+  return stats;
+}
+
+SyncReport DiLoCo::reduce_and_step(comm::Group& group, bool contributes, int64_t step) {
   torch::NoGradGuard no_grad;
   // w_m = tokens_m / Σ tokens: one small all-reduce of (tokens, 1) gives the total and the count.
-  auto control = torch::tensor({static_cast<double>(round_tokens_), 1.0}, torch::kFloat64);
-  comm::CommStats stats = group_.all_reduce_sum(control);
+  auto control = contributes ? torch::tensor({static_cast<double>(round_tokens_), 1.0}, torch::kFloat64)
+                             : torch::zeros({2}, torch::kFloat64);
+  comm::CommStats stats = group.all_reduce_sum(control);
   const double total_tokens = control[0].item<double>();
   const int64_t participants = std::llround(control[1].item<double>());
-  const double weight = options_.weighting == Weighting::kTokens && total_tokens > 0
+  const double weight = !contributes ? 0.0
+                        : options_.weighting == Weighting::kTokens && total_tokens > 0
                             ? static_cast<double>(round_tokens_) / total_tokens
                             : 1.0 / static_cast<double>(participants);
 
@@ -82,9 +182,21 @@ SyncReport DiLoCo::synchronize(int64_t step) {
   // on every worker alike. (Summing θ_m rather than Δ_m moves the same bytes, and keeps FedAvg,
   // θ ← θ̄, exact; see docs/diloco.md.)
   auto& average = average_->views();
-  for (size_t i = 0; i < global_.size(); ++i) average[i].copy_(parameters_[i].detach());
-  if (weight != 1.0) average_->flat().mul_(weight);
-  stats += average_->all_reduce_sum(group_);
+  if (contributes) {
+    for (size_t i = 0; i < global_.size(); ++i) average[i].copy_(parameters_[i].detach());
+    if (weight != 1.0) average_->flat().mul_(weight);
+  } else {
+    average_->flat().zero_();
+  }
+  stats += average_->all_reduce_sum(group);
+  stats.participants = participants;
+  if (!contributes) {  // a joiner: θ and the outer state arrive next, from rank 0
+    SyncReport report;
+    report.world_size = participants;
+    report.stats = stats;
+    report.stall_seconds = stats.seconds;
+    return report;
+  }
 
   // Nothing above changed any state: a PeerError leaves the round pending. From here on, commit.
   outer_->step_to_average(average);
@@ -112,6 +224,7 @@ NamedTensors DiLoCo::state() {
   out.emplace_back("diloco.round", scalar(round_));
   out.emplace_back("diloco.synced_step", scalar(synced_step_));
   out.emplace_back("diloco.round_tokens", scalar(round_tokens_));
+  if (slots_.defined()) out.emplace_back("elastic.slots", slots_);
   return out;
 }
 

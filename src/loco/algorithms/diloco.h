@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/membership.h"
 #include "loco/algorithms/restored_state.h"
 #include "loco/algorithms/sync.h"
 #include "loco/optim/outer.h"
@@ -35,18 +36,26 @@ struct DiLoCoOptions {
   void validate() const;            // ConfigError
 };
 
+// Elastic (with a Membership): each round runs with the group the coordinator convenes for it. A
+// collective that fails leaves the round's state untouched, and the round is tried again with
+// whoever is left (weights renormalize: they come from the all-reduced token counts). A joiner
+// takes part in its first round adding nothing, then receives θ, the outer state and the round
+// from rank 0, and continues from the round's step.
 class DiLoCo final : public SyncStrategy {
  public:
-  DiLoCo(comm::Group group, DiLoCoOptions options);
+  DiLoCo(comm::Group group, DiLoCoOptions options, Membership* membership = nullptr);
   std::string name() const override { return "diloco"; }
 
   SyncReports on_start(model::Transformer& model, int64_t step) override;
   SyncReports after_step(StepContext& context) override;
   bool in_sync() const override { return synced_step_ == step_; }
-  int64_t bytes_sent() const override { return group_.bytes_sent(); }
+  int64_t bytes_sent() const override { return bytes_before_ + group_.bytes_sent(); }
+  std::optional<int64_t> joined_at_step() const override { return joined_step_; }
+  bool leads() const override { return membership_ == nullptr || membership_->leads(); }
 
   // "global.<param>" (θ), "outer.<...>" (the outer optimizer's state), and 0-dim int64 tensors
-  // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens".
+  // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens";
+  // elastic runs add "elastic.slots" (every slot's data position as of the last round).
   NamedTensors state() override;
   void load_state(const NamedTensors& tensors) override;
 
@@ -56,8 +65,21 @@ class DiLoCo final : public SyncStrategy {
 
  private:
   SyncReport synchronize(int64_t step);
+  SyncReport synchronize_elastic(int64_t step);
+  SyncReport join_round();
+  // The round's collectives over `group` and, when they succeed, the outer step. A non-contributor
+  // adds zeros (and no tokens) and leaves its state alone.
+  SyncReport reduce_and_step(comm::Group& group, bool contributes, int64_t step);
+  // Rank 0 sends θ, the outer state, the round and its step to every rank (the joiners).
+  comm::CommStats transfer_state(comm::Group& group);
+  void use_group(const comm::Group& group);
 
   comm::Group group_;
+  Membership* membership_ = nullptr;
+  int64_t bytes_before_ = 0;               // sent by the groups of earlier epochs
+  std::optional<int64_t> joined_step_;
+  int64_t failed_epoch_ = -1;              // a state transfer failed in this epoch (told at the next round)
+  torch::Tensor slots_;                    // elastic: the slots' data positions as of the last round
   DiLoCoOptions options_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)

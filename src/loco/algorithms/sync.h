@@ -40,6 +40,7 @@ struct SyncReport {
   uint64_t params_hash = 0;   // XXH3-64 of the (global) parameters after it; equal on every worker
   int64_t fragment = -1;      // Streaming DiLoCo: the fragment synchronized; -1: the whole model
   double stall_seconds = 0;   // time the training loop waited for it (= stats.seconds when blocking)
+  int64_t attempts = 1;       // elastic runs: tries it took (a failed collective is tried again)
 };
 using SyncReports = std::vector<SyncReport>;
 
@@ -70,6 +71,11 @@ class SyncStrategy {
   }
   // Whether the model's parameters are the global parameters θ now.
   virtual bool in_sync() const { return true; }
+  // Elastic runs: set when on_start joined a run under way; the loop continues from this step.
+  virtual std::optional<int64_t> joined_at_step() const { return std::nullopt; }
+  // Whether this worker leads the current membership (elastic runs: rank 0 of its last round),
+  // and so evaluates and writes the global checkpoint. Fixed membership: always true.
+  virtual bool leads() const { return true; }
   // The global parameters θ (in the model's parameter order) for evaluation to score at any step,
   // when the strategy offers them; nullptr: evaluation waits until in_sync().
   virtual const std::vector<torch::Tensor>* evaluation_parameters() const { return nullptr; }

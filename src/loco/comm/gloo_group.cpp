@@ -19,6 +19,7 @@ namespace loco::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr Duration kAbortPoll{100};  // how often a waiting operation asks GroupOptions::abort
 
 std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
@@ -96,8 +97,19 @@ class GlooGroup final : public GroupImpl {
     const auto deadline = Clock::now() + options.timeout;
     std::vector<int64_t> missing;
     for (int64_t r = 0; r < options.size; ++r) {
-      const auto left = std::max(Duration(0), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
-      if (!store->get(fmt::format("{}/arrived/{}", prefix, r), left)) missing.push_back(r);
+      const auto key = fmt::format("{}/arrived/{}", prefix, r);
+      for (;;) {
+        const auto left = std::max(Duration(0), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+        const auto slice = options.abort ? std::min(left, kAbortPoll) : left;
+        if (store->get(key, slice)) break;
+        if (options.abort && options.abort()) {
+          throw PeerError("comm", fmt::format("group '{}': abandoned while rank {} had not arrived (a member failed)", prefix, r));
+        }
+        if (Clock::now() >= deadline) {
+          missing.push_back(r);
+          break;
+        }
+      }
     }
     if (!missing.empty()) {
       throw PeerError("comm", fmt::format("group '{}': rank(s) {} did not arrive within {} s (this is rank {} of {})",
@@ -185,9 +197,9 @@ class GlooGroup final : public GroupImpl {
       // matching recv, so every rank of a ring must have its recv posted too.
       auto sending = group_->send(out_buffer, static_cast<int>(to), static_cast<int>(tag));
       auto receiving = group_->recv(in_buffer, static_cast<int>(from), static_cast<int>(tag));
-      if (!sending->wait(options_.timeout)) throw std::runtime_error("send timed out");
-      const auto left = options_.timeout - std::chrono::duration_cast<Duration>(Clock::now() - begin);
-      if (!receiving->wait(std::max(left, Duration(1)))) throw std::runtime_error("recv timed out");
+      const auto deadline = begin + options_.timeout;
+      wait_for(sending, deadline);
+      wait_for(receiving, deadline);
     } catch (const std::exception& e) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
       throw PeerError("comm", fmt::format("ring hop (send {} bytes to rank {}, receive {} from rank {}) in group '{}' "
@@ -207,13 +219,31 @@ class GlooGroup final : public GroupImpl {
  private:
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+  // Waits for `work` until `deadline`, asking options_.abort every kAbortPoll when set. Throws
+  // (std::runtime_error or c10's error) on a timeout, an abort, or the operation's own failure.
+  template <class Work>
+  void wait_for(const Work& work, Clock::time_point deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+      if (left <= Duration(0)) throw std::runtime_error("timed out");
+      const auto slice = options_.abort ? std::min(left, kAbortPoll) : left;
+      try {
+        if (work->wait(slice)) return;
+        throw std::runtime_error("timed out");
+      } catch (const std::exception&) {
+        if (work->isCompleted()) throw;  // the operation's own failure
+      }
+      if (options_.abort && options_.abort()) throw std::runtime_error("abandoned: a member of this group failed");
+    }
+  }
+
   // Starts an operation and waits for it, bounded by the group's timeout. Any failure is a peer's.
   template <class Start>
   void run(const std::string& what, int64_t bytes, Start&& start) {
     const auto begin = Clock::now();
     try {
       auto work = start();
-      if (!work->wait(options_.timeout)) throw std::runtime_error("timed out");
+      wait_for(work, begin + options_.timeout);
     } catch (const std::exception& e) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
       throw PeerError("comm", fmt::format("{} of {} bytes in group '{}' (rank {} of {}) failed after {:.1f} s: {}", what,

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,9 @@ struct GroupOptions {
   std::string host = "127.0.0.1";
   Duration timeout = std::chrono::seconds(60);  // rendezvous and every operation
   std::string prefix = "group";                 // namespace of this group's keys in the store
+  // Asked about every 100 ms while the rendezvous or an operation waits: true abandons the wait
+  // with PeerError (elastic runs: the coordinator says a member of this group failed). Empty: never.
+  std::function<bool()> abort;
   void validate() const;                        // ConfigError on nonsense
 };
 
@@ -101,6 +105,8 @@ class Group {
   int64_t rank() const { return impl_->rank(); }
   int64_t size() const { return impl_->size(); }
   std::string backend() const { return impl_->backend(); }
+  // Whether both handles share one connection.
+  bool same_as(const Group& other) const { return impl_ == other.impl_; }
 
   // Element-wise sum across ranks, in place. Every rank ends with bit-identical tensors.
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -54,6 +55,7 @@ struct Field {
   FieldPtr value;
   double min = -kInf, max = kInf;
   bool min_exclusive = false;
+  bool secret = false;  // never written (to_toml) nor shown (differences)
 };
 
 // The table of keys. Ranges here are the first line of validation; components add cross-field checks.
@@ -64,6 +66,7 @@ std::vector<Field> fields_of(RunConfig& c) {
   auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
   auto at_least = [](double lo, Field f) { f.min = lo; return f; };
   auto between = [](double lo, double hi, Field f) { f.min = lo; f.max = hi; return f; };
+  auto secret = [](Field f) { f.secret = true; return f; };
   return {
       {"run.dir", "folder for config.toml, metrics.jsonl and checkpoints/", &c.run.dir},
       {"data.dir", "prepared dataset folder (written by `loco prepare`)", &c.data.dir},
@@ -130,6 +133,11 @@ std::vector<Field> fields_of(RunConfig& c) {
       positive({"cluster.timeout_s", "seconds any collective, and the forming of a group, may take before it fails", &c.cluster.timeout_s}),
       positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join", &c.cluster.join_timeout_s}),
       positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),
+      {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco)", &c.cluster.elastic},
+      at_least(1, {"cluster.min_workers", "elastic: the quorum, the fewest workers a round may run with (it waits for more)", &c.cluster.min_workers}),
+      positive({"cluster.heartbeat_s", "elastic: seconds between a worker's heartbeats to the coordinator", &c.cluster.heartbeat_s}),
+      positive({"cluster.dead_after_s", "elastic: seconds of heartbeat silence after which a worker is declared failed", &c.cluster.dead_after_s}),
+      secret({"cluster.join_token", "shared secret a worker must present to join; \"\" = $LOCO_JOIN_TOKEN if set (never written to config.toml or logs)", &c.cluster.join_token}),
   };
 }
 
@@ -368,7 +376,14 @@ algorithms::StreamingOptions streaming_options(const RunConfig& config) {
 
 const std::vector<std::string> kPerWorkerKeys = {"run.dir",       "data.dir",     "train.device",
                                                  "train.threads", "train.log_every", "cluster.host",
-                                                 "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s"};
+                                                 "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s",
+                                                 "cluster.join_token"};
+
+std::string join_token(const ClusterSection& cluster) {
+  if (!cluster.join_token.empty()) return cluster.join_token;
+  const char* env = std::getenv("LOCO_JOIN_TOKEN");
+  return env != nullptr ? env : "";
+}
 
 void apply_override(RunConfig& config, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -416,6 +431,22 @@ void validate(const RunConfig& c) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
                                 "checkpoint in the making, and the others must still hold the one before");
   }
+  if (c.cluster.elastic) {
+    if (c.sync.algorithm != Algorithm::kDiLoCo) {
+      throw ConfigError("config", fmt::format("cluster.elastic = true needs sync.algorithm = \"diloco\" (this version; got "
+                                              "\"{}\"): set cluster.elastic = false for fixed membership",
+                                              to_string(c.sync.algorithm)));
+    }
+    if (c.cluster.min_workers > c.cluster.workers) {
+      throw ConfigError("config", fmt::format("cluster.min_workers = {} exceeds cluster.workers = {}", c.cluster.min_workers,
+                                              c.cluster.workers));
+    }
+    if (c.cluster.dead_after_s < 2 * c.cluster.heartbeat_s) {
+      throw ConfigError("config", fmt::format("cluster.dead_after_s = {:g} must be at least twice cluster.heartbeat_s = {:g}: "
+                                              "one late heartbeat must not declare a worker failed",
+                                              c.cluster.dead_after_s, c.cluster.heartbeat_s));
+    }
+  }
   const auto& d = c.train.device;
   if (d != "auto" && d != "cpu" && d != "cuda" && !d.starts_with("cuda:")) {
     throw ConfigError("config", fmt::format("train.device must be auto, cpu, cuda or cuda:N, got '{}'", d));
@@ -426,6 +457,7 @@ std::string to_toml(const RunConfig& config) {
   auto fields = fields_of(const_cast<RunConfig&>(config));
   toml::table root;
   for (const auto& f : fields) {
+    if (f.secret) continue;
     const auto dot = f.key.find('.');
     const std::string section = f.key.substr(0, dot), key = f.key.substr(dot + 1);
     if (!root.contains(section)) root.insert(section, toml::table{});
@@ -451,7 +483,12 @@ std::vector<std::string> differences(const RunConfig& a, const RunConfig& b, con
     const bool selected = prefixes.empty() || std::any_of(prefixes.begin(), prefixes.end(),
                                                           [&](const std::string& p) { return fa[i].key.starts_with(p); });
     const std::string va = value_text(fa[i].value), vb = value_text(fb[i].value);
-    if (selected && va != vb) out.push_back(fmt::format("{}: {} -> {}", fa[i].key, va, vb));
+    if (!selected || va == vb) continue;
+    if (fa[i].secret) {
+      out.push_back(fmt::format("{}: differs (not shown)", fa[i].key));
+    } else {
+      out.push_back(fmt::format("{}: {} -> {}", fa[i].key, va, vb));
+    }
   }
   return out;
 }

@@ -93,7 +93,18 @@ struct ClusterSection {
   double timeout_s = 120;            // bound on every collective and on forming a group
   double join_timeout_s = 300;       // the coordinator waits this long for all workers to join
   double connect_timeout_s = 60;     // a worker retries reaching the coordinator this long
+  // Elastic membership (DiLoCo): workers may fail, be replaced and join during the run.
+  bool elastic = false;
+  int64_t min_workers = 1;           // a round needs at least this many workers (the quorum)
+  double heartbeat_s = 1;            // seconds between a worker's heartbeats to the coordinator
+  double dead_after_s = 10;          // heartbeat silence after which a worker counts as failed
+  // The run's shared secret: a worker must present it to join. "" = the environment's
+  // LOCO_JOIN_TOKEN, if set. Never written to config.toml, checkpoints or logs.
+  std::string join_token;
 };
+
+// The join token in effect: cluster.join_token, else $LOCO_JOIN_TOKEN, else "" (no token needed).
+std::string join_token(const ClusterSection& cluster);
 
 struct CheckpointSection {
   int64_t every = 500;       // steps between checkpoints (and one at the end); 0 = only at the end

@@ -14,6 +14,8 @@
 
 #include "loco/comm/key_value.h"
 #include "loco/core/hash.h"
+#include "loco/metrics/metrics_log.h"
+#include "loco/runtime/membership.h"
 
 namespace loco::runtime {
 namespace {
@@ -76,10 +78,31 @@ void reply_json(httplib::Response& response, const nlohmann::json& body, int sta
   response.set_content(body.dump(), "application/json");
 }
 
+// Compares secrets in time independent of where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+MembershipOptions membership_options(const RunConfig& config) {
+  MembershipOptions o;
+  o.slots = config.cluster.workers;
+  o.min_workers = config.cluster.min_workers;
+  o.dead_after = std::chrono::milliseconds(static_cast<int64_t>(config.cluster.dead_after_s * 1000));
+  o.total_steps = config.train.steps;
+  return o;
+}
+
 }  // namespace
 
 struct Coordinator::Impl {
-  explicit Impl(CoordinatorOptions o) : options(std::move(o)), members(static_cast<size_t>(options.config.cluster.workers)) {}
+  explicit Impl(CoordinatorOptions o) : options(std::move(o)), members(static_cast<size_t>(options.config.cluster.workers)) {
+    if (options.config.cluster.elastic) {
+      table.emplace(membership_options(options.config));
+      events = metrics::MetricsLog(fs::path(options.config.run.dir) / "metrics.jsonl");
+    }
+  }
 
   CoordinatorOptions options;
   httplib::Server server;
@@ -98,6 +121,83 @@ struct Coordinator::Impl {
   std::map<int64_t, int64_t> resume_steps;
   const Clock::time_point started = Clock::now();
   std::optional<Clock::time_point> first_end;  // when the first worker reported its end
+  const std::string token = join_token(options.config.cluster);
+
+  // Elastic runs (cluster.elastic): members come and go; ranks are per epoch, slots hold the data.
+  std::optional<MembershipTable> table;
+  metrics::MetricsLog events;                 // RUN/metrics.jsonl: membership, failures, rounds
+  std::optional<uint64_t> shards_hash;        // the first worker's division of the data
+  std::map<int64_t, Member> ended;            // members that reported their end, by member id
+
+  // Writes the table's events to the log and metrics.jsonl, and wakes the waiting requests.
+  void flush_events_locked() {
+    for (auto& e : table->take_events()) {
+      const std::string name = e["event"].get<std::string>();
+      e.erase("event");
+      log(describe_event(name, e));
+      try {
+        events.write(name, e);
+      } catch (const std::exception& error) {
+        log(fmt::format("cannot write metrics.jsonl: {}", error.what()));
+      }
+    }
+    changed.notify_all();
+  }
+
+  static std::string describe_event(const std::string& name, const nlohmann::json& e) {
+    if (name == "join") {
+      return fmt::format("{} joined as member {} (slot {}){}", e["name"].get<std::string>(), e["member"].get<int64_t>(),
+                         e["slot"].get<int64_t>(), e["joiner"].get<bool>() ? ", to receive the state at the next round" : "");
+    }
+    if (name == "joined") return fmt::format("member {} took part in round {}: it now trains slot {}", e["member"].get<int64_t>(), e["round"].get<int64_t>(), e["slot"].get<int64_t>());
+    if (name == "failure") {
+      return fmt::format("member {} ({}) failed: {}", e["member"].get<int64_t>(), e["name"].get<std::string>(), e["how"].get<std::string>());
+    }
+    if (name == "collective_failed") {
+      return fmt::format("member {} reports that round {}'s collective failed in epoch {}: the round is convened again "
+                         "with the members still alive", e["reported_by"].get<int64_t>(), e["round"].get<int64_t>(),
+                         e["epoch"].get<int64_t>());
+    }
+    if (name == "leave") return fmt::format("member {} left: {}", e["member"].get<int64_t>(), e["status"].get<std::string>());
+    if (name == "rejoin") {
+      return fmt::format("member {} must rejoin: {}", e["member"].get<int64_t>(), e["reason"].get<std::string>());
+    }
+    if (name == "membership") {
+      std::vector<std::string> who;
+      for (const auto& m : e["members"]) {
+        who.push_back(fmt::format("{}{}", m["member"].get<int64_t>(), m["joining"].get<bool>() ? " (joining)" : ""));
+      }
+      return fmt::format("epoch {} for round {}: members {}", e["epoch"].get<int64_t>(), e["round"].get<int64_t>(), fmt::join(who, ", "));
+    }
+    if (name == "round_complete") {
+      return fmt::format("round {} complete at step {} with {} of {} workers{}", e["round"].get<int64_t>(), e["step"].get<int64_t>(),
+                         e["contributors"].get<int64_t>(), e["slots"].get<int64_t>(),
+                         e.contains("recovery_s") ? fmt::format(" (recovered {:.1f} s after the failure)", e["recovery_s"].get<double>()) : "");
+    }
+    return name + " " + e.dump();
+  }
+
+  void start_elastic_locked(const std::string& why) {
+    table->start(Clock::now());
+    phase = "running";
+    log(fmt::format("training starts with {} of {} workers{}", table->live_members(), world_size(), why));
+    flush_events_locked();
+  }
+
+  // The end of an elastic run: every member has left (finished, stopped, failed).
+  void check_elastic_end_locked() {
+    if (!table || phase != "running") return;
+    table->expire(Clock::now());
+    flush_events_locked();
+    if (!table->all_left()) return;
+    if (table->training_complete() || stopping) {
+      phase = "finished";
+      changed.notify_all();
+    } else {
+      fail_locked(fmt::format("every worker left before training completed ({} rounds done); resume with --resume",
+                              table->rounds_completed()));
+    }
+  }
 
   void log(const std::string& line) const {
     if (options.log) options.log(line);
@@ -138,6 +238,11 @@ struct Coordinator::Impl {
     if (phase != "waiting") return;
     const auto limit = std::chrono::duration<double>(options.config.cluster.join_timeout_s);
     if (Clock::now() - started < limit) return;
+    if (table && table->live_members() >= options.config.cluster.min_workers) {
+      start_elastic_locked(fmt::format(" (cluster.join_timeout_s = {:g} s passed; the others may join later)",
+                                       options.config.cluster.join_timeout_s));
+      return;
+    }
     std::vector<std::string> joined;
     for (size_t r = 0; r < members.size(); ++r) {
       if (members[r]) joined.push_back(fmt::format("{} ({})", r, members[r]->name));
@@ -190,8 +295,13 @@ struct Coordinator::Impl {
     } catch (const ConfigError& e) {
       throw Refusal(fmt::format("{}'s config is invalid: {}", request.name, e.what()));
     }
+    if (!token.empty() && !same_secret(request.token, token)) {
+      throw Refusal(fmt::format("{} presented {} join token (cluster.join_token or LOCO_JOIN_TOKEN must be the run's)",
+                                request.name, request.token.empty() ? "no" : "a wrong"));
+    }
     std::lock_guard lock(mutex);
     check_join_deadline_locked();
+    if (table) return join_elastic_locked(request, theirs);
     if (phase != "waiting") {
       throw Refusal(fmt::format("the run is {} ({}); this version does not take workers after the start",
                                 phase, phase == "failed" ? reason : fmt::format("{} workers", world_size())));
@@ -242,6 +352,46 @@ struct Coordinator::Impl {
     return {rank, world_size(), run_id};
   }
 
+  protocol::JoinReply join_elastic_locked(const protocol::JoinRequest& request, const RunConfig& theirs) {
+    if (phase == "finished" || phase == "failed") {
+      throw Refusal(fmt::format("the run is {}{}", phase, phase == "failed" ? ": " + reason : ""));
+    }
+    if (stopping) throw Refusal("the run is stopping");
+    auto changed_keys = differences_except(options.config, theirs, kPerWorkerKeys);
+    if (!changed_keys.empty()) {
+      throw Refusal(fmt::format("{}'s config differs from the run's (run -> worker): {}", request.name,
+                                fmt::join(changed_keys, "; ")));
+    }
+    if (!options.dataset) {
+      options.dataset = request.dataset;
+    } else if (auto diff = options.dataset->differences(request.dataset); !diff.empty()) {
+      throw Refusal(fmt::format("{}'s dataset differs from the run's: {}; every worker needs the same prepared "
+                                "dataset", request.name, fmt::join(diff, "; ")));
+    }
+    if (!shards_hash) {
+      shards_hash = request.shards_hash;
+    } else if (*shards_hash != request.shards_hash) {
+      throw Refusal(fmt::format("{} divided the data into shards differently ({} vs the run's {}); k-means on different "
+                                "hardware can do this: use data.shard = \"iid\" or \"label\"", request.name,
+                                hex64(request.shards_hash), hex64(*shards_hash)));
+    }
+    std::string why;
+    auto joined = table->join(request.name, request.rank, Clock::now(), why);
+    if (!joined) throw Refusal(fmt::format("{} cannot join: {}", request.name, why));
+    flush_events_locked();
+    if (phase == "waiting" && table->live_members() == world_size()) start_elastic_locked("");
+    protocol::JoinReply reply{joined->slot, world_size(), run_id};
+    reply.member = joined->member;
+    reply.joiner = joined->joiner;
+    reply.position = joined->position;
+    return reply;
+  }
+
+  MembershipTable& elastic_table() {
+    if (!table) throw ProtocolError("this run is not elastic (cluster.elastic = false)");
+    return *table;
+  }
+
   protocol::StartReply start_reply_locked(int64_t rank) const {
     protocol::StartReply reply;
     reply.phase = phase;
@@ -254,6 +404,15 @@ struct Coordinator::Impl {
 
   void done(const protocol::DoneRequest& request) {
     std::lock_guard lock(mutex);
+    if (table) {
+      if (request.member < 0) throw ProtocolError("field 'member' is missing (an elastic run)");
+      table->leave(request.member, request.status, Clock::now());
+      ended[request.member] = Member{fmt::format("slot {}", request.rank), {}, request.status, request.error, request.summary};
+      log(fmt::format("member {} {}{}", request.member, request.status, request.error.empty() ? "" : ": " + request.error));
+      flush_events_locked();
+      check_elastic_end_locked();
+      return;
+    }
     if (request.rank < 0 || request.rank >= world_size() || !members[static_cast<size_t>(request.rank)]) {
       throw ProtocolError(fmt::format("rank {} is not a member of this run", request.rank));
     }
@@ -276,8 +435,10 @@ struct Coordinator::Impl {
       if (!members[r]) continue;
       list.push_back({{"rank", r}, {"name", members[r]->name}, {"status", members[r]->status.empty() ? "training" : members[r]->status}});
     }
-    return {{"phase", phase}, {"stopping", stopping}, {"reason", reason}, {"epoch", epoch}, {"workers", world_size()},
-            {"run_id", run_id}, {"members", list}, {"missing", missing_locked()}};
+    nlohmann::json state = {{"phase", phase}, {"stopping", stopping}, {"reason", reason}, {"epoch", epoch},
+                            {"workers", world_size()}, {"run_id", run_id}, {"members", list}, {"missing", missing_locked()}};
+    if (table) state["elastic"] = table->describe();
+    return state;
   }
 
   // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409); any other
@@ -334,6 +495,43 @@ struct Coordinator::Impl {
     server.Post("/v1/done", guard([this](const auto& request, auto& response) {
       done(protocol::DoneRequest::from_json(body_json(request)));
       reply_json(response, {{"ok", true}});
+    }));
+    server.Post("/v1/heartbeat", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::HeartbeatRequest::from_json(body_json(request));
+      std::lock_guard lock(mutex);
+      auto& t = elastic_table();
+      t.expire(Clock::now());
+      const auto reply = t.heartbeat(body.member, stopping, Clock::now());
+      flush_events_locked();
+      reply_json(response, reply.to_json());
+    }));
+    server.Post("/v1/round", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::RoundRequest::from_json(body_json(request));
+      std::unique_lock lock(mutex);
+      auto& t = elastic_table();
+      const auto deadline = Clock::now() + kMaxWait;
+      for (;;) {
+        t.expire(Clock::now());
+        auto reply = t.arrive(body, stopping, Clock::now());
+        flush_events_locked();
+        if (phase == "failed") {
+          reply.action = "stop";
+          reply.reason = "the run failed: " + reason;
+        }
+        if (reply.action != "wait" || Clock::now() >= deadline) {
+          reply_json(response, reply.to_json());
+          return;
+        }
+        changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
+      }
+    }));
+    server.Post("/v1/round_done", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::RoundDone::from_json(body_json(request));
+      std::lock_guard lock(mutex);
+      auto error = elastic_table().round_done(body, Clock::now());
+      flush_events_locked();
+      if (error) fail_locked(*error);
+      reply_json(response, {{"ok", !error}});
     }));
     server.Post("/v1/kv/set", guard([this](const auto& request, auto& response) {
       try {
@@ -440,13 +638,26 @@ std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds
   const auto deadline = Clock::now() + timeout;
   while (impl_->phase != "finished" && impl_->phase != "failed") {
     impl_->check_join_deadline_locked();
-    impl_->check_end_deadline_locked();
+    if (impl_->table) {
+      impl_->check_elastic_end_locked();
+    } else {
+      impl_->check_end_deadline_locked();
+    }
     if (Clock::now() >= deadline) return std::nullopt;
     impl_->changed.wait_for(lock, std::min<Clock::duration>(std::chrono::milliseconds(200), deadline - Clock::now()));
   }
   CoordinatorResult result;
   result.message = impl_->reason;
   bool any_failed = impl_->phase == "failed", any_stopped = false;
+  if (impl_->table) {
+    // An elastic run fails only as a whole: members that failed were replaced or done without.
+    for (const auto& [id, m] : impl_->ended) {
+      result.summaries.push_back(m.summary);
+      if (m.status == "stopped") any_stopped = true;
+    }
+    result.outcome = any_failed ? RunOutcome::kFailed : any_stopped || impl_->stopping ? RunOutcome::kStopped : RunOutcome::kFinished;
+    return result;
+  }
   for (const auto& m : impl_->members) {
     result.summaries.push_back(m ? m->summary : nlohmann::json::object());
     if (m && m->status == "failed") {
@@ -464,6 +675,15 @@ void Coordinator::request_stop(const std::string& reason) {
   if (!impl_->stopping) impl_->log("stopping: " + reason);
   impl_->stopping = true;
   if (impl_->reason.empty()) impl_->reason = reason;
+}
+
+void Coordinator::process_exited(const std::string& name, int status) {
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->table) return;
+  if (auto member = impl_->table->member_named(name)) {
+    impl_->table->declare_failed(*member, fmt::format("its process exited with status {}", status), Clock::now());
+    impl_->flush_events_locked();
+  }
 }
 
 void Coordinator::fail(const std::string& reason) {

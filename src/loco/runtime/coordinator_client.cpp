@@ -190,6 +190,32 @@ void CoordinatorClient::report_done(const protocol::DoneRequest& done) {
   if (status != 200) throw Error("coordinator", fmt::format("done: HTTP {}: {}", status, error_of(body)));
 }
 
+namespace {
+
+nlohmann::json expect_json(std::pair<int, std::string> reply, const char* what) {
+  if (reply.first != 200) throw PeerError("coordinator", fmt::format("{}: HTTP {}: {}", what, reply.first, error_of(reply.second)));
+  try {
+    return nlohmann::json::parse(reply.second);
+  } catch (const nlohmann::json::exception&) {
+    throw PeerError("coordinator", fmt::format("{}: the answer is not JSON", what));
+  }
+}
+
+}  // namespace
+
+protocol::HeartbeatReply CoordinatorClient::heartbeat(const protocol::HeartbeatRequest& heartbeat_request) {
+  return protocol::HeartbeatReply::from_json(
+      expect_json(request("POST", "/v1/heartbeat", heartbeat_request.to_json().dump(), 5s), "heartbeat"));
+}
+
+protocol::RoundReply CoordinatorClient::round(const protocol::RoundRequest& round_request) {
+  return protocol::RoundReply::from_json(expect_json(request("POST", "/v1/round", round_request.to_json().dump(), 15s), "round"));
+}
+
+void CoordinatorClient::round_done(const protocol::RoundDone& done) {
+  expect_json(request("POST", "/v1/round_done", done.to_json().dump(), 10s), "round_done");
+}
+
 std::shared_ptr<comm::KeyValueStore> CoordinatorClient::key_value_store() { return std::make_shared<HttpKeyValueStore>(*this); }
 
 std::string CoordinatorClient::local_address() const {

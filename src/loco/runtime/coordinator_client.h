@@ -42,6 +42,12 @@ class CoordinatorClient {
   void report_stop(int64_t rank, const std::string& reason);
   void report_done(const protocol::DoneRequest& request);
 
+  // Elastic runs (membership.h): a heartbeat, a round's long poll (held at most 2 s: "wait" means
+  // ask again), and a round's completion.
+  protocol::HeartbeatReply heartbeat(const protocol::HeartbeatRequest& request);
+  protocol::RoundReply round(const protocol::RoundRequest& request);
+  void round_done(const protocol::RoundDone& request);
+
   // The coordinator's key-value store, for comm::Group::connect.
   std::shared_ptr<comm::KeyValueStore> key_value_store();
 

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "loco/metrics/progress.h"
+#include "loco/runtime/worker.h"
 
 namespace loco::runtime {
 namespace {
@@ -219,8 +220,12 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
   const auto grace = std::chrono::duration<double>(config.cluster.timeout_s + 60);
   std::string failure;
   auto alive = [&] { return std::count_if(workers.begin(), workers.end(), [](const auto& w) { return !w.exit_code; }); };
+  // Elastic runs go on when a worker dies, and may have members this launcher did not start
+  // (replacements): the run ends when the coordinator says so.
+  const bool elastic = config.cluster.elastic;
+  bool run_over = false;
 
-  while (alive() > 0) {
+  while (alive() > 0 || (elastic && !run_over)) {
     std::vector<pollfd> fds;
     std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
     for (size_t i = 0; i < workers.size(); ++i) {
@@ -283,6 +288,11 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
       if (w.exit_code || ::waitpid(w.pid, &raw, WNOHANG) != w.pid) continue;
       w.exit_code = decode_status(raw);
       if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping)) continue;
+      if (elastic) {
+        coordinator.process_exited(process_name(w.pid), *w.exit_code);
+        if (!stopping) display.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it", w.rank, *w.exit_code));
+        continue;
+      }
       if (!stopping) {
         stopping = true;
         failure = fmt::format("worker {} exited with status {}", w.rank, *w.exit_code);
@@ -292,13 +302,23 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
         kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
       }
     }
-    // The coordinator may fail the run by itself (a worker never joined).
-    if (!stopping) {
-      if (auto result = coordinator.wait_for(std::chrono::milliseconds(0)); result && result->outcome == RunOutcome::kFailed) {
-        stopping = true;
-        failure = result->message;
-        stop_all(SIGTERM);
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
+    // The coordinator may fail the run by itself (a worker never joined); an elastic run ends there.
+    if (!run_over) {
+      if (auto result = coordinator.wait_for(std::chrono::milliseconds(0))) {
+        if (result->outcome == RunOutcome::kFailed && !stopping) {
+          stopping = true;
+          failure = result->message;
+          stop_all(SIGTERM);
+          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
+        }
+        if (elastic) {
+          run_over = true;
+          // Members that left (a frozen worker declared failed) may still be running.
+          if (alive() > 0) {
+            stop_all(SIGTERM);
+            if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
+          }
+        }
       }
     }
     if (kill_at && Clock::now() > *kill_at && alive() > 0) {
@@ -325,7 +345,7 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
   if (!failure.empty()) {
     result.outcome = RunOutcome::kFailed;
     result.message = failure;
-  } else if (!all_ok) {
+  } else if (!all_ok && !elastic) {
     result.outcome = interrupts_seen > 0 ? RunOutcome::kStopped : RunOutcome::kFailed;
     if (result.message.empty()) result.message = interrupts_seen > 0 ? "interrupted (Ctrl-C)" : "a worker failed";
   }

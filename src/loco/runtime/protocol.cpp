@@ -86,7 +86,7 @@ nlohmann::json JoinRequest::to_json() const {
   nlohmann::json checkpoints_json = nlohmann::json::array();
   for (const auto& c : checkpoints) checkpoints_json.push_back({{"step", c.step}, {"global_hash", hex64(c.global_hash)}});
   return {{"version", version}, {"name", name}, {"rank", rank}, {"config", config_toml}, {"dataset", dataset.to_json()},
-          {"resume", resume}, {"checkpoints", checkpoints_json}};
+          {"resume", resume}, {"checkpoints", checkpoints_json}, {"token", token}, {"shards_hash", hex64(shards_hash)}};
 }
 
 JoinRequest JoinRequest::from_json(const nlohmann::json& json) {
@@ -106,13 +106,97 @@ JoinRequest JoinRequest::from_json(const nlohmann::json& json) {
   const auto checkpoints = field_or<nlohmann::json>(json, "checkpoints", nlohmann::json::array());
   if (!checkpoints.is_array() || checkpoints.size() > 10000) throw ProtocolError("field 'checkpoints' must be a short array");
   for (const auto& c : checkpoints) r.checkpoints.push_back({field<int64_t>(c, "step"), hex_field(c, "global_hash")});
+  r.token = field_or<std::string>(json, "token", "");
+  check_length(r.token, 4096, "token");
+  r.shards_hash = json.is_object() && json.contains("shards_hash") ? hex_field(json, "shards_hash") : 0;
   return r;
 }
 
-nlohmann::json JoinReply::to_json() const { return {{"rank", rank}, {"world_size", world_size}, {"run_id", run_id}}; }
+namespace {
+
+nlohmann::json position_json(const data::SamplerPosition& p) { return {{"epoch", p.epoch}, {"cursor", p.cursor}}; }
+
+data::SamplerPosition position_from(const nlohmann::json& json, const char* name) {
+  const auto p = field<nlohmann::json>(json, name);
+  return {field<uint64_t>(p, "epoch"), field<uint64_t>(p, "cursor")};
+}
+
+int64_t nonnegative(const nlohmann::json& json, const char* name) {
+  const auto value = field<int64_t>(json, name);
+  if (value < 0) throw ProtocolError(fmt::format("field '{}' must not be negative, got {}", name, value));
+  return value;
+}
+
+}  // namespace
+
+nlohmann::json JoinReply::to_json() const {
+  return {{"rank", rank}, {"world_size", world_size}, {"run_id", run_id}, {"member", member}, {"joiner", joiner},
+          {"position", position_json(position)}};
+}
 
 JoinReply JoinReply::from_json(const nlohmann::json& json) {
-  return {field<int64_t>(json, "rank"), field<int64_t>(json, "world_size"), field<std::string>(json, "run_id")};
+  JoinReply r{field<int64_t>(json, "rank"), field<int64_t>(json, "world_size"), field<std::string>(json, "run_id")};
+  r.member = field_or<int64_t>(json, "member", -1);
+  r.joiner = field_or<bool>(json, "joiner", false);
+  if (json.contains("position")) r.position = position_from(json, "position");
+  return r;
+}
+
+nlohmann::json HeartbeatRequest::to_json() const { return {{"member", member}}; }
+HeartbeatRequest HeartbeatRequest::from_json(const nlohmann::json& json) { return {nonnegative(json, "member")}; }
+
+nlohmann::json HeartbeatReply::to_json() const {
+  return {{"member", member}, {"epoch", epoch}, {"epoch_broken", epoch_broken}, {"stopping", stopping}};
+}
+HeartbeatReply HeartbeatReply::from_json(const nlohmann::json& json) {
+  return {field<bool>(json, "member"), field<int64_t>(json, "epoch"), field<bool>(json, "epoch_broken"),
+          field<bool>(json, "stopping")};
+}
+
+nlohmann::json RoundRequest::to_json() const {
+  return {{"member", member}, {"round", round}, {"failed_epoch", failed_epoch}, {"step", step},
+          {"position", position_json(position)}};
+}
+RoundRequest RoundRequest::from_json(const nlohmann::json& json) {
+  RoundRequest r;
+  r.member = nonnegative(json, "member");
+  r.round = nonnegative(json, "round");
+  r.failed_epoch = field<int64_t>(json, "failed_epoch");
+  r.step = nonnegative(json, "step");
+  r.position = position_from(json, "position");
+  return r;
+}
+
+nlohmann::json RoundReply::to_json() const {
+  nlohmann::json slot_list = nlohmann::json::array();
+  for (const auto& s : slots) slot_list.push_back({{"owner", s.owner}, {"position", position_json(s.position)}});
+  return {{"action", action}, {"round", round}, {"epoch", epoch}, {"rank", rank}, {"size", size},
+          {"contributors", contributors}, {"slots", slot_list}, {"reason", reason}};
+}
+RoundReply RoundReply::from_json(const nlohmann::json& json) {
+  RoundReply r;
+  r.action = field<std::string>(json, "action");
+  r.round = field<int64_t>(json, "round");
+  r.epoch = field<int64_t>(json, "epoch");
+  r.rank = field<int64_t>(json, "rank");
+  r.size = field<int64_t>(json, "size");
+  r.contributors = field<int64_t>(json, "contributors");
+  for (const auto& s : field<nlohmann::json>(json, "slots")) r.slots.push_back({field<int64_t>(s, "owner"), position_from(s, "position")});
+  r.reason = field<std::string>(json, "reason");
+  return r;
+}
+
+nlohmann::json RoundDone::to_json() const {
+  return {{"member", member}, {"round", round}, {"epoch", epoch}, {"step", step}, {"params_hash", hex64(params_hash)}};
+}
+RoundDone RoundDone::from_json(const nlohmann::json& json) {
+  RoundDone r;
+  r.member = nonnegative(json, "member");
+  r.round = nonnegative(json, "round");
+  r.epoch = nonnegative(json, "epoch");
+  r.step = nonnegative(json, "step");
+  r.params_hash = hex_field(json, "params_hash");
+  return r;
 }
 
 nlohmann::json StartReply::to_json() const {
@@ -132,12 +216,13 @@ StartReply StartReply::from_json(const nlohmann::json& json) {
 }
 
 nlohmann::json DoneRequest::to_json() const {
-  return {{"rank", rank}, {"status", status}, {"error", error}, {"summary", summary}};
+  return {{"rank", rank}, {"member", member}, {"status", status}, {"error", error}, {"summary", summary}};
 }
 
 DoneRequest DoneRequest::from_json(const nlohmann::json& json) {
   DoneRequest r;
   r.rank = field<int64_t>(json, "rank");
+  r.member = field_or<int64_t>(json, "member", -1);
   r.status = field<std::string>(json, "status");
   if (r.status != "finished" && r.status != "stopped" && r.status != "failed") {
     throw ProtocolError(fmt::format("field 'status' must be finished, stopped or failed, got '{}'", r.status.substr(0, 32)));

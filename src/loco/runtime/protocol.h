@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loco/core/error.h"
+#include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
 
 namespace loco::runtime::protocol {
@@ -52,15 +53,21 @@ struct JoinRequest {
   DatasetIdentity dataset;
   bool resume = false;
   std::vector<CheckpointInfo> checkpoints;  // when resuming (the rank must then be given)
+  std::string token;         // the run's join token (never logged)
+  uint64_t shards_hash = 0;  // elastic: hash of the worker's division of the data into slots
 
   nlohmann::json to_json() const;
   static JoinRequest from_json(const nlohmann::json& json);
 };
 
 struct JoinReply {
-  int64_t rank = 0;
-  int64_t world_size = 0;
+  int64_t rank = 0;         // fixed membership: the rank; elastic: the slot (shard) taken
+  int64_t world_size = 0;   // fixed: the workers; elastic: the slots (cluster.workers)
   std::string run_id;
+  // Elastic runs only.
+  int64_t member = -1;              // this member's id (a rejoining worker gets a new one)
+  bool joiner = false;              // joins a run under way: receives the state at the next round
+  data::SamplerPosition position;   // where the slot's sampler stands (its last completed round)
 
   nlohmann::json to_json() const;
   static JoinReply from_json(const nlohmann::json& json);
@@ -81,12 +88,66 @@ struct StartReply {
 // A worker's end: "finished", "stopped" or "failed" (with the error), and its summary.
 struct DoneRequest {
   int64_t rank = 0;
+  int64_t member = -1;  // elastic runs: the member id (rank is then its slot)
   std::string status;
   std::string error;
   nlohmann::json summary = nlohmann::json::object();
 
   nlohmann::json to_json() const;
   static DoneRequest from_json(const nlohmann::json& json);
+};
+
+// Elastic runs (docs/failure-model.md). A member proves it is alive with heartbeats; the answer
+// says whether it is still a member and which membership epoch is current, so that a collective
+// of a superseded or broken epoch can be abandoned at once.
+struct HeartbeatRequest {
+  int64_t member = 0;
+  nlohmann::json to_json() const;
+  static HeartbeatRequest from_json(const nlohmann::json& json);
+};
+
+struct HeartbeatReply {
+  bool member = true;        // false: declared failed (or never joined): rejoin as a new member
+  int64_t epoch = 0;         // the current membership epoch
+  bool epoch_broken = false; // a collective of the current epoch failed, or one of its members did
+  bool stopping = false;     // the run is stopping
+  nlohmann::json to_json() const;
+  static HeartbeatReply from_json(const nlohmann::json& json);
+};
+
+// "I am at the end of round `round`": long-polled until the coordinator convenes the round.
+struct RoundRequest {
+  int64_t member = 0;
+  int64_t round = 0;          // the round to synchronize (rounds completed + 1); 0: a joiner
+  int64_t failed_epoch = -1;  // the last attempt at this round failed in this epoch (-1: none)
+  int64_t step = 0;           // inner steps done
+  data::SamplerPosition position;  // the slot's sampler after this round's inner steps
+  nlohmann::json to_json() const;
+  static RoundRequest from_json(const nlohmann::json& json);
+};
+
+struct SlotInfo {
+  int64_t owner = -1;  // member id, -1: vacant
+  data::SamplerPosition position;
+};
+
+struct RoundReply {
+  // "wait" (ask again), "go" (synchronize now, in `epoch`), "rejoin" (no longer a member: drop the
+  // round's work and join again), "stop" (the run is stopping), "finished" (training is over).
+  std::string action = "wait";
+  int64_t round = 0, epoch = 0, rank = 0, size = 0;
+  int64_t contributors = 0;     // ranks 0..contributors-1 add their outer gradients; the rest are joiners
+  std::vector<SlotInfo> slots;  // every slot's data position as of this round's end, if it completes
+  std::string reason;
+  nlohmann::json to_json() const;
+  static RoundReply from_json(const nlohmann::json& json);
+};
+
+struct RoundDone {
+  int64_t member = 0, round = 0, epoch = 0, step = 0;
+  uint64_t params_hash = 0;
+  nlohmann::json to_json() const;
+  static RoundDone from_json(const nlohmann::json& json);
 };
 
 }  // namespace loco::runtime::protocol

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "loco/algorithms/membership.h"
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
@@ -161,9 +162,10 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   validate(config);
   const fs::path run_dir(config.run.dir);
   // A worker keeps its own checkpoints; the run folder holds what the workers share.
-  const fs::path state_dir = worker.distributed ? run_dir / "workers" / std::to_string(worker.rank) : run_dir;
+  const fs::path state_dir =
+      worker.distributed && !worker.elastic ? run_dir / "workers" / std::to_string(worker.rank) : run_dir;
   const bool resume = options.resume || options.resume_step.has_value();
-  prepare_run_dir(state_dir, resume);
+  if (!worker.elastic) prepare_run_dir(state_dir, resume);  // elastic: the coordinator (or launcher) checked
   CheckpointStore store(state_dir / "checkpoints", config.checkpoint.keep);
 
   std::optional<Checkpoint> resumed;
@@ -277,6 +279,17 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     progress.set_sync_totals(report.round, summary.bytes_sent);
   };
   for (const auto& report : sync.on_start(model, step)) record_sync(report);  // a round left pending by a stop
+  if (auto joined = sync.joined_at_step()) {
+    // A joiner of a run under way: it holds the run's θ now, and continues from the round's step.
+    step = *joined;
+    tokens = step * config.train.batch_size * config.train.grad_accum * config.model.context;
+    progress.message(fmt::format("{}joined the run at step {}", who, step));
+    log.write("joined", {{"worker", worker.rank}, {"step", step}});
+  }
+  if (worker.start_position) {
+    if (auto position = worker.start_position()) sampler.restore(*position);
+  }
+  summary.first_step = step;
 
   const int64_t tokens_per_step = config.train.batch_size * config.train.grad_accum * config.model.context;
   auto score = [&] {
@@ -290,6 +303,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   EvalResult last_eval{NAN, NAN, 0};
   bool stopped = false, eval_due = false, checkpoint_current = false;
   std::optional<PeerError> peer_failure;
+  bool peer_stopping = false;  // the failure was the run stopping (algorithms::RunStopping)
   // Compute utilization: the inner steps' wall time (evaluation and checkpoints excluded) and the
   // part of it spent inside the sync hooks (collectives, waiting, applying outer steps).
   double steps_s = 0, hooks_s = 0;
@@ -328,10 +342,13 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       in_hook([&] {
         for (const auto& report : sync.after_backward(context)) record_sync(report);
       });
+    } catch (const algorithms::Evicted&) {
+      throw;
     } catch (const PeerError& e) {
       // The step cannot complete without its peers: it never happened (its batches are drawn again).
       sampler.restore(position);
       peer_failure = e;
+      peer_stopping = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;
       break;
     }
     const double grad_norm = optim::clip_grad_norm(parameters, config.optim.grad_clip);
@@ -340,13 +357,19 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     tokens += tokens_per_step;
     checkpoint_current = false;
     summary.losses.push_back(step_loss);
+    if (worker.on_position) worker.on_position(sampler.position());
+    const int64_t rounds_before = summary.rounds;
     try {
       in_hook([&] {
         for (const auto& report : sync.after_step(context)) record_sync(report);
       });
+    } catch (const algorithms::Evicted&) {
+      throw;  // this worker's state is stale: the worker joins again (nothing of it is saved)
     } catch (const PeerError& e) {
       peer_failure = e;  // the inner step stands; its round's synchronization stays due
+      peer_stopping = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;
     }
+    const bool synced_now = summary.rounds > rounds_before;
     steps_s += seconds_since(step_start);
     // What moved during this step, in the background too. The last step is left out of the peak:
     // Streaming DiLoCo synchronizes every fragment there, so that training ends on one θ.
@@ -377,14 +400,17 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     eval_due = eval_due || step % config.eval.every == 0 || last;
     if (eval_due && (sync.in_sync() || sync.evaluation_parameters() != nullptr)) {
       eval_due = false;
-      if (worker.evaluates) {
+      if (worker.evaluates && sync.leads()) {
         last_eval = score();
         log.write("eval", {{"worker", worker.rank}, {"step", step}, {"val_loss", last_eval.loss}, {"val_ppl", last_eval.ppl},
                            {"tokens", last_eval.tokens}});
         progress.message(fmt::format("{}step {}: val_loss {:.4f}  val_ppl {:.2f}", who, step, last_eval.loss, last_eval.ppl));
       }
     }
-    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) {
+    // Elastic runs: the leader saves the global state at every round's end (docs/failure-model.md).
+    const bool checkpoint_due = worker.elastic ? synced_now && sync.in_sync() && sync.leads()
+                                               : (config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last;
+    if (checkpoint_due) {
       save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/true);
       checkpoint_current = true;
     }
@@ -394,17 +420,23 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
 
   bool run_stopping = false;
   if (peer_failure) {
-    run_stopping = worker.run_stopping && worker.run_stopping();
+    run_stopping = peer_stopping || (worker.run_stopping && worker.run_stopping());
     log.write("peer_failure", {{"worker", worker.rank}, {"step", step}, {"error", peer_failure->what()},
                                {"run_stopping", run_stopping}});
   }
-  if ((stopped || peer_failure) && !checkpoint_current) save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/false);
+  // A stopped elastic run keeps its last round's global checkpoint: a worker's state between rounds
+  // is its own, not the run's.
+  const bool may_save = !worker.elastic || (sync.leads() && sync.in_sync());
+  if ((stopped || peer_failure) && !checkpoint_current && may_save) {
+    save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/false);
+  }
   if (peer_failure && !run_stopping) {
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure->what(), step,
                                          (state_dir / "checkpoints").string()));
   }
   summary.interrupted = (stopped || peer_failure) && step < config.train.steps;
-  if (std::isnan(last_eval.loss) && worker.evaluates && (sync.in_sync() || sync.evaluation_parameters() != nullptr)) {
+  if (std::isnan(last_eval.loss) && worker.evaluates && sync.leads() &&
+      (sync.in_sync() || sync.evaluation_parameters() != nullptr)) {
     last_eval = score();
   }
   summary.compute_utilization = steps_s > 0 ? (steps_s - hooks_s) / steps_s : 0;

@@ -39,6 +39,13 @@ struct WorkerRole {
   // Asked after a collective failed: is the whole run stopping (a peer was interrupted), so that
   // the failure is a clean stop rather than a crash?
   std::function<bool()> run_stopping;
+  // Elastic runs (cluster.elastic): the run's checkpoints are the global ones in RUN/checkpoints,
+  // written at each round's end by the worker that leads it (SyncStrategy::leads), which also
+  // evaluates. `start_position` gives this worker's slot position once on_start has run (a joiner
+  // learns it in its first round); `on_position` hears the sampler's position after every step.
+  bool elastic = false;
+  std::function<std::optional<data::SamplerPosition>()> start_position;
+  std::function<void(const data::SamplerPosition&)> on_position;
 };
 
 struct TrainOptions {

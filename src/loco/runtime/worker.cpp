@@ -13,6 +13,7 @@
 #include "loco/core/hash.h"
 #include "loco/runtime/checkpoint.h"
 #include "loco/runtime/coordinator_client.h"
+#include "loco/runtime/elastic.h"
 
 namespace loco::runtime {
 namespace {
@@ -106,6 +107,8 @@ std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
 
 }  // namespace
 
+std::string process_name(int64_t pid) { return fmt::format("{}:{}", host_name(), pid); }
+
 data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers) {
   const auto seed = static_cast<uint64_t>(config.train.seed);
   switch (config.data.shard) {
@@ -130,6 +133,89 @@ std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config,
   LOCO_CHECK(false, "unknown algorithm");
 }
 
+namespace {
+
+// An elastic worker (cluster.elastic): joins as a member holding a slot (a shard of the data),
+// trains with DiLoCo over the groups the coordinator convenes, and joins again as a new member if
+// it is ever dropped (frozen past cluster.dead_after_s, or its round completed without it).
+TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& options, const data::Dataset& dataset,
+                                const std::function<void(const std::string&)>& say) {
+  const auto assignment = assign_shards(config, dataset, config.cluster.workers);
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
+  const std::string name = process_name(::getpid());
+  int64_t wanted_slot = options.rank;
+  bool resume = options.resume;
+  for (;;) {
+    protocol::JoinRequest request;
+    request.name = name;
+    request.rank = wanted_slot;
+    request.config_toml = to_toml(config);
+    request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
+    request.resume = resume;
+    request.token = join_token(config.cluster);
+    request.shards_hash = assignment_hash(assignment);
+    const auto joined = client.join(request);
+    const int64_t slot = joined.rank;
+    const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
+    say(fmt::format("{}: joined the coordinator at {} (run {}){}", who, client.address(), joined.run_id,
+                    joined.joiner ? "; it receives the run's state at the next round" : ""));
+    TrainSummary summary;
+    auto report_done = [&](const std::string& status, const std::string& error) {
+      try {
+        client.report_done({slot, joined.member, status, error, summary_json(summary)});
+      } catch (const std::exception& e) {
+        say(fmt::format("{}: could not report its end to the coordinator: {}", who, e.what()));
+      }
+    };
+    const auto start = client.wait_for_start(slot, options.stop);
+    if (start.phase == "stopping") {
+      summary.interrupted = true;
+      report_done("stopped", "");
+      return summary;
+    }
+    try {
+      const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(slot)]);
+      ElasticSession session(config, client, joined, config.cluster.host.empty() ? client.local_address() : config.cluster.host,
+                             options.stop);
+      algorithms::DiLoCo strategy(comm::Group::single(), diloco_options(config), &session);
+      TrainOptions train_options;
+      train_options.resume = resume && !joined.joiner;
+      train_options.stop = options.stop;
+      train_options.progress = options.progress;
+      train_options.out = options.out;
+      train_options.worker.rank = slot;
+      train_options.worker.world_size = config.cluster.workers;
+      train_options.worker.distributed = true;
+      train_options.worker.elastic = true;
+      train_options.worker.train_tokens = &tokens;
+      train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
+      train_options.worker.start_position = [&]() -> std::optional<data::SamplerPosition> {
+        return joined.joiner ? session.joined_position() : std::optional(joined.position);
+      };
+      train_options.worker.on_position = [&](const data::SamplerPosition& p) { session.record_position(p); };
+      summary = train(config, strategy, train_options);
+    } catch (const algorithms::Evicted& e) {
+      say(fmt::format("{}: dropped from the run ({}); its work since the last round is discarded; joining again as a new "
+                      "member", who, e.what()));
+      wanted_slot = slot;
+      resume = false;
+      continue;
+    } catch (const algorithms::RunStopping& e) {
+      say(fmt::format("{}: {}", who, e.what()));
+      summary.interrupted = true;
+      report_done("stopped", "");
+      return summary;
+    } catch (const std::exception& e) {
+      report_done("failed", e.what());
+      throw;
+    }
+    report_done(summary.interrupted ? "stopped" : "finished", "");
+    return summary;
+  }
+}
+
+}  // namespace
+
 TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& options) {
   RunConfig config = input_config;
   resolve_defaults(config);
@@ -141,16 +227,21 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     }
     std::fflush(options.out);
   };
+  if (config.cluster.elastic) {
+    auto dataset = data::Dataset::open(config.data.dir);
+    return run_elastic_worker(config, options, dataset, say);
+  }
 
   // --- Before joining: the dataset, and this worker's own checkpoints ----------------------------
   auto dataset = data::Dataset::open(config.data.dir);
   const fs::path run_dir(config.run.dir);
   protocol::JoinRequest request;
-  request.name = fmt::format("{}:{}", host_name(), ::getpid());
+  request.name = process_name(::getpid());
   request.rank = options.rank;
   request.config_toml = to_toml(config);
   request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
   request.resume = options.resume;
+  request.token = join_token(config.cluster);
   if (options.resume && options.rank < 0) {
     throw ConfigError("worker", "--resume needs this worker's rank: pass --rank (or set RANK or SLURM_PROCID)");
   }
@@ -172,7 +263,7 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
   TrainSummary summary;
   auto report_done = [&](const std::string& status, const std::string& error) {
     try {
-      client.report_done({rank, status, error, summary_json(summary)});
+      client.report_done({rank, -1, status, error, summary_json(summary)});
     } catch (const std::exception& e) {
       say(fmt::format("worker {}: could not report its end to the coordinator: {}", rank, e.what()));
     }

@@ -34,6 +34,9 @@ TrainSummary run_worker(const RunConfig& config, const WorkerOptions& options);
 // label; for kmeans, documents are embedded by the initial model (train.seed, or train.init_from).
 data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers);
 
+// "host:pid": how the worker process `pid` of this machine names itself when it joins.
+std::string process_name(int64_t pid);
+
 // The sync strategy of config.sync.algorithm over `group`.
 std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group);
 

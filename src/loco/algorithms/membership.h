@@ -1,0 +1,59 @@
+// Elastic membership as an algorithm sees it (docs/failure-model.md). The runtime implements it
+// over the coordinator (runtime/elastic.h); an algorithm only asks, at each round's end, for the
+// group of that round's participants, and reports the round done.
+//
+// A round's group lists the contributors first (ranks 0 .. contributors - 1: the workers that
+// trained the round) and then the joiners, who add nothing to the average and receive the state
+// from rank 0 once the round completes. Rank 0 of the round leads: it evaluates and writes the
+// global checkpoint.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "loco/comm/group.h"
+#include "loco/core/error.h"
+
+namespace loco::algorithms {
+
+// This worker is no longer a member (declared failed while frozen, or its round completed without
+// it): its state is stale, and it must join again as a new member.
+class Evicted : public PeerError {
+ public:
+  explicit Evicted(std::string_view message) : PeerError("membership", message) {}
+};
+
+// The run is stopping (interrupted, failed, or training completed before this worker took part).
+class RunStopping : public PeerError {
+ public:
+  explicit RunStopping(std::string_view message) : PeerError("membership", message) {}
+};
+
+struct RoundPlan {
+  comm::Group group = comm::Group::single();
+  int64_t round = 0;          // the run's round being synchronized (1-based)
+  int64_t epoch = 0;          // the membership epoch of `group`
+  int64_t contributors = 1;   // ranks below this add their outer gradients
+  torch::Tensor slots;        // (slots, 2) int64: each slot's data position (epoch, cursor) as of this round's end
+  bool contributes() const { return group.rank() < contributors; }
+  bool has_joiners() const { return group.size() > contributors; }
+};
+
+class Membership {
+ public:
+  virtual ~Membership() = default;
+  // Whether this worker joins a run under way: it takes part in its first round as a joiner.
+  virtual bool joining() const = 0;
+  // Blocks until round `round` (rounds completed + 1; ignored for a joiner) is convened, and
+  // returns its group. `failed_epoch` >= 0 reports that the last attempt failed in that epoch.
+  // Throws Evicted or RunStopping (PeerErrors), or PeerError when the coordinator is lost.
+  virtual RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch) = 0;
+  // The round completed here, with θ hashing to `params_hash` (the coordinator compares).
+  virtual void end_round(const RoundPlan& plan, int64_t step, uint64_t params_hash) = 0;
+  // Rank 0 of the last round this worker took part in.
+  virtual bool leads() const = 0;
+};
+
+}  // namespace loco::algorithms

@@ -1,0 +1,135 @@
+#include "loco/runtime/elastic.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+namespace loco::runtime {
+namespace {
+
+std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+// A group abandoned after a failure may still have an operation stuck with a live peer until Gloo's
+// own timeout, and destroying it waits for that. Abandoned groups are kept here instead, for the
+// life of the process (one per failure; their connections are idle).
+void bury(comm::Group group) {
+  static auto* graveyard = new std::vector<comm::Group>();
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  graveyard->push_back(std::move(group));
+}
+
+}  // namespace
+
+ElasticSession::ElasticSession(const RunConfig& config, CoordinatorClient& client, const protocol::JoinReply& joined,
+                               std::string host, const std::atomic<bool>* stop)
+    : config_(config),
+      client_(client),
+      joined_(joined),
+      host_(std::move(host)),
+      stop_(stop),
+      store_(client.key_value_store()),
+      position_(joined.position) {
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+ElasticSession::~ElasticSession() {
+  {
+    std::lock_guard lock(mutex_);
+    quit_ = true;
+  }
+  wake_.notify_all();
+  heartbeat_.join();
+  if (group_) bury(std::move(group_->second));
+}
+
+void ElasticSession::heartbeat_loop() {
+  // A connection of its own: the main thread's long polls must not delay a heartbeat.
+  CoordinatorClient channel(client_.address(), seconds(config_.cluster.connect_timeout_s));
+  const auto interval = seconds(config_.cluster.heartbeat_s);
+  std::unique_lock lock(mutex_);
+  while (!quit_) {
+    lock.unlock();
+    try {
+      auto reply = channel.heartbeat({joined_.member});
+      current_epoch_ = reply.epoch;
+      epoch_broken_ = reply.epoch_broken;
+      if (!reply.member) member_ = false;
+    } catch (const std::exception&) {
+      // The coordinator is unreachable: the round's long poll reports that; keep trying.
+    }
+    lock.lock();
+    wake_.wait_for(lock, interval, [&] { return quit_; });
+  }
+}
+
+bool ElasticSession::should_abort(int64_t epoch) const {
+  const int64_t current = current_epoch_.load();
+  return !member_.load() || current > epoch || (current == epoch && epoch_broken_.load());
+}
+
+std::optional<data::SamplerPosition> ElasticSession::joined_position() const { return joined_position_; }
+
+algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, int64_t failed_epoch) {
+  protocol::RoundRequest request;
+  request.member = joined_.member;
+  request.round = round;
+  request.failed_epoch = failed_epoch;
+  request.step = step;
+  request.position = position_;
+  if (failed_epoch >= 0 && group_ && group_->first == failed_epoch) {
+    bury(std::move(group_->second));
+    group_.reset();
+  }
+  for (;;) {
+    const auto reply = client_.round(request);
+    if (reply.action == "rejoin") throw algorithms::Evicted(reply.reason);
+    if (reply.action == "stop") throw algorithms::RunStopping(reply.reason.empty() ? "the run is stopping" : reply.reason);
+    if (reply.action == "finished") throw algorithms::RunStopping("training completed");
+    if (reply.action == "wait") {
+      if (stop_ != nullptr && stop_->load()) throw algorithms::RunStopping("interrupted while waiting for the round");
+      continue;
+    }
+    if (reply.action != "go") throw PeerError("coordinator", fmt::format("unknown round action '{}'", reply.action));
+
+    if (!group_ || group_->first != reply.epoch) {
+      if (group_) bury(std::move(group_->second));
+      group_.reset();
+      comm::GroupOptions options;
+      options.rank = reply.rank;
+      options.size = reply.size;
+      options.host = host_;
+      options.timeout = seconds(config_.cluster.timeout_s);
+      options.prefix = fmt::format("epoch/{}", reply.epoch);
+      const int64_t epoch = reply.epoch;
+      options.abort = [this, epoch] { return should_abort(epoch); };
+      try {
+        group_.emplace(reply.epoch, comm::Group::connect(store_, options));
+      } catch (const PeerError&) {
+        request.failed_epoch = reply.epoch;  // a participant did not make it: the round is convened again
+        continue;
+      }
+    }
+    algorithms::RoundPlan plan;
+    plan.group = group_->second;
+    plan.round = reply.round;
+    plan.epoch = reply.epoch;
+    plan.contributors = reply.contributors;
+    plan.slots = torch::empty({static_cast<int64_t>(reply.slots.size()), 2}, torch::kInt64);
+    for (size_t s = 0; s < reply.slots.size(); ++s) {
+      plan.slots[static_cast<int64_t>(s)][0] = static_cast<int64_t>(reply.slots[s].position.epoch);
+      plan.slots[static_cast<int64_t>(s)][1] = static_cast<int64_t>(reply.slots[s].position.cursor);
+    }
+    if (joined_.joiner && slot() < static_cast<int64_t>(reply.slots.size())) {
+      joined_position_ = reply.slots[static_cast<size_t>(slot())].position;
+    }
+    leads_ = reply.rank == 0;
+    return plan;
+  }
+}
+
+void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash) {
+  client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash});
+}
+
+}  // namespace loco::runtime

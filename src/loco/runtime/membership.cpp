@@ -1,0 +1,323 @@
+#include "loco/runtime/membership.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace loco::runtime {
+namespace {
+
+double seconds_between(MembershipTable::Clock::time_point a, MembershipTable::Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+MembershipTable::MembershipTable(MembershipOptions options)
+    : options_(options), slots_(static_cast<size_t>(std::max<int64_t>(1, options.slots))) {}
+
+int64_t MembershipTable::live_members() const {
+  return std::count_if(members_.begin(), members_.end(), [](const auto& m) { return m.second.state != State::kGone; });
+}
+
+std::optional<int64_t> MembershipTable::vacant_slot(int64_t wanted) const {
+  const auto vacant = [&](int64_t s) { return s >= 0 && s < static_cast<int64_t>(slots_.size()) && slots_[static_cast<size_t>(s)].owner < 0; };
+  if (vacant(wanted)) return wanted;
+  for (int64_t s = 0; s < static_cast<int64_t>(slots_.size()); ++s) {
+    if (vacant(s)) return s;
+  }
+  return std::nullopt;
+}
+
+std::optional<MembershipTable::Joined> MembershipTable::join(const std::string& name, int64_t wanted_slot,
+                                                              Clock::time_point now, std::string& why) {
+  if (complete_) {
+    why = "training is complete";
+    return std::nullopt;
+  }
+  const auto slot = vacant_slot(wanted_slot);
+  if (!slot) {
+    why = fmt::format("the run already has its {} workers (cluster.workers)", slots_.size());
+    return std::nullopt;
+  }
+  const int64_t id = next_id_++;
+  Member member;
+  member.name = name;
+  member.slot = *slot;
+  member.state = State::kJoining;
+  member.last_seen = now;
+  members_.emplace(id, std::move(member));
+  auto& record = slots_[static_cast<size_t>(*slot)];
+  record.owner = id;
+  event({{"event", "join"}, {"member", id}, {"name", name}, {"slot", *slot}, {"joiner", started_}});
+  return Joined{id, *slot, started_, record.position};
+}
+
+void MembershipTable::start(Clock::time_point now) {
+  started_ = true;
+  for (auto& [id, m] : members_) {
+    if (m.state == State::kJoining) m.state = State::kActive;
+    m.last_seen = now;
+  }
+}
+
+protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, Clock::time_point now) {
+  protocol::HeartbeatReply reply;
+  reply.epoch = epoch_;
+  reply.epoch_broken = epoch_broken_;
+  reply.stopping = stopping;
+  auto it = members_.find(id);
+  if (it == members_.end() || it->second.state == State::kGone) {
+    reply.member = false;
+    return reply;
+  }
+  it->second.last_seen = now;
+  return reply;
+}
+
+std::vector<protocol::SlotInfo> MembershipTable::slot_table() const { return slots_; }
+
+void MembershipTable::fail_member(int64_t id, const std::string& how, double noticed_after_s, Clock::time_point now) {
+  auto& m = members_.at(id);
+  if (m.state == State::kGone) return;
+  const bool was_active = m.state == State::kActive;
+  m.state = State::kGone;
+  m.arrival.reset();
+  m.go.reset();
+  if (slots_[static_cast<size_t>(m.slot)].owner == id) slots_[static_cast<size_t>(m.slot)].owner = -1;
+  if (std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) epoch_broken_ = true;
+  event({{"event", "failure"}, {"member", id}, {"name", m.name}, {"slot", m.slot}, {"how", how},
+         {"noticed_after_s", noticed_after_s}, {"was_training", was_active}});
+  if (!failure_noticed_) failure_noticed_ = now;
+  try_convene(now);
+}
+
+void MembershipTable::declare_failed(int64_t id, const std::string& how, Clock::time_point now) {
+  auto it = members_.find(id);
+  if (it == members_.end()) return;
+  fail_member(id, how, 0.0, now);
+}
+
+void MembershipTable::expire(Clock::time_point now) {
+  // The coordinator itself was not running (frozen, or its machine stalled) for a while: the
+  // members' silence is its own, so they get a fresh allowance rather than being declared failed.
+  if (last_expire_ && now - *last_expire_ > options_.dead_after / 2) {
+    for (auto& [id, m] : members_) m.last_seen = std::max(m.last_seen, now);
+  }
+  last_expire_ = now;
+  std::vector<std::pair<int64_t, double>> silent;
+  for (const auto& [id, m] : members_) {
+    const double quiet = seconds_between(m.last_seen, now);
+    if (m.state != State::kGone && now - m.last_seen > options_.dead_after) silent.emplace_back(id, quiet);
+  }
+  for (const auto& [id, quiet] : silent) {
+    fail_member(id, fmt::format("no heartbeat for {:.1f} s", quiet), quiet, now);
+  }
+}
+
+void MembershipTable::leave(int64_t id, const std::string& status, Clock::time_point now) {
+  auto it = members_.find(id);
+  if (it == members_.end() || it->second.state == State::kGone) return;
+  auto& m = it->second;
+  m.state = State::kGone;
+  m.arrival.reset();
+  m.go.reset();
+  if (slots_[static_cast<size_t>(m.slot)].owner == id) slots_[static_cast<size_t>(m.slot)].owner = -1;
+  if (status == "failed" && std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) {
+    epoch_broken_ = true;
+  }
+  event({{"event", "leave"}, {"member", id}, {"name", m.name}, {"slot", m.slot}, {"status", status}});
+  try_convene(now);
+}
+
+std::optional<int64_t> MembershipTable::member_named(const std::string& name) const {
+  for (const auto& [id, m] : members_) {
+    if (m.name == name && m.state != State::kGone) return id;
+  }
+  return std::nullopt;
+}
+
+bool MembershipTable::all_left() const { return live_members() == 0; }
+
+protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& request, bool stopping, Clock::time_point now) {
+  protocol::RoundReply reply;
+  auto it = members_.find(request.member);
+  if (it == members_.end() || it->second.state == State::kGone) {
+    reply.action = "rejoin";
+    reply.reason = fmt::format("member {} is not part of the run (declared failed, or it left)", request.member);
+    return reply;
+  }
+  auto& m = it->second;
+  m.last_seen = now;
+  if (complete_) {
+    reply.action = "finished";
+    return reply;
+  }
+  if (stopping) {
+    reply.action = "stop";
+    return reply;
+  }
+  if (m.go) {
+    if (request.failed_epoch >= 0 && request.failed_epoch == m.go->epoch) {
+      // Its collective in that epoch failed: the epoch is broken, and the round is convened again.
+      if (m.go->epoch == epoch_ && !epoch_broken_) {
+        epoch_broken_ = true;
+        event({{"event", "collective_failed"}, {"reported_by", request.member}, {"name", m.name}, {"epoch", m.go->epoch},
+               {"round", m.go->round}});
+        if (!failure_noticed_) failure_noticed_ = now;
+      }
+      m.go.reset();
+    } else if (request.round == m.go->round || (m.state == State::kJoining && request.round == 0)) {
+      return *m.go;  // the same question again (a retried request)
+    } else {
+      m.go.reset();
+    }
+  }
+  if (m.state == State::kActive) {
+    if (request.round <= round_) {
+      // The round completed on other workers while this one's collective failed: its θ is stale.
+      const int64_t slot = m.slot;
+      m.state = State::kGone;
+      m.arrival.reset();
+      if (slots_[static_cast<size_t>(slot)].owner == request.member) slots_[static_cast<size_t>(slot)].owner = -1;
+      event({{"event", "rejoin"}, {"member", request.member}, {"name", m.name}, {"slot", slot}, {"round", request.round},
+             {"reason", "its round completed without it"}});
+      reply.action = "rejoin";
+      reply.reason = fmt::format("round {} completed on the other workers while this worker's collective failed", request.round);
+      try_convene(now);
+      return reply;
+    }
+    if (request.round != round_ + 1) {
+      throw protocol::ProtocolError(fmt::format("member {} arrived at round {}, but the run is at round {}", request.member,
+                                                request.round, round_ + 1));
+    }
+  } else if (request.round != 0) {
+    throw protocol::ProtocolError(fmt::format("member {} is joining and must arrive at round 0, not {}", request.member,
+                                              request.round));
+  }
+  m.arrival = request;
+  try_convene(now);
+  if (m.go) return *m.go;
+  reply.round = round_ + 1;
+  reply.epoch = epoch_;
+  return reply;  // wait
+}
+
+void MembershipTable::try_convene(Clock::time_point now) {
+  (void)now;
+  if (!started_ || complete_) return;
+  const int64_t next = round_ + 1;
+  if (convened_ && convened_->round == next && convened_->epoch == epoch_ && !epoch_broken_) return;  // under way
+  std::vector<int64_t> active, joiners;
+  for (const auto& [id, m] : members_) {
+    if (m.state == State::kActive) {
+      if (!m.arrival || m.arrival->round != next) return;  // someone is still training this round
+      active.push_back(id);
+    } else if (m.state == State::kJoining && m.arrival) {
+      joiners.push_back(id);
+    }
+  }
+  // Nobody holds θ when no active member is left; the coordinator fails the run (joiners wait).
+  if (active.empty()) return;
+  std::vector<int64_t> participants = active;
+  participants.insert(participants.end(), joiners.begin(), joiners.end());
+  if (static_cast<int64_t>(participants.size()) < options_.min_workers) return;  // below the quorum: wait
+
+  if (epoch_ == 0 || epoch_broken_ || participants != epoch_members_) {
+    ++epoch_;
+    epoch_members_ = participants;
+    epoch_broken_ = false;
+    nlohmann::json list = nlohmann::json::array();
+    for (size_t r = 0; r < participants.size(); ++r) {
+      const auto& m = members_.at(participants[r]);
+      list.push_back({{"rank", r}, {"member", participants[r]}, {"name", m.name}, {"slot", m.slot},
+                      {"joining", m.state == State::kJoining}});
+    }
+    event({{"event", "membership"}, {"epoch", epoch_}, {"round", next}, {"members", list},
+           {"contributors", active.size()}, {"joiners", joiners.size()}});
+  }
+  Convened convened;
+  convened.round = next;
+  convened.epoch = epoch_;
+  convened.participants = participants;
+  convened.contributors = static_cast<int64_t>(active.size());
+  convened.slots = slots_;
+  for (int64_t id : active) {
+    const auto& m = members_.at(id);
+    convened.slots[static_cast<size_t>(m.slot)].position = m.arrival->position;
+    convened.step = std::max(convened.step, m.arrival->step);
+  }
+  for (size_t r = 0; r < participants.size(); ++r) {
+    auto& m = members_.at(participants[r]);
+    protocol::RoundReply go;
+    go.action = "go";
+    go.round = next;
+    go.epoch = epoch_;
+    go.rank = static_cast<int64_t>(r);
+    go.size = static_cast<int64_t>(participants.size());
+    go.contributors = static_cast<int64_t>(active.size());
+    go.slots = convened.slots;
+    m.go = std::move(go);
+    m.arrival.reset();
+  }
+  convened_ = std::move(convened);
+}
+
+std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone& report, Clock::time_point now) {
+  auto it = members_.find(report.member);
+  if (it == members_.end()) return std::nullopt;
+  auto& m = it->second;
+  m.last_seen = now;
+  std::optional<std::string> error;
+  if (report.round == round_ + 1 && convened_ && convened_->round == report.round && convened_->epoch == report.epoch) {
+    round_ = report.round;
+    // The contributors' slots advance; a slot's owner stays whoever holds it now.
+    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].position = convened_->slots[s].position;
+    last_hash_ = report.params_hash;
+    nlohmann::json e = {{"event", "round_complete"}, {"round", round_}, {"epoch", report.epoch}, {"step", report.step},
+                        {"participants", convened_->participants.size()}, {"contributors", convened_->contributors},
+                        {"slots", slots_.size()}, {"short_handed", convened_->contributors < static_cast<int64_t>(slots_.size())},
+                        {"params_hash", fmt::format("{:016x}", report.params_hash)}};
+    if (failure_noticed_) {
+      e["recovery_s"] = seconds_between(*failure_noticed_, now);
+      failure_noticed_.reset();
+    }
+    event(std::move(e));
+    if (options_.total_steps > 0 && report.step >= options_.total_steps) complete_ = true;
+  } else if (report.round == round_ && last_hash_ && *last_hash_ != report.params_hash) {
+    error = fmt::format("member {} ({}) ended round {} with parameters {:016x}, the others with {:016x}: the workers' θ "
+                        "diverged", report.member, m.name, report.round, report.params_hash, *last_hash_);
+  }
+  if (m.state == State::kJoining && report.round == round_) {
+    m.state = State::kActive;
+    event({{"event", "joined"}, {"member", report.member}, {"name", m.name}, {"slot", m.slot}, {"round", round_}});
+  }
+  if (m.go && m.go->round == report.round) m.go.reset();
+  try_convene(now);
+  return error;
+}
+
+void MembershipTable::restore(int64_t rounds_completed, const std::vector<data::SamplerPosition>& positions) {
+  round_ = rounds_completed;
+  for (size_t s = 0; s < slots_.size() && s < positions.size(); ++s) slots_[s].position = positions[s];
+}
+
+std::vector<nlohmann::json> MembershipTable::take_events() {
+  std::vector<nlohmann::json> out;
+  out.swap(events_);
+  return out;
+}
+
+nlohmann::json MembershipTable::describe() const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [id, m] : members_) {
+    const char* state = m.state == State::kActive ? "active" : m.state == State::kJoining ? "joining" : "gone";
+    list.push_back({{"member", id}, {"name", m.name}, {"slot", m.slot}, {"state", state}});
+  }
+  nlohmann::json slots = nlohmann::json::array();
+  for (const auto& s : slots_) slots.push_back({{"owner", s.owner}, {"epoch", s.position.epoch}, {"cursor", s.position.cursor}});
+  return {{"epoch", epoch_}, {"epoch_broken", epoch_broken_}, {"rounds_completed", round_}, {"complete", complete_},
+          {"members", list}, {"slots", slots}};
+}
+
+}  // namespace loco::runtime

@@ -1,0 +1,125 @@
+// The coordinator's record of an elastic run (cluster.elastic): who is a member, which membership
+// epoch is current, and which round is being synchronized by whom (docs/failure-model.md).
+//
+// The data is cut into `slots` shards (cluster.workers); each member holds one slot and reads its
+// shard from the slot's position. A round is convened when every active member has arrived at its
+// end (or has been declared failed) and at least `min_workers` have: its participants are those
+// members, plus any joiners waiting, who add nothing and receive the state after the round. A
+// participant set that differs from the current epoch's, or a broken epoch, opens a new epoch
+// (a fresh process group). A round completes when its first participant reports it done; then
+// the slots of its contributors advance to the positions they arrived with.
+//
+// A pure state machine: no I/O, no threads, no clock of its own (every call takes `now`), so tests
+// drive it step by step. The coordinator calls it under its lock.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loco/runtime/protocol.h"
+
+namespace loco::runtime {
+
+struct MembershipOptions {
+  int64_t slots = 1;
+  int64_t min_workers = 1;
+  std::chrono::milliseconds dead_after{10000};
+  int64_t total_steps = 0;  // the round that reaches it is the last
+};
+
+class MembershipTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit MembershipTable(MembershipOptions options);
+
+  // A worker asks to join. Before the start it becomes an initial member; afterwards a joiner.
+  // `wanted_slot` (-1: any) is honoured when that slot is vacant. Returns the member id and slot,
+  // or nullopt with `why` set when every slot is taken.
+  struct Joined {
+    int64_t member = 0, slot = 0;
+    bool joiner = false;
+    data::SamplerPosition position;
+  };
+  std::optional<Joined> join(const std::string& name, int64_t wanted_slot, Clock::time_point now, std::string& why);
+  // Training starts with the members joined so far (each starts from the same initial θ).
+  void start(Clock::time_point now);
+  bool started() const { return started_; }
+  int64_t live_members() const;  // active and joining
+
+  protocol::HeartbeatReply heartbeat(int64_t member, bool stopping, Clock::time_point now);
+  // An arrival at a round's end (or a joiner's). Returns "go" when the round is (or was just)
+  // convened with this member, "wait" until then.
+  protocol::RoundReply arrive(const protocol::RoundRequest& request, bool stopping, Clock::time_point now);
+  // A participant's report that the round completed with θ hashing to `params_hash`. Returns an
+  // error text when its hash differs from the round's (the workers disagree on θ).
+  std::optional<std::string> round_done(const protocol::RoundDone& report, Clock::time_point now);
+  // The member ended (finished, stopped or failed, as it reported): it leaves, its slot is vacant.
+  void leave(int64_t member, const std::string& status, Clock::time_point now);
+  // A member known to be dead without waiting for its heartbeats (its process exited).
+  void declare_failed(int64_t member, const std::string& how, Clock::time_point now);
+  // Declares failed the members whose heartbeats stopped longer than dead_after ago. Meant to be
+  // called often (the coordinator does, every 200 ms or so): after a gap longer than dead_after / 2
+  // since the last call, every member's silence is forgiven once (the coordinator was stalled).
+  void expire(Clock::time_point now);
+
+  // The member whose name is `name`, if any is live.
+  std::optional<int64_t> member_named(const std::string& name) const;
+  int64_t rounds_completed() const { return round_; }
+  int64_t epoch() const { return epoch_; }
+  bool training_complete() const { return complete_; }
+  // Whether every member that trained has left (reported its end or failed).
+  bool all_left() const;
+  // Events for the log and metrics.jsonl since the last call: {"event": "membership" | "failure" |
+  // "collective_failed" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
+  std::vector<nlohmann::json> take_events();
+  nlohmann::json describe() const;
+  // A resumed run starts from a global checkpoint: rounds completed and each slot's data position.
+  void restore(int64_t rounds_completed, const std::vector<data::SamplerPosition>& positions);
+
+ private:
+  enum class State { kJoining, kActive, kGone };
+  struct Member {
+    std::string name;
+    int64_t slot = -1;
+    State state = State::kJoining;
+    Clock::time_point last_seen;
+    std::optional<protocol::RoundRequest> arrival;  // waiting at a round's end
+    std::optional<protocol::RoundReply> go;          // the round it was convened into
+  };
+
+  void fail_member(int64_t id, const std::string& how, double noticed_after_s, Clock::time_point now);
+  void try_convene(Clock::time_point now);
+  std::vector<protocol::SlotInfo> slot_table() const;
+  std::optional<int64_t> vacant_slot(int64_t wanted) const;
+  void event(nlohmann::json e) { events_.push_back(std::move(e)); }
+
+  MembershipOptions options_;
+  std::map<int64_t, Member> members_;
+  std::vector<protocol::SlotInfo> slots_;  // committed positions (as of the last completed round)
+  int64_t next_id_ = 0;
+  bool started_ = false, complete_ = false;
+  int64_t round_ = 0;                 // rounds completed
+  int64_t epoch_ = 0;                 // current membership epoch (0: none formed yet)
+  std::vector<int64_t> epoch_members_;
+  bool epoch_broken_ = false;
+  // The round convened last, until it completes.
+  struct Convened {
+    int64_t round = 0, epoch = 0, step = 0, contributors = 0;
+    std::vector<int64_t> participants;
+    std::vector<protocol::SlotInfo> slots;  // positions if it completes
+    std::optional<uint64_t> hash;
+  };
+  std::optional<Convened> convened_;
+  std::optional<uint64_t> last_hash_;     // of the last completed round
+  std::optional<Clock::time_point> failure_noticed_;  // for the recovery time
+  std::optional<Clock::time_point> last_expire_;      // the coordinator checks often; a long gap is its own stall
+  std::vector<nlohmann::json> events_;
+};
+
+}  // namespace loco::runtime
