@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <mutex>
+#include <random>
 #include <thread>
 
 #include "loco/core/error.h"
@@ -204,6 +206,101 @@ TEST(Coordinator, HostileRequestsGetAnErrorAndChangeNothing) {
   EXPECT_EQ(running.coordinator.state()["members"].size(), 0u) << "nothing joined";
   CoordinatorClient client(running.address(), 5s);
   EXPECT_EQ(client.join(join_request(config)).rank, 0) << "a good worker is still served";
+}
+
+// An elastic coordinator writes its membership events to RUN/metrics.jsonl.
+RunConfig elastic_config(int64_t workers, const std::string& token) {
+  static testing_util::TempDir run;
+  RunConfig c = run_config(workers);
+  c.run.dir = run.path().string();
+  c.cluster.elastic = true;
+  c.cluster.join_token = token;
+  return c;
+}
+
+TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
+  const std::string secret = "s3cret-token-value";
+  auto options = options_for(elastic_config(2, secret));
+  std::vector<std::string> lines;
+  std::mutex mutex;
+  options.log = [&](const std::string& line) {
+    std::lock_guard lock(mutex);
+    lines.push_back(line);
+  };
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto request = join_request(elastic_config(2, secret));
+  request.token = "";
+  expect_error<ConfigError>([&] { client.join(request); }, "presented no join token");
+  request.token = "wrong";
+  expect_error<ConfigError>([&] { client.join(request); }, "presented a wrong join token");
+  request.token = secret;
+  auto joined = client.join(request);
+  EXPECT_GE(joined.member, 0);
+  // The worker's own config carries a different token: not a config difference (it is per worker),
+  // and never shown.
+  auto other = join_request(elastic_config(2, "another"));
+  other.token = secret;
+  other.name = "second";
+  EXPECT_GE(client.join(other).member, 0);
+  std::lock_guard lock(mutex);
+  ASSERT_FALSE(lines.empty());
+  for (const auto& line : lines) EXPECT_EQ(line.find(secret), std::string::npos) << line;
+  EXPECT_EQ(to_toml(elastic_config(2, secret)).find(secret), std::string::npos) << "config.toml never holds it";
+}
+
+// Random bytes, truncated and mutated messages, huge numbers and lengths at the elastic endpoints:
+// each gets a 4xx answer, nothing changes, and a good worker is still served.
+TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
+  const auto config = elastic_config(2, "tok");  // the join seed carries no token: it is refused
+  Running running(options_for(config));
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  const std::vector<std::string> paths = {"/v1/join", "/v1/heartbeat", "/v1/round", "/v1/round_done", "/v1/done"};
+  const std::vector<std::string> seeds = {
+      protocol::RoundRequest{3, 1, -1, 5, {0, 9}}.to_json().dump(),
+      protocol::RoundDone{3, 1, 1, 5, 0xabc}.to_json().dump(),
+      protocol::HeartbeatRequest{3}.to_json().dump(),
+      join_request(config).to_json().dump(),
+      R"({"member": 99999999999999999999, "round": -5, "step": 1e300})",
+      R"({"member": 0, "round": 1, "failed_epoch": -1, "step": 0, "position": {"epoch": -1, "cursor": "x"}})",
+  };
+  std::mt19937 random(20261122);
+  int answered = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string body = seeds[random() % seeds.size()];
+    switch (random() % 4) {
+      case 0: body = body.substr(0, random() % (body.size() + 1)); break;  // truncated
+      case 1:
+        for (int k = 0; k < 4; ++k) body[random() % body.size()] = static_cast<char>(random() % 256);  // mutated
+        break;
+      case 2: {  // garbage
+        body.assign(random() % 64, '\0');
+        for (auto& c : body) c = static_cast<char>(random() % 256);
+        break;
+      }
+      default: break;  // as is (a member that does not exist)
+    }
+    auto result = raw.Post(paths[random() % paths.size()], body, "application/json");
+    ASSERT_TRUE(result) << "the coordinator stopped answering after " << i << " requests";
+    EXPECT_TRUE(result->status == 400 || result->status == 409 || result->status == 200) << result->status << " " << body;
+    if (result->status == 200) {
+      // Only the well-formed requests of a member that does not exist may succeed, and they change nothing.
+      auto json = nlohmann::json::parse(result->body);
+      if (json.contains("action")) EXPECT_EQ(json["action"], "rejoin");
+      if (json.contains("member") && json["member"].is_boolean()) EXPECT_FALSE(json["member"].get<bool>());
+    }
+    ++answered;
+  }
+  EXPECT_EQ(answered, 300);
+  auto huge = raw.Post("/v1/round", std::string(5 << 20, '{'), "application/json");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->status, 413);
+  EXPECT_EQ(running.coordinator.state()["elastic"]["members"].size(), 0u) << "nothing joined";
+  CoordinatorClient client(running.address(), 5s);
+  auto good = join_request(config);
+  good.token = "tok";
+  EXPECT_GE(client.join(good).member, 0) << "a good worker is still served";
 }
 
 TEST(CoordinatorClient, BadAddressesAndUnreachableCoordinators) {

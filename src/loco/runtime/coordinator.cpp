@@ -405,7 +405,9 @@ struct Coordinator::Impl {
   void done(const protocol::DoneRequest& request) {
     std::lock_guard lock(mutex);
     if (table) {
-      if (request.member < 0) throw ProtocolError("field 'member' is missing (an elastic run)");
+      if (request.member < 0 || !table->known(request.member)) {
+        throw ProtocolError(fmt::format("member {} is not a member of this run", request.member));
+      }
       table->leave(request.member, request.status, Clock::now());
       ended[request.member] = Member{fmt::format("slot {}", request.rank), {}, request.status, request.error, request.summary};
       log(fmt::format("member {} {}{}", request.member, request.status, request.error.empty() ? "" : ": " + request.error));

@@ -68,6 +68,8 @@ class MembershipTable {
   // since the last call, every member's silence is forgiven once (the coordinator was stalled).
   void expire(Clock::time_point now);
 
+  // Whether `member` ever joined.
+  bool known(int64_t member) const { return members_.count(member) > 0; }
   // The member whose name is `name`, if any is live.
   std::optional<int64_t> member_named(const std::string& name) const;
   int64_t rounds_completed() const { return round_; }

@@ -88,10 +88,10 @@ struct StartReply {
 // A worker's end: "finished", "stopped" or "failed" (with the error), and its summary.
 struct DoneRequest {
   int64_t rank = 0;
-  int64_t member = -1;  // elastic runs: the member id (rank is then its slot)
   std::string status;
   std::string error;
   nlohmann::json summary = nlohmann::json::object();
+  int64_t member = -1;  // elastic runs: the member id (rank is then its slot)
 
   nlohmann::json to_json() const;
   static DoneRequest from_json(const nlohmann::json& json);

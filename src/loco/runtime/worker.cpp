@@ -162,7 +162,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     TrainSummary summary;
     auto report_done = [&](const std::string& status, const std::string& error) {
       try {
-        client.report_done({slot, joined.member, status, error, summary_json(summary)});
+        client.report_done({slot, status, error, summary_json(summary), joined.member});
       } catch (const std::exception& e) {
         say(fmt::format("{}: could not report its end to the coordinator: {}", who, e.what()));
       }
@@ -263,7 +263,7 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
   TrainSummary summary;
   auto report_done = [&](const std::string& status, const std::string& error) {
     try {
-      client.report_done({rank, -1, status, error, summary_json(summary)});
+      client.report_done({rank, status, error, summary_json(summary)});
     } catch (const std::exception& e) {
       say(fmt::format("worker {}: could not report its end to the coordinator: {}", rank, e.what()));
     }

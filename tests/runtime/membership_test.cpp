@@ -1,0 +1,209 @@
+// The elastic membership state machine, driven step by step with a synthetic clock: rounds
+// convened with the members alive, epochs, failures by heartbeat and by collective, a round that
+// completed without one of its members, joiners, the quorum, slots and their data positions.
+#include <gtest/gtest.h>
+
+#include "loco/runtime/membership.h"
+
+namespace loco::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = MembershipTable::Clock;
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  MembershipTable table{MembershipOptions{3, 1, 10s, 100}};
+  Clock::time_point now = Clock::time_point() + 1000s;
+
+  int64_t join(const std::string& name, int64_t slot = -1) {
+    std::string why;
+    auto joined = table.join(name, slot, now, why);
+    EXPECT_TRUE(joined) << why;
+    return joined ? joined->member : -1;
+  }
+  protocol::RoundReply arrive(int64_t member, int64_t round, int64_t step, uint64_t cursor = 0, int64_t failed_epoch = -1) {
+    protocol::RoundRequest r;
+    r.member = member;
+    r.round = round;
+    r.step = step;
+    r.failed_epoch = failed_epoch;
+    r.position = {0, cursor};
+    return table.arrive(r, false, now);
+  }
+  std::optional<std::string> done(int64_t member, const protocol::RoundReply& go, int64_t step, uint64_t hash = 7) {
+    return table.round_done({member, go.round, go.epoch, step, hash}, now);
+  }
+  // Time passes; everyone but `silent` sends heartbeats.
+  void pass(std::chrono::milliseconds span, std::vector<int64_t> beating) {
+    for (auto t = 0ms; t < span; t += 1000ms) {
+      now += 1000ms;
+      for (int64_t m : beating) table.heartbeat(m, false, now);
+      table.expire(now);
+    }
+  }
+  std::vector<std::string> event_names() {
+    std::vector<std::string> out;
+    for (const auto& e : table.take_events()) out.push_back(e["event"]);
+    return out;
+  }
+};
+
+TEST_F(MembershipTest, ARoundIsConvenedWhenEveryMemberArrivesAndCommitsTheirPositions) {
+  const int64_t a = join("a"), b = join("b"), c = join("c");
+  table.start(now);
+  EXPECT_EQ(arrive(a, 1, 5, 11).action, "wait");
+  EXPECT_EQ(arrive(b, 1, 5, 12).action, "wait");
+  const auto go_c = arrive(c, 1, 5, 13);
+  ASSERT_EQ(go_c.action, "go");
+  EXPECT_EQ(go_c.epoch, 1);
+  EXPECT_EQ(go_c.size, 3);
+  EXPECT_EQ(go_c.contributors, 3);
+  EXPECT_EQ(go_c.rank, 2);  // ranks follow member ids
+  const auto go_a = arrive(a, 1, 5, 11);  // asking again gives the same answer
+  EXPECT_EQ(go_a.action, "go");
+  EXPECT_EQ(go_a.rank, 0);
+  EXPECT_EQ(go_a.slots[2].position.cursor, 13u);  // positions as of the round's end
+  EXPECT_EQ(table.rounds_completed(), 0);
+  EXPECT_FALSE(done(a, go_a, 5));
+  EXPECT_EQ(table.rounds_completed(), 1);
+  EXPECT_FALSE(done(c, go_c, 5));
+  EXPECT_TRUE(done(c, go_c, 5, /*hash=*/8)) << "a diverged θ is reported";
+  // The same members next round: the same epoch (the group is reused).
+  arrive(a, 2, 10);
+  arrive(b, 2, 10);
+  EXPECT_EQ(arrive(c, 2, 10).epoch, 1);
+}
+
+TEST_F(MembershipTest, ASilentMemberIsDeclaredFailedAndTheRoundGoesOnWithoutIt) {
+  const int64_t a = join("a"), b = join("b"), c = join("c");
+  table.start(now);
+  table.take_events();
+  arrive(a, 1, 5);
+  arrive(b, 1, 5);
+  pass(9s, {a, b});
+  EXPECT_EQ(arrive(a, 1, 5).action, "wait") << "9 s of silence is within dead_after";
+  pass(3s, {a, b});
+  const auto go = arrive(a, 1, 5);
+  ASSERT_EQ(go.action, "go");
+  EXPECT_EQ(go.size, 2);
+  EXPECT_EQ(go.epoch, 1);
+  auto names = event_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "failure"), names.end());
+  EXPECT_EQ(go.slots[2].owner, -1) << "its slot is vacant";
+  // The frozen member comes back: it is no longer a member.
+  EXPECT_EQ(arrive(c, 1, 5).action, "rejoin");
+  EXPECT_FALSE(table.heartbeat(c, false, now).member);
+}
+
+TEST_F(MembershipTest, AFailedCollectiveBreaksTheEpochAndTheRoundIsConvenedAgain) {
+  const int64_t a = join("a"), b = join("b"), c = join("c");
+  table.start(now);
+  arrive(a, 1, 5);
+  arrive(b, 1, 5);
+  const auto go = arrive(c, 1, 5);
+  ASSERT_EQ(go.epoch, 1);
+  // c dies inside the collective; a and b report the failure.
+  EXPECT_EQ(arrive(a, 1, 5, 0, go.epoch).action, "wait");
+  EXPECT_TRUE(table.heartbeat(b, false, now).epoch_broken) << "the others learn it from their heartbeats";
+  EXPECT_EQ(arrive(b, 1, 5, 0, go.epoch).action, "wait") << "c is not known to be dead yet";
+  pass(11s, {a, b});
+  const auto again = arrive(b, 1, 5, 0, go.epoch);
+  ASSERT_EQ(again.action, "go");
+  EXPECT_EQ(again.epoch, 2);
+  EXPECT_EQ(again.size, 2);
+  EXPECT_EQ(again.round, 1);
+}
+
+TEST_F(MembershipTest, AMemberWhoseRoundCompletedWithoutItMustRejoin) {
+  const int64_t a = join("a"), b = join("b");
+  table.start(now);
+  arrive(a, 1, 5);
+  const auto go = arrive(b, 1, 5);
+  EXPECT_FALSE(done(a, go, 5));  // a finished the round...
+  // ...while b's last hop failed: its θ is stale.
+  const auto reply = arrive(b, 1, 5, 0, go.epoch);
+  EXPECT_EQ(reply.action, "rejoin");
+  std::string why;
+  auto again = table.join("b", 1, now, why);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->joiner);
+  EXPECT_EQ(again->slot, 1) << "it gets its vacant slot back";
+}
+
+TEST_F(MembershipTest, AJoinerTakesPartInTheNextRoundAndThenTrains) {
+  const int64_t a = join("a"), b = join("b");
+  table.start(now);
+  std::string why;
+  auto joined = table.join("j", -1, now, why);
+  ASSERT_TRUE(joined);
+  EXPECT_TRUE(joined->joiner);
+  EXPECT_EQ(joined->slot, 2);
+  const int64_t j = joined->member;
+  EXPECT_EQ(arrive(j, 0, 0).action, "wait");
+  arrive(a, 1, 5, 21);
+  const auto go = arrive(b, 1, 5, 22);
+  ASSERT_EQ(go.action, "go");
+  EXPECT_EQ(go.size, 3);
+  EXPECT_EQ(go.contributors, 2);
+  const auto go_j = arrive(j, 0, 0);
+  EXPECT_EQ(go_j.rank, 2) << "joiners come after the contributors";
+  EXPECT_EQ(go_j.slots[2].position.cursor, 0u) << "its slot starts where it stood";
+  done(a, go, 5);
+  done(b, go, 5);
+  done(j, go_j, 5);
+  // Now it is an active member: round 2 waits for it.
+  arrive(a, 2, 10);
+  EXPECT_EQ(arrive(b, 2, 10).action, "wait");
+  EXPECT_EQ(arrive(j, 2, 10).action, "go");
+}
+
+TEST_F(MembershipTest, RoundsWaitForTheQuorumAndSlotsLimitTheMembers) {
+  MembershipTable quorum(MembershipOptions{2, 2, 10s, 100});
+  std::string why;
+  const int64_t a = quorum.join("a", -1, now, why)->member;
+  const int64_t b = quorum.join("b", -1, now, why)->member;
+  EXPECT_FALSE(quorum.join("c", -1, now, why));
+  EXPECT_NE(why.find("already has its 2 workers"), std::string::npos) << why;
+  quorum.start(now);
+  quorum.declare_failed(b, "its process exited", now);
+  protocol::RoundRequest r{a, 1, -1, 5, {}};
+  EXPECT_EQ(quorum.arrive(r, false, now).action, "wait") << "one worker is below cluster.min_workers = 2";
+  auto j = quorum.join("j", -1, now, why);
+  ASSERT_TRUE(j);
+  protocol::RoundRequest rj{j->member, 0, -1, 0, {}};
+  EXPECT_EQ(quorum.arrive(rj, false, now).action, "go");
+  EXPECT_EQ(quorum.arrive(r, false, now).action, "go");
+}
+
+TEST_F(MembershipTest, AStalledCoordinatorDoesNotDeclareEveryoneFailed) {
+  const int64_t a = join("a"), b = join("b");
+  table.start(now);
+  table.expire(now);
+  now += 30s;  // the coordinator itself was frozen; nobody's heartbeat was read
+  table.expire(now);
+  EXPECT_TRUE(table.heartbeat(a, false, now).member);
+  EXPECT_TRUE(table.heartbeat(b, false, now).member);
+  for (int i = 0; i < 11; ++i) {
+    now += 1s;
+    table.heartbeat(a, false, now);
+    table.expire(now);
+  }
+  EXPECT_FALSE(table.heartbeat(b, false, now).member) << "a member that stays silent is still noticed";
+}
+
+TEST_F(MembershipTest, TheLastRoundCompletesTrainingAndStoppingStopsArrivals) {
+  const int64_t a = join("a");
+  table.start(now);
+  EXPECT_EQ(table.arrive({a, 1, -1, 100, {}}, true, now).action, "stop");
+  const auto go = arrive(a, 1, 100);
+  done(a, go, 100);
+  EXPECT_TRUE(table.training_complete());
+  std::string why;
+  EXPECT_FALSE(table.join("late", -1, now, why));
+  table.leave(a, "finished", now);
+  EXPECT_TRUE(table.all_left());
+}
+
+}  // namespace
+}  // namespace loco::runtime
