@@ -113,6 +113,8 @@ TEST_F(MembershipTest, AFailedCollectiveBreaksTheEpochAndTheRoundIsConvenedAgain
   EXPECT_EQ(again.epoch, 2);
   EXPECT_EQ(again.size, 2);
   EXPECT_EQ(again.round, 1);
+  auto names = event_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "round_retried"), names.end());
 }
 
 TEST_F(MembershipTest, AMemberWhoseRoundCompletedWithoutItMustRejoin) {

@@ -158,6 +158,11 @@ struct Coordinator::Impl {
                          "with the members still alive", e["reported_by"].get<int64_t>(), e["round"].get<int64_t>(),
                          e["epoch"].get<int64_t>());
     }
+    if (name == "round_retried") {
+      return fmt::format("round {} is tried again in epoch {} with {} workers (its collective in epoch {} failed)",
+                         e["round"].get<int64_t>(), e["epoch"].get<int64_t>(), e["participants"].get<size_t>(),
+                         e["failed_epoch"].get<int64_t>());
+    }
     if (name == "leave") return fmt::format("member {} left: {}", e["member"].get<int64_t>(), e["status"].get<std::string>());
     if (name == "rejoin") {
       return fmt::format("member {} must rejoin: {}", e["member"].get<int64_t>(), e["reason"].get<std::string>());

@@ -236,6 +236,10 @@ void MembershipTable::try_convene(Clock::time_point now) {
     event({{"event", "membership"}, {"epoch", epoch_}, {"round", next}, {"members", list},
            {"contributors", active.size()}, {"joiners", joiners.size()}});
   }
+  if (convened_ && convened_->round == next) {
+    event({{"event", "round_retried"}, {"round", next}, {"epoch", epoch_}, {"failed_epoch", convened_->epoch},
+           {"participants", participants.size()}});
+  }
   Convened convened;
   convened.round = next;
   convened.epoch = epoch_;
@@ -288,6 +292,7 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
     error = fmt::format("member {} ({}) ended round {} with parameters {:016x}, the others with {:016x}: the workers' θ "
                         "diverged", report.member, m.name, report.round, report.params_hash, *last_hash_);
   }
+  if (convened_ && convened_->round == report.round && convened_->epoch == report.epoch) convened_->done.push_back(report.member);
   if (m.state == State::kJoining && report.round == round_) {
     m.state = State::kActive;
     event({{"event", "joined"}, {"member", report.member}, {"name", m.name}, {"slot", m.slot}, {"round", round_}});
@@ -316,8 +321,13 @@ nlohmann::json MembershipTable::describe() const {
   }
   nlohmann::json slots = nlohmann::json::array();
   for (const auto& s : slots_) slots.push_back({{"owner", s.owner}, {"epoch", s.position.epoch}, {"cursor", s.position.cursor}});
-  return {{"epoch", epoch_}, {"epoch_broken", epoch_broken_}, {"rounds_completed", round_}, {"complete", complete_},
-          {"members", list}, {"slots", slots}};
+  nlohmann::json state = {{"epoch", epoch_}, {"epoch_broken", epoch_broken_}, {"rounds_completed", round_},
+                          {"complete", complete_}, {"members", list}, {"slots", slots}};
+  if (convened_) {
+    state["convened"] = {{"round", convened_->round}, {"epoch", convened_->epoch},
+                         {"participants", convened_->participants}, {"done", convened_->done}};
+  }
+  return state;
 }
 
 }  // namespace loco::runtime

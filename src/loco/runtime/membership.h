@@ -78,7 +78,7 @@ class MembershipTable {
   // Whether every member that trained has left (reported its end or failed).
   bool all_left() const;
   // Events for the log and metrics.jsonl since the last call: {"event": "membership" | "failure" |
-  // "collective_failed" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
+  // "collective_failed" | "round_retried" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
   std::vector<nlohmann::json> take_events();
   nlohmann::json describe() const;
   // A resumed run starts from a global checkpoint: rounds completed and each slot's data position.
@@ -115,7 +115,7 @@ class MembershipTable {
     int64_t round = 0, epoch = 0, step = 0, contributors = 0;
     std::vector<int64_t> participants;
     std::vector<protocol::SlotInfo> slots;  // positions if it completes
-    std::optional<uint64_t> hash;
+    std::vector<int64_t> done;              // participants that reported it complete
   };
   std::optional<Convened> convened_;
   std::optional<uint64_t> last_hash_;     // of the last completed round

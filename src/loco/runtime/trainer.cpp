@@ -275,6 +275,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                             {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
                             {"stall_s", report.stall_seconds}, {"params_hash", hex64(report.params_hash)}};
     if (report.fragment >= 0) event["fragment"] = report.fragment;
+    if (report.attempts > 1) event["attempts"] = report.attempts;
     log.write("sync", event);
     progress.set_sync_totals(report.round, summary.bytes_sent);
   };

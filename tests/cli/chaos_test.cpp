@@ -1,0 +1,251 @@
+// Chaos: an elastic `loco launch` of 4 workers (tiny model) while this test kills workers with
+// SIGKILL at random moments (one of them inside a round's collective), freezes one with SIGSTOP
+// past cluster.dead_after_s and lets it go on, and starts replacement workers. The run must
+// complete, every round must end with one θ on all its participants, the final validation loss
+// must be within 5% of the same seed's run without failures, and no process may be left behind.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "loco/core/files.h"
+#include "loco/runtime/coordinator_client.h"
+#include "process_util.h"
+#include "test_util.h"
+#include "tiny_corpus.h"
+
+namespace loco {
+namespace {
+
+using testing_util::Child;
+using testing_util::TempDir;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+class ChaosTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing_util::write_tiny_corpus(dir_.path() / "corpus");
+    auto r = testing_util::run_command({LOCO_BINARY, "prepare", "--corpus", (dir_.path() / "corpus").string(), "--out",
+                                        data().string(), "--vocab-size", "320", "--cache", (dir_.path() / "cache").string()},
+                                       log("prepare"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ofstream(config()) << R"([model]
+context = 32
+layers = 2
+width = 32
+heads = 2
+[optim]
+lr = 0.0005
+warmup_steps = 20
+[train]
+steps = 400
+batch_size = 4
+device = "cpu"
+threads = 1
+log_every = 50
+[eval]
+every = 200
+windows = 8
+[sync]
+algorithm = "diloco"
+inner_steps = 5
+[cluster]
+workers = 4
+elastic = true
+heartbeat_s = 0.5
+dead_after_s = 3
+timeout_s = 30
+join_timeout_s = 60
+connect_timeout_s = 20
+)";
+  }
+  void TearDown() override {
+    EXPECT_TRUE(testing_util::processes_mentioning(dir_.path().string()).empty()) << "a loco process outlived the test";
+  }
+
+  fs::path data() const { return dir_.path() / "data"; }
+  fs::path config() const { return dir_.path() / "chaos.toml"; }
+  fs::path run(const std::string& name) const { return dir_.path() / name; }
+  std::string log(const std::string& name) const { return (dir_.path() / (name + ".log")).string(); }
+  std::vector<std::string> common(const std::string& name) const {
+    return {"--config", config().string(), "--data.dir=" + data().string(), "--run.dir=" + run(name).string()};
+  }
+  std::vector<nlohmann::json> events(const std::string& name, const std::string& kind) const {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(run(name) / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.at("event") == kind) out.push_back(j);
+    }
+    return out;
+  }
+  double final_val_loss(const std::string& name) const {
+    for (const auto& e : events(name, "eval")) {
+      if (e["step"] == 400) return e["val_loss"].get<double>();
+    }
+    return NAN;
+  }
+
+  TempDir dir_;
+};
+
+pid_t pid_of(const nlohmann::json& member) {
+  const auto name = member["name"].get<std::string>();
+  return static_cast<pid_t>(std::stol(name.substr(name.rfind(':') + 1)));
+}
+
+TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
+  // The same seed without failures: the reference loss.
+  auto calm = testing_util::run_command([&] {
+    std::vector<std::string> args = {LOCO_BINARY, "launch"};
+    for (auto& a : common("calm")) args.push_back(a);
+    return args;
+  }(), log("calm"), 300s);
+  ASSERT_EQ(calm.status, 0) << calm.output;
+  const double calm_loss = final_val_loss("calm");
+  ASSERT_TRUE(std::isfinite(calm_loss));
+
+  const int port = testing_util::free_port();
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  for (auto& a : common("chaos")) args.push_back(a);
+  Child launcher(args, log("chaos"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  const unsigned seed = std::random_device()();
+  std::mt19937 random(seed);
+  SCOPED_TRACE(fmt::format("chaos seed {}", seed));
+  const auto deadline = Clock::now() + 240s;
+
+  auto state = [&]() -> nlohmann::json {
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      if (status == 200) return nlohmann::json::parse(body)["elastic"];
+    } catch (const std::exception&) {
+    }
+    return nlohmann::json::object();
+  };
+  auto wait_for_round = [&](int64_t round) {
+    while (Clock::now() < deadline) {
+      auto s = state();
+      if (s.value("rounds_completed", int64_t{0}) >= round) return s;
+      std::this_thread::sleep_for(20ms);
+    }
+    ADD_FAILURE() << "round " << round << " never completed";
+    return nlohmann::json::object();
+  };
+  auto active = [&](const nlohmann::json& s) {
+    std::vector<nlohmann::json> out;
+    for (const auto& m : s["members"]) {
+      if (m["state"] == "active") out.push_back(m);
+    }
+    return out;
+  };
+  std::vector<std::unique_ptr<Child>> replacements;
+  auto start_replacement = [&] {
+    std::vector<std::string> worker = {LOCO_BINARY, "worker", "--coordinator", fmt::format("127.0.0.1:{}", port)};
+    for (auto& a : common("chaos")) worker.push_back(a);
+    replacements.push_back(std::make_unique<Child>(worker, log(fmt::format("replacement-{}", replacements.size()))));
+  };
+  std::set<pid_t> killed;
+  // Kills `pid`, waits until the coordinator has declared it failed (so that its slot is free),
+  // and starts a replacement.
+  auto kill_and_replace = [&](pid_t pid, int64_t member) {
+    ASSERT_EQ(::kill(pid, SIGKILL), 0) << "member " << member << " (pid " << pid << ") was alive";
+    killed.insert(pid);
+    while (Clock::now() < deadline) {
+      bool gone = true;
+      for (const auto& m : state()["members"]) {
+        if (m["member"] == member && m["state"] != "gone") gone = false;
+      }
+      if (gone) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    start_replacement();
+  };
+  auto kill_random_member = [&](int64_t after_round) {
+    wait_for_round(after_round);
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 300));
+    auto members = active(state());
+    ASSERT_FALSE(members.empty());
+    const auto& victim = members[random() % members.size()];
+    kill_and_replace(pid_of(victim), victim["member"].get<int64_t>());
+  };
+
+  // 1. A worker killed at a random moment (most likely among its inner steps).
+  kill_random_member(3);
+  // 2. A worker killed inside a round's collective: frozen after the round was convened with it
+  //    and before it reported the round done, then killed.
+  bool killed_in_collective = false;
+  while (!killed_in_collective && Clock::now() < deadline) {
+    auto s = state();
+    if (!s.contains("convened")) continue;
+    const auto& c = s["convened"];
+    if (c["round"].get<int64_t>() != s["rounds_completed"].get<int64_t>() + 1 || c["participants"].size() < 2) continue;
+    const int64_t victim = c["participants"][random() % c["participants"].size()].get<int64_t>();
+    pid_t pid = -1;
+    for (const auto& m : s["members"]) {
+      if (m["member"] == victim && m["state"] == "active") pid = pid_of(m);
+    }
+    if (pid < 0) continue;
+    ::kill(pid, SIGSTOP);
+    auto after = state();
+    const auto& done = after["convened"]["done"];
+    const bool finished_round = after["convened"]["round"] != c["round"] ||
+                                std::find(done.begin(), done.end(), nlohmann::json(victim)) != done.end();
+    if (finished_round) {
+      ::kill(pid, SIGCONT);  // too late: it already finished that round; try the next one
+      continue;
+    }
+    kill_and_replace(pid, victim);
+    killed_in_collective = true;
+  }
+  ASSERT_TRUE(killed_in_collective);
+  // 3. Another random kill, once the replacements have had time to join.
+  kill_random_member(state().value("rounds_completed", int64_t{0}) + 10);
+  // 4. A worker frozen past cluster.dead_after_s, then let go on: it must rejoin as a new member.
+  {
+    auto s = wait_for_round(state().value("rounds_completed", int64_t{0}) + 10);
+    auto members = active(s);
+    ASSERT_FALSE(members.empty());
+    const pid_t frozen = pid_of(members[random() % members.size()]);
+    ::kill(frozen, SIGSTOP);
+    std::this_thread::sleep_for(4500ms);
+    ::kill(frozen, SIGCONT);
+  }
+
+  const int status = launcher.wait(240s);
+  const auto output = read_file(log("chaos"), "test");
+  ASSERT_EQ(status, 0) << output;
+  for (size_t i = 0; i < replacements.size(); ++i) {
+    // A replacement may find the run full (a dropped worker rejoined first): it says so and exits 1.
+    const int code = replacements[i]->wait(60s);
+    const auto text = read_file(log(fmt::format("replacement-{}", i)), "test");
+    const bool full = code == 1 && text.find("already has its 4 workers") != std::string::npos;
+    if (!killed.count(replacements[i]->pid()) && !full) EXPECT_EQ(code, 0) << text;
+  }
+
+  // Failures were noticed, rounds ran short-handed, and everyone who ended a round agreed on θ.
+  EXPECT_EQ(killed.size(), 3u);
+  EXPECT_GE(events("chaos", "failure").size(), 4u) << output;
+  EXPECT_FALSE(events("chaos", "round_retried").empty()) << "the kill inside a collective made its round run again";
+  int64_t short_handed = 0;
+  for (const auto& e : events("chaos", "round_complete")) short_handed += e["short_handed"].get<bool>() ? 1 : 0;
+  EXPECT_GT(short_handed, 0);
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("chaos", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  EXPECT_EQ(hashes.size(), 80u) << "every round completed once";
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+  EXPECT_NE(output.find("joined as member"), std::string::npos);
+
+  if (const char* keep = std::getenv("LOCO_CHAOS_LOG")) fs::copy_file(log("chaos"), keep, fs::copy_options::overwrite_existing);
+  const double chaos_loss = final_val_loss("chaos");
+  EXPECT_NEAR(chaos_loss, calm_loss, 0.05 * calm_loss) << "calm " << calm_loss << ", chaos " << chaos_loss;
+  std::printf("final val_loss: without failures %.4f, with chaos %.4f\n", calm_loss, chaos_loss);
+}
+
+}  // namespace
+}  // namespace loco
