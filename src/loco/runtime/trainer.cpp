@@ -221,6 +221,15 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     adamw.load_state(resumed->optimizer, resumed->state.step);
     sync.load_state(resumed->sync);
     sampler.restore(resumed->state.sampler);
+    if (worker.elastic) {
+      // The global checkpoint holds every slot's position as of its round: take this slot's.
+      for (const auto& [name, tensor] : resumed->sync) {
+        if (name == "elastic.slots" && tensor.dim() == 2 && worker.rank < tensor.size(0)) {
+          sampler.restore({static_cast<uint64_t>(tensor[worker.rank][0].item<int64_t>()),
+                           static_cast<uint64_t>(tensor[worker.rank][1].item<int64_t>())});
+        }
+      }
+    }
     step = resumed->state.step;
     tokens = resumed->state.tokens;
     wall_before = resumed->state.wall_s;

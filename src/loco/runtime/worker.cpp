@@ -190,7 +190,9 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       train_options.worker.train_tokens = &tokens;
       train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
       train_options.worker.start_position = [&]() -> std::optional<data::SamplerPosition> {
-        return joined.joiner ? session.joined_position() : std::optional(joined.position);
+        if (joined.joiner) return session.joined_position();
+        if (train_options.resume) return std::nullopt;  // the global checkpoint's position of this slot
+        return joined.position;
       };
       train_options.worker.on_position = [&](const data::SamplerPosition& p) { session.record_position(p); };
       summary = train(config, strategy, train_options);
