@@ -5,6 +5,7 @@
 // must be within 5% of the same seed's run without failures, and no process may be left behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -245,6 +246,66 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   const double chaos_loss = final_val_loss("chaos");
   EXPECT_NEAR(chaos_loss, calm_loss, 0.05 * calm_loss) << "calm " << calm_loss << ", chaos " << chaos_loss;
   std::printf("final val_loss: without failures %.4f, with chaos %.4f\n", calm_loss, chaos_loss);
+}
+
+// Every process of an elastic run killed at once (SIGKILL: workers, coordinator, launcher), then
+// `loco launch --resume`: the run continues from the global checkpoint and each slot's inner state
+// of the same round, and every round's θ is bit-identical to the uninterrupted run's.
+TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
+  const std::vector<std::string> shorter = {"--cluster.workers=3", "--train.steps=150"};  // 30 rounds
+  auto launch_args = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {LOCO_BINARY, "launch"};
+    for (auto& a : common(name)) args.push_back(a);
+    for (auto& a : shorter) args.push_back(a);
+    for (auto& a : extra) args.push_back(a);
+    return args;
+  };
+  auto round_hashes = [&](const std::string& name) {
+    std::map<int64_t, std::set<std::string>> out;
+    for (const auto& e : events(name, "round_complete")) out[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+    return out;
+  };
+  auto whole = testing_util::run_command(launch_args("whole", {}), log("whole"), 300s);
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  const auto reference = round_hashes("whole");
+  ASSERT_EQ(reference.size(), 30u);
+
+  const int port = testing_util::free_port();
+  Child launcher(launch_args("stopped", {"--port", std::to_string(port)}), log("stopped"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  const auto deadline = Clock::now() + 240s;
+  std::mt19937 random(std::random_device{}());
+  while (Clock::now() < deadline) {
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      if (status == 200 && nlohmann::json::parse(body)["elastic"].value("rounds_completed", int64_t{0}) >= 12) break;
+    } catch (const std::exception&) {
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(random() % 400));
+  // The workers first (so that none sees its launcher go and stops cleanly), then the launcher.
+  auto everyone = testing_util::processes_mentioning(run("stopped").string());
+  std::stable_partition(everyone.begin(), everyone.end(), [&](pid_t p) { return p != launcher.pid(); });
+  ASSERT_GE(everyone.size(), 4u);
+  for (pid_t p : everyone) ::kill(p, SIGKILL);
+  EXPECT_EQ(launcher.wait(30s), 128 + SIGKILL);
+  const auto before = round_hashes("stopped");
+  ASSERT_GE(before.size(), 12u);
+  ASSERT_LT(before.size(), 30u) << "the run ended before it was killed";
+
+  auto resumed = testing_util::run_command(launch_args("stopped", {"--resume"}), log("resumed"), 300s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const auto resumes = events("stopped", "run_resumed");
+  ASSERT_EQ(resumes.size(), 1u);
+  EXPECT_TRUE(resumes[0]["slots_without_inner_state"].empty()) << resumes[0];
+  EXPECT_GE(resumes[0]["round"].get<int64_t>(), 11);
+  const auto after = round_hashes("stopped");
+  EXPECT_EQ(after.size(), 30u);
+  for (const auto& [round, set] : after) {
+    ASSERT_TRUE(reference.count(round));
+    EXPECT_EQ(set, reference.at(round)) << "round " << round << ": θ differs from the uninterrupted run's";
+  }
 }
 
 }  // namespace

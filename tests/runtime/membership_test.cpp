@@ -50,7 +50,8 @@ class MembershipTest : public ::testing::Test {
 };
 
 TEST_F(MembershipTest, ARoundIsConvenedWhenEveryMemberArrivesAndCommitsTheirPositions) {
-  const int64_t a = join("a"), b = join("b"), c = join("c");
+  // Joined in the reverse order of their slots: ranks follow the slots, not the member ids.
+  const int64_t c = join("c", 2), b = join("b", 1), a = join("a", 0);
   table.start(now);
   EXPECT_EQ(arrive(a, 1, 5, 11).action, "wait");
   EXPECT_EQ(arrive(b, 1, 5, 12).action, "wait");
@@ -59,7 +60,8 @@ TEST_F(MembershipTest, ARoundIsConvenedWhenEveryMemberArrivesAndCommitsTheirPosi
   EXPECT_EQ(go_c.epoch, 1);
   EXPECT_EQ(go_c.size, 3);
   EXPECT_EQ(go_c.contributors, 3);
-  EXPECT_EQ(go_c.rank, 2);  // ranks follow member ids
+  EXPECT_EQ(go_c.rank, 2);  // slot 2
+  EXPECT_GT(a, c);
   const auto go_a = arrive(a, 1, 5, 11);  // asking again gives the same answer
   EXPECT_EQ(go_a.action, "go");
   EXPECT_EQ(go_a.rank, 0);
@@ -79,6 +81,7 @@ TEST_F(MembershipTest, ASilentMemberIsDeclaredFailedAndTheRoundGoesOnWithoutIt) 
   const int64_t a = join("a"), b = join("b"), c = join("c");
   table.start(now);
   table.take_events();
+  table.heartbeat(c, false, now, /*step=*/3);  // c took 3 inner steps, then froze
   arrive(a, 1, 5);
   arrive(b, 1, 5);
   pass(9s, {a, b});
@@ -88,8 +91,11 @@ TEST_F(MembershipTest, ASilentMemberIsDeclaredFailedAndTheRoundGoesOnWithoutIt) 
   ASSERT_EQ(go.action, "go");
   EXPECT_EQ(go.size, 2);
   EXPECT_EQ(go.epoch, 1);
-  auto names = event_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "failure"), names.end());
+  const auto events = table.take_events();
+  const auto failure = std::find_if(events.begin(), events.end(), [](const auto& e) { return e["event"] == "failure"; });
+  ASSERT_NE(failure, events.end());
+  EXPECT_EQ((*failure)["member"], c);
+  EXPECT_EQ((*failure)["discarded_steps"], 3) << "the work it took since the last round is lost";
   EXPECT_EQ(go.slots[2].owner, -1) << "its slot is vacant";
   // The frozen member comes back: it is no longer a member.
   EXPECT_EQ(arrive(c, 1, 5).action, "rejoin");

@@ -127,6 +127,8 @@ NamedTensors inference_weights(const Checkpoint& checkpoint) {
   return global.empty() ? checkpoint.model : global;
 }
 
+fs::path slot_state_dir(const fs::path& run_dir, int64_t slot) { return run_dir / "slots" / std::to_string(slot); }
+
 fs::path resolve_checkpoint_dir(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw DataError("checkpoint", fmt::format("{}: no such checkpoint or run folder", path.string()));

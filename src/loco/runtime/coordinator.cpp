@@ -15,6 +15,7 @@
 #include "loco/comm/key_value.h"
 #include "loco/core/hash.h"
 #include "loco/metrics/metrics_log.h"
+#include "loco/runtime/checkpoint.h"
 #include "loco/runtime/membership.h"
 
 namespace loco::runtime {
@@ -101,7 +102,53 @@ struct Coordinator::Impl {
     if (options.config.cluster.elastic) {
       table.emplace(membership_options(options.config));
       events = metrics::MetricsLog(fs::path(options.config.run.dir) / "metrics.jsonl");
+      if (options.resume) restore_from_checkpoint();
     }
+  }
+
+  // A resumed elastic run continues from a global checkpoint (docs/failure-model.md): the newest
+  // one of a round for which every slot's inner state was saved too (then the run continues as if
+  // never stopped), else the newest. Its round and slot positions become the table's.
+  void restore_from_checkpoint() {
+    const fs::path run(options.config.run.dir);
+    const auto global = CheckpointStore(run / "checkpoints", 1).steps();
+    if (global.empty()) {
+      throw DataError("coordinator", fmt::format("--resume: {} holds no global checkpoint", (run / "checkpoints").string()));
+    }
+    std::vector<std::vector<int64_t>> slot_steps;
+    for (int64_t s = 0; s < world_size(); ++s) slot_steps.push_back(CheckpointStore(slot_state_dir(run, s), 1).steps());
+    const auto complete = [&](int64_t step) {
+      return std::all_of(slot_steps.begin(), slot_steps.end(),
+                         [&](const auto& steps) { return std::find(steps.begin(), steps.end(), step) != steps.end(); });
+    };
+    auto chosen = std::find_if(global.rbegin(), global.rend(), complete);
+    const int64_t step = chosen != global.rend() ? *chosen : global.back();
+    const auto checkpoint = load_checkpoint(CheckpointStore(run / "checkpoints", 1).at(step));
+    int64_t round = -1;
+    std::vector<data::SamplerPosition> positions;
+    for (const auto& [name, tensor] : checkpoint.sync) {
+      if (name == "diloco.round") round = tensor.item<int64_t>();
+      if (name == "elastic.slots" && tensor.dim() == 2 && tensor.size(1) == 2) {
+        for (int64_t s = 0; s < tensor.size(0); ++s) {
+          positions.push_back({static_cast<uint64_t>(tensor[s][0].item<int64_t>()), static_cast<uint64_t>(tensor[s][1].item<int64_t>())});
+        }
+      }
+    }
+    if (round < 0 || static_cast<int64_t>(positions.size()) != world_size()) {
+      throw DataError("coordinator", fmt::format("--resume: {} is not the global checkpoint of an elastic run of {} slots "
+                                                 "(no diloco.round or elastic.slots of that size)", checkpoint.dir.string(),
+                                                 world_size()));
+    }
+    table->restore(round, step, positions);
+    resume_step = step;
+    std::vector<int64_t> fresh;
+    for (int64_t s = 0; s < world_size(); ++s) {
+      if (!complete(step) && std::find(slot_steps[s].begin(), slot_steps[s].end(), step) == slot_steps[s].end()) fresh.push_back(s);
+    }
+    log(fmt::format("resuming from {} (round {}, step {}){}", checkpoint.dir.string(), round, step,
+                    fresh.empty() ? "" : fmt::format("; slot(s) {} have no inner state of that step: their AdamW moments "
+                                                     "start from the leader's", fmt::join(fresh, ", "))));
+    events.write("run_resumed", {{"step", step}, {"round", round}, {"slots_without_inner_state", fresh}});
   }
 
   CoordinatorOptions options;
@@ -128,6 +175,7 @@ struct Coordinator::Impl {
   metrics::MetricsLog events;                 // RUN/metrics.jsonl: membership, failures, rounds
   std::optional<uint64_t> shards_hash;        // the first worker's division of the data
   std::map<int64_t, Member> ended;            // members that reported their end, by member id
+  std::optional<int64_t> resume_step;         // a resumed run: the global checkpoint's step
 
   // Writes the table's events to the log and metrics.jsonl, and wakes the waiting requests.
   void flush_events_locked() {
@@ -389,6 +437,7 @@ struct Coordinator::Impl {
     reply.member = joined->member;
     reply.joiner = joined->joiner;
     reply.position = joined->position;
+    if (!joined->joiner) reply.resume_step = resume_step;  // the initial members load the checkpoint
     return reply;
   }
 
@@ -508,7 +557,7 @@ struct Coordinator::Impl {
       std::lock_guard lock(mutex);
       auto& t = elastic_table();
       t.expire(Clock::now());
-      const auto reply = t.heartbeat(body.member, stopping, Clock::now());
+      const auto reply = t.heartbeat(body.member, stopping, Clock::now(), body.step);
       flush_events_locked();
       reply_json(response, reply.to_json());
     }));

@@ -51,7 +51,7 @@ void ElasticSession::heartbeat_loop() {
   while (!quit_) {
     lock.unlock();
     try {
-      auto reply = channel.heartbeat({joined_.member});
+      auto reply = channel.heartbeat({joined_.member, step_.load()});
       current_epoch_ = reply.epoch;
       epoch_broken_ = reply.epoch_broken;
       if (!reply.member) member_ = false;

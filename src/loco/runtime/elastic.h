@@ -41,8 +41,12 @@ class ElasticSession final : public algorithms::Membership {
 
   int64_t member() const { return joined_.member; }
   int64_t slot() const { return joined_.rank; }
-  // The sampler position of this worker's slot at the end of each step (sent at the round's end).
-  void record_position(const data::SamplerPosition& position) { position_ = position; }
+  // The sampler position of this worker's slot at the end of each step (sent at the round's end)
+  // and the steps done (sent with the heartbeats: what a failure would discard).
+  void record_progress(const data::SamplerPosition& position, int64_t step) {
+    position_ = position;
+    step_ = step;
+  }
   // Where a joiner's slot stands, as its first round's plan says (nullopt before it).
   std::optional<data::SamplerPosition> joined_position() const;
   // Whether the coordinator still counts this worker as a member (false once it was declared
@@ -66,6 +70,7 @@ class ElasticSession final : public algorithms::Membership {
 
   // Written by the heartbeat thread.
   std::atomic<int64_t> current_epoch_{0};
+  std::atomic<int64_t> step_{-1};  // written by the training thread
   std::atomic<bool> epoch_broken_{false}, member_{true};
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -163,8 +163,12 @@ void check_run_dir(const RunConfig& config, bool resume) {
   const fs::path run(config.run.dir);
   std::error_code ec;
   if (resume) {
-    if (!fs::exists(run / "workers", ec)) {
-      throw ConfigError("launch", fmt::format("--resume: {} holds no workers' checkpoints (no {}/workers)", run.string(), run.string()));
+    // An elastic run resumes from the global checkpoints, a fixed one from each worker's.
+    const fs::path needed = run / (config.cluster.elastic ? "checkpoints" : "workers");
+    if (!fs::exists(needed, ec)) {
+      throw ConfigError("launch", fmt::format("--resume: {} holds no {} (no {})", run.string(),
+                                              config.cluster.elastic ? "global checkpoints" : "workers' checkpoints",
+                                              needed.string()));
     }
     return;
   }

@@ -46,6 +46,7 @@ std::optional<MembershipTable::Joined> MembershipTable::join(const std::string& 
   member.slot = *slot;
   member.state = State::kJoining;
   member.last_seen = now;
+  member.step = member.synced_step = round_step_;
   members_.emplace(id, std::move(member));
   auto& record = slots_[static_cast<size_t>(*slot)];
   record.owner = id;
@@ -61,7 +62,7 @@ void MembershipTable::start(Clock::time_point now) {
   }
 }
 
-protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, Clock::time_point now) {
+protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, Clock::time_point now, int64_t step) {
   protocol::HeartbeatReply reply;
   reply.epoch = epoch_;
   reply.epoch_broken = epoch_broken_;
@@ -72,7 +73,12 @@ protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, C
     return reply;
   }
   it->second.last_seen = now;
+  if (step >= 0) it->second.step = step;
   return reply;
+}
+
+int64_t MembershipTable::unsynchronized_steps(const Member& m) const {
+  return m.state == State::kActive ? std::max<int64_t>(0, m.step - m.synced_step) : 0;
 }
 
 std::vector<protocol::SlotInfo> MembershipTable::slot_table() const { return slots_; }
@@ -81,13 +87,14 @@ void MembershipTable::fail_member(int64_t id, const std::string& how, double not
   auto& m = members_.at(id);
   if (m.state == State::kGone) return;
   const bool was_active = m.state == State::kActive;
+  const int64_t discarded = unsynchronized_steps(m);
   m.state = State::kGone;
   m.arrival.reset();
   m.go.reset();
   if (slots_[static_cast<size_t>(m.slot)].owner == id) slots_[static_cast<size_t>(m.slot)].owner = -1;
   if (std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) epoch_broken_ = true;
   event({{"event", "failure"}, {"member", id}, {"name", m.name}, {"slot", m.slot}, {"how", how},
-         {"noticed_after_s", noticed_after_s}, {"was_training", was_active}});
+         {"noticed_after_s", noticed_after_s}, {"was_training", was_active}, {"discarded_steps", discarded}});
   if (!failure_noticed_) failure_noticed_ = now;
   try_convene(now);
 }
@@ -149,6 +156,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
   }
   auto& m = it->second;
   m.last_seen = now;
+  m.step = std::max(m.step, request.step);
   if (complete_) {
     reply.action = "finished";
     return reply;
@@ -177,11 +185,12 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
     if (request.round <= round_) {
       // The round completed on other workers while this one's collective failed: its θ is stale.
       const int64_t slot = m.slot;
+      const int64_t discarded = unsynchronized_steps(m);
       m.state = State::kGone;
       m.arrival.reset();
       if (slots_[static_cast<size_t>(slot)].owner == request.member) slots_[static_cast<size_t>(slot)].owner = -1;
       event({{"event", "rejoin"}, {"member", request.member}, {"name", m.name}, {"slot", slot}, {"round", request.round},
-             {"reason", "its round completed without it"}});
+             {"reason", "its round completed without it"}, {"discarded_steps", discarded}});
       reply.action = "rejoin";
       reply.reason = fmt::format("round {} completed on the other workers while this worker's collective failed", request.round);
       try_convene(now);
@@ -219,6 +228,11 @@ void MembershipTable::try_convene(Clock::time_point now) {
   }
   // Nobody holds θ when no active member is left; the coordinator fails the run (joiners wait).
   if (active.empty()) return;
+  // Ranks follow the slots, not the order of joining: a run's collectives then sum in the same
+  // order whenever the same slots take part, and a resumed run repeats the uninterrupted one.
+  const auto by_slot = [&](int64_t a, int64_t b) { return members_.at(a).slot < members_.at(b).slot; };
+  std::sort(active.begin(), active.end(), by_slot);
+  std::sort(joiners.begin(), joiners.end(), by_slot);
   std::vector<int64_t> participants = active;
   participants.insert(participants.end(), joiners.begin(), joiners.end());
   if (static_cast<int64_t>(participants.size()) < options_.min_workers) return;  // below the quorum: wait
@@ -275,6 +289,8 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
   std::optional<std::string> error;
   if (report.round == round_ + 1 && convened_ && convened_->round == report.round && convened_->epoch == report.epoch) {
     round_ = report.round;
+    round_step_ = report.step;
+    for (int64_t id : convened_->participants) members_.at(id).synced_step = report.step;  // their work is in θ
     // The contributors' slots advance; a slot's owner stays whoever holds it now.
     for (size_t s = 0; s < slots_.size(); ++s) slots_[s].position = convened_->slots[s].position;
     last_hash_ = report.params_hash;
@@ -302,8 +318,9 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
   return error;
 }
 
-void MembershipTable::restore(int64_t rounds_completed, const std::vector<data::SamplerPosition>& positions) {
+void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions) {
   round_ = rounds_completed;
+  round_step_ = step;
   for (size_t s = 0; s < slots_.size() && s < positions.size(); ++s) slots_[s].position = positions[s];
 }
 

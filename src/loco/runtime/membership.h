@@ -52,7 +52,8 @@ class MembershipTable {
   bool started() const { return started_; }
   int64_t live_members() const;  // active and joining
 
-  protocol::HeartbeatReply heartbeat(int64_t member, bool stopping, Clock::time_point now);
+  // `step` (when >= 0) is the member's inner steps so far: what a failure now would discard.
+  protocol::HeartbeatReply heartbeat(int64_t member, bool stopping, Clock::time_point now, int64_t step = -1);
   // An arrival at a round's end (or a joiner's). Returns "go" when the round is (or was just)
   // convened with this member, "wait" until then.
   protocol::RoundReply arrive(const protocol::RoundRequest& request, bool stopping, Clock::time_point now);
@@ -81,8 +82,9 @@ class MembershipTable {
   // "collective_failed" | "round_retried" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
   std::vector<nlohmann::json> take_events();
   nlohmann::json describe() const;
-  // A resumed run starts from a global checkpoint: rounds completed and each slot's data position.
-  void restore(int64_t rounds_completed, const std::vector<data::SamplerPosition>& positions);
+  // A resumed run starts from a global checkpoint: rounds completed, the step they reached, and
+  // each slot's data position.
+  void restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions);
 
  private:
   enum class State { kJoining, kActive, kGone };
@@ -91,11 +93,15 @@ class MembershipTable {
     int64_t slot = -1;
     State state = State::kJoining;
     Clock::time_point last_seen;
+    int64_t step = 0;         // inner steps done, as last reported
+    int64_t synced_step = 0;  // the step of the last completed round it took part in
     std::optional<protocol::RoundRequest> arrival;  // waiting at a round's end
     std::optional<protocol::RoundReply> go;          // the round it was convened into
   };
 
   void fail_member(int64_t id, const std::string& how, double noticed_after_s, Clock::time_point now);
+  // The inner steps a member took since the last completed round: lost when it fails.
+  int64_t unsynchronized_steps(const Member& m) const;
   void try_convene(Clock::time_point now);
   std::vector<protocol::SlotInfo> slot_table() const;
   std::optional<int64_t> vacant_slot(int64_t wanted) const;
@@ -107,6 +113,7 @@ class MembershipTable {
   int64_t next_id_ = 0;
   bool started_ = false, complete_ = false;
   int64_t round_ = 0;                 // rounds completed
+  int64_t round_step_ = 0;            // the step the last completed round reached
   int64_t epoch_ = 0;                 // current membership epoch (0: none formed yet)
   std::vector<int64_t> epoch_members_;
   bool epoch_broken_ = false;

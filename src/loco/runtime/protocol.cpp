@@ -130,8 +130,10 @@ int64_t nonnegative(const nlohmann::json& json, const char* name) {
 }  // namespace
 
 nlohmann::json JoinReply::to_json() const {
-  return {{"rank", rank}, {"world_size", world_size}, {"run_id", run_id}, {"member", member}, {"joiner", joiner},
-          {"position", position_json(position)}};
+  nlohmann::json j = {{"rank", rank}, {"world_size", world_size}, {"run_id", run_id}, {"member", member},
+                      {"joiner", joiner}, {"position", position_json(position)}};
+  if (resume_step) j["resume_step"] = *resume_step;
+  return j;
 }
 
 JoinReply JoinReply::from_json(const nlohmann::json& json) {
@@ -139,11 +141,14 @@ JoinReply JoinReply::from_json(const nlohmann::json& json) {
   r.member = field_or<int64_t>(json, "member", -1);
   r.joiner = field_or<bool>(json, "joiner", false);
   if (json.contains("position")) r.position = position_from(json, "position");
+  if (json.contains("resume_step")) r.resume_step = field<int64_t>(json, "resume_step");
   return r;
 }
 
-nlohmann::json HeartbeatRequest::to_json() const { return {{"member", member}}; }
-HeartbeatRequest HeartbeatRequest::from_json(const nlohmann::json& json) { return {nonnegative(json, "member")}; }
+nlohmann::json HeartbeatRequest::to_json() const { return {{"member", member}, {"step", step}}; }
+HeartbeatRequest HeartbeatRequest::from_json(const nlohmann::json& json) {
+  return {nonnegative(json, "member"), field_or<int64_t>(json, "step", -1)};
+}
 
 nlohmann::json HeartbeatReply::to_json() const {
   return {{"member", member}, {"epoch", epoch}, {"epoch_broken", epoch_broken}, {"stopping", stopping}};

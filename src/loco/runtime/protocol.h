@@ -68,6 +68,7 @@ struct JoinReply {
   int64_t member = -1;              // this member's id (a rejoining worker gets a new one)
   bool joiner = false;              // joins a run under way: receives the state at the next round
   data::SamplerPosition position;   // where the slot's sampler stands (its last completed round)
+  std::optional<int64_t> resume_step;  // a resumed run: the global checkpoint every member loads
 
   nlohmann::json to_json() const;
   static JoinReply from_json(const nlohmann::json& json);
@@ -102,6 +103,7 @@ struct DoneRequest {
 // of a superseded or broken epoch can be abandoned at once.
 struct HeartbeatRequest {
   int64_t member = 0;
+  int64_t step = -1;  // inner steps done (-1: not said), for the work a failure discards
   nlohmann::json to_json() const;
   static HeartbeatRequest from_json(const nlohmann::json& json);
 };

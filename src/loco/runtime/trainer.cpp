@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -167,6 +168,9 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   const bool resume = options.resume || options.resume_step.has_value();
   if (!worker.elastic) prepare_run_dir(state_dir, resume);  // elastic: the coordinator (or launcher) checked
   CheckpointStore store(state_dir / "checkpoints", config.checkpoint.keep);
+  // Elastic: this slot's inner state at each round's end, beside the leader's global checkpoints.
+  std::optional<CheckpointStore> slot_store;
+  if (worker.elastic) slot_store.emplace(slot_state_dir(run_dir, worker.rank), config.checkpoint.keep);
 
   std::optional<Checkpoint> resumed;
   if (resume) {
@@ -221,13 +225,14 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     adamw.load_state(resumed->optimizer, resumed->state.step);
     sync.load_state(resumed->sync);
     sampler.restore(resumed->state.sampler);
-    if (worker.elastic) {
-      // The global checkpoint holds every slot's position as of its round: take this slot's.
-      for (const auto& [name, tensor] : resumed->sync) {
-        if (name == "elastic.slots" && tensor.dim() == 2 && worker.rank < tensor.size(0)) {
-          sampler.restore({static_cast<uint64_t>(tensor[worker.rank][0].item<int64_t>()),
-                           static_cast<uint64_t>(tensor[worker.rank][1].item<int64_t>())});
-        }
+    if (slot_store) {
+      // The global checkpoint is the leader's; this slot's AdamW moments and data position of the
+      // same round are its own (else it keeps the leader's moments, and the coordinator's position).
+      const auto steps = slot_store->steps();
+      if (std::find(steps.begin(), steps.end(), resumed->state.step) != steps.end()) {
+        auto own = load_checkpoint(slot_store->at(resumed->state.step));
+        adamw.load_state(own.optimizer, own.state.step);
+        sampler.restore(own.state.sampler);
       }
     }
     step = resumed->state.step;
@@ -254,7 +259,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
                                            {"parameters", model::parameter_count(config.model)},
                                            {"device", device.str()}, {"threads", threads}, {"sync", sync.name()}});
 
-  auto save_checkpoint = [&](double wall_s, bool prune) {
+  auto training_state = [&](double wall_s) {
     TrainingState state;
     state.step = step;
     state.tokens = tokens;
@@ -264,7 +269,10 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     state.config_toml = to_toml(config);
     state.wall_s = wall_s;
     state.global_hash = global_hash;
-    auto dir = store.save(state, model_weights(model), adamw.state(), sync.state(), prune);
+    return state;
+  };
+  auto save_checkpoint = [&](double wall_s, bool prune) {
+    auto dir = store.save(training_state(wall_s), model_weights(model), adamw.state(), sync.state(), prune);
     log.write("checkpoint", {{"worker", worker.rank}, {"step", step}, {"path", dir.string()}});
   };
 
@@ -367,7 +375,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     tokens += tokens_per_step;
     checkpoint_current = false;
     summary.losses.push_back(step_loss);
-    if (worker.on_position) worker.on_position(sampler.position());
+    if (worker.on_position) worker.on_position(sampler.position(), step);
     const int64_t rounds_before = summary.rounds;
     try {
       in_hook([&] {
@@ -423,6 +431,9 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     if (checkpoint_due) {
       save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/true);
       checkpoint_current = true;
+    }
+    if (slot_store && synced_now && sync.in_sync()) {
+      slot_store->save(training_state(wall_before + seconds_since(call_start)), {}, adamw.state(), {}, /*prune=*/true);
     }
     if (stopped) break;
   }

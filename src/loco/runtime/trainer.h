@@ -41,11 +41,13 @@ struct WorkerRole {
   std::function<bool()> run_stopping;
   // Elastic runs (cluster.elastic): the run's checkpoints are the global ones in RUN/checkpoints,
   // written at each round's end by the worker that leads it (SyncStrategy::leads), which also
-  // evaluates. `start_position` gives this worker's slot position once on_start has run (a joiner
-  // learns it in its first round); `on_position` hears the sampler's position after every step.
+  // evaluates. Every member also saves its slot's inner state at each round's end in
+  // RUN/slots/<rank>, which a resume of the same round loads. `start_position` gives this worker's slot position once on_start has run (a joiner
+  // learns it in its first round); `on_position` hears the sampler's position and the step count
+  // after every step.
   bool elastic = false;
   std::function<std::optional<data::SamplerPosition>()> start_position;
-  std::function<void(const data::SamplerPosition&)> on_position;
+  std::function<void(const data::SamplerPosition&, int64_t step)> on_position;
 };
 
 struct TrainOptions {

@@ -144,14 +144,13 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
   CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
   const std::string name = process_name(::getpid());
   int64_t wanted_slot = options.rank;
-  bool resume = options.resume;
   for (;;) {
     protocol::JoinRequest request;
     request.name = name;
     request.rank = wanted_slot;
     request.config_toml = to_toml(config);
     request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
-    request.resume = resume;
+    request.resume = options.resume;  // the coordinator decides: it resumes the run or not
     request.token = join_token(config.cluster);
     request.shards_hash = assignment_hash(assignment);
     const auto joined = client.join(request);
@@ -179,7 +178,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
                              options.stop);
       algorithms::DiLoCo strategy(comm::Group::single(), diloco_options(config), &session);
       TrainOptions train_options;
-      train_options.resume = resume && !joined.joiner;
+      train_options.resume_step = joined.resume_step;
       train_options.stop = options.stop;
       train_options.progress = options.progress;
       train_options.out = options.out;
@@ -190,17 +189,14 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       train_options.worker.train_tokens = &tokens;
       train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
       train_options.worker.start_position = [&]() -> std::optional<data::SamplerPosition> {
-        if (joined.joiner) return session.joined_position();
-        if (train_options.resume) return std::nullopt;  // the global checkpoint's position of this slot
-        return joined.position;
+        return joined.joiner ? session.joined_position() : joined.position;  // the coordinator's record
       };
-      train_options.worker.on_position = [&](const data::SamplerPosition& p) { session.record_position(p); };
+      train_options.worker.on_position = [&](const data::SamplerPosition& p, int64_t step) { session.record_progress(p, step); };
       summary = train(config, strategy, train_options);
     } catch (const algorithms::Evicted& e) {
       say(fmt::format("{}: dropped from the run ({}); its work since the last round is discarded; joining again as a new "
                       "member", who, e.what()));
       wanted_slot = slot;
-      resume = false;
       continue;
     } catch (const algorithms::RunStopping& e) {
       say(fmt::format("{}: {}", who, e.what()));
