@@ -308,5 +308,79 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
   }
 }
 
+// The coordinator of an elastic run (`loco coordinator` with `loco worker`s) is killed with SIGKILL
+// and started again: the workers wait for it (cluster.coordinator_timeout_s) and the run goes on
+// from its state file. Killed again and not restarted, the workers exit with status 2 saying what
+// to do; `loco coordinator --resume` and `loco worker --resume` then finish the run. Every round
+// completes once, with one θ.
+TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
+  const int port = testing_util::free_port();
+  const std::string address = fmt::format("127.0.0.1:{}", port);
+  auto args = [&](std::vector<std::string> head) {
+    for (auto& a : common("live")) head.push_back(a);
+    for (const char* a : {"--cluster.workers=3", "--train.steps=150", "--cluster.coordinator_timeout_s=8"}) head.push_back(a);
+    return head;
+  };
+  auto start_coordinator = [&](const std::string& name, bool resume) {
+    auto a = args({LOCO_BINARY, "coordinator", "--port", std::to_string(port)});
+    if (resume) a.push_back("--resume");
+    return std::make_unique<Child>(a, log(name));
+  };
+  auto start_workers = [&](const std::string& name, bool resume) {
+    std::vector<std::unique_ptr<Child>> out;
+    for (int r = 0; r < 3; ++r) {
+      auto a = args({LOCO_BINARY, "worker", "--coordinator", address, "--rank", std::to_string(r)});
+      if (resume) a.push_back("--resume");
+      out.push_back(std::make_unique<Child>(a, log(fmt::format("{}-{}", name, r))));
+    }
+    return out;
+  };
+  runtime::CoordinatorClient client(address, 20s);
+  const auto deadline = Clock::now() + 240s;
+  auto wait_for_round = [&](int64_t round) {
+    while (Clock::now() < deadline) {
+      try {
+        auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+        if (status == 200 && nlohmann::json::parse(body)["elastic"].value("rounds_completed", int64_t{0}) >= round) return;
+      } catch (const std::exception&) {
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    FAIL() << "round " << round << " never completed";
+  };
+
+  auto coordinator = start_coordinator("coordinator-1", false);
+  auto workers = start_workers("worker", false);
+  wait_for_round(5);
+  coordinator->signal(SIGKILL);
+  EXPECT_EQ(coordinator->wait(10s), 128 + SIGKILL);
+  std::this_thread::sleep_for(2s);  // the workers reach their round's end and keep asking
+  coordinator = start_coordinator("coordinator-2", false);
+  wait_for_round(15);
+  coordinator->signal(SIGKILL);
+  EXPECT_EQ(coordinator->wait(10s), 128 + SIGKILL);
+  for (size_t r = 0; r < workers.size(); ++r) {
+    EXPECT_EQ(workers[r]->wait(60s), 2) << "worker " << r << " exits when the coordinator does not come back";
+    const auto text = read_file(log(fmt::format("worker-{}", r)), "test");
+    EXPECT_NE(text.find("did not answer"), std::string::npos) << text;
+    EXPECT_NE(text.find("loco coordinator --resume"), std::string::npos) << text;
+  }
+  const auto restored = events("live", "coordinator_restored");
+  ASSERT_EQ(restored.size(), 1u);
+  EXPECT_GE(restored[0]["round"].get<int64_t>(), 5);
+
+  coordinator = start_coordinator("coordinator-3", true);
+  workers = start_workers("resumed", true);
+  for (size_t r = 0; r < workers.size(); ++r) {
+    EXPECT_EQ(workers[r]->wait(120s), 0) << read_file(log(fmt::format("resumed-{}", r)), "test");
+  }
+  EXPECT_EQ(coordinator->wait(30s), 0) << read_file(log("coordinator-3"), "test");
+  EXPECT_EQ(events("live", "run_resumed").size(), 1u);
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("live", "round_complete")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  EXPECT_EQ(hashes.size(), 30u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+}
+
 }  // namespace
 }  // namespace loco

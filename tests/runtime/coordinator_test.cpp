@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 #include "loco/runtime/coordinator.h"
 #include "loco/runtime/coordinator_client.h"
 #include "test_util.h"
@@ -208,9 +209,9 @@ TEST(Coordinator, HostileRequestsGetAnErrorAndChangeNothing) {
   EXPECT_EQ(client.join(join_request(config)).rank, 0) << "a good worker is still served";
 }
 
-// An elastic coordinator writes its membership events to RUN/metrics.jsonl.
-RunConfig elastic_config(int64_t workers, const std::string& token) {
-  static testing_util::TempDir run;
+// An elastic coordinator writes its membership events to RUN/metrics.jsonl and its state to
+// RUN/coordinator.json: each test has a run folder of its own.
+RunConfig elastic_config(const testing_util::TempDir& run, int64_t workers, const std::string& token) {
   RunConfig c = run_config(workers);
   c.run.dir = run.path().string();
   c.cluster.elastic = true;
@@ -219,8 +220,9 @@ RunConfig elastic_config(int64_t workers, const std::string& token) {
 }
 
 TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
+  testing_util::TempDir run;
   const std::string secret = "s3cret-token-value";
-  auto options = options_for(elastic_config(2, secret));
+  auto options = options_for(elastic_config(run, 2, secret));
   std::vector<std::string> lines;
   std::mutex mutex;
   options.log = [&](const std::string& line) {
@@ -229,7 +231,7 @@ TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
   };
   Running running(options);
   CoordinatorClient client(running.address(), 5s);
-  auto request = join_request(elastic_config(2, secret));
+  auto request = join_request(elastic_config(run, 2, secret));
   request.token = "";
   expect_error<ConfigError>([&] { client.join(request); }, "presented no join token");
   request.token = "wrong";
@@ -239,20 +241,81 @@ TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
   EXPECT_GE(joined.member, 0);
   // The worker's own config carries a different token: not a config difference (it is per worker),
   // and never shown.
-  auto other = join_request(elastic_config(2, "another"));
+  auto other = join_request(elastic_config(run, 2, "another"));
   other.token = secret;
   other.name = "second";
   EXPECT_GE(client.join(other).member, 0);
   std::lock_guard lock(mutex);
   ASSERT_FALSE(lines.empty());
   for (const auto& line : lines) EXPECT_EQ(line.find(secret), std::string::npos) << line;
-  EXPECT_EQ(to_toml(elastic_config(2, secret)).find(secret), std::string::npos) << "config.toml never holds it";
+  EXPECT_EQ(to_toml(elastic_config(run, 2, secret)).find(secret), std::string::npos) << "config.toml never holds it";
+  for (const char* file : {"coordinator.json", "metrics.jsonl"}) {
+    EXPECT_EQ(read_file(run.path() / file, "test").find(secret), std::string::npos) << file;
+  }
+}
+
+// A coordinator killed and started again on the same run folder takes the membership back from
+// RUN/coordinator.json: the same members, epoch and run id, and the round under way, which the
+// workers then complete with it.
+TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");
+  auto request = join_request(config);
+  request.token = "tok";
+  protocol::JoinReply a, b;
+  protocol::RoundReply go;
+  std::string run_id;
+  {
+    Running first(options_for(config));
+    CoordinatorClient client(first.address(), 5s);
+    a = client.join(request);
+    request.name = "b";
+    b = client.join(request);
+    ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, "running");
+    protocol::RoundRequest arrival{a.member, 1, -1, 5, {0, 7}};
+    EXPECT_EQ(client.round(arrival).action, "wait");
+    arrival.member = b.member;
+    arrival.position = {0, 8};
+    go = client.round(arrival);
+    ASSERT_EQ(go.action, "go");
+    run_id = first.coordinator.state()["run_id"];
+  }  // the coordinator is gone; the round is under way on the workers
+
+  Running second(options_for(config));
+  const auto state = second.coordinator.state();
+  EXPECT_EQ(state["run_id"], run_id);
+  EXPECT_EQ(state["phase"], "running");
+  EXPECT_EQ(state["elastic"]["epoch"], go.epoch);
+  EXPECT_EQ(state["elastic"]["convened"]["round"], 1);
+  CoordinatorClient client(second.address(), 5s);
+  EXPECT_TRUE(client.heartbeat({a.member, 5}).member) << "its members are still members";
+  // A worker that asks again gets the same answer; the round completes with the new coordinator.
+  const auto again = client.round({a.member, 1, -1, 5, {0, 7}});
+  EXPECT_EQ(again.action, "go");
+  EXPECT_EQ(again.epoch, go.epoch);
+  EXPECT_EQ(again.rank, 0);
+  client.round_done({a.member, 1, go.epoch, 5, 0x1234});
+  client.round_done({b.member, 1, go.epoch, 5, 0x1234});
+  EXPECT_EQ(second.coordinator.state()["elastic"]["rounds_completed"], 1);
+  EXPECT_EQ(second.coordinator.state()["elastic"]["slots"][1]["cursor"], 8);
+}
+
+// A state file that is not one is named, and nothing is overwritten.
+TEST(Coordinator, AMalformedStateFileIsNamed) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");
+  write_file_atomic(run.path() / "coordinator.json", "{\"phase\": \"running\", \"table\": 12}", "test");
+  auto options = options_for(config);
+  options.port = 0;
+  expect_error<DataError>([&] { Coordinator coordinator(options); }, "coordinator.json: malformed");
+  EXPECT_EQ(read_file(run.path() / "coordinator.json", "test"), "{\"phase\": \"running\", \"table\": 12}");
 }
 
 // Random bytes, truncated and mutated messages, huge numbers and lengths at the elastic endpoints:
 // each gets a 4xx answer, nothing changes, and a good worker is still served.
 TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
-  const auto config = elastic_config(2, "tok");  // the join seed carries no token: it is refused
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");  // the join seed carries no token: it is refused
   Running running(options_for(config));
   httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
   raw.set_read_timeout(5s);

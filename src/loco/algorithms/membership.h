@@ -18,11 +18,24 @@
 
 namespace loco::algorithms {
 
+// This worker's membership ended under it: the training loop saves nothing and passes it on.
+class MembershipEnded : public PeerError {
+ public:
+  explicit MembershipEnded(std::string_view message) : PeerError("membership", message) {}
+};
+
 // This worker is no longer a member (declared failed while frozen, or its round completed without
 // it): its state is stale, and it must join again as a new member.
-class Evicted : public PeerError {
+class Evicted : public MembershipEnded {
  public:
-  explicit Evicted(std::string_view message) : PeerError("membership", message) {}
+  explicit Evicted(std::string_view message) : MembershipEnded(message) {}
+};
+
+// The coordinator did not answer for cluster.coordinator_timeout_s: the worker exits, and the run
+// continues from the state saved at the last round's end (docs/failure-model.md).
+class CoordinatorLost : public MembershipEnded {
+ public:
+  explicit CoordinatorLost(std::string_view message) : MembershipEnded(message) {}
 };
 
 // The run is stopping (interrupted, failed, or training completed before this worker took part).
@@ -48,7 +61,7 @@ class Membership {
   virtual bool joining() const = 0;
   // Blocks until round `round` (rounds completed + 1; ignored for a joiner) is convened, and
   // returns its group. `failed_epoch` >= 0 reports that the last attempt failed in that epoch.
-  // Throws Evicted or RunStopping (PeerErrors), or PeerError when the coordinator is lost.
+  // Throws Evicted, CoordinatorLost or RunStopping (PeerErrors).
   virtual RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch) = 0;
   // The round completed here, with θ hashing to `params_hash` (the coordinator compares).
   virtual void end_round(const RoundPlan& plan, int64_t step, uint64_t params_hash) = 0;

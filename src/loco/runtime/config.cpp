@@ -137,6 +137,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(1, {"cluster.min_workers", "elastic: the quorum, the fewest workers a round may run with (it waits for more)", &c.cluster.min_workers}),
       positive({"cluster.heartbeat_s", "elastic: seconds between a worker's heartbeats to the coordinator", &c.cluster.heartbeat_s}),
       positive({"cluster.dead_after_s", "elastic: seconds of heartbeat silence after which a worker is declared failed", &c.cluster.dead_after_s}),
+      positive({"cluster.coordinator_timeout_s", "elastic: seconds a worker keeps retrying a coordinator that stopped answering (a restarted one continues the run), before it exits with the run's state saved", &c.cluster.coordinator_timeout_s}),
       secret({"cluster.join_token", "shared secret a worker must present to join; \"\" = $LOCO_JOIN_TOKEN if set (never written to config.toml or logs)", &c.cluster.join_token}),
   };
 }

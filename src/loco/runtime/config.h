@@ -98,6 +98,7 @@ struct ClusterSection {
   int64_t min_workers = 1;           // a round needs at least this many workers (the quorum)
   double heartbeat_s = 1;            // seconds between a worker's heartbeats to the coordinator
   double dead_after_s = 10;          // heartbeat silence after which a worker counts as failed
+  double coordinator_timeout_s = 60; // a worker's retries of a coordinator that stopped answering
   // The run's shared secret: a worker must present it to join. "" = the environment's
   // LOCO_JOIN_TOKEN, if set. Never written to config.toml, checkpoints or logs.
   std::string join_token;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "loco/comm/key_value.h"
+#include "loco/core/files.h"
 #include "loco/core/hash.h"
 #include "loco/metrics/metrics_log.h"
 #include "loco/runtime/checkpoint.h"
@@ -102,7 +103,61 @@ struct Coordinator::Impl {
     if (options.config.cluster.elastic) {
       table.emplace(membership_options(options.config));
       events = metrics::MetricsLog(fs::path(options.config.run.dir) / "metrics.jsonl");
-      if (options.resume) restore_from_checkpoint();
+      if (options.resume) {
+        restore_from_checkpoint();
+      } else if (fs::exists(state_file)) {
+        restore_live_state();
+      }
+    }
+  }
+
+  // A coordinator started again on a run whose coordinator died (RUN/coordinator.json says it
+  // was under way) takes its membership back; its workers kept training and retrying
+  // (cluster.coordinator_timeout_s), and carry on with it.
+  void restore_live_state() {
+    nlohmann::json saved;
+    try {
+      saved = nlohmann::json::parse(read_file(state_file, "coordinator"));
+      const auto was = saved.at("phase").get<std::string>();
+      if (was == "finished" || was == "failed") {
+        throw ConfigError("coordinator", fmt::format("{} holds a {} run ({}); pass --resume to continue it from its "
+                                                     "checkpoints, or choose another run.dir", options.config.run.dir, was,
+                                                     state_file.string()));
+      }
+      table->load(saved.at("table"), Clock::now());
+      run_id = saved.at("run_id").get<std::string>();
+      stopping = saved.at("stopping").get<bool>();
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("coordinator", fmt::format("{}: malformed ({}); delete it to start a new run there, or continue from "
+                                                 "the checkpoints with --resume", state_file.string(), e.what()));
+    } catch (const std::invalid_argument& e) {
+      throw DataError("coordinator", fmt::format("{}: {}; delete it to start a new run there, or continue from the "
+                                                 "checkpoints with --resume", state_file.string(), e.what()));
+    }
+    phase = table->started() ? "running" : "waiting";
+    log(fmt::format("continuing run {} from {}: epoch {}, {} rounds completed, {} live members (each has "
+                    "cluster.dead_after_s to be heard from)", run_id, state_file.string(), table->epoch(),
+                    table->rounds_completed(), table->live_members()));
+    events.write("coordinator_restored", {{"epoch", table->epoch()}, {"round", table->rounds_completed()},
+                                          {"live_members", table->live_members()}});
+    saved_state = saved.dump();
+  }
+
+  // Writes RUN/coordinator.json when the durable membership changed (atomically: a crash leaves
+  // the previous one). Called under the lock after every change, before any answer that depends on it.
+  void persist_locked() {
+    if (!table) return;
+    const nlohmann::json state = {{"format_version", 1}, {"run_id", run_id}, {"phase", phase}, {"stopping", stopping},
+                                  {"table", table->save()}};
+    auto text = state.dump();
+    if (text == saved_state) return;
+    try {
+      write_file_atomic(state_file, text + "\n", "coordinator");
+      saved_state = std::move(text);
+      state_write_failed = false;
+    } catch (const std::exception& e) {
+      if (!state_write_failed) log(fmt::format("cannot save the membership ({}); a restarted coordinator would not find it", e.what()));
+      state_write_failed = true;
     }
   }
 
@@ -155,7 +210,7 @@ struct Coordinator::Impl {
   httplib::Server server;
   std::thread thread;
   int port = 0;
-  const std::string run_id = random_run_id();
+  std::string run_id = random_run_id();
   comm::MemoryKeyValueStore store;
 
   mutable std::mutex mutex;
@@ -176,6 +231,9 @@ struct Coordinator::Impl {
   std::optional<uint64_t> shards_hash;        // the first worker's division of the data
   std::map<int64_t, Member> ended;            // members that reported their end, by member id
   std::optional<int64_t> resume_step;         // a resumed run: the global checkpoint's step
+  const fs::path state_file = fs::path(options.config.run.dir) / "coordinator.json";
+  std::string saved_state;                    // what state_file holds
+  bool state_write_failed = false;
 
   // Writes the table's events to the log and metrics.jsonl, and wakes the waiting requests.
   void flush_events_locked() {
@@ -189,6 +247,7 @@ struct Coordinator::Impl {
         log(fmt::format("cannot write metrics.jsonl: {}", error.what()));
       }
     }
+    persist_locked();
     changed.notify_all();
   }
 
@@ -245,6 +304,7 @@ struct Coordinator::Impl {
     if (!table->all_left()) return;
     if (table->training_complete() || stopping) {
       phase = "finished";
+      persist_locked();
       changed.notify_all();
     } else {
       fail_locked(fmt::format("every worker left before training completed ({} rounds done); resume with --resume",
@@ -269,6 +329,7 @@ struct Coordinator::Impl {
     if (phase == "finished" || phase == "failed") return;
     phase = "failed";
     reason = why;
+    persist_locked();
     log("run failed: " + why);
     changed.notify_all();
   }

@@ -118,13 +118,18 @@ std::pair<int, std::string> CoordinatorClient::request(const std::string& method
   std::lock_guard lock(mutex_);
   client_->set_read_timeout(read_timeout);
   std::string error;
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(200 << attempt));
+  const auto start = Clock::now();
+  auto backoff = 200ms;
+  for (;;) {
     auto result = method == "GET" ? client_->Get(path) : client_->Post(path, body, "application/json");
     if (result) return {result->status, result->body};
     error = httplib::to_string(result.error());
+    if (Clock::now() + backoff > start + patience_) break;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
   }
-  throw PeerError("coordinator", fmt::format("the coordinator at {} did not answer {}: {}", address(), path, error));
+  throw CoordinatorUnreachable(fmt::format("the coordinator at {} did not answer {} for {:.0f} s: {}", address(), path,
+                                           std::chrono::duration<double>(Clock::now() - start).count(), error));
 }
 
 protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_request) {

@@ -18,6 +18,12 @@ class Client;
 
 namespace loco::runtime {
 
+// The coordinator did not answer (refused, reset or timed out) through all of a request's retries.
+class CoordinatorUnreachable : public PeerError {
+ public:
+  explicit CoordinatorUnreachable(std::string_view message) : PeerError("coordinator", message) {}
+};
+
 class CoordinatorClient {
  public:
   // `address` is "host:port" (ConfigError when malformed). Nothing is sent yet.
@@ -55,8 +61,13 @@ class CoordinatorClient {
   // can reach this worker at (no packet is sent to find it).
   std::string local_address() const;
 
-  // Low level, for the key-value store: one request, retried briefly on connection errors.
-  // Returns (HTTP status, body); throws PeerError when the coordinator stays unreachable.
+  // How long a request keeps retrying a coordinator that does not answer (backoff from 0.2 s,
+  // doubling to 5 s). Default 3 s; elastic workers wait cluster.coordinator_timeout_s, so that a
+  // restarted coordinator finds them still there.
+  void set_patience(std::chrono::milliseconds patience) { patience_ = patience; }
+
+  // Low level, for the key-value store: one request, retried on connection errors for the
+  // patience. Returns (HTTP status, body); throws CoordinatorUnreachable when it stays unreachable.
   std::pair<int, std::string> request(const std::string& method, const std::string& path, const std::string& body,
                                       std::chrono::milliseconds read_timeout);
 
@@ -64,6 +75,7 @@ class CoordinatorClient {
   std::string host_;
   int port_ = 0;
   std::chrono::milliseconds connect_timeout_;
+  std::chrono::milliseconds patience_{3000};
   std::mutex mutex_;
   std::unique_ptr<httplib::Client> client_;
 };

@@ -82,7 +82,7 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     group_.reset();
   }
   for (;;) {
-    const auto reply = client_.round(request);
+    const auto reply = ask([&] { return client_.round(request); });
     if (reply.action == "rejoin") throw algorithms::Evicted(reply.reason);
     if (reply.action == "stop") throw algorithms::RunStopping(reply.reason.empty() ? "the run is stopping" : reply.reason);
     if (reply.action == "finished") throw algorithms::RunStopping("training completed");
@@ -129,7 +129,10 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
 }
 
 void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash) {
-  client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash});
+  ask([&] {
+    client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash});
+    return 0;
+  });
 }
 
 }  // namespace loco::runtime

@@ -55,6 +55,16 @@ class ElasticSession final : public algorithms::Membership {
 
  private:
   void heartbeat_loop();
+  // Runs a request to the coordinator; one unreachable through all its retries (the client's
+  // patience: cluster.coordinator_timeout_s) ends this worker's membership: CoordinatorLost.
+  template <class F>
+  auto ask(F&& request) {
+    try {
+      return request();
+    } catch (const CoordinatorUnreachable& e) {
+      throw algorithms::CoordinatorLost(e.what());
+    }
+  }
   bool should_abort(int64_t epoch) const;
 
   RunConfig config_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace loco::runtime {
 namespace {
@@ -267,18 +268,22 @@ void MembershipTable::try_convene(Clock::time_point now) {
   }
   for (size_t r = 0; r < participants.size(); ++r) {
     auto& m = members_.at(participants[r]);
-    protocol::RoundReply go;
-    go.action = "go";
-    go.round = next;
-    go.epoch = epoch_;
-    go.rank = static_cast<int64_t>(r);
-    go.size = static_cast<int64_t>(participants.size());
-    go.contributors = static_cast<int64_t>(active.size());
-    go.slots = convened.slots;
-    m.go = std::move(go);
+    m.go = go_reply(convened, r);
     m.arrival.reset();
   }
   convened_ = std::move(convened);
+}
+
+protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t rank) {
+  protocol::RoundReply go;
+  go.action = "go";
+  go.round = convened.round;
+  go.epoch = convened.epoch;
+  go.rank = static_cast<int64_t>(rank);
+  go.size = static_cast<int64_t>(convened.participants.size());
+  go.contributors = convened.contributors;
+  go.slots = convened.slots;
+  return go;
 }
 
 std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone& report, Clock::time_point now) {
@@ -324,6 +329,107 @@ void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std:
   for (size_t s = 0; s < slots_.size() && s < positions.size(); ++s) slots_[s].position = positions[s];
 }
 
+namespace {
+
+nlohmann::json slots_json(const std::vector<protocol::SlotInfo>& slots) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& s : slots) out.push_back({s.owner, s.position.epoch, s.position.cursor});
+  return out;
+}
+
+std::vector<protocol::SlotInfo> slots_from(const nlohmann::json& json) {
+  std::vector<protocol::SlotInfo> out;
+  for (const auto& s : json) {
+    protocol::SlotInfo slot;
+    slot.owner = s.at(0).get<int64_t>();
+    slot.position = {s.at(1).get<uint64_t>(), s.at(2).get<uint64_t>()};
+    out.push_back(slot);
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* MembershipTable::state_name(State state) {
+  return state == State::kActive ? "active" : state == State::kJoining ? "joining" : "gone";
+}
+
+nlohmann::json MembershipTable::save() const {
+  nlohmann::json members = nlohmann::json::array();
+  for (const auto& [id, m] : members_) {
+    members.push_back({{"id", id}, {"name", m.name}, {"slot", m.slot}, {"state", state_name(m.state)},
+                       {"synced_step", m.synced_step}});
+  }
+  nlohmann::json out = {{"next_id", next_id_}, {"started", started_}, {"complete", complete_}, {"round", round_},
+                        {"round_step", round_step_}, {"epoch", epoch_}, {"epoch_members", epoch_members_},
+                        {"epoch_broken", epoch_broken_}, {"members", members}, {"slots", slots_json(slots_)}};
+  if (last_hash_) out["last_hash"] = *last_hash_;
+  if (convened_) {
+    out["convened"] = {{"round", convened_->round}, {"epoch", convened_->epoch}, {"step", convened_->step},
+                       {"contributors", convened_->contributors}, {"participants", convened_->participants},
+                       {"slots", slots_json(convened_->slots)}, {"done", convened_->done}};
+  }
+  return out;
+}
+
+void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
+  try {
+    members_.clear();
+    for (const auto& j : saved.at("members")) {
+      Member m;
+      m.name = j.at("name").get<std::string>();
+      m.slot = j.at("slot").get<int64_t>();
+      const auto state = j.at("state").get<std::string>();
+      m.state = state == "active" ? State::kActive : state == "joining" ? State::kJoining : State::kGone;
+      m.synced_step = m.step = j.at("synced_step").get<int64_t>();
+      m.last_seen = now;
+      if (m.slot < 0 || m.slot >= static_cast<int64_t>(slots_.size())) throw std::out_of_range("a member's slot");
+      members_.emplace(j.at("id").get<int64_t>(), std::move(m));
+    }
+    auto slots = slots_from(saved.at("slots"));
+    if (slots.size() != slots_.size()) {
+      throw std::invalid_argument(fmt::format("it has {} slots, the run {}", slots.size(), slots_.size()));
+    }
+    slots_ = std::move(slots);
+    next_id_ = saved.at("next_id").get<int64_t>();
+    started_ = saved.at("started").get<bool>();
+    complete_ = saved.at("complete").get<bool>();
+    round_ = saved.at("round").get<int64_t>();
+    round_step_ = saved.at("round_step").get<int64_t>();
+    epoch_ = saved.at("epoch").get<int64_t>();
+    epoch_members_ = saved.at("epoch_members").get<std::vector<int64_t>>();
+    epoch_broken_ = saved.at("epoch_broken").get<bool>();
+    last_hash_.reset();
+    if (saved.contains("last_hash")) last_hash_ = saved.at("last_hash").get<uint64_t>();
+    convened_.reset();
+    if (saved.contains("convened")) {
+      const auto& c = saved.at("convened");
+      Convened convened;
+      convened.round = c.at("round").get<int64_t>();
+      convened.epoch = c.at("epoch").get<int64_t>();
+      convened.step = c.at("step").get<int64_t>();
+      convened.contributors = c.at("contributors").get<int64_t>();
+      convened.participants = c.at("participants").get<std::vector<int64_t>>();
+      convened.slots = slots_from(c.at("slots"));
+      convened.done = c.at("done").get<std::vector<int64_t>>();
+      // The members still in that round get their answer again when they ask.
+      for (size_t r = 0; r < convened.participants.size(); ++r) {
+        auto it = members_.find(convened.participants[r]);
+        if (it == members_.end()) throw std::out_of_range("a participant of the round under way");
+        if (it->second.state == State::kGone || convened.round != round_ + 1) continue;
+        if (std::find(convened.done.begin(), convened.done.end(), it->first) != convened.done.end()) continue;
+        it->second.go = go_reply(convened, r);
+      }
+      convened_ = std::move(convened);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(fmt::format("malformed: {}", e.what()));
+  } catch (const std::out_of_range& e) {
+    throw std::invalid_argument(fmt::format("inconsistent: {} is out of range", e.what()));
+  }
+  last_expire_.reset();
+}
+
 std::vector<nlohmann::json> MembershipTable::take_events() {
   std::vector<nlohmann::json> out;
   out.swap(events_);
@@ -333,8 +439,7 @@ std::vector<nlohmann::json> MembershipTable::take_events() {
 nlohmann::json MembershipTable::describe() const {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& [id, m] : members_) {
-    const char* state = m.state == State::kActive ? "active" : m.state == State::kJoining ? "joining" : "gone";
-    list.push_back({{"member", id}, {"name", m.name}, {"slot", m.slot}, {"state", state}});
+    list.push_back({{"member", id}, {"name", m.name}, {"slot", m.slot}, {"state", state_name(m.state)}});
   }
   nlohmann::json slots = nlohmann::json::array();
   for (const auto& s : slots_) slots.push_back({{"owner", s.owner}, {"epoch", s.position.epoch}, {"cursor", s.position.cursor}});

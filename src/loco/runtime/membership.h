@@ -82,6 +82,12 @@ class MembershipTable {
   // "collective_failed" | "round_retried" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
   std::vector<nlohmann::json> take_events();
   nlohmann::json describe() const;
+  // The durable part of the table (members, slots, epoch, the round under way), for the
+  // coordinator's state file; `load` takes it back after a coordinator restart, giving every live
+  // member a fresh dead_after allowance. Throws std::invalid_argument saying what is malformed.
+  nlohmann::json save() const;
+  void load(const nlohmann::json& saved, Clock::time_point now);
+
   // A resumed run starts from a global checkpoint: rounds completed, the step they reached, and
   // each slot's data position.
   void restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions);
@@ -99,6 +105,7 @@ class MembershipTable {
     std::optional<protocol::RoundReply> go;          // the round it was convened into
   };
 
+  static const char* state_name(State state);
   void fail_member(int64_t id, const std::string& how, double noticed_after_s, Clock::time_point now);
   // The inner steps a member took since the last completed round: lost when it fails.
   int64_t unsynchronized_steps(const Member& m) const;
@@ -125,6 +132,7 @@ class MembershipTable {
     std::vector<int64_t> done;              // participants that reported it complete
   };
   std::optional<Convened> convened_;
+  static protocol::RoundReply go_reply(const Convened& convened, size_t rank);
   std::optional<uint64_t> last_hash_;     // of the last completed round
   std::optional<Clock::time_point> failure_noticed_;  // for the recovery time
   std::optional<Clock::time_point> last_expire_;      // the coordinator checks often; a long gap is its own stall

@@ -303,6 +303,13 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     tokens = step * config.train.batch_size * config.train.grad_accum * config.model.context;
     progress.message(fmt::format("{}joined the run at step {}", who, step));
     log.write("joined", {{"worker", worker.rank}, {"step", step}});
+    // Its slot's AdamW moments as its last owner saved them (when this host sees RUN/slots): a
+    // better start than zeros in the middle of the schedule.
+    if (auto latest = slot_store ? slot_store->latest() : std::nullopt) {
+      auto own = load_checkpoint(*latest);
+      adamw.load_state(own.optimizer, own.state.step);
+      progress.message(fmt::format("{}took slot {}'s AdamW moments of step {}", who, worker.rank, own.state.step));
+    }
   }
   if (worker.start_position) {
     if (auto position = worker.start_position()) sampler.restore(*position);
@@ -360,7 +367,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       in_hook([&] {
         for (const auto& report : sync.after_backward(context)) record_sync(report);
       });
-    } catch (const algorithms::Evicted&) {
+    } catch (const algorithms::MembershipEnded&) {
       throw;
     } catch (const PeerError& e) {
       // The step cannot complete without its peers: it never happened (its batches are drawn again).
@@ -381,8 +388,8 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       in_hook([&] {
         for (const auto& report : sync.after_step(context)) record_sync(report);
       });
-    } catch (const algorithms::Evicted&) {
-      throw;  // this worker's state is stale: the worker joins again (nothing of it is saved)
+    } catch (const algorithms::MembershipEnded&) {
+      throw;  // stale state, or no coordinator: the worker joins again or exits (nothing of it is saved)
     } catch (const PeerError& e) {
       peer_failure = e;  // the inner step stands; its round's synchronization stays due
       peer_stopping = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;

@@ -142,6 +142,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
                                 const std::function<void(const std::string&)>& say) {
   const auto assignment = assign_shards(config, dataset, config.cluster.workers);
   CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
+  client.set_patience(seconds(config.cluster.coordinator_timeout_s));  // a restarted coordinator finds it waiting
   const std::string name = process_name(::getpid());
   int64_t wanted_slot = options.rank;
   for (;;) {
@@ -203,6 +204,13 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       summary.interrupted = true;
       report_done("stopped", "");
       return summary;
+    } catch (const algorithms::CoordinatorLost& e) {
+      const fs::path run(config.run.dir);
+      throw PeerError("worker", fmt::format("{}: {} (cluster.coordinator_timeout_s = {:g}). The run's state as of its last "
+                                            "completed round is saved in {} and {}; once a coordinator is back, continue "
+                                            "with `loco coordinator --resume` and `loco worker --resume` (the inner steps "
+                                            "since that round are lost)", who, e.what(), config.cluster.coordinator_timeout_s,
+                                            (run / "checkpoints").string(), (run / "slots").string()));
     } catch (const std::exception& e) {
       report_done("failed", e.what());
       throw;
