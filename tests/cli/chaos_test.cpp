@@ -17,7 +17,7 @@
 #include "loco/runtime/coordinator_client.h"
 #include "process_util.h"
 #include "test_util.h"
-#include "tiny_corpus.h"
+#include "cli_util.h"
 
 namespace loco {
 namespace {
@@ -30,11 +30,7 @@ using Clock = std::chrono::steady_clock;
 class ChaosTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    testing_util::write_tiny_corpus(dir_.path() / "corpus");
-    auto r = testing_util::run_command({LOCO_BINARY, "prepare", "--corpus", (dir_.path() / "corpus").string(), "--out",
-                                        data().string(), "--vocab-size", "320", "--cache", (dir_.path() / "cache").string()},
-                                       log("prepare"));
-    ASSERT_EQ(r.status, 0) << r.output;
+    ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_.path(), data()));
     std::ofstream(config()) << R"([model]
 context = 32
 layers = 2

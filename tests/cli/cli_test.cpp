@@ -8,7 +8,7 @@
 #include "loco/core/files.h"
 #include "process_util.h"
 #include "test_util.h"
-#include "tiny_corpus.h"
+#include "cli_util.h"
 
 namespace loco {
 namespace {
@@ -20,11 +20,7 @@ class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    testing_util::write_tiny_corpus(dir_->path() / "corpus");
-    auto r = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out",
-                          data().string(), "--vocab-size", "320", "--cache", (dir_->path() / "cache").string()},
-                         (dir_->path() / "prepare.log").string());
-    ASSERT_EQ(r.status, 0) << r.output;
+    ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_->path(), data()));
     std::ofstream(config()) << R"([model]
 context = 32
 layers = 2
