@@ -56,23 +56,26 @@ class Child {
   }
   pid_t pid() const { return pid_; }
   void signal(int sig) const { ::kill(pid_, sig); }
-  // Exit status, or -1 if still running after `timeout` (the child is then killed).
+  // Exit status, or -1 if still running after `timeout` (0: just look).
   int wait(std::chrono::seconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
+    for (;;) {
       int raw = 0;
+      if (done_) return status_;
       if (::waitpid(pid_, &raw, WNOHANG) == pid_) {
         done_ = true;
-        return decode_status(raw);
+        status_ = decode_status(raw);
+        return status_;
       }
+      if (std::chrono::steady_clock::now() >= deadline) return -1;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    return -1;
   }
 
  private:
   pid_t pid_ = -1;
   bool done_ = false;
+  int status_ = -1;
 };
 
 // Runs to completion (bounded by `timeout`), capturing stdout and stderr.

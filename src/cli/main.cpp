@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -84,7 +85,9 @@ void print_launch_summary(const loco::runtime::RunConfig& config, const loco::ru
   using loco::metrics::format_bytes;
   const auto& summaries = result.summaries;
   if (summaries.empty() || !summaries[0].contains("steps")) return;
-  const auto& first = summaries[0];
+  // The worker that scored the global parameters (worker 0; in an elastic run, the last leader).
+  const auto evaluated = std::find_if(summaries.begin(), summaries.end(), [](const auto& s) { return std::isfinite(number(s, "val_loss")); });
+  const auto& first = evaluated != summaries.end() ? *evaluated : summaries[0];
   int64_t tokens = 0;
   for (const auto& s : summaries) tokens += s.value("tokens", int64_t{0});
   std::string loss;

@@ -378,5 +378,80 @@ TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
   for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
 }
 
+// Time-budgeted rounds (sync.round_seconds) with a worker slowed down by the test (stopped half of
+// every 200 ms) and, once, frozen for longer than sync.round_grace_s: the others do not wait for
+// it beyond the grace (it is left out of that round and rejoins), it trains fewer tokens than they
+// do, and the run completes with one θ per round.
+TEST_F(ChaosTest, TimeBudgetedRoundsDoNotWaitForASlowWorker) {
+  const int port = testing_util::free_port();
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  for (auto& a : common("budget")) args.push_back(a);
+  for (const char* a : {"--cluster.workers=3", "--train.steps=1200", "--sync.round_seconds=0.3", "--sync.round_grace_s=1"}) {
+    args.push_back(a);
+  }
+  Child launcher(args, log("budget"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  auto state = [&]() -> nlohmann::json {
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      if (status == 200) return nlohmann::json::parse(body)["elastic"];
+    } catch (const std::exception&) {
+    }
+    return nlohmann::json::object();
+  };
+  // The worker of slot 2, once training has started.
+  pid_t slow = -1;
+  const auto deadline = Clock::now() + 240s;
+  while (slow < 0 && Clock::now() < deadline) {
+    auto s = state();
+    if (s.value("rounds_completed", int64_t{0}) >= 1) {
+      for (const auto& m : s["members"]) {
+        if (m["slot"] == 2 && m["state"] == "active") slow = pid_of(m);
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GT(slow, 0);
+  bool frozen_once = false;
+  int status = -1;
+  while (Clock::now() < deadline) {
+    if (!frozen_once && state().value("rounds_completed", int64_t{0}) >= 5) {
+      ::kill(slow, SIGSTOP);  // past the grace, within dead_after_s
+      std::this_thread::sleep_for(2000ms);
+      ::kill(slow, SIGCONT);
+      frozen_once = true;
+    }
+    ::kill(slow, SIGSTOP);
+    std::this_thread::sleep_for(100ms);
+    ::kill(slow, SIGCONT);
+    std::this_thread::sleep_for(100ms);
+    if ((status = launcher.wait(0s)) >= 0) break;
+  }
+  if (status < 0) status = launcher.wait(60s);
+  const auto output = read_file(log("budget"), "test");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_TRUE(frozen_once);
+  EXPECT_FALSE(events("budget", "left_out").empty()) << output;
+  EXPECT_FALSE(events("budget", "rejoin").empty()) << output;
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("budget", "round_complete")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  EXPECT_GT(hashes.size(), 10u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+  // Tokens each slot contributed to the rounds, and its weights in them (by tokens).
+  std::map<int64_t, int64_t> tokens;
+  for (const auto& e : events("budget", "sync")) {
+    if (!e.contains("tokens")) continue;  // a joiner's first round: it adds nothing
+    tokens[e["worker"].get<int64_t>()] += e["tokens"].get<int64_t>();
+    EXPECT_GT(e["weight"].get<double>(), 0.0);
+    EXPECT_LT(e["weight"].get<double>(), 1.0);
+  }
+  ASSERT_EQ(tokens.size(), 3u);
+  EXPECT_LT(static_cast<double>(tokens[2]), 0.85 * static_cast<double>(std::min(tokens[0], tokens[1])))
+      << "the slowed worker trains less, and the others did not wait for it: tokens " << tokens[0] << ", " << tokens[1]
+      << ", " << tokens[2];
+  std::printf("time-budgeted rounds: %zu rounds; tokens contributed by slot: %ld, %ld, %ld (slot 2 slowed)\n", hashes.size(),
+              static_cast<long>(tokens[0]), static_cast<long>(tokens[1]), static_cast<long>(tokens[2]));
+}
+
 }  // namespace
 }  // namespace loco

@@ -213,5 +213,68 @@ TEST_F(MembershipTest, TheLastRoundCompletesTrainingAndStoppingStopsArrivals) {
   EXPECT_TRUE(table.all_left());
 }
 
+// Time-budgeted rounds: a member later than the grace after the first arrival is left out of the
+// round rather than waited for; it arrives afterwards to find the round done, and rejoins with its
+// work discarded. The round's step is the furthest contributor's.
+TEST(MembershipGrace, ALateMemberIsLeftOutAfterTheGrace) {
+  MembershipOptions options{3, 1, 60s, 1000};
+  options.round_grace = 5s;
+  MembershipTable table(options);
+  auto now = Clock::time_point() + 1000s;
+  std::string why;
+  const int64_t a = table.join("a", 0, now, why)->member, b = table.join("b", 1, now, why)->member,
+                c = table.join("c", 2, now, why)->member;
+  table.start(now);
+  table.take_events();
+  auto arrive = [&](int64_t member, int64_t round, int64_t step) {
+    protocol::RoundRequest r;
+    r.member = member;
+    r.round = round;
+    r.step = step;
+    return table.arrive(r, false, now);
+  };
+  EXPECT_EQ(arrive(a, 1, 12).action, "wait");  // a fast worker took 12 steps in the budget
+  EXPECT_EQ(arrive(b, 1, 7).action, "wait");   // a slower one 7
+  table.heartbeat(c, false, now, 3);           // c is slower still, and not there yet
+  now += 4s;
+  table.expire(now);
+  EXPECT_EQ(arrive(a, 1, 12).action, "wait") << "within the grace";
+  now += 2s;
+  table.expire(now);
+  const auto go = arrive(a, 1, 12);
+  ASSERT_EQ(go.action, "go");
+  EXPECT_EQ(go.size, 2);
+  EXPECT_EQ(go.step, 12) << "the round's step is the furthest contributor's";
+  const auto events = table.take_events();
+  const auto left_out = std::find_if(events.begin(), events.end(), [](const auto& e) { return e["event"] == "left_out"; });
+  ASSERT_NE(left_out, events.end());
+  EXPECT_EQ((*left_out)["members"], nlohmann::json::array({c}));
+  EXPECT_EQ(arrive(c, 1, 4).action, "wait") << "the round is under way without it";
+  EXPECT_FALSE(table.round_done({a, 1, go.epoch, 12, 7}, now));
+  EXPECT_EQ(arrive(c, 1, 4).action, "rejoin");
+  const auto rejoin = table.take_events();
+  const auto r = std::find_if(rejoin.begin(), rejoin.end(), [](const auto& e) { return e["event"] == "rejoin"; });
+  ASSERT_NE(r, rejoin.end());
+  EXPECT_EQ((*r)["discarded_steps"], 4);
+}
+
+// Without time-budgeted rounds a round waits for every live member, however late.
+TEST(MembershipGrace, WithoutABudgetARoundWaitsForEveryone) {
+  MembershipTable table(MembershipOptions{2, 1, 600s, 1000});
+  auto now = Clock::time_point() + 1000s;
+  std::string why;
+  const int64_t a = table.join("a", 0, now, why)->member;
+  table.join("b", 1, now, why);
+  table.start(now);
+  protocol::RoundRequest r;
+  r.member = a;
+  r.round = 1;
+  r.step = 5;
+  EXPECT_EQ(table.arrive(r, false, now).action, "wait");
+  now += 300s;
+  table.expire(now);
+  EXPECT_EQ(table.arrive(r, false, now).action, "wait");
+}
+
 }  // namespace
 }  // namespace loco::runtime

@@ -30,7 +30,11 @@ void DiLoCo::use_group(const comm::Group& group) {
 }
 
 bool DiLoCo::round_ends_at(int64_t step) const {
-  return step % options_.inner_steps == 0 || step == options_.total_steps;
+  if (step == options_.total_steps) return true;
+  if (options_.round_seconds > 0) {
+    return std::chrono::steady_clock::now() - round_start_ >= std::chrono::duration<double>(options_.round_seconds);
+  }
+  return step % options_.inner_steps == 0;
 }
 
 SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
@@ -46,6 +50,7 @@ SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   outer_ = std::make_unique<optim::OuterOptimizer>(names_, global_, options_.outer);
   average_ = std::make_unique<FlatBuffer>(global_, options_.bucket_bytes);
   step_ = step;
+  round_start_ = std::chrono::steady_clock::now();
   if (!restored_ || restored_->empty()) {
     synced_step_ = step;
     if (membership_ == nullptr) {
@@ -89,9 +94,12 @@ SyncReport DiLoCo::synchronize_elastic(int64_t step) {
   for (int64_t attempt = 0;; ++attempt) {
     RoundPlan plan = membership_->begin_round(round_ + 1, step, failed_epoch);
     use_group(plan.group);
+    // Time-budgeted rounds: the contributors took different numbers of steps; the round's step is
+    // the furthest one's (H-step rounds: everyone's).
+    const int64_t round_step = std::max(step, plan.step);
     SyncReport report;
     try {
-      report = reduce_and_step(group_, plan.contributes(), step);
+      report = reduce_and_step(group_, plan.contributes(), round_step);
     } catch (const MembershipEnded&) {
       throw;
     } catch (const PeerError&) {
@@ -99,7 +107,7 @@ SyncReport DiLoCo::synchronize_elastic(int64_t step) {
       continue;
     }
     slots_ = plan.slots;
-    membership_->end_round(plan, step, report.params_hash);
+    membership_->end_round(plan, round_step, report.params_hash);
     if (plan.has_joiners()) {
       try {
         report.stats += transfer_state(group_);
@@ -125,6 +133,7 @@ SyncReport DiLoCo::join_round() {
       slots_ = plan.slots;
       step_ = synced_step_;
       joined_step_ = synced_step_;
+      round_start_ = std::chrono::steady_clock::now();
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);
       report.round = round_;
@@ -199,12 +208,14 @@ SyncReport DiLoCo::reduce_and_step(comm::Group& group, bool contributes, int64_t
   }
 
   // Nothing above changed any state: a PeerError leaves the round pending. From here on, commit.
+  const int64_t tokens = round_tokens_;
   outer_->step_to_average(average);
   for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);
   ++round_;
   synced_step_ = step;
   step_ = step;
   round_tokens_ = 0;
+  round_start_ = std::chrono::steady_clock::now();
   stats.participants = participants;
 
   SyncReport report;
@@ -214,6 +225,8 @@ SyncReport DiLoCo::reduce_and_step(comm::Group& group, bool contributes, int64_t
   report.stats = stats;
   report.params_hash = hash_tensors(global_);
   report.stall_seconds = stats.seconds;
+  report.weight = weight;
+  report.tokens = tokens;
   return report;
 }
 

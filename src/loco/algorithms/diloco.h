@@ -13,6 +13,7 @@
 // it to the same all-reduced θ̄, so θ stays bit-identical across workers (params_hash shows it).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,6 +30,7 @@ enum class Weighting { kTokens, kUniform };
 
 struct DiLoCoOptions {
   int64_t inner_steps = 50;         // H
+  double round_seconds = 0;         // > 0: a round ends after this long of inner steps instead (elastic)
   int64_t total_steps = 0;          // the run's inner steps; its last step ends the final round
   optim::OuterOptions outer;
   Weighting weighting = Weighting::kTokens;
@@ -36,7 +38,10 @@ struct DiLoCoOptions {
   void validate() const;            // ConfigError
 };
 
-// Elastic (with a Membership): each round runs with the group the coordinator convenes for it. A
+// Elastic (with a Membership): each round runs with the group the coordinator convenes for it.
+// With round_seconds, rounds are time-budgeted: each worker trains until its budget is spent, the
+// contributors' outer gradients weigh by their tokens, and everyone continues from the round's
+// step (the furthest contributor's), so the schedule follows the fastest worker. A
 // collective that fails leaves the round's state untouched, and the round is tried again with
 // whoever is left (weights renormalize: they come from the all-reduced token counts). A joiner
 // takes part in its first round adding nothing, then receives θ, the outer state and the round
@@ -61,6 +66,8 @@ class DiLoCo final : public SyncStrategy {
 
   // The global parameters θ (fp32, CPU), in the model's parameter order. Valid after on_start.
   const std::vector<torch::Tensor>& global_parameters() const { return global_; }
+  // Whether the round ends after `step` steps: every H steps, or (time-budgeted) once
+  // round_seconds have passed since it began; and at the run's last step.
   bool round_ends_at(int64_t step) const;
 
  private:
@@ -88,6 +95,7 @@ class DiLoCo final : public SyncStrategy {
   std::unique_ptr<FlatBuffer> average_;    // w_m θ_m, then θ̄ = Σ w_m θ_m
   std::optional<RestoredState> restored_;  // load_state's, until on_start applies it
   int64_t round_ = 0, synced_step_ = 0, step_ = 0, round_tokens_ = 0;
+  std::chrono::steady_clock::time_point round_start_;  // time-budgeted rounds: when this one began
 };
 
 }  // namespace loco::algorithms

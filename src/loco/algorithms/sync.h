@@ -41,6 +41,8 @@ struct SyncReport {
   int64_t fragment = -1;      // Streaming DiLoCo: the fragment synchronized; -1: the whole model
   double stall_seconds = 0;   // time the training loop waited for it (= stats.seconds when blocking)
   int64_t attempts = 1;       // elastic runs: tries it took (a failed collective is tried again)
+  double weight = -1;         // DiLoCo: this worker's weight in the average (-1: not a weighted average)
+  int64_t tokens = -1;        // DiLoCo: the tokens it trained on this round (-1: not counted)
 };
 using SyncReports = std::vector<SyncReport>;
 

@@ -110,6 +110,8 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.sync.algorithm, {{Algorithm::kNone, "none"}, {Algorithm::kDdp, "ddp"}, {Algorithm::kDiLoCo, "diloco"},
                                      {Algorithm::kStreaming, "streaming"}, {Algorithm::kLocal, "local"}})},
       at_least(1, {"sync.inner_steps", "DiLoCo: inner steps H between outer steps (streaming: between two syncs of one fragment)", &c.sync.inner_steps}),
+      at_least(0, {"sync.round_seconds", "elastic DiLoCo: time-budgeted rounds: each worker ends its round after this many seconds of inner steps (its outer gradient weighted by its tokens) instead of after sync.inner_steps; 0 = off", &c.sync.round_seconds}),
+      at_least(0, {"sync.round_grace_s", "time-budgeted rounds: seconds the round waits, after the first worker reached its end, for the others; later ones are left out of it and rejoin", &c.sync.round_grace_s}),
       {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round) or uniform",
        enum_field(c.sync.weighting, {{algorithms::Weighting::kTokens, "tokens"}, {algorithms::Weighting::kUniform, "uniform"}})},
       positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
@@ -353,6 +355,7 @@ void resolve_defaults(RunConfig& config) {
 algorithms::DiLoCoOptions diloco_options(const RunConfig& config) {
   algorithms::DiLoCoOptions o;
   o.inner_steps = config.sync.inner_steps;
+  o.round_seconds = config.sync.round_seconds;
   o.total_steps = config.train.steps;
   o.outer = outer_options(config);
   o.weighting = config.sync.weighting;
@@ -432,11 +435,19 @@ void validate(const RunConfig& c) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
                                 "checkpoint in the making, and the others must still hold the one before");
   }
+  if (c.sync.round_seconds > 0 && !c.cluster.elastic) {
+    throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs cluster.elastic = true: the coordinator "
+                                "convenes each round and leaves out a worker that is too late");
+  }
   if (c.cluster.elastic) {
     if (c.sync.algorithm != Algorithm::kDiLoCo) {
       throw ConfigError("config", fmt::format("cluster.elastic = true needs sync.algorithm = \"diloco\" (this version; got "
                                               "\"{}\"): set cluster.elastic = false for fixed membership",
                                               to_string(c.sync.algorithm)));
+    }
+    if (c.sync.round_seconds > 0 && c.sync.weighting != algorithms::Weighting::kTokens) {
+      throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs sync.weighting = \"tokens\": workers take "
+                                  "different numbers of steps, and their outer gradients must count by the tokens they saw");
     }
     if (c.cluster.min_workers > c.cluster.workers) {
       throw ConfigError("config", fmt::format("cluster.min_workers = {} exceeds cluster.workers = {}", c.cluster.min_workers,

@@ -66,6 +66,8 @@ const char* to_string(Algorithm algorithm);
 struct SyncSection {
   Algorithm algorithm = Algorithm::kNone;
   int64_t inner_steps = 50;          // DiLoCo's H
+  double round_seconds = 0;          // elastic DiLoCo: > 0 ends each round by time, not after H steps
+  double round_grace_s = 5;          // ... and leaves out a worker this late at the round's end
   algorithms::Weighting weighting = algorithms::Weighting::kTokens;
   double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
   // Streaming DiLoCo

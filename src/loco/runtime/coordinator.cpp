@@ -93,6 +93,9 @@ MembershipOptions membership_options(const RunConfig& config) {
   o.min_workers = config.cluster.min_workers;
   o.dead_after = std::chrono::milliseconds(static_cast<int64_t>(config.cluster.dead_after_s * 1000));
   o.total_steps = config.train.steps;
+  if (config.sync.round_seconds > 0) {
+    o.round_grace = std::chrono::milliseconds(static_cast<int64_t>(config.sync.round_grace_s * 1000));
+  }
   return o;
 }
 
@@ -269,6 +272,11 @@ struct Coordinator::Impl {
       return fmt::format("round {} is tried again in epoch {} with {} workers (its collective in epoch {} failed)",
                          e["round"].get<int64_t>(), e["epoch"].get<int64_t>(), e["participants"].get<size_t>(),
                          e["failed_epoch"].get<int64_t>());
+    }
+    if (name == "left_out") {
+      return fmt::format("round {} goes on without member(s) {}: still training {:.1f} s after the first arrival "
+                         "(sync.round_grace_s); they rejoin", e["round"].get<int64_t>(),
+                         fmt::join(e["members"].get<std::vector<int64_t>>(), ", "), e["waited_s"].get<double>());
     }
     if (name == "leave") return fmt::format("member {} left: {}", e["member"].get<int64_t>(), e["status"].get<std::string>());
     if (name == "rejoin") {

@@ -115,6 +115,7 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     plan.round = reply.round;
     plan.epoch = reply.epoch;
     plan.contributors = reply.contributors;
+    plan.step = reply.step;
     plan.slots = torch::empty({static_cast<int64_t>(reply.slots.size()), 2}, torch::kInt64);
     for (size_t s = 0; s < reply.slots.size(); ++s) {
       plan.slots[static_cast<int64_t>(s)][0] = static_cast<int64_t>(reply.slots[s].position.epoch);

@@ -121,6 +121,7 @@ void MembershipTable::expire(Clock::time_point now) {
   for (const auto& [id, quiet] : silent) {
     fail_member(id, fmt::format("no heartbeat for {:.1f} s", quiet), quiet, now);
   }
+  try_convene(now);  // a time-budgeted round's grace may have run out
 }
 
 void MembershipTable::leave(int64_t id, const std::string& status, Clock::time_point now) {
@@ -206,6 +207,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
                                               request.round));
   }
   m.arrival = request;
+  if (m.state == State::kActive && !first_arrival_) first_arrival_ = now;
   try_convene(now);
   if (m.go) return *m.go;
   reply.round = round_ + 1;
@@ -214,21 +216,25 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
 }
 
 void MembershipTable::try_convene(Clock::time_point now) {
-  (void)now;
   if (!started_ || complete_) return;
   const int64_t next = round_ + 1;
   if (convened_ && convened_->round == next && convened_->epoch == epoch_ && !epoch_broken_) return;  // under way
-  std::vector<int64_t> active, joiners;
+  std::vector<int64_t> active, joiners, late;
   for (const auto& [id, m] : members_) {
     if (m.state == State::kActive) {
-      if (!m.arrival || m.arrival->round != next) return;  // someone is still training this round
-      active.push_back(id);
+      (m.arrival && m.arrival->round == next ? active : late).push_back(id);
     } else if (m.state == State::kJoining && m.arrival) {
       joiners.push_back(id);
     }
   }
   // Nobody holds θ when no active member is left; the coordinator fails the run (joiners wait).
   if (active.empty()) return;
+  if (!late.empty()) {
+    // Someone is still training this round: wait for it, unless rounds are time-budgeted and it
+    // is later than the grace (it is then left out; when it arrives, it rejoins).
+    if (!options_.round_grace || !first_arrival_ || now - *first_arrival_ < *options_.round_grace) return;
+    event({{"event", "left_out"}, {"round", next}, {"members", late}, {"waited_s", seconds_between(*first_arrival_, now)}});
+  }
   // Ranks follow the slots, not the order of joining: a run's collectives then sum in the same
   // order whenever the same slots take part, and a resumed run repeats the uninterrupted one.
   const auto by_slot = [&](int64_t a, int64_t b) { return members_.at(a).slot < members_.at(b).slot; };
@@ -272,6 +278,7 @@ void MembershipTable::try_convene(Clock::time_point now) {
     m.arrival.reset();
   }
   convened_ = std::move(convened);
+  first_arrival_.reset();
 }
 
 protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t rank) {
@@ -282,6 +289,7 @@ protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t 
   go.rank = static_cast<int64_t>(rank);
   go.size = static_cast<int64_t>(convened.participants.size());
   go.contributors = convened.contributors;
+  go.step = convened.step;
   go.slots = convened.slots;
   return go;
 }

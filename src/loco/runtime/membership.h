@@ -31,6 +31,9 @@ struct MembershipOptions {
   int64_t min_workers = 1;
   std::chrono::milliseconds dead_after{10000};
   int64_t total_steps = 0;  // the round that reaches it is the last
+  // Time-budgeted rounds (sync.round_seconds): how long a round waits, after its first arrival,
+  // for the other active members; those still missing then are left out of it. None: wait for all.
+  std::optional<std::chrono::milliseconds> round_grace;
 };
 
 class MembershipTable {
@@ -136,6 +139,7 @@ class MembershipTable {
   std::optional<uint64_t> last_hash_;     // of the last completed round
   std::optional<Clock::time_point> failure_noticed_;  // for the recovery time
   std::optional<Clock::time_point> last_expire_;      // the coordinator checks often; a long gap is its own stall
+  std::optional<Clock::time_point> first_arrival_;    // at the end of the round not convened yet
   std::vector<nlohmann::json> events_;
 };
 

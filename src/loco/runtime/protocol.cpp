@@ -176,7 +176,7 @@ nlohmann::json RoundReply::to_json() const {
   nlohmann::json slot_list = nlohmann::json::array();
   for (const auto& s : slots) slot_list.push_back({{"owner", s.owner}, {"position", position_json(s.position)}});
   return {{"action", action}, {"round", round}, {"epoch", epoch}, {"rank", rank}, {"size", size},
-          {"contributors", contributors}, {"slots", slot_list}, {"reason", reason}};
+          {"contributors", contributors}, {"step", step}, {"slots", slot_list}, {"reason", reason}};
 }
 RoundReply RoundReply::from_json(const nlohmann::json& json) {
   RoundReply r;
@@ -186,6 +186,7 @@ RoundReply RoundReply::from_json(const nlohmann::json& json) {
   r.rank = field<int64_t>(json, "rank");
   r.size = field<int64_t>(json, "size");
   r.contributors = field<int64_t>(json, "contributors");
+  r.step = field_or<int64_t>(json, "step", 0);
   for (const auto& s : field<nlohmann::json>(json, "slots")) r.slots.push_back({field<int64_t>(s, "owner"), position_from(s, "position")});
   r.reason = field<std::string>(json, "reason");
   return r;

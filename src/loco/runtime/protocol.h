@@ -139,6 +139,7 @@ struct RoundReply {
   std::string action = "wait";
   int64_t round = 0, epoch = 0, rank = 0, size = 0;
   int64_t contributors = 0;     // ranks 0..contributors-1 add their outer gradients; the rest are joiners
+  int64_t step = 0;             // the round's step: the furthest contributor's
   std::vector<SlotInfo> slots;  // every slot's data position as of this round's end, if it completes
   std::string reason;
   nlohmann::json to_json() const;

@@ -280,6 +280,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   TrainSummary summary;
   summary.first_step = first_step;
   summary.val_unigram_entropy = manifest.val_unigram_entropy;
+  int64_t round_step = 0;  // the step of the last round synchronized
   auto record_sync = [&](const algorithms::SyncReport& report) {
     summary.rounds += 1;
     summary.bytes_sent += report.stats.bytes_sent;
@@ -287,12 +288,15 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     summary.sync_s += report.stats.seconds;
     summary.stall_s += report.stall_seconds;
     global_hash = report.params_hash;
+    round_step = report.step;
     nlohmann::json event = {{"round", report.round}, {"step", report.step}, {"worker", worker.rank},
                             {"world_size", report.world_size}, {"bytes_sent", report.stats.bytes_sent},
                             {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
                             {"stall_s", report.stall_seconds}, {"params_hash", hex64(report.params_hash)}};
     if (report.fragment >= 0) event["fragment"] = report.fragment;
     if (report.attempts > 1) event["attempts"] = report.attempts;
+    if (report.weight >= 0) event["weight"] = report.weight;
+    if (report.tokens >= 0) event["tokens"] = report.tokens;
     log.write("sync", event);
     progress.set_sync_totals(report.round, summary.bytes_sent);
   };
@@ -341,6 +345,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
 
   while (step < config.train.steps) {
     const auto step_start = Clock::now();
+    const int64_t step_before = step;
     const data::SamplerPosition position = sampler.position();
     const double lr = optim::learning_rate(schedule, step);
     adamw.zero_grad();
@@ -395,6 +400,8 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       peer_stopping = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;
     }
     const bool synced_now = summary.rounds > rounds_before;
+    // Time-budgeted rounds: a slower worker continues from the round's step (the furthest one's).
+    if (worker.elastic && synced_now && round_step > step) step = round_step;
     steps_s += seconds_since(step_start);
     // What moved during this step, in the background too. The last step is left out of the peak:
     // Streaming DiLoCo synchronizes every fragment there, so that training ends on one θ.
@@ -407,7 +414,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     ++interval_steps;
     const bool last = step == config.train.steps;
     stopped = options.stop != nullptr && options.stop->load();
-    const bool log_now = step % config.train.log_every == 0 || last || stopped || peer_failure;
+    const bool log_now = step / config.train.log_every > step_before / config.train.log_every || last || stopped || peer_failure;
     const double interval_s = seconds_since(interval_start);
     const double tokens_per_s = interval_s > 0 ? static_cast<double>(interval_tokens) / interval_s : 0;
     progress.update(step, interval_loss / static_cast<double>(interval_steps), tokens_per_s, log_now);
@@ -422,7 +429,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     if (peer_failure) break;
     // Evaluation scores the global parameters: those the strategy keeps, or the model's once it
     // holds them.
-    eval_due = eval_due || step % config.eval.every == 0 || last;
+    eval_due = eval_due || step / config.eval.every > step_before / config.eval.every || last;
     if (eval_due && (sync.in_sync() || sync.evaluation_parameters() != nullptr)) {
       eval_due = false;
       if (worker.evaluates && sync.leads()) {
