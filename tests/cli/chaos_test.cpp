@@ -136,7 +136,7 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   };
   auto active = [&](const nlohmann::json& s) {
     std::vector<nlohmann::json> out;
-    for (const auto& m : s["members"]) {
+    for (const auto& m : s.value("members", nlohmann::json::array())) {
       if (m["state"] == "active") out.push_back(m);
     }
     return out;
@@ -155,7 +155,8 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
     killed.insert(pid);
     while (Clock::now() < deadline) {
       bool gone = true;
-      for (const auto& m : state()["members"]) {
+      const auto s = state();
+      for (const auto& m : s.value("members", nlohmann::json::array())) {
         if (m["member"] == member && m["state"] != "gone") gone = false;
       }
       if (gone) break;
@@ -451,6 +452,67 @@ TEST_F(ChaosTest, TimeBudgetedRoundsDoNotWaitForASlowWorker) {
       << ", " << tokens[2];
   std::printf("time-budgeted rounds: %zu rounds; tokens contributed by slot: %ld, %ld, %ld (slot 2 slowed)\n", hashes.size(),
               static_cast<long>(tokens[0]), static_cast<long>(tokens[1]), static_cast<long>(tokens[2]));
+}
+
+// Both workers of an elastic run fail while a replacement waits for the run's state (one frozen,
+// the other killed, then the frozen one killed): nobody alive holds θ, so the replacement continues
+// from the global checkpoint, a second replacement joins it, and the run completes.
+TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
+  const int port = testing_util::free_port();
+  const std::string address = fmt::format("127.0.0.1:{}", port);
+  const std::vector<std::string> extra = {"--cluster.workers=2", "--train.steps=800"};
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  for (auto& a : common("orphans")) args.push_back(a);
+  for (auto& a : extra) args.push_back(a);
+  Child launcher(args, log("orphans"));
+  runtime::CoordinatorClient client(address, 20s);
+  const auto deadline = Clock::now() + 240s;
+  auto state = [&]() -> nlohmann::json {
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      if (status == 200) return nlohmann::json::parse(body)["elastic"];
+    } catch (const std::exception&) {
+    }
+    return nlohmann::json::object();
+  };
+  auto members_in = [&](const char* wanted) {
+    std::vector<nlohmann::json> out;
+    const auto s = state();  // (iterating state()["members"] would outlive the temporary)
+    for (const auto& m : s.value("members", nlohmann::json::array())) {
+      if (m["state"] == wanted) out.push_back(m);
+    }
+    return out;
+  };
+  auto replacement = [&](const std::string& name) {
+    std::vector<std::string> worker = {LOCO_BINARY, "worker", "--coordinator", address};
+    for (auto& a : common("orphans")) worker.push_back(a);
+    for (auto& a : extra) worker.push_back(a);
+    return std::make_unique<Child>(worker, log(name));
+  };
+  while (state().value("rounds_completed", int64_t{0}) < 5 && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  auto active = members_in("active");
+  ASSERT_EQ(active.size(), 2u) << state().dump();
+  ::kill(pid_of(active[1]), SIGSTOP);  // it holds θ but will never send it
+  ::kill(pid_of(active[0]), SIGKILL);
+  while (members_in("active").size() != 1 && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  auto first = replacement("replacement-0");
+  while (members_in("joining").empty() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(500ms);  // it reaches its first round and waits there
+  ::kill(pid_of(active[1]), SIGKILL);
+  while (members_in("active").empty() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  auto second = replacement("replacement-1");
+
+  ASSERT_EQ(launcher.wait(240s), 0) << read_file(log("orphans"), "test");
+  EXPECT_EQ(first->wait(60s), 0) << read_file(log("replacement-0"), "test");
+  EXPECT_EQ(second->wait(60s), 0) << read_file(log("replacement-1"), "test");
+  const auto restored = events("orphans", "restored_from_checkpoint");
+  ASSERT_EQ(restored.size(), 1u) << read_file(log("orphans"), "test");
+  // Killed after round 5 completed, the leader had saved round 4 at least (it may have died writing 5).
+  EXPECT_GE(restored[0]["round"].get<int64_t>(), 4);
+  EXPECT_FALSE(events("orphans", "eval").empty());
+  const auto completed = events("orphans", "round_complete");
+  ASSERT_FALSE(completed.empty());
+  EXPECT_EQ(completed.back()["step"], 800);
 }
 
 }  // namespace

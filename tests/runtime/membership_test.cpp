@@ -213,6 +213,37 @@ TEST_F(MembershipTest, TheLastRoundCompletesTrainingAndStoppingStopsArrivals) {
   EXPECT_TRUE(table.all_left());
 }
 
+// Every member that held θ failed while a joiner waited for it: the coordinator restarts the run
+// from the global checkpoint, and the joiner, now a member, is told to load it, then trains on.
+TEST_F(MembershipTest, AWaitingJoinerContinuesFromTheCheckpointWhenNoMemberIsLeft) {
+  const int64_t a = join("a", 0), b = join("b", 1);
+  table.start(now);
+  arrive(a, 1, 5, 11);
+  const auto go = arrive(b, 1, 5, 12);
+  EXPECT_FALSE(done(a, go, 5));
+  EXPECT_FALSE(done(b, go, 5));
+  const int64_t j = join("j");
+  EXPECT_EQ(arrive(j, 0, 0).action, "wait");
+  EXPECT_FALSE(table.orphaned()) << "a and b hold θ";
+  table.declare_failed(a, "killed", now);
+  table.declare_failed(b, "killed", now);
+  EXPECT_TRUE(table.orphaned());
+  table.restart_from(1, 5, {{0, 11}, {0, 12}, {0, 0}}, now);
+  EXPECT_FALSE(table.orphaned());
+  const auto restore = arrive(j, 0, 0);
+  EXPECT_EQ(restore.action, "restore");
+  EXPECT_EQ(restore.step, 5);
+  EXPECT_EQ(restore.slots[2].owner, j);
+  EXPECT_EQ(arrive(j, 0, 0).action, "restore") << "asking again gets the same answer";
+  const auto next = arrive(j, 2, 10, 3);
+  ASSERT_EQ(next.action, "go");
+  EXPECT_EQ(next.size, 1);
+  EXPECT_FALSE(done(j, next, 10));
+  EXPECT_EQ(table.rounds_completed(), 2);
+  const auto names = event_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "restored_from_checkpoint"), names.end());
+}
+
 // Time-budgeted rounds: a member later than the grace after the first arrival is left out of the
 // round rather than waited for; it arrives afterwards to find the round done, and rejoins with its
 // work discarded. The round's step is the furthest contributor's.

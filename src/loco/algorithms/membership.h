@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "loco/comm/group.h"
@@ -29,6 +30,18 @@ class MembershipEnded : public PeerError {
 class Evicted : public MembershipEnded {
  public:
   explicit Evicted(std::string_view message) : MembershipEnded(message) {}
+};
+
+// No live member held the run's state when this worker was to receive it: the coordinator makes
+// it a member that continues from the global checkpoint of `step` (none: from the start), reading
+// its slot from (data_epoch, data_cursor).
+class RestartFromCheckpoint : public MembershipEnded {
+ public:
+  RestartFromCheckpoint(std::optional<int64_t> step, uint64_t data_epoch, uint64_t data_cursor)
+      : MembershipEnded("no live member holds the run's state: continuing from the global checkpoint"),
+        step(step), data_epoch(data_epoch), data_cursor(data_cursor) {}
+  std::optional<int64_t> step;
+  uint64_t data_epoch = 0, data_cursor = 0;
 };
 
 // The coordinator did not answer for cluster.coordinator_timeout_s: the worker exits, and the run

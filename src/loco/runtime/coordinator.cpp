@@ -181,7 +181,22 @@ struct Coordinator::Impl {
     };
     auto chosen = std::find_if(global.rbegin(), global.rend(), complete);
     const int64_t step = chosen != global.rend() ? *chosen : global.back();
-    const auto checkpoint = load_checkpoint(CheckpointStore(run / "checkpoints", 1).at(step));
+    const auto [round, positions] = read_global_checkpoint(step);
+    table->restore(round, step, positions);
+    resume_step = step;
+    std::vector<int64_t> fresh;
+    for (int64_t s = 0; s < world_size(); ++s) {
+      if (!complete(step) && std::find(slot_steps[s].begin(), slot_steps[s].end(), step) == slot_steps[s].end()) fresh.push_back(s);
+    }
+    log(fmt::format("resuming from {} (round {}, step {}){}", CheckpointStore(run / "checkpoints", 1).at(step).string(), round, step,
+                    fresh.empty() ? "" : fmt::format("; slot(s) {} have no inner state of that step: their AdamW moments "
+                                                     "start from the leader's", fmt::join(fresh, ", "))));
+    events.write("run_resumed", {{"step", step}, {"round", round}, {"slots_without_inner_state", fresh}});
+  }
+
+  // The round and the slots' data positions of the global checkpoint of `step`.
+  std::pair<int64_t, std::vector<data::SamplerPosition>> read_global_checkpoint(int64_t step) const {
+    const auto checkpoint = load_checkpoint(CheckpointStore(fs::path(options.config.run.dir) / "checkpoints", 1).at(step));
     int64_t round = -1;
     std::vector<data::SamplerPosition> positions;
     for (const auto& [name, tensor] : checkpoint.sync) {
@@ -193,20 +208,38 @@ struct Coordinator::Impl {
       }
     }
     if (round < 0 || static_cast<int64_t>(positions.size()) != world_size()) {
-      throw DataError("coordinator", fmt::format("--resume: {} is not the global checkpoint of an elastic run of {} slots "
-                                                 "(no diloco.round or elastic.slots of that size)", checkpoint.dir.string(),
+      throw DataError("coordinator", fmt::format("{} is not the global checkpoint of an elastic run of {} slots (no "
+                                                 "diloco.round or elastic.slots of that size)", checkpoint.dir.string(),
                                                  world_size()));
     }
-    table->restore(round, step, positions);
-    resume_step = step;
-    std::vector<int64_t> fresh;
-    for (int64_t s = 0; s < world_size(); ++s) {
-      if (!complete(step) && std::find(slot_steps[s].begin(), slot_steps[s].end(), step) == slot_steps[s].end()) fresh.push_back(s);
+    return {round, positions};
+  }
+
+  // Members wait for the run's state and no active member is left to send it (every one failed):
+  // they continue from the newest global checkpoint instead (docs/failure-model.md).
+  void restart_orphans_locked() {
+    const auto steps = CheckpointStore(fs::path(options.config.run.dir) / "checkpoints", 1).steps();
+    try {
+      if (steps.empty()) {
+        if (table->rounds_completed() > 0) {
+          fail_locked(fmt::format("every worker that held the run's state failed, and {} has no global checkpoint to "
+                                  "continue from", (fs::path(options.config.run.dir) / "checkpoints").string()));
+          return;
+        }
+        table->restart_from(0, std::nullopt, std::vector<data::SamplerPosition>(static_cast<size_t>(world_size())), Clock::now());
+        log("every worker that held the run's state failed before the first round: the waiting workers start it afresh");
+      } else {
+        const auto [round, positions] = read_global_checkpoint(steps.back());
+        table->restart_from(round, steps.back(), positions, Clock::now());
+        log(fmt::format("every worker that held the run's state failed: the waiting workers continue from the global "
+                        "checkpoint of step {} (round {})", steps.back(), round));
+      }
+    } catch (const Error& e) {
+      fail_locked(fmt::format("every worker that held the run's state failed, and the global checkpoint cannot be read: {}",
+                              e.what()));
+      return;
     }
-    log(fmt::format("resuming from {} (round {}, step {}){}", checkpoint.dir.string(), round, step,
-                    fresh.empty() ? "" : fmt::format("; slot(s) {} have no inner state of that step: their AdamW moments "
-                                                     "start from the leader's", fmt::join(fresh, ", "))));
-    events.write("run_resumed", {{"step", step}, {"round", round}, {"slots_without_inner_state", fresh}});
+    flush_events_locked();
   }
 
   CoordinatorOptions options;
@@ -278,6 +311,10 @@ struct Coordinator::Impl {
                          "(sync.round_grace_s); they rejoin", e["round"].get<int64_t>(),
                          fmt::join(e["members"].get<std::vector<int64_t>>(), ", "), e["waited_s"].get<double>());
     }
+    if (name == "restored_from_checkpoint") {
+      return fmt::format("member(s) {} continue from the global checkpoint (round {})",
+                         fmt::join(e["members"].get<std::vector<int64_t>>(), ", "), e["round"].get<int64_t>());
+    }
     if (name == "leave") return fmt::format("member {} left: {}", e["member"].get<int64_t>(), e["status"].get<std::string>());
     if (name == "rejoin") {
       return fmt::format("member {} must rejoin: {}", e["member"].get<int64_t>(), e["reason"].get<std::string>());
@@ -309,6 +346,7 @@ struct Coordinator::Impl {
     if (!table || phase != "running") return;
     table->expire(Clock::now());
     flush_events_locked();
+    if (table->orphaned()) restart_orphans_locked();
     if (!table->all_left()) return;
     if (table->training_complete() || stopping) {
       phase = "finished";

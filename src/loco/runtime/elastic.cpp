@@ -86,6 +86,12 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     if (reply.action == "rejoin") throw algorithms::Evicted(reply.reason);
     if (reply.action == "stop") throw algorithms::RunStopping(reply.reason.empty() ? "the run is stopping" : reply.reason);
     if (reply.action == "finished") throw algorithms::RunStopping("training completed");
+    if (reply.action == "restore") {
+      const auto position = slot() < static_cast<int64_t>(reply.slots.size()) ? reply.slots[static_cast<size_t>(slot())].position
+                                                                              : data::SamplerPosition{};
+      throw algorithms::RestartFromCheckpoint(reply.step >= 0 ? std::optional<int64_t>(reply.step) : std::nullopt,
+                                              position.epoch, position.cursor);
+    }
     if (reply.action == "wait") {
       if (stop_ != nullptr && stop_->load()) throw algorithms::RunStopping("interrupted while waiting for the round");
       continue;

@@ -177,7 +177,8 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
         if (!failure_noticed_) failure_noticed_ = now;
       }
       m.go.reset();
-    } else if (request.round == m.go->round || (m.state == State::kJoining && request.round == 0)) {
+    } else if (request.round == m.go->round || (m.state == State::kJoining && request.round == 0) ||
+               (m.go->action == "restore" && request.round == 0)) {
       return *m.go;  // the same question again (a retried request)
     } else {
       m.go.reset();
@@ -329,6 +330,42 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
   if (m.go && m.go->round == report.round) m.go.reset();
   try_convene(now);
   return error;
+}
+
+bool MembershipTable::orphaned() const {
+  if (!started_ || complete_) return false;
+  bool waiting = false;
+  for (const auto& [id, m] : members_) {
+    if (m.state == State::kActive) return false;
+    waiting = waiting || m.state == State::kJoining;
+  }
+  return waiting;
+}
+
+void MembershipTable::restart_from(int64_t rounds_completed, std::optional<int64_t> step,
+                                   const std::vector<data::SamplerPosition>& positions, Clock::time_point now) {
+  restore(rounds_completed, step.value_or(0), positions);
+  convened_.reset();
+  first_arrival_.reset();
+  last_hash_.reset();
+  epoch_broken_ = true;  // the next round forms a fresh group
+  std::vector<int64_t> restarted;
+  for (auto& [id, m] : members_) {
+    if (m.state != State::kJoining) continue;
+    m.state = State::kActive;
+    m.arrival.reset();
+    m.step = m.synced_step = round_step_;
+    m.last_seen = now;
+    protocol::RoundReply restore;
+    restore.action = "restore";
+    restore.round = round_;
+    restore.step = step.value_or(-1);
+    restore.slots = slots_;
+    m.go = std::move(restore);
+    restarted.push_back(id);
+  }
+  event({{"event", "restored_from_checkpoint"}, {"round", round_}, {"step", step ? nlohmann::json(*step) : nlohmann::json()},
+         {"members", restarted}});
 }
 
 void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions) {

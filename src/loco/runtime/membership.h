@@ -91,6 +91,14 @@ class MembershipTable {
   nlohmann::json save() const;
   void load(const nlohmann::json& saved, Clock::time_point now);
 
+  // Whether members wait to receive the run's state and no active member is left to send it.
+  bool orphaned() const;
+  // Then the coordinator restarts the run from a global checkpoint (`step`; none: from the start):
+  // the round counter and slot positions go back to it, and the waiting members become active
+  // members told to load it (round action "restore").
+  void restart_from(int64_t rounds_completed, std::optional<int64_t> step,
+                    const std::vector<data::SamplerPosition>& positions, Clock::time_point now);
+
   // A resumed run starts from a global checkpoint: rounds completed, the step they reached, and
   // each slot's data position.
   void restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions);

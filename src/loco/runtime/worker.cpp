@@ -145,6 +145,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
   client.set_patience(seconds(config.cluster.coordinator_timeout_s));  // a restarted coordinator finds it waiting
   const std::string name = process_name(::getpid());
   int64_t wanted_slot = options.rank;
+  std::optional<protocol::JoinReply> restarted;  // still a member, now to continue from the checkpoint
   for (;;) {
     protocol::JoinRequest request;
     request.name = name;
@@ -154,11 +155,11 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     request.resume = options.resume;  // the coordinator decides: it resumes the run or not
     request.token = join_token(config.cluster);
     request.shards_hash = assignment_hash(assignment);
-    const auto joined = client.join(request);
+    const auto joined = restarted ? *std::exchange(restarted, std::nullopt) : client.join(request);
     const int64_t slot = joined.rank;
     const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
-    say(fmt::format("{}: joined the coordinator at {} (run {}){}", who, client.address(), joined.run_id,
-                    joined.joiner ? "; it receives the run's state at the next round" : ""));
+    say(fmt::format("{}: {} the coordinator at {} (run {}){}", who, joined.resume_step ? "resuming with" : "joined",
+                    client.address(), joined.run_id, joined.joiner ? "; it receives the run's state at the next round" : ""));
     TrainSummary summary;
     auto report_done = [&](const std::string& status, const std::string& error) {
       try {
@@ -194,6 +195,14 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       };
       train_options.worker.on_position = [&](const data::SamplerPosition& p, int64_t step) { session.record_progress(p, step); };
       summary = train(config, strategy, train_options);
+    } catch (const algorithms::RestartFromCheckpoint& e) {
+      say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
+      protocol::JoinReply next = joined;
+      next.joiner = false;
+      next.resume_step = e.step;
+      next.position = {e.data_epoch, e.data_cursor};
+      restarted = next;
+      continue;
     } catch (const algorithms::Evicted& e) {
       say(fmt::format("{}: dropped from the run ({}); its work since the last round is discarded; joining again as a new "
                       "member", who, e.what()));
