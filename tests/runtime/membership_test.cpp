@@ -282,6 +282,7 @@ TEST(MembershipGrace, ALateMemberIsLeftOutAfterTheGrace) {
   EXPECT_EQ((*left_out)["members"], nlohmann::json::array({c}));
   EXPECT_EQ(arrive(c, 1, 4).action, "wait") << "the round is under way without it";
   EXPECT_FALSE(table.round_done({a, 1, go.epoch, 12, 7}, now));
+  EXPECT_EQ(table.rounds_missed(), (std::vector<int64_t>{0, 0, 1})) << "slot 2 sat this round out";
   EXPECT_EQ(arrive(c, 1, 4).action, "rejoin");
   const auto rejoin = table.take_events();
   const auto r = std::find_if(rejoin.begin(), rejoin.end(), [](const auto& e) { return e["event"] == "rejoin"; });

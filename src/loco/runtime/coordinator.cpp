@@ -349,6 +349,15 @@ struct Coordinator::Impl {
     if (table->orphaned()) restart_orphans_locked();
     if (!table->all_left()) return;
     if (table->training_complete() || stopping) {
+      // Not silent: a shard whose slot sat idle for rounds was trained on less than the others.
+      const auto& missed = table->rounds_missed();
+      for (size_t s = 0; s < missed.size(); ++s) {
+        if (missed[s] > 0) {
+          log(fmt::format("slot {} was idle (vacant, or its worker left out) in {} of {} rounds: its shard was trained on "
+                          "that much less than the others", s, missed[s], table->rounds_completed()));
+        }
+      }
+      events.write("slots_summary", {{"rounds", table->rounds_completed()}, {"rounds_missed", missed}});
       phase = "finished";
       persist_locked();
       changed.notify_all();

@@ -15,7 +15,9 @@ double seconds_between(MembershipTable::Clock::time_point a, MembershipTable::Cl
 }  // namespace
 
 MembershipTable::MembershipTable(MembershipOptions options)
-    : options_(options), slots_(static_cast<size_t>(std::max<int64_t>(1, options.slots))) {}
+    : options_(options),
+      slots_(static_cast<size_t>(std::max<int64_t>(1, options.slots))),
+      rounds_missed_(slots_.size(), 0) {}
 
 int64_t MembershipTable::live_members() const {
   return std::count_if(members_.begin(), members_.end(), [](const auto& m) { return m.second.state != State::kGone; });
@@ -308,10 +310,20 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
     // The contributors' slots advance; a slot's owner stays whoever holds it now.
     for (size_t s = 0; s < slots_.size(); ++s) slots_[s].position = convened_->slots[s].position;
     last_hash_ = report.params_hash;
+    // Slots nobody trained this round (vacant, or their member left out): their shards fall behind.
+    std::vector<int64_t> idle;
+    for (int64_t s = 0; s < static_cast<int64_t>(slots_.size()); ++s) {
+      const bool trained = std::any_of(convened_->participants.begin(), convened_->participants.begin() + convened_->contributors,
+                                       [&](int64_t id) { return members_.at(id).slot == s; });
+      if (!trained) {
+        idle.push_back(s);
+        ++rounds_missed_[static_cast<size_t>(s)];
+      }
+    }
     nlohmann::json e = {{"event", "round_complete"}, {"round", round_}, {"epoch", report.epoch}, {"step", report.step},
                         {"participants", convened_->participants.size()}, {"contributors", convened_->contributors},
                         {"slots", slots_.size()}, {"short_handed", convened_->contributors < static_cast<int64_t>(slots_.size())},
-                        {"params_hash", fmt::format("{:016x}", report.params_hash)}};
+                        {"idle_slots", idle}, {"params_hash", fmt::format("{:016x}", report.params_hash)}};
     if (failure_noticed_) {
       e["recovery_s"] = seconds_between(*failure_noticed_, now);
       failure_noticed_.reset();
@@ -406,6 +418,7 @@ nlohmann::json MembershipTable::save() const {
                        {"synced_step", m.synced_step}});
   }
   nlohmann::json out = {{"next_id", next_id_}, {"started", started_}, {"complete", complete_}, {"round", round_},
+                        {"rounds_missed", rounds_missed_},
                         {"round_step", round_step_}, {"epoch", epoch_}, {"epoch_members", epoch_members_},
                         {"epoch_broken", epoch_broken_}, {"members", members}, {"slots", slots_json(slots_)}};
   if (last_hash_) out["last_hash"] = *last_hash_;
@@ -441,6 +454,8 @@ void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
     complete_ = saved.at("complete").get<bool>();
     round_ = saved.at("round").get<int64_t>();
     round_step_ = saved.at("round_step").get<int64_t>();
+    rounds_missed_ = saved.value("rounds_missed", std::vector<int64_t>(slots_.size(), 0));
+    if (rounds_missed_.size() != slots_.size()) throw std::out_of_range("rounds_missed");
     epoch_ = saved.at("epoch").get<int64_t>();
     epoch_members_ = saved.at("epoch_members").get<std::vector<int64_t>>();
     epoch_broken_ = saved.at("epoch_broken").get<bool>();
@@ -489,7 +504,7 @@ nlohmann::json MembershipTable::describe() const {
   nlohmann::json slots = nlohmann::json::array();
   for (const auto& s : slots_) slots.push_back({{"owner", s.owner}, {"epoch", s.position.epoch}, {"cursor", s.position.cursor}});
   nlohmann::json state = {{"epoch", epoch_}, {"epoch_broken", epoch_broken_}, {"rounds_completed", round_},
-                          {"complete", complete_}, {"members", list}, {"slots", slots}};
+                          {"complete", complete_}, {"members", list}, {"slots", slots}, {"rounds_missed", rounds_missed_}};
   if (convened_) {
     state["convened"] = {{"round", convened_->round}, {"epoch", convened_->epoch},
                          {"participants", convened_->participants}, {"done", convened_->done}};

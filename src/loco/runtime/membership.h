@@ -85,6 +85,8 @@ class MembershipTable {
   // "collective_failed" | "round_retried" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
   std::vector<nlohmann::json> take_events();
   nlohmann::json describe() const;
+  // Per slot: the completed rounds in which nobody trained it (vacant, or its member left out).
+  const std::vector<int64_t>& rounds_missed() const { return rounds_missed_; }
   // The durable part of the table (members, slots, epoch, the round under way), for the
   // coordinator's state file; `load` takes it back after a coordinator restart, giving every live
   // member a fresh dead_after allowance. Throws std::invalid_argument saying what is malformed.
@@ -128,6 +130,7 @@ class MembershipTable {
   MembershipOptions options_;
   std::map<int64_t, Member> members_;
   std::vector<protocol::SlotInfo> slots_;  // committed positions (as of the last completed round)
+  std::vector<int64_t> rounds_missed_;     // per slot: completed rounds nobody trained it in
   int64_t next_id_ = 0;
   bool started_ = false, complete_ = false;
   int64_t round_ = 0;                 // rounds completed
