@@ -240,6 +240,9 @@ int main(int argc, char** argv) {
   cmd_launch->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
   cmd_launch->add_option("--port", port, "the coordinator's port on 127.0.0.1 (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
   cmd_launch->add_flag("--resume", resume, "continue the run in run.dir from the workers' checkpoints");
+  int64_t restarts = 0;
+  cmd_launch->add_option("--restarts", restarts, "elastic runs: start a worker that dies again, up to this many times in all (it joins as a replacement)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
   cmd_launch->allow_extras();
 
   // worker
@@ -324,6 +327,7 @@ int main(int argc, char** argv) {
       options.overrides = overrides;
       options.resume = resume;
       options.port = port > 0 ? port : 0;
+      options.restarts = restarts;
       options.executable = fs::read_symlink("/proc/self/exe");
       options.interactive = loco::metrics::Progress::is_terminal(stderr);
       options.interrupts = &g_interrupts;

@@ -515,5 +515,42 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
   EXPECT_EQ(completed.back()["step"], 800);
 }
 
+// `loco launch --restarts`: a worker killed in an elastic run is started again by the launcher,
+// joins as a replacement for its slot, and the run completes with it.
+TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgain) {
+  const int port = testing_util::free_port();
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port), "--restarts", "1"};
+  for (auto& a : common("restarts")) args.push_back(a);
+  for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
+  Child launcher(args, log("restarts"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  const auto deadline = Clock::now() + 240s;
+  pid_t victim = -1;
+  while (victim < 0 && Clock::now() < deadline) {
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      const auto s = nlohmann::json::parse(body).value("elastic", nlohmann::json::object());
+      if (status == 200 && s.value("rounds_completed", int64_t{0}) >= 5) {
+        for (const auto& m : s.value("members", nlohmann::json::array())) {
+          if (m["slot"] == 1 && m["state"] == "active") victim = pid_of(m);
+        }
+      }
+    } catch (const std::exception&) {
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_EQ(launcher.wait(240s), 0) << read_file(log("restarts"), "test");
+  const auto output = read_file(log("restarts"), "test");
+  EXPECT_NE(output.find("started worker 1 again"), std::string::npos) << output;
+  bool replacement_joined = false;
+  for (const auto& e : events("restarts", "joined")) replacement_joined = replacement_joined || e.value("slot", -1) == 1;
+  EXPECT_TRUE(replacement_joined) << "the new process took slot 1 and received the run's state";
+  const auto completed = events("restarts", "round_complete");
+  ASSERT_FALSE(completed.empty());
+  EXPECT_EQ(completed.back()["contributors"], 3) << "the run ended with all three slots trained";
+}
+
 }  // namespace
 }  // namespace loco

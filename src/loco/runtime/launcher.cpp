@@ -8,11 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <utility>
 
 #include "loco/metrics/progress.h"
 #include "loco/runtime/worker.h"
@@ -89,7 +91,8 @@ class Display {
     double loss = 0, tokens_per_s = 0;
     int reporting = 0;
     for (const auto& w : workers) {
-      if (w.steps == 0) return;  // not every worker has reported yet
+      if (w.exit_code) continue;  // a worker that died (an elastic run goes on; a replacement takes over)
+      if (w.steps == 0) return;   // not every worker has reported yet
       min_step = std::min(min_step, w.step);
       steps = w.steps;
       min_round = std::min(min_round, w.round);
@@ -183,6 +186,10 @@ void check_run_dir(const RunConfig& config, bool resume) {
 LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
   const auto started = Clock::now();
   const int64_t m = config.cluster.workers;
+  if (options.restarts > 0 && !config.cluster.elastic) {
+    throw ConfigError("launch", "--restarts needs cluster.elastic = true: in a fixed run a worker's death stops the run "
+                                "(continue it with --resume)");
+  }
   check_run_dir(config, options.resume);
   Display display(options.out, options.interactive, config.train.log_every);
 
@@ -196,6 +203,8 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
   coordinator.start();
 
   std::vector<WorkerProcess> workers;
+  std::vector<std::vector<std::string>> argvs;  // by rank
+  int64_t restarts_left = options.restarts;
   auto stop_all = [&](int sig) {
     for (auto& w : workers) {
       if (!w.exit_code) ::kill(w.pid, sig);
@@ -209,6 +218,7 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
       if (options.resume) argv.push_back("--resume");
       for (const auto& o : options.overrides) argv.push_back("--" + o);
       workers.push_back(spawn(r, argv, m));
+      argvs.push_back(std::move(argv));
     }
   } catch (...) {
     stop_all(SIGKILL);
@@ -229,7 +239,15 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
   const bool elastic = config.cluster.elastic;
   bool run_over = false;
 
+  std::vector<int64_t> to_restart;  // ranks whose process died, to start again (elastic --restarts)
   while (alive() > 0 || (elastic && !run_over)) {
+    for (int64_t rank : std::exchange(to_restart, {})) {
+      auto argv = argvs[static_cast<size_t>(rank)];
+      argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
+      workers.push_back(spawn(rank, argv, m));
+      display.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
+                               rank, restarts_left));
+    }
     std::vector<pollfd> fds;
     std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
     for (size_t i = 0; i < workers.size(); ++i) {
@@ -294,7 +312,14 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
       if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping)) continue;
       if (elastic) {
         coordinator.process_exited(process_name(w.pid), *w.exit_code);
-        if (!stopping) display.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it", w.rank, *w.exit_code));
+        if (stopping || run_over) continue;
+        const bool restart = restarts_left > 0;
+        display.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank, *w.exit_code,
+                                 restart ? " until it is started again" : ""));
+        if (restart) {
+          --restarts_left;
+          to_restart.push_back(w.rank);
+        }
         continue;
       }
       if (!stopping) {

@@ -23,6 +23,9 @@ struct LaunchOptions {
   std::filesystem::path executable;        // the loco binary to start workers from
   bool interactive = false;                // redraw one status line (a terminal)
   const std::atomic<int>* interrupts = nullptr;  // SIGINT/SIGTERM received so far
+  // Elastic runs: how many times in all a worker process that dies is started again (it joins as a
+  // replacement for its slot). 0: the run goes on without it.
+  int64_t restarts = 0;
   std::FILE* out = stderr;
 };
 
@@ -30,7 +33,7 @@ struct LaunchResult {
   RunOutcome outcome = RunOutcome::kFinished;
   std::string message;
   std::vector<nlohmann::json> summaries;   // by rank
-  std::vector<int> exit_codes;             // by rank (128 + signal when killed)
+  std::vector<int> exit_codes;             // each process started, in order (128 + signal when killed)
   double wall_s = 0;
 };
 
