@@ -7,11 +7,15 @@
 //   POST /v1/stop        a worker was interrupted: the run is stopping
 //   GET  /v1/state       phase, stopping, epoch, members (workers ask after a collective failed)
 //   POST /v1/done        a worker's end and summary
+//   POST /v1/heartbeat, /v1/round (long-poll), /v1/round_done   elastic runs (MembershipTable)
 //   /v1/kv/{set,get,add,check,remove,size}   the rendezvous store (comm::KeyValueStore)
 //   GET  /               a plain-text status page
 //
 // Membership has epochs: each is one fixed set of workers with its own process group (keys under
-// "epoch/<n>/"). This version runs one epoch per run: every worker joins before training starts.
+// "epoch/<n>/"). A fixed run has one epoch: every worker joins before training starts. An elastic
+// run (cluster.elastic) opens a new epoch whenever the members taking part in a round change; it
+// keeps its membership in RUN/coordinator.json, so that a coordinator started again on the run
+// carries it on, and resumes from the global checkpoint with --resume.
 // Every request is bounded: bodies are size-limited, waits are at most 2 s per request (clients
 // poll), and a worker that never joins fails the run after cluster.join_timeout_s, naming it.
 #pragma once

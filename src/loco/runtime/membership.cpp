@@ -197,7 +197,8 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
       event({{"event", "rejoin"}, {"member", request.member}, {"name", m.name}, {"slot", slot}, {"round", request.round},
              {"reason", "its round completed without it"}, {"discarded_steps", discarded}});
       reply.action = "rejoin";
-      reply.reason = fmt::format("round {} completed on the other workers while this worker's collective failed", request.round);
+      reply.reason = fmt::format("round {} completed without this worker (its collective failed, or it was later than "
+                                 "sync.round_grace_s)", request.round);
       try_convene(now);
       return reply;
     }
@@ -230,7 +231,8 @@ void MembershipTable::try_convene(Clock::time_point now) {
       joiners.push_back(id);
     }
   }
-  // Nobody holds θ when no active member is left; the coordinator fails the run (joiners wait).
+  // Nobody holds θ when no active member is left: the joiners wait until the coordinator restarts
+  // them from the global checkpoint (orphaned, restart_from).
   if (active.empty()) return;
   if (!late.empty()) {
     // Someone is still training this round: wait for it, unless rounds are time-budgeted and it

@@ -7,7 +7,12 @@
 // members, plus any joiners waiting, who add nothing and receive the state after the round. A
 // participant set that differs from the current epoch's, or a broken epoch, opens a new epoch
 // (a fresh process group). A round completes when its first participant reports it done; then
-// the slots of its contributors advance to the positions they arrived with.
+// the slots of its contributors advance to the positions they arrived with. With a round grace
+// (time-budgeted rounds) a round does not wait longer than the grace after its first arrival: the
+// members still training are left out of it, and rejoin when they arrive.
+//
+// save/load carry the durable part across a coordinator restart (RUN/coordinator.json), restore
+// and restart_from set the round and slots from a global checkpoint.
 //
 // A pure state machine: no I/O, no threads, no clock of its own (every call takes `now`), so tests
 // drive it step by step. The coordinator calls it under its lock.
