@@ -3,7 +3,9 @@
 // rank, a silent rank, a departed rank) that end in PeerError within the timeout.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <barrier>
+#include <thread>
 #include <chrono>
 
 #include "comm/rank_threads.h"
@@ -270,6 +272,31 @@ TEST(GroupTest, MissingRankIsNamedAfterTheTimeout) {
     EXPECT_THROW(std::rethrow_exception(r.error), PeerError);
   }
   EXPECT_LT(elapsed, 5.0);
+}
+
+// A peer that arrived and then froze (it never publishes its address) holds the others in Gloo's
+// own rendezvous until the timeout, unless their abort hook says to give up: then they do at once.
+TEST(GroupTest, AnAbortHookEndsAConnectionToAFrozenPeer) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  store->set("frozen/arrived/2", "1");  // rank 2 arrived, then stopped
+  std::atomic<bool> abort{false};
+  std::thread([&] {
+    std::this_thread::sleep_for(500ms);
+    abort = true;
+  }).detach();
+  const auto start = std::chrono::steady_clock::now();
+  auto results = run_ranks<int>(2, [&](int64_t rank) {
+    auto o = options(rank, 3, 120s, "frozen");
+    o.abort = [&] { return abort.load(); };
+    Group::connect(store, o);
+    return 0;
+  });
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.error);
+    EXPECT_NE(r.message().find("abandoned while connecting"), std::string::npos) << r.message();
+  }
+  EXPECT_LT(elapsed, 60.0) << "the 120 s timeout did not have to run out";
 }
 
 TEST(GroupTest, SilentPeerTimesOutAndDepartedPeerFailsFast) {

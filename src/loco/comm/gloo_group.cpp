@@ -8,7 +8,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <thread>
 
 #include <fmt/ranges.h>
 
@@ -25,15 +30,20 @@ std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), byt
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 // c10d::Store over a KeyValueStore, every key under `prefix/`. Gloo's rendezvous uses it to
-// exchange the ranks' listening addresses.
+// exchange the ranks' listening addresses. Once `abandoned` is set (the group was given up while
+// connecting), its waits stop within kAbortPoll and it touches the store no more.
 class StoreAdapter final : public c10d::Store {
  public:
-  StoreAdapter(std::shared_ptr<KeyValueStore> store, std::string prefix, Duration timeout)
-      : c10d::Store(timeout), store_(std::move(store)), prefix_(std::move(prefix)) {}
+  StoreAdapter(std::shared_ptr<KeyValueStore> store, std::string prefix, Duration timeout,
+               std::shared_ptr<const std::atomic<bool>> abandoned)
+      : c10d::Store(timeout), store_(std::move(store)), prefix_(std::move(prefix)), abandoned_(std::move(abandoned)) {}
 
-  void set(const std::string& key, const std::vector<uint8_t>& value) override { store_->set(full(key), text(value)); }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    check_abandoned();
+    store_->set(full(key), text(value));
+  }
   std::vector<uint8_t> get(const std::string& key) override {
-    auto value = store_->get(full(key), timeout_);
+    auto value = wait_for(key, timeout_);
     if (!value) throw PeerError("comm", fmt::format("rendezvous: key '{}' did not appear within {} ms", full(key), timeout_.count()));
     return to_bytes(*value);
   }
@@ -46,13 +56,27 @@ class StoreAdapter final : public c10d::Store {
     const auto deadline = Clock::now() + timeout;
     for (const auto& key : keys) {
       const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
-      if (!store_->get(full(key), std::max(left, Duration(0)))) {
+      if (!wait_for(key, std::max(left, Duration(0)))) {
         throw PeerError("comm", fmt::format("rendezvous: key '{}' did not appear within {} ms", full(key), timeout.count()));
       }
     }
   }
 
  private:
+  void check_abandoned() const {
+    if (abandoned_ && abandoned_->load()) throw PeerError("comm", "rendezvous abandoned");
+  }
+  std::optional<std::string> wait_for(const std::string& key, Duration timeout) {
+    if (!abandoned_) return store_->get(full(key), timeout);
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      check_abandoned();
+      const auto left = std::max(Duration(0), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+      if (auto value = store_->get(full(key), std::min(left, kAbortPoll))) return value;
+      if (Clock::now() >= deadline) return std::nullopt;
+    }
+  }
+
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }
   std::vector<std::string> full(const std::vector<std::string>& keys) const {
     std::vector<std::string> out;
@@ -61,6 +85,7 @@ class StoreAdapter final : public c10d::Store {
   }
   std::shared_ptr<KeyValueStore> store_;
   std::string prefix_;
+  std::shared_ptr<const std::atomic<bool>> abandoned_;
 };
 
 // Bytes each rank sends in Gloo's ring all-reduce (reduce-scatter then all-gather, gloo/allreduce.cc):
@@ -116,12 +141,32 @@ class GlooGroup final : public GroupImpl {
                                           prefix, fmt::join(missing, ", "), options.timeout.count() / 1000.0,
                                           options.rank, options.size));
     }
+    // Gloo's own rendezvous (addresses through the store, then a TCP handshake with every peer)
+    // blocks up to the timeout when a peer froze after arriving. With an abort hook it runs on a
+    // thread of its own, which is left to finish by itself when the hook says so.
+    auto abandoned = options.abort ? std::make_shared<std::atomic<bool>>(false) : nullptr;
+    auto connect = [store = std::move(store), prefix, rank = options.rank, size = options.size, host = options.host,
+                    timeout = options.timeout, abandoned] {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+      auto adapter = c10::make_intrusive<StoreAdapter>(store, prefix + "/gloo", timeout, abandoned);
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(adapter, static_cast<int>(rank), static_cast<int>(size), gloo_options);
+    };
     try {
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.host));
-      auto adapter = c10::make_intrusive<StoreAdapter>(std::move(store), prefix + "/gloo", options.timeout);
-      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(adapter, static_cast<int>(options.rank),
-                                                           static_cast<int>(options.size), gloo_options);
+      if (!options.abort) {
+        group_ = connect();
+      } else {
+        auto task = std::make_shared<std::packaged_task<c10::intrusive_ptr<c10d::ProcessGroupGloo>()>>(std::move(connect));
+        auto connected = task->get_future();
+        std::thread([task] { (*task)(); }).detach();
+        while (connected.wait_for(kAbortPoll) != std::future_status::ready) {
+          if (options.abort()) {
+            *abandoned = true;  // the thread stops using the store at its next poll
+            throw PeerError("comm", fmt::format("group '{}': abandoned while connecting to its peers (a member failed)", prefix));
+          }
+        }
+        group_ = connected.get();
+      }
     } catch (const PeerError&) {
       throw;
     } catch (const std::exception& e) {
