@@ -310,9 +310,14 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     // Its slot's AdamW moments as its last owner saved them (when this host sees RUN/slots): a
     // better start than zeros in the middle of the schedule.
     if (auto latest = slot_store ? slot_store->latest() : std::nullopt) {
-      auto own = load_checkpoint(*latest);
-      adamw.load_state(own.optimizer, own.state.step);
-      progress.message(fmt::format("{}took slot {}'s AdamW moments of step {}", who, worker.rank, own.state.step));
+      try {
+        auto own = load_checkpoint(*latest);
+        adamw.load_state(own.optimizer, own.state.step);
+        progress.message(fmt::format("{}took slot {}'s AdamW moments of step {}", who, worker.rank, own.state.step));
+      } catch (const DataError& e) {
+        progress.message(fmt::format("{}cannot use slot {}'s saved inner state ({}); its AdamW moments start from zero",
+                                     who, worker.rank, e.what()));
+      }
     }
   }
   if (worker.start_position) {
