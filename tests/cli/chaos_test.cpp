@@ -14,6 +14,7 @@
 #include <set>
 
 #include "loco/core/files.h"
+#include "loco/runtime/checkpoint.h"
 #include "loco/runtime/coordinator_client.h"
 #include "process_util.h"
 #include "test_util.h"
@@ -299,6 +300,12 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
   EXPECT_GE(resumes[0]["round"].get<int64_t>(), 11);
   const auto after = round_hashes("stopped");
   EXPECT_EQ(after.size(), 30u);
+  // The global checkpoint holds each slot's data position and member.
+  const auto final_state = runtime::load_checkpoint(run("stopped") / "checkpoints");
+  const auto slots = std::find_if(final_state.sync.begin(), final_state.sync.end(), [](const auto& t) { return t.first == "elastic.slots"; });
+  ASSERT_NE(slots, final_state.sync.end());
+  ASSERT_EQ(slots->second.sizes(), (std::vector<int64_t>{3, 3}));
+  for (int64_t s = 0; s < 3; ++s) EXPECT_GE(slots->second[s][2].item<int64_t>(), 0) << "slot " << s << " has a member";
   for (const auto& [round, set] : after) {
     ASSERT_TRUE(reference.count(round));
     EXPECT_EQ(set, reference.at(round)) << "round " << round << ": θ differs from the uninterrupted run's";

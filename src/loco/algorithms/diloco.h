@@ -60,7 +60,7 @@ class DiLoCo final : public SyncStrategy {
 
   // "global.<param>" (θ), "outer.<...>" (the outer optimizer's state), and 0-dim int64 tensors
   // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens";
-  // elastic runs add "elastic.slots" (every slot's data position as of the last round).
+  // elastic runs add "elastic.slots" (every slot's data position and member as of the last round).
   NamedTensors state() override;
   void load_state(const NamedTensors& tensors) override;
 

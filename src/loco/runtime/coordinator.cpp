@@ -201,7 +201,7 @@ struct Coordinator::Impl {
     std::vector<data::SamplerPosition> positions;
     for (const auto& [name, tensor] : checkpoint.sync) {
       if (name == "diloco.round") round = tensor.item<int64_t>();
-      if (name == "elastic.slots" && tensor.dim() == 2 && tensor.size(1) == 2) {
+      if (name == "elastic.slots" && tensor.dim() == 2 && tensor.size(1) >= 2) {  // epoch, cursor[, owner]
         for (int64_t s = 0; s < tensor.size(0); ++s) {
           positions.push_back({static_cast<uint64_t>(tensor[s][0].item<int64_t>()), static_cast<uint64_t>(tensor[s][1].item<int64_t>())});
         }

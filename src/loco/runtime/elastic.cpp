@@ -122,10 +122,11 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     plan.epoch = reply.epoch;
     plan.contributors = reply.contributors;
     plan.step = reply.step;
-    plan.slots = torch::empty({static_cast<int64_t>(reply.slots.size()), 2}, torch::kInt64);
+    plan.slots = torch::empty({static_cast<int64_t>(reply.slots.size()), 3}, torch::kInt64);
     for (size_t s = 0; s < reply.slots.size(); ++s) {
       plan.slots[static_cast<int64_t>(s)][0] = static_cast<int64_t>(reply.slots[s].position.epoch);
       plan.slots[static_cast<int64_t>(s)][1] = static_cast<int64_t>(reply.slots[s].position.cursor);
+      plan.slots[static_cast<int64_t>(s)][2] = reply.slots[s].owner;
     }
     if (joined_.joiner && slot() < static_cast<int64_t>(reply.slots.size())) {
       joined_position_ = reply.slots[static_cast<size_t>(slot())].position;
