@@ -89,8 +89,16 @@ connect_timeout_s = 20
     return NAN;
   }
 
+  // Elastic runs of either algorithm, end to end (the TEST_Fs below name the algorithm).
+  void full_stop_resume(const std::vector<std::string>& algorithm);
+  void restart_a_dead_worker(const std::vector<std::string>& algorithm);
+
   TempDir dir_;
 };
+
+// Streaming DiLoCo on the tiny model: 2 fragments, H = 10, τ = 1 (one fragment on the wire at a time).
+const std::vector<std::string> kStreaming = {"--sync.algorithm=streaming", "--sync.inner_steps=10", "--sync.fragments=2",
+                                             "--sync.overlap_steps=1"};
 
 pid_t pid_of(const nlohmann::json& member) {
   const auto name = member["name"].get<std::string>();
@@ -249,8 +257,9 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
 // Every process of an elastic run killed at once (SIGKILL: workers, coordinator, launcher), then
 // `loco launch --resume`: the run continues from the global checkpoint and each slot's inner state
 // of the same round, and every round's θ is bit-identical to the uninterrupted run's.
-TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
-  const std::vector<std::string> shorter = {"--cluster.workers=3", "--train.steps=150"};  // 30 rounds
+void ChaosTest::full_stop_resume(const std::vector<std::string>& algorithm) {
+  std::vector<std::string> shorter = {"--cluster.workers=3", "--train.steps=150"};  // about 30 rounds
+  shorter.insert(shorter.end(), algorithm.begin(), algorithm.end());
   auto launch_args = [&](const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> args = {LOCO_BINARY, "launch"};
     for (auto& a : common(name)) args.push_back(a);
@@ -266,7 +275,7 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
   auto whole = testing_util::run_command(launch_args("whole", {}), log("whole"), 300s);
   ASSERT_EQ(whole.status, 0) << whole.output;
   const auto reference = round_hashes("whole");
-  ASSERT_EQ(reference.size(), 30u);
+  ASSERT_GE(reference.size(), 30u);
 
   const int port = testing_util::free_port();
   Child launcher(launch_args("stopped", {"--port", std::to_string(port)}), log("stopped"));
@@ -290,7 +299,7 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
   EXPECT_EQ(launcher.wait(30s), 128 + SIGKILL);
   const auto before = round_hashes("stopped");
   ASSERT_GE(before.size(), 12u);
-  ASSERT_LT(before.size(), 30u) << "the run ended before it was killed";
+  ASSERT_LT(before.size(), reference.size()) << "the run ended before it was killed";
 
   auto resumed = testing_util::run_command(launch_args("stopped", {"--resume"}), log("resumed"), 300s);
   ASSERT_EQ(resumed.status, 0) << resumed.output;
@@ -299,7 +308,7 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
   EXPECT_TRUE(resumes[0]["slots_without_inner_state"].empty()) << resumes[0];
   EXPECT_GE(resumes[0]["round"].get<int64_t>(), 11);
   const auto after = round_hashes("stopped");
-  EXPECT_EQ(after.size(), 30u);
+  EXPECT_EQ(after.size(), reference.size());
   // The global checkpoint holds each slot's data position and member.
   const auto final_state = runtime::load_checkpoint(run("stopped") / "checkpoints");
   const auto slots = std::find_if(final_state.sync.begin(), final_state.sync.end(), [](const auto& t) { return t.first == "elastic.slots"; });
@@ -310,6 +319,12 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) {
     ASSERT_TRUE(reference.count(round));
     EXPECT_EQ(set, reference.at(round)) << "round " << round << ": θ differs from the uninterrupted run's";
   }
+}
+
+TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRun) { full_stop_resume({}); }
+
+TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRunOfStreamingDiLoCo) {
+  full_stop_resume(kStreaming);
 }
 
 // The coordinator of an elastic run (`loco coordinator` with `loco worker`s) is killed with SIGKILL
@@ -524,11 +539,12 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
 
 // `loco launch --restarts`: a worker killed in an elastic run is started again by the launcher,
 // joins as a replacement for its slot, and the run completes with it.
-TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgain) {
+void ChaosTest::restart_a_dead_worker(const std::vector<std::string>& algorithm) {
   const int port = testing_util::free_port();
   std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port), "--restarts", "1"};
   for (auto& a : common("restarts")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
+  args.insert(args.end(), algorithm.begin(), algorithm.end());
   Child launcher(args, log("restarts"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
   const auto deadline = Clock::now() + 240s;
@@ -557,6 +573,71 @@ TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgain) {
   const auto completed = events("restarts", "round_complete");
   ASSERT_FALSE(completed.empty());
   EXPECT_EQ(completed.back()["contributors"], 3) << "the run ended with all three slots trained";
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("restarts", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+}
+
+TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgain) { restart_a_dead_worker({}); }
+
+// The same with Streaming DiLoCo: the replacement joins in the middle of the fragments' schedule.
+TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithStreamingDiLoCo) { restart_a_dead_worker(kStreaming); }
+
+// Elastic Streaming DiLoCo: a worker killed inside a fragment's collective (frozen once the round
+// was convened with it, before it reported the round done). The survivors' background reduction
+// fails; the round is convened again without it and the same contributions sent again
+// (round_retried); the launcher starts the worker again, and the run completes with one θ per round.
+TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
+  const int port = testing_util::free_port();
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port), "--restarts", "1"};
+  for (auto& a : common("streaming")) args.push_back(a);
+  for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
+  args.insert(args.end(), kStreaming.begin(), kStreaming.end());
+  Child launcher(args, log("streaming"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  const auto deadline = Clock::now() + 240s;
+  std::mt19937 random(std::random_device{}());
+  bool killed = false;
+  while (!killed && Clock::now() < deadline) {
+    nlohmann::json s;
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      if (status != 200) continue;
+      s = nlohmann::json::parse(body).value("elastic", nlohmann::json::object());
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (s.value("rounds_completed", int64_t{0}) < 5 || !s.contains("convened")) continue;
+    const auto c = s["convened"];
+    if (c["round"].get<int64_t>() != s["rounds_completed"].get<int64_t>() + 1 || c["participants"].size() < 3) continue;
+    const int64_t victim = c["participants"][random() % c["participants"].size()].get<int64_t>();
+    pid_t pid = -1;
+    for (const auto& m : s.value("members", nlohmann::json::array())) {
+      if (m["member"] == victim && m["state"] == "active") pid = pid_of(m);
+    }
+    if (pid < 0) continue;
+    ::kill(pid, SIGSTOP);
+    auto after = nlohmann::json::parse(client.request("GET", "/v1/state", "", 5s).second).value("elastic", nlohmann::json::object());
+    const auto done = after["convened"]["done"];
+    if (after["convened"]["round"] != c["round"] || std::find(done.begin(), done.end(), nlohmann::json(victim)) != done.end()) {
+      ::kill(pid, SIGCONT);  // too late: it finished that round already
+      continue;
+    }
+    ::kill(pid, SIGKILL);
+    killed = true;
+  }
+  ASSERT_TRUE(killed);
+  const int status = launcher.wait(240s);
+  const auto output = read_file(log("streaming"), "test");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_FALSE(events("streaming", "round_retried").empty()) << output;
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("streaming", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  EXPECT_GE(hashes.size(), 150u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+  const auto completed = events("streaming", "round_complete");
+  ASSERT_FALSE(completed.empty());
+  EXPECT_EQ(completed.back()["step"], 800);
 }
 
 }  // namespace

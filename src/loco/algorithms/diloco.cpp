@@ -150,26 +150,16 @@ SyncReport DiLoCo::join_round() {
 }
 
 comm::CommStats DiLoCo::transfer_state(comm::Group& group) {
-  torch::NoGradGuard no_grad;
-  // θ and the outer state travel as one fp32 buffer (their shapes are the model's on every rank).
+  // θ and the outer state (their shapes are the model's on every rank), the round and its step.
   std::vector<torch::Tensor> parts(global_.begin(), global_.end());
   auto outer_state = outer_->state();
   for (auto& [name, tensor] : outer_state) parts.push_back(tensor);
-  std::vector<torch::Tensor> flat_parts;
-  for (const auto& t : parts) flat_parts.push_back(t.reshape({-1}));
-  auto flat = torch::cat(flat_parts);
-  auto counters = torch::tensor({round_, synced_step_}, torch::kInt64);
-  comm::CommStats stats = group.broadcast(counters, 0);
-  stats += group.broadcast(flat, 0);
+  std::vector<int64_t> counters = {round_, synced_step_};
+  comm::CommStats stats = broadcast_state(group, counters, parts);
   if (group.rank() == 0) return stats;
-  int64_t offset = 0;
-  for (auto& t : parts) {
-    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
-  }
   outer_->load_state(outer_state);
-  round_ = counters[0].item<int64_t>();
-  synced_step_ = counters[1].item<int64_t>();
+  round_ = counters[0];
+  synced_step_ = counters[1];
   round_tokens_ = 0;
   return stats;
 }

@@ -61,4 +61,22 @@ comm::CommStats check_identical(comm::Group& group, const std::vector<torch::Ten
   return stats;
 }
 
+comm::CommStats broadcast_state(comm::Group& group, std::vector<int64_t>& counters, std::vector<torch::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  auto packed = torch::tensor(counters, torch::kInt64);
+  std::vector<torch::Tensor> flat_parts;
+  for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+  auto flat = torch::cat(flat_parts);
+  comm::CommStats stats = group.broadcast(packed, 0);
+  stats += group.broadcast(flat, 0);
+  if (group.rank() == 0) return stats;
+  for (size_t i = 0; i < counters.size(); ++i) counters[i] = packed[static_cast<int64_t>(i)].item<int64_t>();
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+  return stats;
+}
+
 }  // namespace loco::algorithms

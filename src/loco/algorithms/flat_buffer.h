@@ -35,4 +35,9 @@ uint64_t hash_tensors(const std::vector<torch::Tensor>& tensors);
 // Throws DataError naming the ranks that differ from rank 0, with a hint.
 comm::CommStats check_identical(comm::Group& group, const std::vector<torch::Tensor>& tensors, const std::string& what);
 
+// Rank 0's `counters` and `tensors` (fp32, the same shapes on every rank) overwrite every other
+// rank's: two broadcasts, the counters and then the tensors as one flat buffer. How an elastic
+// strategy hands its state to a joiner.
+comm::CommStats broadcast_state(comm::Group& group, std::vector<int64_t>& counters, std::vector<torch::Tensor>& tensors);
+
 }  // namespace loco::algorithms

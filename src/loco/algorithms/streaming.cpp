@@ -75,9 +75,21 @@ std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer&
   return plan;
 }
 
-StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options)
-    : group_(std::move(group)), options_(options) {
+StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership)
+    : group_(std::move(group)), options_(options), membership_(membership) {
   options_.validate();
+  LOCO_CHECK(membership_ == nullptr || options_.overlap_steps * options_.fragments < options_.inner_steps,
+             "elastic Streaming DiLoCo needs one fragment on the wire at a time (config validation checks it)");
+}
+
+void StreamingDiLoCo::use_group(const comm::Group& group) {
+  if (group.same_as(group_)) return;
+  bytes_before_ += group_.bytes_sent();
+  group_ = group;
+}
+
+bool StreamingDiLoCo::at_boundary() const {
+  return std::none_of(fragments_.begin(), fragments_.end(), [](const Fragment& f) { return f.pending; });
 }
 
 StreamingDiLoCo::~StreamingDiLoCo() = default;
@@ -126,7 +138,11 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
   }
   step_ = step;
   if (!restored_ || restored_->empty()) {
-    background_.submit([&] { return check_identical(group_, global_, "the initial parameters"); }).get();
+    if (membership_ == nullptr) {
+      background_.submit([&] { return check_identical(group_, global_, "the initial parameters"); }).get();
+    } else if (membership_->joining()) {
+      return {join_round()};
+    }
     return {};
   }
 
@@ -153,6 +169,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     }
     f.outer->load_state(restored.take_prefix(fmt::format("outer.{}.", p)));
   }
+  if (auto slots = restored.take_prefix("elastic.slots"); !slots.empty()) slots_ = slots.front().second;
   restored.expect_all_taken(" (was it saved with another sync.fragments?)");
   restored_.reset();
   // Whatever this step still owed (a sync to start or to complete, left by a failed collective).
@@ -178,7 +195,10 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     if (f.pending || f.started >= step) continue;
-    if (starts_at(static_cast<int64_t>(p), step) || last) start(f, step);
+    if (!starts_at(static_cast<int64_t>(p), step) && !last) continue;
+    start(f, step);
+    // Elastic rounds come one at a time: a sync due at once completes before the next starts.
+    if (membership_ != nullptr && apply_step(f) <= step) reports.push_back(complete(p, step, last));
   }
   for (size_t p = 0; p < fragments_.size(); ++p) {
     if (fragments_[p].pending && apply_step(fragments_[p]) <= step) reports.push_back(complete(p, step, last));
@@ -186,8 +206,14 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
   return reports;
 }
 
+void StreamingDiLoCo::begin_round(int64_t step, int64_t failed_epoch) {
+  plan_ = membership_->begin_round(rounds_ + 1, step, failed_epoch);
+  use_group(plan_->group);
+}
+
 void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   torch::NoGradGuard no_grad;
+  if (membership_ != nullptr) begin_round(step, -1);
   auto& sent = f.sent->views();
   for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]);
   f.pending_tokens = f.tokens;
@@ -196,12 +222,18 @@ void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   f.pending = true;
   f.stall = 0;
   f.failure = nullptr;
-  f.reduction = submit(f);
+  f.reduction = submit(f, plan_ && plan_->has_joiners());
 }
 
-std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f) {
-  return background_.submit([this, &f] {
+std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool tell_joiners) {
+  const int64_t index = &f - fragments_.data();
+  return background_.submit([this, &f, tell_joiners, index] {
     torch::NoGradGuard no_grad;
+    comm::CommStats told;
+    if (tell_joiners) {
+      auto which = torch::tensor({index}, torch::kInt64);
+      told = group_.broadcast(which, 0);
+    }
     // w_m = tokens_m / Σ tokens, from one small all-reduce of (tokens, 1), as in DiLoCo.
     auto control = torch::tensor({static_cast<double>(f.pending_tokens), 1.0}, torch::kFloat64);
     comm::CommStats stats = group_.all_reduce_sum(control);
@@ -224,6 +256,7 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f) {
       if (weight != 1.0) f.result->flat().mul_(weight);
       stats += group_.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
     }
+    stats += told;
     stats.participants = participants;
     return Reduced{stats, participants};
   });
@@ -233,12 +266,21 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   torch::NoGradGuard no_grad;
   auto& f = fragments_[index];
   const auto wait_start = Clock::now();
-  if (!f.arrived) {
+  while (!f.arrived) {
     if (f.failure) std::rethrow_exception(f.failure);
     LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
     try {
       f.arrived = f.reduction.get();
+    } catch (const MembershipEnded&) {
+      throw;
     } catch (const PeerError&) {
+      if (membership_ != nullptr) {
+        // Nothing changed: the round is convened again with whoever is left, and the same
+        // contribution goes out again (the weights renormalize over the survivors).
+        begin_round(f.started, plan_->epoch);
+        f.reduction = submit(f, plan_->has_joiners());
+        continue;
+      }
       f.failure = std::current_exception();  // the fragment stays pending; state() keeps what it sent
       throw;
     }
@@ -269,13 +311,102 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   report.params_hash = hash_tensors(global_);
   report.fragment = static_cast<int64_t>(index);
   report.stall_seconds = f.stall;
+  if (membership_ != nullptr) {
+    slots_ = plan_->slots;
+    membership_->end_round(*plan_, f.started, report.params_hash);
+    if (plan_->has_joiners()) {
+      try {
+        report.stats += transfer_state(group_, step);
+      } catch (const MembershipEnded&) {
+        throw;
+      } catch (const PeerError&) {
+        // A joiner failed while receiving: the coordinator hears of it by heartbeats, and the
+        // next round forms a new group. The round itself stands.
+      }
+    }
+    plan_.reset();
+  }
   return report;
+}
+
+comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step) {
+  // θ, every fragment's outer state, and the schedule: rounds, the step, and per fragment its
+  // syncs and the step its last one started.
+  std::vector<torch::Tensor> parts(global_.begin(), global_.end());
+  std::vector<NamedTensors> outer_states;
+  for (auto& f : fragments_) {
+    outer_states.push_back(f.outer->state());
+    for (auto& [name, tensor] : outer_states.back()) parts.push_back(tensor);
+  }
+  std::vector<int64_t> counters = {rounds_, step};
+  for (const auto& f : fragments_) {
+    counters.push_back(f.round);
+    counters.push_back(f.started);
+  }
+  comm::CommStats stats = broadcast_state(group, counters, parts);
+  if (group.rank() == 0) return stats;
+  torch::NoGradGuard no_grad;
+  rounds_ = counters[0];
+  step_ = counters[1];
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    auto& f = fragments_[p];
+    f.outer->load_state(outer_states[p]);
+    f.round = counters[2 + 2 * p];
+    f.started = counters[3 + 2 * p];
+    f.exact = step_;
+    f.tokens = 0;
+    f.pending = false;
+  }
+  for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);  // the model takes θ
+  return stats;
+}
+
+SyncReport StreamingDiLoCo::join_round() {
+  int64_t failed_epoch = -1;
+  for (;;) {
+    RoundPlan plan = membership_->begin_round(0, step_, failed_epoch);
+    use_group(plan.group);
+    try {
+      torch::NoGradGuard no_grad;
+      // Which fragment this round syncs, then that fragment's collectives with nothing added.
+      auto which = torch::tensor({int64_t{-1}}, torch::kInt64);
+      comm::CommStats stats = group_.broadcast(which, 0);
+      const int64_t index = which.item<int64_t>();
+      LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
+      auto& f = fragments_[static_cast<size_t>(index)];
+      auto control = torch::zeros({2}, torch::kFloat64);
+      stats += group_.all_reduce_sum(control);
+      f.result->flat().zero_();
+      if (options_.exchange == comm::Encoding::kFp32) {
+        stats += f.result->all_reduce_sum(group_);
+      } else {
+        stats += group_.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
+      }
+      stats += transfer_state(group_, step_);
+      joined_step_ = step_;
+      slots_ = plan.slots;
+      SyncReport report;
+      report.round = rounds_;
+      report.step = step_;
+      report.world_size = std::llround(control[1].item<double>());
+      report.stats = stats;
+      report.params_hash = hash_tensors(global_);
+      report.fragment = index;
+      membership_->end_round(plan, fragments_[static_cast<size_t>(index)].started, report.params_hash);
+      return report;
+    } catch (const MembershipEnded&) {
+      throw;
+    } catch (const PeerError&) {
+      failed_epoch = plan.epoch;
+    }
+  }
 }
 
 NamedTensors StreamingDiLoCo::state() {
   NamedTensors out;
   for (size_t i = 0; i < names_.size(); ++i) out.emplace_back("global." + names_[i], global_[i]);
   out.emplace_back("streaming.rounds", scalar(rounds_));
+  if (slots_.defined()) out.emplace_back("elastic.slots", slots_);
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     const std::string key = fmt::format("streaming.{}.", p);

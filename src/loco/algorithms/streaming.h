@@ -19,6 +19,13 @@
 // Threads: every collective of this strategy runs on its one background thread, in the same order
 // on every worker (the schedule is deterministic). The training thread only copies a fragment's
 // parameters out when its sync starts and applies the result when it completes.
+//
+// Elastic (with a Membership; needs τ < H/P, so that one fragment at most is on the wire): each
+// fragment's sync is one of the run's rounds. The training thread asks for the round's group when
+// the sync starts; when its collective fails, the round is convened again with the survivors and
+// the same contribution sent again, and the result waits for that. A joiner takes part in a round
+// adding zeros (rank 0 first tells it which fragment), then receives θ, every fragment's outer
+// state and the schedule from rank 0 when the round's result is applied, and takes θ as its model.
 #pragma once
 
 #include <future>
@@ -30,6 +37,7 @@
 
 #include "loco/algorithms/diloco.h"
 #include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/membership.h"
 #include "loco/algorithms/restored_state.h"
 #include "loco/algorithms/sync.h"
 #include "loco/comm/background.h"
@@ -72,7 +80,7 @@ std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer&
 
 class StreamingDiLoCo final : public SyncStrategy {
  public:
-  StreamingDiLoCo(comm::Group group, StreamingOptions options);
+  StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership = nullptr);
   ~StreamingDiLoCo() override;
   std::string name() const override { return "streaming"; }
 
@@ -80,7 +88,10 @@ class StreamingDiLoCo final : public SyncStrategy {
   SyncReports after_step(StepContext& context) override;
   bool in_sync() const override;
   const std::vector<torch::Tensor>* evaluation_parameters() const override { return &global_; }
-  int64_t bytes_sent() const override { return group_.bytes_sent(); }
+  int64_t bytes_sent() const override { return bytes_before_ + group_.bytes_sent(); }
+  bool at_boundary() const override;
+  std::optional<int64_t> joined_at_step() const override { return joined_step_; }
+  bool leads() const override { return membership_ == nullptr || membership_->leads(); }
 
   // "global.<param>" (θ), per fragment p "outer.<p>.<...>" (its outer optimizer), and 0-dim
   // tensors "streaming.step", "streaming.rounds", "streaming.<p>.{round,tokens,started}"; for a
@@ -120,12 +131,24 @@ class StreamingDiLoCo final : public SyncStrategy {
 
   SyncReports advance(int64_t step);
   void start(Fragment& fragment, int64_t step);
-  std::future<Reduced> submit(Fragment& fragment);
+  // Its reduction on the background thread; `tell_joiners`: rank 0 first broadcasts the fragment's
+  // index (elastic rounds with joiners).
+  std::future<Reduced> submit(Fragment& fragment, bool tell_joiners = false);
+  // Elastic: the round of the sync that starts now, and the group it runs in.
+  void begin_round(int64_t step, int64_t failed_epoch);
+  SyncReport join_round();
+  comm::CommStats transfer_state(comm::Group& group, int64_t step);
+  void use_group(const comm::Group& group);
   SyncReport complete(size_t index, int64_t step, bool last);
   int64_t apply_step(const Fragment& fragment) const;
 
   comm::Group group_;
   StreamingOptions options_;
+  Membership* membership_ = nullptr;
+  std::optional<RoundPlan> plan_;           // elastic: the round of the fragment in flight
+  int64_t bytes_before_ = 0;                // sent by the groups of earlier epochs
+  std::optional<int64_t> joined_step_;
+  torch::Tensor slots_;                     // elastic: the slots' data positions and members as of the last round
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
   std::vector<torch::Tensor> global_;      // θ, fp32 CPU

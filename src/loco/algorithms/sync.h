@@ -73,6 +73,9 @@ class SyncStrategy {
   }
   // Whether the model's parameters are the global parameters θ now.
   virtual bool in_sync() const { return true; }
+  // Whether no synchronization is under way, so that state() is one of the run's round ends:
+  // elastic runs checkpoint there. (DiLoCo: in_sync; Streaming DiLoCo: no fragment on the wire.)
+  virtual bool at_boundary() const { return in_sync(); }
   // Elastic runs: set when on_start joined a run under way; the loop continues from this step.
   virtual std::optional<int64_t> joined_at_step() const { return std::nullopt; }
   // Whether this worker leads the current membership (elastic runs: rank 0 of its last round),

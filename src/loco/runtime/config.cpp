@@ -440,10 +440,18 @@ void validate(const RunConfig& c) {
                                 "convenes each round and leaves out a worker that is too late");
   }
   if (c.cluster.elastic) {
-    if (c.sync.algorithm != Algorithm::kDiLoCo) {
-      throw ConfigError("config", fmt::format("cluster.elastic = true needs sync.algorithm = \"diloco\" (this version; got "
-                                              "\"{}\"): set cluster.elastic = false for fixed membership",
+    if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {
+      throw ConfigError("config", fmt::format("cluster.elastic = true needs sync.algorithm = \"diloco\" or \"streaming\" "
+                                              "(this version; got \"{}\"): set cluster.elastic = false for fixed membership",
                                               to_string(c.sync.algorithm)));
+    }
+    if (c.sync.algorithm == Algorithm::kStreaming && c.sync.round_seconds > 0) {
+      throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) is for sync.algorithm = \"diloco\"");
+    }
+    if (c.sync.algorithm == Algorithm::kStreaming && c.sync.overlap_steps * c.sync.fragments >= c.sync.inner_steps) {
+      throw ConfigError("config", fmt::format("elastic Streaming DiLoCo needs sync.overlap_steps * sync.fragments < "
+                                              "sync.inner_steps (one fragment on the wire at a time), got {} * {} >= {}",
+                                              c.sync.overlap_steps, c.sync.fragments, c.sync.inner_steps));
     }
     if (c.sync.round_seconds > 0 && c.sync.weighting != algorithms::Weighting::kTokens) {
       throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs sync.weighting = \"tokens\": workers take "

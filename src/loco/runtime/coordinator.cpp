@@ -200,7 +200,7 @@ struct Coordinator::Impl {
     int64_t round = -1;
     std::vector<data::SamplerPosition> positions;
     for (const auto& [name, tensor] : checkpoint.sync) {
-      if (name == "diloco.round") round = tensor.item<int64_t>();
+      if (name == "diloco.round" || name == "streaming.rounds") round = tensor.item<int64_t>();
       if (name == "elastic.slots" && tensor.dim() == 2 && tensor.size(1) >= 2) {  // epoch, cursor[, owner]
         for (int64_t s = 0; s < tensor.size(0); ++s) {
           positions.push_back({static_cast<uint64_t>(tensor[s][0].item<int64_t>()), static_cast<uint64_t>(tensor[s][1].item<int64_t>())});
@@ -209,7 +209,7 @@ struct Coordinator::Impl {
     }
     if (round < 0 || static_cast<int64_t>(positions.size()) != world_size()) {
       throw DataError("coordinator", fmt::format("{} is not the global checkpoint of an elastic run of {} slots (no "
-                                                 "diloco.round or elastic.slots of that size)", checkpoint.dir.string(),
+                                                 "diloco.round / streaming.rounds, or no elastic.slots of that size)", checkpoint.dir.string(),
                                                  world_size()));
     }
     return {round, positions};

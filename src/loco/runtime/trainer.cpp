@@ -221,6 +221,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   int64_t step = 0, tokens = 0;
   double wall_before = 0;
   uint64_t global_hash = 0;
+  bool own_position = false;  // elastic: the slot's own saved position, exact (Streaming DiLoCo: τ steps past the coordinator's)
   if (resumed) {
     adamw.load_state(resumed->optimizer, resumed->state.step);
     sync.load_state(resumed->sync);
@@ -231,8 +232,10 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       const auto steps = slot_store->steps();
       if (std::find(steps.begin(), steps.end(), resumed->state.step) != steps.end()) {
         auto own = load_checkpoint(slot_store->at(resumed->state.step));
+        if (!own.model.empty()) load_model_weights(model, own.model, own.dir.string());
         adamw.load_state(own.optimizer, own.state.step);
         sampler.restore(own.state.sampler);
+        own_position = true;
       }
     }
     step = resumed->state.step;
@@ -320,7 +323,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       }
     }
   }
-  if (worker.start_position) {
+  if (worker.start_position && !own_position) {
     if (auto position = worker.start_position()) sampler.restore(*position);
   }
   summary.first_step = step;
@@ -445,14 +448,16 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       }
     }
     // Elastic runs: the leader saves the global state at every round's end (docs/failure-model.md).
-    const bool checkpoint_due = worker.elastic ? synced_now && sync.in_sync() && sync.leads()
+    const bool checkpoint_due = worker.elastic ? synced_now && sync.at_boundary() && sync.leads()
                                                : (config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last;
     if (checkpoint_due) {
       save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/true);
       checkpoint_current = true;
     }
-    if (slot_store && synced_now && sync.in_sync()) {
-      slot_store->save(training_state(wall_before + seconds_since(call_start)), {}, adamw.state(), {}, /*prune=*/true);
+    if (slot_store && synced_now && sync.at_boundary()) {
+      // Its own model too: with Streaming DiLoCo it is not θ between a fragment's syncs.
+      slot_store->save(training_state(wall_before + seconds_since(call_start)), model_weights(model), adamw.state(), {},
+                       /*prune=*/true);
     }
     if (stopped) break;
   }
@@ -466,7 +471,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   }
   // A stopped elastic run keeps its last round's global checkpoint: a worker's state between rounds
   // is its own, not the run's.
-  const bool may_save = !worker.elastic || (sync.leads() && sync.in_sync());
+  const bool may_save = !worker.elastic || (sync.leads() && sync.at_boundary());
   if ((stopped || peer_failure) && !checkpoint_current && may_save) {
     save_checkpoint(wall_before + seconds_since(call_start), /*prune=*/false);
   }

@@ -178,7 +178,12 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(slot)]);
       ElasticSession session(config, client, joined, config.cluster.host.empty() ? client.local_address() : config.cluster.host,
                              options.stop);
-      algorithms::DiLoCo strategy(comm::Group::single(), diloco_options(config), &session);
+      std::unique_ptr<algorithms::SyncStrategy> strategy;
+      if (config.sync.algorithm == Algorithm::kStreaming) {
+        strategy = std::make_unique<algorithms::StreamingDiLoCo>(comm::Group::single(), streaming_options(config), &session);
+      } else {
+        strategy = std::make_unique<algorithms::DiLoCo>(comm::Group::single(), diloco_options(config), &session);
+      }
       TrainOptions train_options;
       train_options.resume_step = joined.resume_step;
       train_options.stop = options.stop;
@@ -194,7 +199,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
         return joined.joiner ? session.joined_position() : joined.position;  // the coordinator's record
       };
       train_options.worker.on_position = [&](const data::SamplerPosition& p, int64_t step) { session.record_progress(p, step); };
-      summary = train(config, strategy, train_options);
+      summary = train(config, *strategy, train_options);
     } catch (const algorithms::RestartFromCheckpoint& e) {
       say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
       protocol::JoinReply next = joined;
