@@ -73,6 +73,46 @@ TEST(Config, OverridesAreTypedAndValidated) {
   expect_error<ConfigError>([&] { validate(c); }, "train.steps must be >= 1");
 }
 
+TEST(Config, ElasticRunsNameWhatTheyCannotDo) {
+  RunConfig c;
+  apply_override(c, "cluster.workers=4");
+  apply_override(c, "cluster.elastic=true");
+  for (const char* algorithm : {"diloco", "streaming"}) {
+    apply_override(c, std::string("sync.algorithm=") + algorithm);
+    EXPECT_NO_THROW(validate(c)) << algorithm;
+  }
+  apply_override(c, "sync.algorithm=ddp");
+  expect_error<ConfigError>([&] { validate(c); }, "cluster.elastic = true needs sync.algorithm = \"diloco\" or \"streaming\"");
+
+  // Streaming: one fragment on the wire at a time, and rounds end by steps.
+  apply_override(c, "sync.algorithm=streaming");
+  apply_override(c, "sync.inner_steps=8");
+  apply_override(c, "sync.fragments=2");
+  apply_override(c, "sync.overlap_steps=4");
+  expect_error<ConfigError>([&] { validate(c); }, "sync.overlap_steps * sync.fragments < sync.inner_steps");
+  apply_override(c, "sync.overlap_steps=3");
+  EXPECT_NO_THROW(validate(c));
+  apply_override(c, "sync.round_seconds=2");
+  expect_error<ConfigError>([&] { validate(c); }, "is for sync.algorithm = \"diloco\"");
+
+  apply_override(c, "sync.algorithm=diloco");
+  apply_override(c, "sync.weighting=uniform");
+  expect_error<ConfigError>([&] { validate(c); }, "needs sync.weighting = \"tokens\"");
+  apply_override(c, "sync.weighting=tokens");
+  EXPECT_NO_THROW(validate(c));
+  apply_override(c, "cluster.elastic=false");
+  expect_error<ConfigError>([&] { validate(c); }, "sync.round_seconds (time-budgeted rounds) needs cluster.elastic = true");
+
+  apply_override(c, "sync.round_seconds=0");
+  apply_override(c, "cluster.elastic=true");
+  apply_override(c, "cluster.min_workers=5");
+  expect_error<ConfigError>([&] { validate(c); }, "cluster.min_workers = 5 exceeds cluster.workers = 4");
+  apply_override(c, "cluster.min_workers=2");
+  apply_override(c, "cluster.heartbeat_s=2");
+  apply_override(c, "cluster.dead_after_s=3");
+  expect_error<ConfigError>([&] { validate(c); }, "must be at least twice cluster.heartbeat_s");
+}
+
 TEST(Config, LoadMissingFileNamesIt) {
   expect_error<DataError>([] { load_config("/nonexistent/run.toml", {}); }, "/nonexistent/run.toml");
 }

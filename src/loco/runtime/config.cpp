@@ -135,7 +135,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       positive({"cluster.timeout_s", "seconds any collective, and the forming of a group, may take before it fails", &c.cluster.timeout_s}),
       positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join", &c.cluster.join_timeout_s}),
       positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),
-      {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco)", &c.cluster.elastic},
+      {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco or streaming)", &c.cluster.elastic},
       at_least(1, {"cluster.min_workers", "elastic: the quorum, the fewest workers a round may run with (it waits for more)", &c.cluster.min_workers}),
       positive({"cluster.heartbeat_s", "elastic: seconds between a worker's heartbeats to the coordinator", &c.cluster.heartbeat_s}),
       positive({"cluster.dead_after_s", "elastic: seconds of heartbeat silence after which a worker is declared failed", &c.cluster.dead_after_s}),
