@@ -401,6 +401,90 @@ TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
   for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
 }
 
+// Across hosts: `loco coordinator` and `loco worker` as on three machines. Each "host" has its own
+// loopback address (peers reach a worker at its --cluster.host), its own run folder and its own
+// copy of the dataset; the join token comes from the environment. A worker on beta is killed and
+// a new one on gamma takes its slot: it receives the state from its peers, finds no slot state on
+// its own disk (and says so), and every file lands on the host that wrote it.
+TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
+  struct Token {
+    Token() { ::setenv("LOCO_JOIN_TOKEN", "cross-host secret", 1); }
+    ~Token() { ::unsetenv("LOCO_JOIN_TOKEN"); }
+  } token;
+  const int port = testing_util::free_port();
+  const std::string address = fmt::format("127.0.0.1:{}", port);
+  for (const char* host : {"beta", "gamma"}) fs::copy(data(), dir_.path() / fmt::format("{}-data", host), fs::copy_options::recursive);
+  auto args = [&](std::vector<std::string> head, const std::string& host) {
+    head.insert(head.end(), {"--config", config().string(), "--run.dir=" + run(host).string(), "--cluster.workers=3",
+                             "--train.steps=200"});
+    head.push_back("--data.dir=" + (host == "alpha" ? data() : dir_.path() / (host + "-data")).string());
+    return head;
+  };
+  auto worker = [&](const std::string& host, const std::string& ip, std::vector<std::string> extra, const std::string& name) {
+    auto a = args({LOCO_BINARY, "worker", "--coordinator", address, "--cluster.host=" + ip}, host);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return std::make_unique<Child>(a, log(name));
+  };
+  Child coordinator(args({LOCO_BINARY, "coordinator", "--port", std::to_string(port)}, "alpha"), log("coordinator"));
+  auto alpha0 = worker("alpha", "127.0.0.1", {"--rank", "0"}, "alpha-0");
+  auto alpha1 = worker("alpha", "127.0.0.1", {"--rank", "1"}, "alpha-1");
+  auto beta = worker("beta", "127.0.0.2", {"--rank", "2"}, "beta");
+
+  runtime::CoordinatorClient client(address, 20s);
+  const auto deadline = Clock::now() + 180s;
+  auto elastic = [&]() -> nlohmann::json {
+    try {
+      auto [status, body] = client.request("GET", "/v1/state", "", 5s);
+      if (status == 200) return nlohmann::json::parse(body)["elastic"];
+    } catch (const std::exception&) {
+    }
+    return nlohmann::json::object();
+  };
+  while (elastic().value("rounds_completed", int64_t{0}) < 5 && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  beta->signal(SIGKILL);
+  EXPECT_EQ(beta->wait(10s), 128 + SIGKILL);
+
+  // Without the token a worker is refused, and says why.
+  ::unsetenv("LOCO_JOIN_TOKEN");
+  auto intruder = worker("gamma", "127.0.0.3", {}, "intruder");
+  EXPECT_EQ(intruder->wait(60s), 1);
+  EXPECT_NE(read_file(log("intruder"), "test").find("join token"), std::string::npos) << read_file(log("intruder"), "test");
+  ::setenv("LOCO_JOIN_TOKEN", "cross-host secret", 1);
+
+  auto gamma = worker("gamma", "127.0.0.3", {}, "gamma");
+  EXPECT_EQ(alpha0->wait(180s), 0) << read_file(log("alpha-0"), "test");
+  EXPECT_EQ(alpha1->wait(60s), 0) << read_file(log("alpha-1"), "test");
+  EXPECT_EQ(gamma->wait(60s), 0) << read_file(log("gamma"), "test");
+  EXPECT_EQ(coordinator.wait(30s), 0) << read_file(log("coordinator"), "test");
+
+  // One θ per round, all 40 of them; the last membership has alpha's two workers and gamma's.
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("alpha", "round_complete")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  EXPECT_EQ(hashes.size(), 40u);
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+  const auto memberships = events("alpha", "membership");
+  ASSERT_FALSE(memberships.empty());
+  std::vector<std::string> last;
+  for (const auto& m : memberships.back()["members"]) last.push_back(m["name"].get<std::string>());
+  ASSERT_EQ(last.size(), 3u) << memberships.back().dump();
+  EXPECT_NE(last[0].find("[127.0.0.1]"), std::string::npos) << last[0];
+  EXPECT_NE(last[2].find("[127.0.0.3]"), std::string::npos) << last[2];
+  ASSERT_EQ(events("alpha", "failure").size(), 1u);
+  EXPECT_NE(events("alpha", "failure")[0]["name"].get<std::string>().find("[127.0.0.2]"), std::string::npos);
+
+  // Files stay on the host that wrote them: the leader's global checkpoints on alpha, each slot's
+  // inner state on its own worker's host; the joiner on gamma had none of slot 2's to read.
+  const auto gamma_log = read_file(log("gamma"), "test");
+  EXPECT_NE(gamma_log.find("joined the run at step"), std::string::npos) << gamma_log;
+  EXPECT_NE(gamma_log.find("finds no saved inner state of slot 2"), std::string::npos) << gamma_log;
+  EXPECT_EQ(events("gamma", "joined").size(), 1u);
+  EXPECT_TRUE(fs::exists(run("alpha") / "checkpoints"));
+  EXPECT_FALSE(fs::exists(run("gamma") / "checkpoints"));
+  for (const auto& [host, slot] : std::vector<std::pair<std::string, int>>{{"alpha", 0}, {"alpha", 1}, {"beta", 2}, {"gamma", 2}}) {
+    EXPECT_FALSE(runtime::CheckpointStore(run(host) / "slots" / std::to_string(slot), 2).steps().empty()) << host << " slot " << slot;
+  }
+}
+
 // Time-budgeted rounds (sync.round_seconds) with a worker slowed down by the test (stopped half of
 // every 200 ms) and, once, frozen for longer than sync.round_grace_s: the others do not wait for
 // it beyond the grace (it is left out of that round and rejoins), it trains fewer tokens than they

@@ -300,6 +300,44 @@ TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
   EXPECT_EQ(second.coordinator.state()["elastic"]["slots"][1]["cursor"], 8);
 }
 
+// A worker that joins an elastic run whose every slot has a live member (a replacement started
+// before its predecessor was declared failed) waits for the slot, and is told so once; without
+// patience it is refused at once.
+TEST(Coordinator, AJoinToAFullElasticRunWaitsForAVacantSlot) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  config.cluster.heartbeat_s = 0.2;
+  config.cluster.dead_after_s = 1;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  auto request = join_request(config);
+  request.token = "tok";
+  const auto silent = client.join(request);
+  request.name = "alive";
+  const auto alive = client.join(request);
+  ASSERT_EQ(client.wait_for_start(alive.rank, nullptr).phase, "running");
+  request.name = "replacement";
+  expect_error<ConfigError>([&] { client.join(request); }, "replacement cannot join yet: the run already has its 2 workers");
+
+  // One member keeps sending heartbeats, the other falls silent; the owner's loop (as `loco
+  // coordinator` runs it) keeps the coordinator's clock going.
+  std::jthread owner([&](std::stop_token stop) {
+    CoordinatorClient beats(running.address(), 5s);
+    while (!stop.stop_requested()) {
+      running.coordinator.wait_for(100ms);
+      beats.heartbeat({alive.member, 0});
+    }
+  });
+  std::vector<std::string> told;
+  const auto replacement = client.join(request, 30s, [&](const std::string& message) { told.push_back(message); });
+  EXPECT_EQ(replacement.rank, silent.rank) << "it takes the silent member's slot once that one is declared failed";
+  EXPECT_TRUE(replacement.joiner);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_NE(told[0].find("waiting up to 30 s for a member to fail or leave"), std::string::npos) << told[0];
+  EXPECT_FALSE(client.heartbeat({silent.member, 0}).member) << "the silent member is gone";
+  EXPECT_TRUE(client.heartbeat({alive.member, 0}).member);
+}
+
 // A state file that is not one is named, and nothing is overwritten.
 TEST(Coordinator, AMalformedStateFileIsNamed) {
   testing_util::TempDir run;

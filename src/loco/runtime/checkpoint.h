@@ -62,6 +62,7 @@ class CheckpointStore {
   std::vector<int64_t> steps() const;
   // The folder of the checkpoint of `step` (which may not exist).
   fs::path at(int64_t step) const;
+  const fs::path& root() const { return root_; }
 
  private:
   fs::path root_;

@@ -133,7 +133,8 @@ std::vector<Field> fields_of(RunConfig& c) {
       between(0, 65535, {"cluster.port", "port of `loco coordinator` (`loco launch` picks a free one unless --port is given)", &c.cluster.port}),
       {"cluster.host", "address other workers use to reach this one; \"\" = the local address that reaches the coordinator", &c.cluster.host},
       positive({"cluster.timeout_s", "seconds any collective, and the forming of a group, may take before it fails", &c.cluster.timeout_s}),
-      positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join", &c.cluster.join_timeout_s}),
+      positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join (elastic: also how long a worker "
+                "waits for a vacant slot in a full run)", &c.cluster.join_timeout_s}),
       positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),
       {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco or streaming)", &c.cluster.elastic},
       at_least(1, {"cluster.min_workers", "elastic: the quorum, the fewest workers a round may run with (it waits for more)", &c.cluster.min_workers}),

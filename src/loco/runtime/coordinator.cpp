@@ -34,6 +34,13 @@ class Refusal : public Error {
   explicit Refusal(std::string_view message) : Error("coordinator", message) {}
 };
 
+// A refusal for now (HTTP 503): every slot of an elastic run is held by a live member; the worker
+// may ask again (a slot frees when a member fails or leaves).
+class Full : public Refusal {
+ public:
+  using Refusal::Refusal;
+};
+
 struct Member {
   std::string name;
   protocol::JoinRequest request;
@@ -545,7 +552,9 @@ struct Coordinator::Impl {
                                 hex64(request.shards_hash), hex64(*shards_hash)));
     }
     std::string why;
+    table->expire(Clock::now());  // a silent member's slot is vacant now, whoever else is asking
     auto joined = table->join(request.name, request.rank, Clock::now(), why);
+    if (!joined && table->full()) throw Full(fmt::format("{} cannot join yet: {}", request.name, why));
     if (!joined) throw Refusal(fmt::format("{} cannot join: {}", request.name, why));
     flush_events_locked();
     if (phase == "waiting" && table->live_members() == world_size()) start_elastic_locked("");
@@ -620,6 +629,8 @@ struct Coordinator::Impl {
     return [this, handler](const httplib::Request& request, httplib::Response& response) {
       try {
         handler(request, response);
+      } catch (const Full& e) {
+        reply_json(response, {{"error", e.what()}}, 503);  // asked again until a slot frees: not logged each time
       } catch (const Refusal& e) {
         log(fmt::format("refused {} from {}: {}", request.path, request.remote_addr, e.what()));
         reply_json(response, {{"error", e.what()}}, 409);

@@ -132,8 +132,12 @@ std::pair<int, std::string> CoordinatorClient::request(const std::string& method
                                            std::chrono::duration<double>(Clock::now() - start).count(), error));
 }
 
-protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_request) {
-  const auto deadline = Clock::now() + connect_timeout_;
+protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_request,
+                                            std::chrono::milliseconds wait_for_slot,
+                                            const std::function<void(const std::string&)>& waiting) {
+  auto deadline = Clock::now() + connect_timeout_;
+  const auto slot_deadline = Clock::now() + wait_for_slot;
+  bool told = false;
   auto backoff = 200ms;
   std::string last_error;
   while (true) {
@@ -148,6 +152,22 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
     if (reply) {
       if (reply->first == 200) return protocol::JoinReply::from_json(nlohmann::json::parse(reply->second));
       if (reply->first == 409) throw ConfigError("coordinator", fmt::format("refused to join: {}", error_of(reply->second)));
+      if (reply->first == 503) {
+        if (Clock::now() + backoff > slot_deadline) {
+          throw ConfigError("coordinator", fmt::format("refused to join: {} (waited {:.0f} s for a slot to free; "
+                                                       "cluster.join_timeout_s)", error_of(reply->second),
+                                                       std::chrono::duration<double>(wait_for_slot).count()));
+        }
+        if (!told && waiting) {
+          waiting(fmt::format("{}; waiting up to {:.0f} s for a member to fail or leave", error_of(reply->second),
+                              std::chrono::duration<double>(wait_for_slot).count()));
+        }
+        told = true;
+        deadline = Clock::now() + connect_timeout_;  // the coordinator answers: reaching it is not the problem
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+        continue;
+      }
       throw Error("coordinator", fmt::format("join failed (HTTP {}): {}", reply->first, error_of(reply->second)));
     }
     if (Clock::now() + backoff > deadline) {

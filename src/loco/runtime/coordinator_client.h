@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,8 +37,11 @@ class CoordinatorClient {
 
   // Joins the run. Retries while the coordinator cannot be reached, up to the connect timeout
   // (then PeerError: "cannot reach the coordinator at ..."). A refusal throws ConfigError with the
-  // coordinator's reason (a config, dataset or rank that does not fit the run).
-  protocol::JoinReply join(const protocol::JoinRequest& request);
+  // coordinator's reason (a config, dataset or rank that does not fit the run). An elastic run
+  // whose every slot is held (HTTP 503) is asked again with backoff for `wait_for_slot` (a slot
+  // frees when a member fails or leaves; `waiting` is told once), then refused the same way.
+  protocol::JoinReply join(const protocol::JoinRequest& request, std::chrono::milliseconds wait_for_slot = {},
+                           const std::function<void(const std::string&)>& waiting = {});
   // Polls until every worker has joined and training may start; throws Error with the
   // coordinator's reason when the run failed (e.g. a worker never joined), PeerError when the
   // coordinator is gone, and stops early (returning phase "stopping") when `stop` is set.

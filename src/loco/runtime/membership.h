@@ -59,6 +59,8 @@ class MembershipTable {
   void start(Clock::time_point now);
   bool started() const { return started_; }
   int64_t live_members() const;  // active and joining
+  // Every slot has a live member (a join now is refused, and may succeed once one fails or leaves).
+  bool full() const { return !complete_ && !vacant_slot(-1); }
 
   // `step` (when >= 0) is the member's inner steps so far: what a failure now would discard.
   protocol::HeartbeatReply heartbeat(int64_t member, bool stopping, Clock::time_point now, int64_t step = -1);

@@ -321,6 +321,9 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
         progress.message(fmt::format("{}cannot use slot {}'s saved inner state ({}); its AdamW moments start from zero",
                                      who, worker.rank, e.what()));
       }
+    } else if (slot_store) {
+      progress.message(fmt::format("{}finds no saved inner state of slot {} in {} (another host's, or none yet); its "
+                                   "AdamW moments start from zero", who, worker.rank, slot_store->root().string()));
     }
   }
   if (worker.start_position && !own_position) {

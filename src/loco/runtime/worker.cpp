@@ -143,7 +143,10 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
   const auto assignment = assign_shards(config, dataset, config.cluster.workers);
   CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
   client.set_patience(seconds(config.cluster.coordinator_timeout_s));  // a restarted coordinator finds it waiting
-  const std::string name = process_name(::getpid());
+  // Its peers reach it at this address; the name carries it, so that the coordinator's events say
+  // which host a member is on even where host names repeat (containers).
+  const std::string address = config.cluster.host.empty() ? client.local_address() : config.cluster.host;
+  const std::string name = fmt::format("{}[{}]:{}", host_name(), address, ::getpid());
   int64_t wanted_slot = options.rank;
   std::optional<protocol::JoinReply> restarted;  // still a member, now to continue from the checkpoint
   for (;;) {
@@ -155,7 +158,8 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     request.resume = options.resume;  // the coordinator decides: it resumes the run or not
     request.token = join_token(config.cluster);
     request.shards_hash = assignment_hash(assignment);
-    const auto joined = restarted ? *std::exchange(restarted, std::nullopt) : client.join(request);
+    const auto joined = restarted ? *std::exchange(restarted, std::nullopt)
+                                  : client.join(request, seconds(config.cluster.join_timeout_s), say);
     const int64_t slot = joined.rank;
     const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
     say(fmt::format("{}: {} the coordinator at {} (run {}){}", who, joined.resume_step ? "resuming with" : "joined",
@@ -176,8 +180,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     }
     try {
       const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(slot)]);
-      ElasticSession session(config, client, joined, config.cluster.host.empty() ? client.local_address() : config.cluster.host,
-                             options.stop);
+      ElasticSession session(config, client, joined, address, options.stop);
       std::unique_ptr<algorithms::SyncStrategy> strategy;
       if (config.sync.algorithm == Algorithm::kStreaming) {
         strategy = std::make_unique<algorithms::StreamingDiLoCo>(comm::Group::single(), streaming_options(config), &session);
