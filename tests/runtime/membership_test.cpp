@@ -173,6 +173,7 @@ TEST_F(MembershipTest, RoundsWaitForTheQuorumAndSlotsLimitTheMembers) {
   const int64_t b = quorum.join("b", -1, now, why)->member;
   EXPECT_FALSE(quorum.join("c", -1, now, why));
   EXPECT_NE(why.find("already has its 2 workers"), std::string::npos) << why;
+  EXPECT_TRUE(quorum.full());
   quorum.start(now);
   quorum.declare_failed(b, "its process exited", now);
   protocol::RoundRequest r{a, 1, -1, 5, {}};
@@ -182,6 +183,21 @@ TEST_F(MembershipTest, RoundsWaitForTheQuorumAndSlotsLimitTheMembers) {
   protocol::RoundRequest rj{j->member, 0, -1, 0, {}};
   EXPECT_EQ(quorum.arrive(rj, false, now).action, "go");
   EXPECT_EQ(quorum.arrive(r, false, now).action, "go");
+}
+
+// The launcher knows its workers by host and pid; a member is named "host:pid" or, elastic,
+// "host[address]:pid".
+TEST_F(MembershipTest, AMemberIsFoundByItsHostAndProcess) {
+  const int64_t a = join("vm[10.0.0.2]:42"), b = join("vm:43"), c = join("vm2:42");
+  EXPECT_EQ(table.member_of_process("vm", 42), a);
+  EXPECT_EQ(table.member_of_process("vm", 43), b);
+  EXPECT_EQ(table.member_of_process("vm2", 42), c);
+  EXPECT_FALSE(table.member_of_process("vm", 4));
+  EXPECT_FALSE(table.member_of_process("v", 42));
+  EXPECT_FALSE(table.member_of_process("vm", 2));
+  table.start(now);
+  table.declare_failed(a, "its process exited", now);
+  EXPECT_FALSE(table.member_of_process("vm", 42)) << "a member that is gone is not found";
 }
 
 TEST_F(MembershipTest, AStalledCoordinatorDoesNotDeclareEveryoneFailed) {

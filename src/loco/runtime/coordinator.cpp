@@ -860,10 +860,10 @@ void Coordinator::request_stop(const std::string& reason) {
   if (impl_->reason.empty()) impl_->reason = reason;
 }
 
-void Coordinator::process_exited(const std::string& name, int status) {
+void Coordinator::process_exited(const std::string& host, int64_t pid, int status) {
   std::lock_guard lock(impl_->mutex);
   if (!impl_->table) return;
-  if (auto member = impl_->table->member_named(name)) {
+  if (auto member = impl_->table->member_of_process(host, pid)) {
     impl_->table->declare_failed(*member, fmt::format("its process exited with status {}", status), Clock::now());
     impl_->flush_events_locked();
   }

@@ -68,9 +68,9 @@ class Coordinator {
   std::optional<CoordinatorResult> wait_for(std::chrono::milliseconds timeout);
   // Marks the run as stopping (workers that see a collective fail then stop cleanly).
   void request_stop(const std::string& reason);
-  // Elastic runs: the worker process `name` ("host:pid", as it joined) exited without reporting its
-  // end; it is declared failed at once rather than after its heartbeats stop.
-  void process_exited(const std::string& name, int status);
+  // Elastic runs: the worker process `pid` of `host` exited without reporting its end; it is
+  // declared failed at once rather than after its heartbeats stop.
+  void process_exited(const std::string& host, int64_t pid, int status);
   // Ends the run as failed (e.g. a worker process died before reporting).
   void fail(const std::string& reason);
   // The state as GET /v1/state reports it.

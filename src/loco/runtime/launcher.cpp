@@ -311,7 +311,7 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
       w.exit_code = decode_status(raw);
       if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping)) continue;
       if (elastic) {
-        coordinator.process_exited(process_name(w.pid), *w.exit_code);
+        coordinator.process_exited(host_name(), w.pid, *w.exit_code);
         if (stopping || run_over) continue;
         const bool restart = restarts_left > 0;
         display.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank, *w.exit_code,

@@ -141,9 +141,12 @@ void MembershipTable::leave(int64_t id, const std::string& status, Clock::time_p
   try_convene(now);
 }
 
-std::optional<int64_t> MembershipTable::member_named(const std::string& name) const {
+std::optional<int64_t> MembershipTable::member_of_process(const std::string& host, int64_t pid) const {
+  const std::string suffix = fmt::format(":{}", pid);
   for (const auto& [id, m] : members_) {
-    if (m.name == name && m.state != State::kGone) return id;
+    if (m.state == State::kGone || !m.name.starts_with(host) || !m.name.ends_with(suffix)) continue;
+    const std::string_view between = std::string_view(m.name).substr(host.size(), m.name.size() - host.size() - suffix.size());
+    if (between.empty() || (between.front() == '[' && between.back() == ']')) return id;
   }
   return std::nullopt;
 }

@@ -81,8 +81,8 @@ class MembershipTable {
 
   // Whether `member` ever joined.
   bool known(int64_t member) const { return members_.count(member) > 0; }
-  // The member whose name is `name`, if any is live.
-  std::optional<int64_t> member_named(const std::string& name) const;
+  // The live member that is process `pid` of `host` (named "host:pid" or "host[address]:pid").
+  std::optional<int64_t> member_of_process(const std::string& host, int64_t pid) const;
   int64_t rounds_completed() const { return round_; }
   int64_t epoch() const { return epoch_; }
   bool training_complete() const { return complete_; }

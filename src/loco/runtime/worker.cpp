@@ -20,12 +20,6 @@ namespace {
 
 std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
-
 // Document embeddings for k-means shards: the initial model's mean final hidden state over each
 // document's first data.route_tokens tokens (DiPaCo's routing features). (N documents, width).
 torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset) {
@@ -107,7 +101,15 @@ std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
 
 }  // namespace
 
-std::string process_name(int64_t pid) { return fmt::format("{}:{}", host_name(), pid); }
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string process_name(int64_t pid, const std::string& address) {
+  return address.empty() ? fmt::format("{}:{}", host_name(), pid) : fmt::format("{}[{}]:{}", host_name(), address, pid);
+}
 
 data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers) {
   const auto seed = static_cast<uint64_t>(config.train.seed);
@@ -146,7 +148,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
   // Its peers reach it at this address; the name carries it, so that the coordinator's events say
   // which host a member is on even where host names repeat (containers).
   const std::string address = config.cluster.host.empty() ? client.local_address() : config.cluster.host;
-  const std::string name = fmt::format("{}[{}]:{}", host_name(), address, ::getpid());
+  const std::string name = process_name(::getpid(), address);
   int64_t wanted_slot = options.rank;
   std::optional<protocol::JoinReply> restarted;  // still a member, now to continue from the checkpoint
   for (;;) {

@@ -34,8 +34,11 @@ TrainSummary run_worker(const RunConfig& config, const WorkerOptions& options);
 // label; for kmeans, documents are embedded by the initial model (train.seed, or train.init_from).
 data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers);
 
-// "host:pid": how the worker process `pid` of this machine names itself when it joins.
-std::string process_name(int64_t pid);
+// This machine's host name.
+std::string host_name();
+// How the worker process `pid` of this machine names itself when it joins: "host:pid", or in an
+// elastic run "host[address]:pid" with the address its peers reach it at.
+std::string process_name(int64_t pid, const std::string& address = {});
 
 // The sync strategy of config.sync.algorithm over `group`.
 std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group);
