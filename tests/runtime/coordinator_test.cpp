@@ -338,6 +338,33 @@ TEST(Coordinator, AJoinToAFullElasticRunWaitsForAVacantSlot) {
   EXPECT_TRUE(client.heartbeat({alive.member, 0}).member);
 }
 
+// The last member dies while a replacement waits for its slot: the run does not fail for lack of
+// workers; the replacement takes the slot and continues it.
+TEST(Coordinator, AWaitingWorkerContinuesARunWhoseLastMemberDied) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 1, "tok");
+  config.cluster.heartbeat_s = 0.2;
+  config.cluster.dead_after_s = 1;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  auto request = join_request(config);
+  request.token = "tok";
+  const auto first = client.join(request);
+  ASSERT_EQ(client.wait_for_start(first.rank, nullptr).phase, "running");
+  std::jthread owner([&](std::stop_token stop) {
+    while (!stop.stop_requested()) running.coordinator.wait_for(100ms);
+  });
+  request.name = "replacement";
+  const auto replacement = client.join(request, 30s);
+  EXPECT_EQ(replacement.rank, 0);
+  EXPECT_NE(replacement.member, first.member);
+  std::this_thread::sleep_for(300ms);  // a few turns of the owner's loop
+  const auto state = running.coordinator.state();
+  EXPECT_EQ(state["phase"], "running") << state.dump();
+  EXPECT_FALSE(client.heartbeat({first.member, 0}).member);
+  EXPECT_TRUE(client.heartbeat({replacement.member, 0}).member);
+}
+
 // A state file that is not one is named, and nothing is overwritten.
 TEST(Coordinator, AMalformedStateFileIsNamed) {
   testing_util::TempDir run;

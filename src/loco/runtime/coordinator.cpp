@@ -27,6 +27,9 @@ using protocol::ProtocolError;
 
 constexpr auto kMaxWait = std::chrono::milliseconds(2000);  // longest a request is held
 constexpr size_t kMaxKeyBytes = 512;
+// A worker waiting for a slot asks at least this often (its backoff stops at 2 s); quieter, it is
+// no longer counted as waiting.
+constexpr auto kWaiterSilence = std::chrono::seconds(5);
 
 // A refusal the worker can act on: answered with HTTP 409 and shown to the user as is.
 class Refusal : public Error {
@@ -266,6 +269,8 @@ struct Coordinator::Impl {
   std::map<int64_t, int64_t> resume_steps;
   const Clock::time_point started = Clock::now();
   std::optional<Clock::time_point> first_end;  // when the first worker reported its end
+  // Elastic: when a worker last found the run full and asks again (it waits for a slot, kWaiterSilence).
+  std::map<std::string, Clock::time_point> slot_waiters;
   const std::string token = join_token(options.config.cluster);
 
   // Elastic runs (cluster.elastic): members come and go; ranks are per epoch, slots hold the data.
@@ -355,6 +360,11 @@ struct Coordinator::Impl {
     flush_events_locked();
     if (table->orphaned()) restart_orphans_locked();
     if (!table->all_left()) return;
+    // A worker that found the run full (it asked before the last members were declared failed)
+    // is about to take a slot: it continues the run (from the global checkpoint) rather than
+    // finding it failed.
+    std::erase_if(slot_waiters, [](const auto& w) { return Clock::now() - w.second > kWaiterSilence; });
+    if (!table->training_complete() && !stopping && !slot_waiters.empty()) return;
     if (table->training_complete() || stopping) {
       // Not silent: a shard whose slot sat idle for rounds was trained on less than the others.
       const auto& missed = table->rounds_missed();
@@ -554,7 +564,11 @@ struct Coordinator::Impl {
     std::string why;
     table->expire(Clock::now());  // a silent member's slot is vacant now, whoever else is asking
     auto joined = table->join(request.name, request.rank, Clock::now(), why);
-    if (!joined && table->full()) throw Full(fmt::format("{} cannot join yet: {}", request.name, why));
+    if (!joined && table->full()) {
+      slot_waiters[request.name] = Clock::now();
+      throw Full(fmt::format("{} cannot join yet: {}", request.name, why));
+    }
+    slot_waiters.erase(request.name);
     if (!joined) throw Refusal(fmt::format("{} cannot join: {}", request.name, why));
     flush_events_locked();
     if (phase == "waiting" && table->live_members() == world_size()) start_elastic_locked("");
