@@ -387,6 +387,7 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
   const std::vector<std::string> paths = {"/v1/join", "/v1/heartbeat", "/v1/round", "/v1/round_done", "/v1/done"};
   const std::vector<std::string> seeds = {
       protocol::RoundRequest{3, 1, -1, 5, {0, 9}}.to_json().dump(),
+      protocol::RoundRequest{3, 1, -1, 5, {0, 9}, {{1, {0, 4}}}}.to_json().dump(),
       protocol::RoundDone{3, 1, 1, 5, 0xabc}.to_json().dump(),
       protocol::HeartbeatRequest{3}.to_json().dump(),
       join_request(config).to_json().dump(),
@@ -421,6 +422,19 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
     ++answered;
   }
   EXPECT_EQ(answered, 300);
+  // Claims to read other slots' shards that no parser may take: a slot twice, a list that is no
+  // list, more slots than any run has.
+  const std::string position = R"("position": {"epoch": 0, "cursor": 0})";
+  const std::string twice = fmt::format(R"({{"slot": 1, {0}}}, {{"slot": 1, {0}}})", position);
+  std::string many;
+  for (int i = 0; i <= 65536; ++i) many += fmt::format(R"({}{{"slot": {}, {}}})", i ? ", " : "", i, position);
+  for (const auto& adopted : {fmt::format("[{}]", twice), std::string("7"), fmt::format("[{}]", many)}) {
+    auto result = raw.Post("/v1/round", fmt::format(R"({{"member": 0, "round": 1, "failed_epoch": -1, "step": 0, {}, "adopted": {}}})",
+                                                    position, adopted), "application/json");
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 400) << adopted.substr(0, 80) << ": " << result->body;
+    EXPECT_NE(result->body.find("'adopted'"), std::string::npos) << result->body;
+  }
   auto huge = raw.Post("/v1/round", std::string(5 << 20, '{'), "application/json");
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);

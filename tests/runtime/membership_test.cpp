@@ -31,6 +31,17 @@ class MembershipTest : public ::testing::Test {
     r.position = {0, cursor};
     return table.arrive(r, false, now);
   }
+  // An arrival that also reports the shards of other slots it read: slot -> cursor.
+  protocol::RoundReply arrive_reading(int64_t member, int64_t round, int64_t step, uint64_t cursor,
+                                      std::map<int64_t, uint64_t> adopted) {
+    protocol::RoundRequest r;
+    r.member = member;
+    r.round = round;
+    r.step = step;
+    r.position = {0, cursor};
+    for (const auto& [slot, at] : adopted) r.adopted[slot] = {0, at};
+    return table.arrive(r, false, now);
+  }
   std::optional<std::string> done(int64_t member, const protocol::RoundReply& go, int64_t step, uint64_t hash = 7) {
     return table.round_done({member, go.round, go.epoch, step, hash}, now);
   }
@@ -164,6 +175,69 @@ TEST_F(MembershipTest, AJoinerTakesPartInTheNextRoundAndThenTrains) {
   arrive(a, 2, 10);
   EXPECT_EQ(arrive(b, 2, 10).action, "wait");
   EXPECT_EQ(arrive(j, 2, 10).action, "go");
+}
+
+TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAgain) {
+  const int64_t a = join("a"), b = join("b"), c = join("c");
+  table.start(now);
+  arrive(a, 1, 5, 10);
+  arrive(b, 1, 5, 20);
+  auto go = arrive(c, 1, 5, 30);
+  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(go.slots[static_cast<size_t>(s)].reader, go.slots[static_cast<size_t>(s)].owner);
+  for (int64_t m : {a, b, c}) done(m, go, 5);
+  // c dies: round 2 goes on without it, and its shard gets a reader among the participants.
+  table.declare_failed(c, "exited", now);
+  arrive(a, 2, 10, 11);
+  go = arrive(b, 2, 10, 21);
+  ASSERT_EQ(go.action, "go");
+  EXPECT_EQ(go.slots[2].owner, -1);
+  EXPECT_EQ(go.slots[2].reader, a) << "vacant slots go to the participants in slot order";
+  EXPECT_EQ(go.slots[2].position.cursor, 30u) << "where c's last completed round left it";
+  done(a, go, 10);
+  done(b, go, 10);
+  table.take_events();
+  // Round 3: a reports where slot 2's shard stands; b's claim on it was not the plan's.
+  arrive_reading(a, 3, 15, 12, {{2, 31}});
+  go = arrive_reading(b, 3, 15, 22, {{2, 99}});
+  ASSERT_EQ(go.action, "go");
+  EXPECT_EQ(go.slots[2].position.cursor, 31u);
+  done(a, go, 15);
+  done(b, go, 15);
+  const auto events = table.take_events();
+  const auto complete = std::find_if(events.begin(), events.end(), [](const auto& e) { return e["event"] == "round_complete"; });
+  ASSERT_NE(complete, events.end());
+  EXPECT_TRUE((*complete)["idle_slots"].empty()) << "slot 2's shard was read this round";
+  EXPECT_EQ((*complete)["adopted"][0]["member"], a);
+  EXPECT_EQ(table.rounds_missed()[2], 1) << "only round 2, before anyone read it";
+  // A replacement takes slot 2: it starts where a left the shard, and reads it from then on.
+  std::string why;
+  const auto joined = table.join("c2", -1, now, why);
+  ASSERT_TRUE(joined);
+  ASSERT_EQ(joined->slot, 2);
+  arrive(joined->member, 0, 0);
+  arrive_reading(a, 4, 20, 13, {{2, 32}});
+  go = arrive(b, 4, 20, 23);
+  ASSERT_EQ(go.action, "go");
+  EXPECT_EQ(go.slots[2].position.cursor, 32u);
+  EXPECT_EQ(go.slots[2].reader, joined->member);
+  const auto go_j = arrive(joined->member, 0, 0);
+  EXPECT_EQ(go_j.slots[2].position.cursor, 32u) << "the joiner starts where the adopter stopped";
+  // The table, saved and loaded (a coordinator restart), still knows who reads what.
+  MembershipTable reloaded{MembershipOptions{3, 1, 10s, 100}};
+  reloaded.load(table.save(), now);
+  protocol::RoundRequest again;
+  again.member = a;
+  again.round = 4;
+  again.step = 20;
+  again.position = {0, 13};
+  EXPECT_EQ(reloaded.arrive(again, false, now).slots[2].reader, joined->member);
+}
+
+TEST_F(MembershipTest, AnArrivalReadingASlotTheRunDoesNotHaveIsRefused) {
+  const int64_t a = join("a");
+  table.start(now);
+  EXPECT_THROW(arrive_reading(a, 1, 5, 1, {{3, 1}}), protocol::ProtocolError);
+  EXPECT_EQ(table.rounds_completed(), 0);
 }
 
 TEST_F(MembershipTest, RoundsWaitForTheQuorumAndSlotsLimitTheMembers) {

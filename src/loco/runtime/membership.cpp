@@ -12,6 +12,13 @@ double seconds_between(MembershipTable::Clock::time_point a, MembershipTable::Cl
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Slot -> the member that read its shard in a round, as [{"slot", "member"}].
+nlohmann::json adopted_json(const std::map<int64_t, int64_t>& adopted) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [slot, member] : adopted) out.push_back({{"slot", slot}, {"member", member}});
+  return out;
+}
+
 }  // namespace
 
 MembershipTable::MembershipTable(MembershipOptions options)
@@ -213,6 +220,12 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
     throw protocol::ProtocolError(fmt::format("member {} is joining and must arrive at round 0, not {}", request.member,
                                               request.round));
   }
+  for (const auto& [slot, position] : request.adopted) {
+    if (slot >= static_cast<int64_t>(slots_.size())) {
+      throw protocol::ProtocolError(fmt::format("member {} reports reading slot {}, but the run has {} slots", request.member,
+                                                slot, slots_.size()));
+    }
+  }
   m.arrival = request;
   if (m.state == State::kActive && !first_arrival_) first_arrival_ = now;
   try_convene(now);
@@ -262,8 +275,15 @@ void MembershipTable::try_convene(Clock::time_point now) {
       list.push_back({{"rank", r}, {"member", participants[r]}, {"name", m.name}, {"slot", m.slot},
                       {"joining", m.state == State::kJoining}});
     }
+    auto readers = slots_;
+    assign_readers(readers, participants);
+    nlohmann::json adopted = nlohmann::json::array();
+    for (size_t s = 0; s < readers.size(); ++s) {
+      const int64_t reader = readers[s].reader;
+      if (members_.at(reader).slot != static_cast<int64_t>(s)) adopted.push_back({{"slot", s}, {"member", reader}});
+    }
     event({{"event", "membership"}, {"epoch", epoch_}, {"round", next}, {"members", list},
-           {"contributors", active.size()}, {"joiners", joiners.size()}});
+           {"contributors", active.size()}, {"joiners", joiners.size()}, {"adopted", adopted}});
   }
   if (convened_ && convened_->round == next) {
     event({{"event", "round_retried"}, {"round", next}, {"epoch", epoch_}, {"failed_epoch", convened_->epoch},
@@ -280,6 +300,19 @@ void MembershipTable::try_convene(Clock::time_point now) {
     convened.slots[static_cast<size_t>(m.slot)].position = m.arrival->position;
     convened.step = std::max(convened.step, m.arrival->step);
   }
+  // The shards the contributors read for slots nobody held, as the last plan told them to: a claim
+  // that plan did not make (or for a slot its owner trained itself) is not taken.
+  for (int64_t id : active) {
+    const auto& m = members_.at(id);
+    for (const auto& [slot, position] : m.arrival->adopted) {
+      const auto s = static_cast<size_t>(slot);
+      const bool owner_trained = std::any_of(active.begin(), active.end(), [&](int64_t a) { return members_.at(a).slot == slot; });
+      if (!convened_ || s >= convened_->slots.size() || convened_->slots[s].reader != id || owner_trained) continue;
+      convened.slots[s].position = position;
+      convened.adopted[slot] = id;
+    }
+  }
+  assign_readers(convened.slots, participants);
   for (size_t r = 0; r < participants.size(); ++r) {
     auto& m = members_.at(participants[r]);
     m.go = go_reply(convened, r);
@@ -287,6 +320,17 @@ void MembershipTable::try_convene(Clock::time_point now) {
   }
   convened_ = std::move(convened);
   first_arrival_.reset();
+}
+
+void MembershipTable::assign_readers(std::vector<protocol::SlotInfo>& slots, const std::vector<int64_t>& participants) const {
+  std::vector<int64_t> by_slot = participants;
+  std::sort(by_slot.begin(), by_slot.end(), [&](int64_t a, int64_t b) { return members_.at(a).slot < members_.at(b).slot; });
+  for (auto& s : slots) s.reader = -1;
+  for (int64_t id : by_slot) slots[static_cast<size_t>(members_.at(id).slot)].reader = id;
+  size_t turn = 0;
+  for (auto& s : slots) {
+    if (s.reader == -1 && !by_slot.empty()) s.reader = by_slot[turn++ % by_slot.size()];
+  }
 }
 
 protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t rank) {
@@ -319,7 +363,8 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
     std::vector<int64_t> idle;
     for (int64_t s = 0; s < static_cast<int64_t>(slots_.size()); ++s) {
       const bool trained = std::any_of(convened_->participants.begin(), convened_->participants.begin() + convened_->contributors,
-                                       [&](int64_t id) { return members_.at(id).slot == s; });
+                                       [&](int64_t id) { return members_.at(id).slot == s; }) ||
+                           convened_->adopted.count(s) > 0;
       if (!trained) {
         idle.push_back(s);
         ++rounds_missed_[static_cast<size_t>(s)];
@@ -328,7 +373,7 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
     nlohmann::json e = {{"event", "round_complete"}, {"round", round_}, {"epoch", report.epoch}, {"step", report.step},
                         {"participants", convened_->participants.size()}, {"contributors", convened_->contributors},
                         {"slots", slots_.size()}, {"short_handed", convened_->contributors < static_cast<int64_t>(slots_.size())},
-                        {"idle_slots", idle}, {"params_hash", fmt::format("{:016x}", report.params_hash)}};
+                        {"idle_slots", idle}, {"adopted", adopted_json(convened_->adopted)}, {"params_hash", fmt::format("{:016x}", report.params_hash)}};
     if (failure_noticed_) {
       e["recovery_s"] = seconds_between(*failure_noticed_, now);
       failure_noticed_.reset();
@@ -395,7 +440,7 @@ namespace {
 
 nlohmann::json slots_json(const std::vector<protocol::SlotInfo>& slots) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& s : slots) out.push_back({s.owner, s.position.epoch, s.position.cursor});
+  for (const auto& s : slots) out.push_back({s.owner, s.position.epoch, s.position.cursor, s.reader});
   return out;
 }
 
@@ -405,6 +450,7 @@ std::vector<protocol::SlotInfo> slots_from(const nlohmann::json& json) {
     protocol::SlotInfo slot;
     slot.owner = s.at(0).get<int64_t>();
     slot.position = {s.at(1).get<uint64_t>(), s.at(2).get<uint64_t>()};
+    slot.reader = s.size() > 3 ? s.at(3).get<int64_t>() : -1;
     out.push_back(slot);
   }
   return out;
@@ -430,7 +476,8 @@ nlohmann::json MembershipTable::save() const {
   if (convened_) {
     out["convened"] = {{"round", convened_->round}, {"epoch", convened_->epoch}, {"step", convened_->step},
                        {"contributors", convened_->contributors}, {"participants", convened_->participants},
-                       {"slots", slots_json(convened_->slots)}, {"done", convened_->done}};
+                       {"slots", slots_json(convened_->slots)}, {"done", convened_->done},
+                       {"adopted", adopted_json(convened_->adopted)}};
   }
   return out;
 }
@@ -477,6 +524,9 @@ void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
       convened.participants = c.at("participants").get<std::vector<int64_t>>();
       convened.slots = slots_from(c.at("slots"));
       convened.done = c.at("done").get<std::vector<int64_t>>();
+      for (const auto& a : c.value("adopted", nlohmann::json::array())) {
+        convened.adopted[a.at("slot").get<int64_t>()] = a.at("member").get<int64_t>();
+      }
       // The members still in that round get their answer again when they ask.
       for (size_t r = 0; r < convened.participants.size(); ++r) {
         auto it = members_.find(convened.participants[r]);

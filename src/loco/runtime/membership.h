@@ -7,9 +7,11 @@
 // members, plus any joiners waiting, who add nothing and receive the state after the round. A
 // participant set that differs from the current epoch's, or a broken epoch, opens a new epoch
 // (a fresh process group). A round completes when its first participant reports it done; then
-// the slots of its contributors advance to the positions they arrived with. With a round grace
-// (time-budgeted rounds) a round does not wait longer than the grace after its first arrival: the
-// members still training are left out of it, and rejoin when they arrive.
+// the slots of its contributors advance to the positions they arrived with. The shard of a slot no
+// participant holds does not wait: the plan names a participant its reader, which reads it in
+// turn with its own and reports where it stands. With a round grace (time-budgeted rounds) a round
+// does not wait longer than the grace after its first arrival: the members still training are
+// left out of it, and rejoin when they arrive.
 //
 // save/load carry the durable part across a coordinator restart (RUN/coordinator.json), restore
 // and restart_from set the round and slots from a global checkpoint.
@@ -131,6 +133,9 @@ class MembershipTable {
   int64_t unsynchronized_steps(const Member& m) const;
   void try_convene(Clock::time_point now);
   std::vector<protocol::SlotInfo> slot_table() const;
+  // Who reads each slot's shard until the next plan: a participant its own; the slots no
+  // participant holds go to the participants in turn, in slot order (docs/failure-model.md).
+  void assign_readers(std::vector<protocol::SlotInfo>& slots, const std::vector<int64_t>& participants) const;
   std::optional<int64_t> vacant_slot(int64_t wanted) const;
   void event(nlohmann::json e) { events_.push_back(std::move(e)); }
 
@@ -149,8 +154,9 @@ class MembershipTable {
   struct Convened {
     int64_t round = 0, epoch = 0, step = 0, contributors = 0;
     std::vector<int64_t> participants;
-    std::vector<protocol::SlotInfo> slots;  // positions if it completes
+    std::vector<protocol::SlotInfo> slots;  // positions if it completes, and who reads each shard next
     std::vector<int64_t> done;              // participants that reported it complete
+    std::map<int64_t, int64_t> adopted;     // slot -> the contributor that read its shard (no owner did)
   };
   std::optional<Convened> convened_;
   static protocol::RoundReply go_reply(const Convened& convened, size_t rank);

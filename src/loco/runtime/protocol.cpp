@@ -7,6 +7,9 @@
 namespace loco::runtime::protocol {
 namespace {
 
+// No run has more slots than this: a longer list in a request is hostile or corrupt.
+constexpr size_t kMaxSlots = 65536;
+
 // Typed access to a field of a JSON object from the network.
 template <class T>
 T field(const nlohmann::json& json, const char* name) {
@@ -159,8 +162,14 @@ HeartbeatReply HeartbeatReply::from_json(const nlohmann::json& json) {
 }
 
 nlohmann::json RoundRequest::to_json() const {
-  return {{"member", member}, {"round", round}, {"failed_epoch", failed_epoch}, {"step", step},
-          {"position", position_json(position)}};
+  nlohmann::json out = {{"member", member}, {"round", round}, {"failed_epoch", failed_epoch}, {"step", step},
+                        {"position", position_json(position)}};
+  if (!adopted.empty()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [slot, p] : adopted) list.push_back({{"slot", slot}, {"position", position_json(p)}});
+    out["adopted"] = std::move(list);
+  }
+  return out;
 }
 RoundRequest RoundRequest::from_json(const nlohmann::json& json) {
   RoundRequest r;
@@ -169,12 +178,23 @@ RoundRequest RoundRequest::from_json(const nlohmann::json& json) {
   r.failed_epoch = field<int64_t>(json, "failed_epoch");
   r.step = nonnegative(json, "step");
   r.position = position_from(json, "position");
+  const auto adopted = field_or<nlohmann::json>(json, "adopted", nlohmann::json::array());
+  if (!adopted.is_array()) throw ProtocolError("field 'adopted' is not a list");
+  if (adopted.size() > kMaxSlots) throw ProtocolError(fmt::format("field 'adopted' lists more than {} slots", kMaxSlots));
+  for (const auto& a : adopted) {
+    const int64_t slot = nonnegative(a, "slot");
+    if (!r.adopted.emplace(slot, position_from(a, "position")).second) {
+      throw ProtocolError(fmt::format("field 'adopted' lists slot {} twice", slot));
+    }
+  }
   return r;
 }
 
 nlohmann::json RoundReply::to_json() const {
   nlohmann::json slot_list = nlohmann::json::array();
-  for (const auto& s : slots) slot_list.push_back({{"owner", s.owner}, {"position", position_json(s.position)}});
+  for (const auto& s : slots) {
+    slot_list.push_back({{"owner", s.owner}, {"reader", s.reader}, {"position", position_json(s.position)}});
+  }
   return {{"action", action}, {"round", round}, {"epoch", epoch}, {"rank", rank}, {"size", size},
           {"contributors", contributors}, {"step", step}, {"slots", slot_list}, {"reason", reason}};
 }
@@ -187,7 +207,9 @@ RoundReply RoundReply::from_json(const nlohmann::json& json) {
   r.size = field<int64_t>(json, "size");
   r.contributors = field<int64_t>(json, "contributors");
   r.step = field_or<int64_t>(json, "step", 0);
-  for (const auto& s : field<nlohmann::json>(json, "slots")) r.slots.push_back({field<int64_t>(s, "owner"), position_from(s, "position")});
+  for (const auto& s : field<nlohmann::json>(json, "slots")) {
+    r.slots.push_back({field<int64_t>(s, "owner"), position_from(s, "position"), field_or<int64_t>(s, "reader", -1)});
+  }
   r.reason = field<std::string>(json, "reason");
   return r;
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -124,6 +125,9 @@ struct RoundRequest {
   int64_t failed_epoch = -1;  // the last attempt at this round failed in this epoch (-1: none)
   int64_t step = 0;           // inner steps done
   data::SamplerPosition position;  // the slot's sampler after this round's inner steps
+  // The shards of vacant slots this member read besides its own (the last plan made it their
+  // reader): slot -> where that shard's sampler stands now. At most one entry per slot.
+  std::map<int64_t, data::SamplerPosition> adopted;
   nlohmann::json to_json() const;
   static RoundRequest from_json(const nlohmann::json& json);
 };
@@ -131,6 +135,9 @@ struct RoundRequest {
 struct SlotInfo {
   int64_t owner = -1;  // member id, -1: vacant
   data::SamplerPosition position;
+  // In a round's plan: the member that reads this slot's shard until the next plan (its owner, or
+  // a participant that adopts the shard of a slot no participant holds); -1: nobody.
+  int64_t reader = -1;
 };
 
 struct RoundReply {
