@@ -256,6 +256,13 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   int64_t short_handed = 0;
   for (const auto& e : events("chaos", "round_complete")) short_handed += e["short_handed"].get<bool>() ? 1 : 0;
   EXPECT_GT(short_handed, 0);
+  // While a slot stood vacant, another member read its shard (docs/failure-model.md, "Data").
+  int64_t adopting = 0;
+  for (const auto& e : events("chaos", "round_complete")) adopting += e["adopted"].empty() ? 0 : 1;
+  EXPECT_GT(adopting, 0) << "no round had a vacant slot's shard read by another member";
+  bool worker_adopted = false;
+  for (const auto& e : events("chaos", "shards")) worker_adopted = worker_adopted || !e["adopted"].empty();
+  EXPECT_TRUE(worker_adopted) << "no worker said it reads another slot's shard";
   std::map<int64_t, std::set<std::string>> hashes;
   for (const auto& e : events("chaos", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
   EXPECT_EQ(hashes.size(), 80u) << "every round completed once";
@@ -265,7 +272,8 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   if (const char* keep = std::getenv("LOCO_CHAOS_LOG")) fs::copy_file(log("chaos"), keep, fs::copy_options::overwrite_existing);
   const double chaos_loss = final_val_loss("chaos");
   EXPECT_NEAR(chaos_loss, calm_loss, 0.05 * calm_loss) << "calm " << calm_loss << ", chaos " << chaos_loss;
-  std::printf("final val_loss: without failures %.4f, with chaos %.4f\n", calm_loss, chaos_loss);
+  std::printf("final val_loss: without failures %.4f, with chaos %.4f; %ld round(s) read a vacant slot's shard\n", calm_loss,
+              chaos_loss, static_cast<long>(adopting));
 }
 
 // Every process of an elastic run killed at once (SIGKILL: workers, coordinator, launcher), then

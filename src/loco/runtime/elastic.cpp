@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <utility>
 #include <vector>
 
 namespace loco::runtime {
@@ -70,6 +71,22 @@ bool ElasticSession::should_abort(int64_t epoch) const {
 
 std::optional<data::SamplerPosition> ElasticSession::joined_position() const { return joined_position_; }
 
+void ElasticSession::record_progress(const data::SamplerPosition& position,
+                                     const std::map<int64_t, data::SamplerPosition>& adopted, int64_t step) {
+  position_ = position;
+  // Only the shards of the current adoption: one the last plan gave away is no longer this
+  // worker's to report.
+  for (const auto& [slot, p] : adopted) {
+    if (auto it = adopted_.find(slot); it != adopted_.end()) it->second = p;
+  }
+  step_ = step;
+}
+
+std::optional<std::map<int64_t, data::SamplerPosition>> ElasticSession::take_adoption() {
+  if (!std::exchange(adoption_changed_, false)) return std::nullopt;
+  return adopted_;
+}
+
 algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, int64_t failed_epoch) {
   protocol::RoundRequest request;
   request.member = joined_.member;
@@ -77,6 +94,7 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
   request.failed_epoch = failed_epoch;
   request.step = step;
   request.position = position_;
+  request.adopted = adopted_;
   if (failed_epoch >= 0 && group_ && group_->first == failed_epoch) {
     bury(std::move(group_->second));
     group_.reset();
@@ -130,6 +148,18 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     }
     if (joined_.joiner && slot() < static_cast<int64_t>(reply.slots.size())) {
       joined_position_ = reply.slots[static_cast<size_t>(slot())].position;
+    }
+    // From now until the next plan, this worker reads the shards the plan names it the reader of,
+    // from where the plan says they stand (for a shard it kept, where it reported it).
+    std::map<int64_t, data::SamplerPosition> adopted;
+    for (size_t s = 0; s < reply.slots.size(); ++s) {
+      if (reply.slots[s].reader == joined_.member && static_cast<int64_t>(s) != slot()) {
+        adopted.emplace(static_cast<int64_t>(s), reply.slots[s].position);
+      }
+    }
+    if (adopted != adopted_) {
+      adopted_ = std::move(adopted);
+      adoption_changed_ = true;
     }
     leads_ = reply.rank == 0;
     return plan;

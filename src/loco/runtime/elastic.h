@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,10 +44,12 @@ class ElasticSession final : public algorithms::Membership {
   int64_t slot() const { return joined_.rank; }
   // The sampler position of this worker's slot at the end of each step (sent at the round's end)
   // and the steps done (sent with the heartbeats: what a failure would discard).
-  void record_progress(const data::SamplerPosition& position, int64_t step) {
-    position_ = position;
-    step_ = step;
-  }
+  // `adopted`: the positions of the other shards it reads (those of the current adoption).
+  void record_progress(const data::SamplerPosition& position, const std::map<int64_t, data::SamplerPosition>& adopted,
+                       int64_t step);
+  // The shards of vacant slots this worker is to read besides its own, once a round's plan changed
+  // them: slot -> where its shard stands (nullopt: no change since the last call).
+  std::optional<std::map<int64_t, data::SamplerPosition>> take_adoption();
   // Where a joiner's slot stands, as its first round's plan says (nullopt before it).
   std::optional<data::SamplerPosition> joined_position() const;
   // Whether the coordinator still counts this worker as a member (false once it was declared
@@ -74,6 +77,8 @@ class ElasticSession final : public algorithms::Membership {
   const std::atomic<bool>* stop_;
   std::shared_ptr<comm::KeyValueStore> store_;
   data::SamplerPosition position_;
+  std::map<int64_t, data::SamplerPosition> adopted_;  // the shards read besides its own, and where they stand
+  bool adoption_changed_ = false;
   std::optional<data::SamplerPosition> joined_position_;
   std::optional<std::pair<int64_t, comm::Group>> group_;  // the group of an epoch, reused while it lasts
   std::atomic<bool> leads_{false};

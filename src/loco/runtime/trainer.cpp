@@ -48,6 +48,73 @@ void prepare_run_dir(const fs::path& run_dir, bool resume) {
   }
 }
 
+// Elastic runs: the shards of vacant slots a round's plan gave this worker, read in turn with its
+// own, one step each (docs/failure-model.md). A slot's sampler draws the same order its owner's
+// would (seed + slot), so whoever reads a shard, it is visited once per epoch.
+class ShardTurns {
+ public:
+  ShardTurns(data::WindowSampler& own, const WorkerRole& worker, int64_t context, uint64_t seed)
+      : own_(own), worker_(worker), context_(context), seed_(seed) {}
+
+  // Takes the adoption of a new plan, if any: what changed, in words.
+  std::optional<std::string> update() {
+    if (!worker_.adoption) return std::nullopt;
+    auto wanted = worker_.adoption();
+    if (!wanted) return std::nullopt;
+    std::vector<int64_t> taken, dropped;
+    for (auto it = adopted_.begin(); it != adopted_.end();) {
+      if (wanted->count(it->first) == 0) {
+        dropped.push_back(it->first);
+        it = adopted_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [slot, position] : *wanted) {
+      auto it = adopted_.find(slot);
+      if (it == adopted_.end()) {
+        it = adopted_.try_emplace(slot, worker_.shard_tokens(slot), context_, seed_ + static_cast<uint64_t>(slot)).first;
+        taken.push_back(slot);
+      }
+      if (it->second.position() != position) it->second.restore(position);
+    }
+    turn_ = 0;
+    if (taken.empty() && dropped.empty()) return std::nullopt;
+    std::string said;
+    if (!taken.empty()) said = fmt::format("reads the shard of vacant slot(s) {} in turn with its own", fmt::join(taken, ", "));
+    if (!dropped.empty()) {
+      said += fmt::format("{}stops reading slot(s) {} (another member reads them now)", said.empty() ? "" : "; ",
+                          fmt::join(dropped, ", "));
+    }
+    return said;
+  }
+
+  // The sampler of the next step: its own, then each adopted shard, in turn.
+  data::WindowSampler& next() {
+    const auto k = static_cast<size_t>(turn_++ % static_cast<int64_t>(adopted_.size() + 1));
+    return k == 0 ? own_ : std::next(adopted_.begin(), static_cast<std::ptrdiff_t>(k - 1))->second;
+  }
+
+  std::map<int64_t, data::SamplerPosition> positions() const {
+    std::map<int64_t, data::SamplerPosition> out;
+    for (const auto& [slot, sampler] : adopted_) out.emplace(slot, sampler.position());
+    return out;
+  }
+  std::vector<int64_t> adopted_slots() const {
+    std::vector<int64_t> out;
+    for (const auto& [slot, sampler] : adopted_) out.push_back(slot);
+    return out;
+  }
+
+ private:
+  data::WindowSampler& own_;
+  const WorkerRole& worker_;
+  int64_t context_;
+  uint64_t seed_;
+  std::map<int64_t, data::WindowSampler> adopted_;
+  int64_t turn_ = 0;
+};
+
 }  // namespace
 
 int64_t configure_threads(int64_t threads) {
@@ -329,6 +396,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   if (worker.start_position && !own_position) {
     if (auto position = worker.start_position()) sampler.restore(*position);
   }
+  ShardTurns shards(sampler, worker, config.model.context, static_cast<uint64_t>(config.train.seed));
   summary.first_step = step;
 
   const int64_t tokens_per_step = config.train.batch_size * config.train.grad_accum * config.model.context;
@@ -357,12 +425,17 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
   while (step < config.train.steps) {
     const auto step_start = Clock::now();
     const int64_t step_before = step;
-    const data::SamplerPosition position = sampler.position();
+    if (auto change = shards.update()) {
+      progress.message(who + *change);
+      log.write("shards", {{"worker", worker.rank}, {"step", step}, {"adopted", shards.adopted_slots()}});
+    }
+    data::WindowSampler& source = shards.next();
+    const data::SamplerPosition position = source.position();
     const double lr = optim::learning_rate(schedule, step);
     adamw.zero_grad();
     double step_loss = 0;
     for (int64_t micro = 0; micro < config.train.grad_accum; ++micro) {
-      auto batch = sampler.next(config.train.batch_size);
+      auto batch = source.next(config.train.batch_size);
       torch::Tensor loss, ce;
       {
         model::AutocastGuard autocast(device, true);
@@ -387,7 +460,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
       throw;
     } catch (const PeerError& e) {
       // The step cannot complete without its peers: it never happened (its batches are drawn again).
-      sampler.restore(position);
+      source.restore(position);
       peer_failure = e;
       peer_stopping = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;
       break;
@@ -398,7 +471,7 @@ TrainSummary train(const RunConfig& input_config, algorithms::SyncStrategy& sync
     tokens += tokens_per_step;
     checkpoint_current = false;
     summary.losses.push_back(step_loss);
-    if (worker.on_position) worker.on_position(sampler.position(), step);
+    if (worker.on_position) worker.on_position(sampler.position(), shards.positions(), step);
     const int64_t rounds_before = summary.rounds;
     try {
       in_hook([&] {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -45,9 +46,17 @@ struct WorkerRole {
   // RUN/slots/<rank>, which a resume of the same round loads. `start_position` gives this worker's slot position once on_start has run (a joiner
   // learns it in its first round); `on_position` hears the sampler's position and the step count
   // after every step.
+  //
+  // The shards of vacant slots a round's plan gives this worker are read in turn with its own, a
+  // step each: `adoption` is asked before every step (a new set, slot -> where that shard stands,
+  // or nullopt: no change), `shard_tokens` gives a slot's shard, and `on_position` hears where the
+  // adopted shards stand too.
   bool elastic = false;
   std::function<std::optional<data::SamplerPosition>()> start_position;
-  std::function<void(const data::SamplerPosition&, int64_t step)> on_position;
+  std::function<std::optional<std::map<int64_t, data::SamplerPosition>>()> adoption;
+  std::function<const std::vector<int32_t>&(int64_t slot)> shard_tokens;
+  std::function<void(const data::SamplerPosition&, const std::map<int64_t, data::SamplerPosition>& adopted, int64_t step)>
+      on_position;
 };
 
 struct TrainOptions {

@@ -203,7 +203,19 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       train_options.worker.start_position = [&]() -> std::optional<data::SamplerPosition> {
         return joined.joiner ? session.joined_position() : joined.position;  // the coordinator's record
       };
-      train_options.worker.on_position = [&](const data::SamplerPosition& p, int64_t step) { session.record_progress(p, step); };
+      train_options.worker.adoption = [&] { return session.take_adoption(); };
+      std::map<int64_t, std::vector<int32_t>> other_shards;  // the shards of slots it adopted, cut once each
+      train_options.worker.shard_tokens = [&](int64_t other) -> const std::vector<int32_t>& {
+        auto it = other_shards.find(other);
+        if (it == other_shards.end()) {
+          it = other_shards.emplace(other, data::shard_tokens(dataset.train(), assignment.documents.at(static_cast<size_t>(other))))
+                   .first;
+        }
+        return it->second;
+      };
+      train_options.worker.on_position = [&](const data::SamplerPosition& p,
+                                             const std::map<int64_t, data::SamplerPosition>& adopted,
+                                             int64_t step) { session.record_progress(p, adopted, step); };
       summary = train(config, *strategy, train_options);
     } catch (const algorithms::RestartFromCheckpoint& e) {
       say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
