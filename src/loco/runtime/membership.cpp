@@ -264,6 +264,7 @@ void MembershipTable::try_convene(Clock::time_point now) {
   std::vector<int64_t> participants = active;
   participants.insert(participants.end(), joiners.begin(), joiners.end());
   if (static_cast<int64_t>(participants.size()) < options_.min_workers) return;  // below the quorum: wait
+  const auto readers = readers_for(participants);
 
   if (epoch_ == 0 || epoch_broken_ || participants != epoch_members_) {
     ++epoch_;
@@ -275,15 +276,12 @@ void MembershipTable::try_convene(Clock::time_point now) {
       list.push_back({{"rank", r}, {"member", participants[r]}, {"name", m.name}, {"slot", m.slot},
                       {"joining", m.state == State::kJoining}});
     }
-    auto readers = slots_;
-    assign_readers(readers, participants);
-    nlohmann::json adopted = nlohmann::json::array();
+    std::map<int64_t, int64_t> dealt;  // the shards read by a member other than their slot's
     for (size_t s = 0; s < readers.size(); ++s) {
-      const int64_t reader = readers[s].reader;
-      if (members_.at(reader).slot != static_cast<int64_t>(s)) adopted.push_back({{"slot", s}, {"member", reader}});
+      if (members_.at(readers[s]).slot != static_cast<int64_t>(s)) dealt[static_cast<int64_t>(s)] = readers[s];
     }
     event({{"event", "membership"}, {"epoch", epoch_}, {"round", next}, {"members", list},
-           {"contributors", active.size()}, {"joiners", joiners.size()}, {"adopted", adopted}});
+           {"contributors", active.size()}, {"joiners", joiners.size()}, {"adopted", adopted_json(dealt)}});
   }
   if (convened_ && convened_->round == next) {
     event({{"event", "round_retried"}, {"round", next}, {"epoch", epoch_}, {"failed_epoch", convened_->epoch},
@@ -312,7 +310,7 @@ void MembershipTable::try_convene(Clock::time_point now) {
       convened.adopted[slot] = id;
     }
   }
-  assign_readers(convened.slots, participants);
+  for (size_t s = 0; s < readers.size(); ++s) convened.slots[s].reader = readers[s];
   for (size_t r = 0; r < participants.size(); ++r) {
     auto& m = members_.at(participants[r]);
     m.go = go_reply(convened, r);
@@ -322,15 +320,16 @@ void MembershipTable::try_convene(Clock::time_point now) {
   first_arrival_.reset();
 }
 
-void MembershipTable::assign_readers(std::vector<protocol::SlotInfo>& slots, const std::vector<int64_t>& participants) const {
+std::vector<int64_t> MembershipTable::readers_for(const std::vector<int64_t>& participants) const {
   std::vector<int64_t> by_slot = participants;
   std::sort(by_slot.begin(), by_slot.end(), [&](int64_t a, int64_t b) { return members_.at(a).slot < members_.at(b).slot; });
-  for (auto& s : slots) s.reader = -1;
-  for (int64_t id : by_slot) slots[static_cast<size_t>(members_.at(id).slot)].reader = id;
+  std::vector<int64_t> readers(slots_.size(), -1);
+  for (int64_t id : by_slot) readers[static_cast<size_t>(members_.at(id).slot)] = id;
   size_t turn = 0;
-  for (auto& s : slots) {
-    if (s.reader == -1 && !by_slot.empty()) s.reader = by_slot[turn++ % by_slot.size()];
+  for (auto& reader : readers) {
+    if (reader == -1 && !by_slot.empty()) reader = by_slot[turn++ % by_slot.size()];
   }
+  return readers;
 }
 
 protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t rank) {

@@ -133,9 +133,9 @@ class MembershipTable {
   int64_t unsynchronized_steps(const Member& m) const;
   void try_convene(Clock::time_point now);
   std::vector<protocol::SlotInfo> slot_table() const;
-  // Who reads each slot's shard until the next plan: a participant its own; the slots no
-  // participant holds go to the participants in turn, in slot order (docs/failure-model.md).
-  void assign_readers(std::vector<protocol::SlotInfo>& slots, const std::vector<int64_t>& participants) const;
+  // Who reads each slot's shard until the next plan (slot -> member): a participant its own; the
+  // slots no participant holds go to the participants in turn, in slot order (docs/failure-model.md).
+  std::vector<int64_t> readers_for(const std::vector<int64_t>& participants) const;
   std::optional<int64_t> vacant_slot(int64_t wanted) const;
   void event(nlohmann::json e) { events_.push_back(std::move(e)); }
 
