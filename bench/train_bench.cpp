@@ -19,8 +19,8 @@
 #include "loco/core/error.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
-#include "loco/runtime/config.h"
-#include "loco/runtime/trainer.h"
+#include "loco/runtime/config/config.h"
+#include "loco/runtime/worker/trainer.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

@@ -23,13 +23,13 @@
 #include "loco/metrics/progress.h"
 #include "loco/model/precision.h"
 #include "loco/model/sampling.h"
-#include "loco/runtime/checkpoint.h"
-#include "loco/runtime/config.h"
-#include "loco/runtime/coordinator.h"
-#include "loco/runtime/launcher.h"
-#include "loco/runtime/report.h"
-#include "loco/runtime/trainer.h"
-#include "loco/runtime/worker.h"
+#include "loco/runtime/store/checkpoint.h"
+#include "loco/runtime/config/config.h"
+#include "loco/runtime/control/coordinator.h"
+#include "loco/runtime/launch/launcher.h"
+#include "loco/runtime/launch/report.h"
+#include "loco/runtime/worker/trainer.h"
+#include "loco/runtime/worker/worker.h"
 
 namespace fs = std::filesystem;
 

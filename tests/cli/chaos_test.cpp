@@ -14,8 +14,8 @@
 #include <set>
 
 #include "loco/core/files.h"
-#include "loco/runtime/checkpoint.h"
-#include "loco/runtime/coordinator_client.h"
+#include "loco/runtime/store/checkpoint.h"
+#include "loco/runtime/control/coordinator_client.h"
 #include "process_util.h"
 #include "test_util.h"
 #include "cli_util.h"

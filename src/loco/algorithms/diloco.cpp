@@ -100,8 +100,6 @@ SyncReport DiLoCo::synchronize_elastic(int64_t step) {
     SyncReport report;
     try {
       report = reduce_and_step(group_, plan.contributes(), round_step);
-    } catch (const MembershipEnded&) {
-      throw;
     } catch (const PeerError&) {
       failed_epoch = plan.epoch;  // nothing changed: the round is convened again with whoever is left
       continue;
@@ -111,8 +109,6 @@ SyncReport DiLoCo::synchronize_elastic(int64_t step) {
     if (plan.has_joiners()) {
       try {
         report.stats += transfer_state(group_);
-      } catch (const MembershipEnded&) {
-        throw;
       } catch (const PeerError&) {
         failed_epoch_ = plan.epoch;  // a joiner failed: its epoch is reported broken at the next round
       }
@@ -141,8 +137,6 @@ SyncReport DiLoCo::join_round() {
       report.params_hash = hash_tensors(global_);
       membership_->end_round(plan, synced_step_, report.params_hash);
       return report;
-    } catch (const MembershipEnded&) {
-      throw;
     } catch (const PeerError&) {
       failed_epoch = plan.epoch;
     }

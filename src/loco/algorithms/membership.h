@@ -19,17 +19,15 @@
 
 namespace loco::algorithms {
 
-// This worker's membership ended under it: the training loop saves nothing and passes it on.
-class MembershipEnded : public PeerError {
- public:
-  explicit MembershipEnded(std::string_view message) : PeerError("membership", message) {}
-};
+// The kinds of loco::MembershipEnded (core/error.h): this worker's membership ended under it. The
+// training loop saves nothing and passes them on, and so do the retry loops of the algorithms,
+// which catch only PeerError.
 
 // This worker is no longer a member (declared failed while frozen, or its round completed without
 // it): its state is stale, and it must join again as a new member.
 class Evicted : public MembershipEnded {
  public:
-  explicit Evicted(std::string_view message) : MembershipEnded(message) {}
+  explicit Evicted(std::string_view message) : MembershipEnded("membership", message) {}
 };
 
 // No live member held the run's state when this worker was to receive it: the coordinator makes
@@ -38,7 +36,7 @@ class Evicted : public MembershipEnded {
 class RestartFromCheckpoint : public MembershipEnded {
  public:
   RestartFromCheckpoint(std::optional<int64_t> step, uint64_t data_epoch, uint64_t data_cursor)
-      : MembershipEnded("no live member holds the run's state: continuing from the global checkpoint"),
+      : MembershipEnded("membership", "no live member holds the run's state: continuing from the global checkpoint"),
         step(step), data_epoch(data_epoch), data_cursor(data_cursor) {}
   std::optional<int64_t> step;
   uint64_t data_epoch = 0, data_cursor = 0;
@@ -48,10 +46,11 @@ class RestartFromCheckpoint : public MembershipEnded {
 // continues from the state saved at the last round's end (docs/failure-model.md).
 class CoordinatorLost : public MembershipEnded {
  public:
-  explicit CoordinatorLost(std::string_view message) : MembershipEnded(message) {}
+  explicit CoordinatorLost(std::string_view message) : MembershipEnded("membership", message) {}
 };
 
 // The run is stopping (interrupted, failed, or training completed before this worker took part).
+// A PeerError: the collective it interrupts cannot complete, and the loop saves its state.
 class RunStopping : public PeerError {
  public:
   explicit RunStopping(std::string_view message) : PeerError("membership", message) {}

@@ -271,8 +271,6 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
     try {
       f.arrived = f.reduction.get();
-    } catch (const MembershipEnded&) {
-      throw;
     } catch (const PeerError&) {
       if (membership_ != nullptr) {
         // Nothing changed: the round is convened again with whoever is left, and the same
@@ -317,8 +315,6 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     if (plan_->has_joiners()) {
       try {
         report.stats += transfer_state(group_, step);
-      } catch (const MembershipEnded&) {
-        throw;
       } catch (const PeerError&) {
         // A joiner failed while receiving: the coordinator hears of it by heartbeats, and the
         // next round forms a new group. The round itself stands.
@@ -394,8 +390,6 @@ SyncReport StreamingDiLoCo::join_round() {
       report.fragment = index;
       membership_->end_round(plan, fragments_[static_cast<size_t>(index)].started, report.params_hash);
       return report;
-    } catch (const MembershipEnded&) {
-      throw;
     } catch (const PeerError&) {
       failed_epoch = plan.epoch;
     }

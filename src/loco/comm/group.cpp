@@ -92,6 +92,24 @@ Group Group::connect(std::shared_ptr<KeyValueStore> store, const GroupOptions& o
   return Group(connect_gloo(std::move(store), options));
 }
 
+GroupFactory::GroupFactory(std::shared_ptr<KeyValueStore> store, std::string host, Duration timeout)
+    : store_(std::move(store)), host_(std::move(host)), timeout_(timeout) {}
+
+GroupFactory GroupFactory::local() { return GroupFactory(nullptr, "127.0.0.1", std::chrono::seconds(60)); }
+
+Group GroupFactory::make(int64_t epoch, int64_t rank, int64_t size, std::function<bool()> abort) const {
+  LOCO_CHECK(store_ != nullptr || size == 1, "a local group factory cannot make a group of {} ranks", size);
+  if (store_ == nullptr) return Group::single();
+  GroupOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.host = host_;
+  options.timeout = timeout_;
+  options.prefix = fmt::format("epoch/{}", epoch);
+  options.abort = std::move(abort);
+  return Group::connect(store_, options);
+}
+
 CommStats Group::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
   return timed([&] {
     std::vector<Staged> staged;

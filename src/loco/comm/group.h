@@ -143,6 +143,27 @@ class Group {
   std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();
 };
 
+// Makes the process groups of one run: loco's one place that forms a Group from a run's settings.
+// Every group meets through the same store, under "epoch/<n>" for membership epoch n, with the
+// same address and timeout. A fixed run makes the group of its one epoch; an elastic run one for
+// each epoch the coordinator convenes, with `abort` polled while it waits. A factory without a
+// store (local()) makes only groups of one: `loco train`, and an elastic strategy before its first
+// round.
+class GroupFactory {
+ public:
+  GroupFactory(std::shared_ptr<KeyValueStore> store, std::string host, Duration timeout);
+  static GroupFactory local();
+
+  // Blocks until the `size` ranks of `epoch` have met (see Group::connect); throws PeerError when
+  // one does not come within the timeout or `abort` says so.
+  Group make(int64_t epoch, int64_t rank, int64_t size, std::function<bool()> abort = {}) const;
+
+ private:
+  std::shared_ptr<KeyValueStore> store_;
+  std::string host_;
+  Duration timeout_;
+};
+
 // The Gloo backend (gloo_group.cpp): exposed for Group::connect and tests.
 std::shared_ptr<GroupImpl> connect_gloo(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
 

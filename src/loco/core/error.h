@@ -1,11 +1,14 @@
 // Errors of loco.
 //
 // Every message starts with the module it comes from, "[data] ...", and where it can, ends with a
-// hint of what to do. Three kinds, kept apart on purpose:
+// hint of what to do. Four kinds, kept apart on purpose:
 //   - Error and its children: bad input or a bad environment (a malformed config, a corrupt file,
 //     a missing folder). The user can fix these; the CLI prints them and exits non-zero.
 //   - PeerError: a recoverable distributed failure (a peer died, a timeout). Caught in exactly one
 //     place, the recovery loop of the runtime.
+//   - MembershipEnded: this worker's place in an elastic run ended under it (it was evicted, the
+//     coordinator is gone, or the run continues from a checkpoint). Not a peer's failure: nothing
+//     is retried or saved where it passes; it is caught in one place, where the worker joins.
 //   - InternalError: a broken invariant, i.e. a bug in loco. Raised by LOCO_CHECK.
 #pragma once
 
@@ -41,6 +44,12 @@ class DataError : public Error {
 
 // A recoverable failure of a remote peer (death, timeout, protocol violation).
 class PeerError : public Error {
+ public:
+  using Error::Error;
+};
+
+// This worker's membership of an elastic run ended (see above); the algorithms define its kinds.
+class MembershipEnded : public Error {
  public:
   using Error::Error;
 };

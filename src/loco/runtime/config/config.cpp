@@ -1,0 +1,540 @@
+#include "loco/runtime/config/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <variant>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+
+namespace loco::runtime {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// An enum field, seen as one of its names.
+struct EnumField {
+  std::vector<std::string> names;
+  std::function<std::string()> get;
+  std::function<void(const std::string&)> set;
+};
+
+template <class E>
+EnumField enum_field(E& value, std::vector<std::pair<E, std::string>> table) {
+  EnumField field;
+  for (auto& [e, name] : table) field.names.push_back(name);
+  field.get = [&value, table] {
+    for (auto& [e, name] : table) {
+      if (e == value) return name;
+    }
+    return std::string("?");
+  };
+  field.set = [&value, table](const std::string& text) {
+    for (auto& [e, name] : table) {
+      if (name == text) value = e;
+    }
+  };
+  return field;
+}
+
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, EnumField>;
+
+struct Field {
+  std::string key;
+  std::string help;
+  FieldPtr value;
+  double min = -kInf, max = kInf;
+  bool min_exclusive = false;
+  bool secret = false;  // never written (to_toml) nor shown (differences)
+};
+
+// The table of keys. Ranges here are the first line of validation; components add cross-field checks.
+std::vector<Field> fields_of(RunConfig& c) {
+  using model::MlpKind;
+  using model::NormKind;
+  using model::PositionKind;
+  auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
+  auto at_least = [](double lo, Field f) { f.min = lo; return f; };
+  auto between = [](double lo, double hi, Field f) { f.min = lo; f.max = hi; return f; };
+  auto secret = [](Field f) { f.secret = true; return f; };
+  return {
+      {"run.dir", "folder for config.toml, metrics.jsonl and checkpoints/", &c.run.dir},
+      {"data.dir", "prepared dataset folder (written by `loco prepare`)", &c.data.dir},
+      {"data.shard", "how documents are divided among workers: iid (random), label (whole labels, e.g. Brown's genres) or kmeans (clusters of document embeddings)",
+       enum_field(c.data.shard, {{ShardPolicy::kIid, "iid"}, {ShardPolicy::kLabel, "label"}, {ShardPolicy::kKMeans, "kmeans"}})},
+      at_least(1, {"data.route_tokens", "kmeans shards: leading tokens of a document whose mean hidden state (initial model) embeds it", &c.data.route_tokens}),
+      at_least(0, {"model.vocab_size", "vocabulary size; 0 = the dataset's", &c.model.vocab_size}),
+      at_least(1, {"model.context", "context length T in tokens", &c.model.context}),
+      at_least(1, {"model.layers", "transformer blocks", &c.model.layers}),
+      at_least(1, {"model.width", "model width d_model", &c.model.width}),
+      at_least(1, {"model.heads", "attention heads (must divide width)", &c.model.heads}),
+      positive({"model.mlp_ratio", "MLP hidden width / model width", &c.model.mlp_ratio}),
+      {"model.norm", "normalization: rmsnorm or layernorm", enum_field(c.model.norm, {{NormKind::kRMSNorm, "rmsnorm"}, {NormKind::kLayerNorm, "layernorm"}})},
+      {"model.position", "positions: rope or learned", enum_field(c.model.position, {{PositionKind::kRope, "rope"}, {PositionKind::kLearned, "learned"}})},
+      {"model.mlp", "MLP: gelu or swiglu", enum_field(c.model.mlp, {{MlpKind::kGelu, "gelu"}, {MlpKind::kSwiGlu, "swiglu"}})},
+      {"model.qk_norm", "RMSNorm on queries and keys per head", &c.model.qk_norm},
+      positive({"model.init_std", "std of the normal initialization", &c.model.init_std}),
+      positive({"optim.lr", "peak learning rate of AdamW", &c.optim.lr}),
+      at_least(0, {"optim.warmup_steps", "linear warmup steps", &c.optim.warmup_steps}),
+      between(0, 1, {"optim.min_lr_ratio", "final lr of the cosine decay, as a fraction of optim.lr", &c.optim.min_lr_ratio}),
+      at_least(0, {"optim.grad_clip", "max global gradient norm; 0 = no clipping", &c.optim.grad_clip}),
+      between(0, 0.999999, {"optim.beta1", "AdamW beta1", &c.optim.adamw.beta1}),
+      between(0, 0.999999, {"optim.beta2", "AdamW beta2", &c.optim.adamw.beta2}),
+      positive({"optim.eps", "AdamW epsilon", &c.optim.adamw.eps}),
+      at_least(0, {"optim.weight_decay", "AdamW decoupled weight decay (matrices and embeddings only)", &c.optim.adamw.weight_decay}),
+      at_least(1, {"train.steps", "optimizer steps in the run", &c.train.steps}),
+      at_least(1, {"train.batch_size", "sequences per micro-batch", &c.train.batch_size}),
+      at_least(1, {"train.grad_accum", "micro-batches accumulated per step", &c.train.grad_accum}),
+      at_least(0, {"train.seed", "seed of the model initialization and the data order", &c.train.seed}),
+      at_least(0, {"train.z_loss", "z-loss coefficient (e.g. 1e-4); 0 = off", &c.train.z_loss}),
+      {"train.device", "auto, cpu, cuda or cuda:N (bf16 autocast on CUDA, fp32 on CPU)", &c.train.device},
+      {"train.init_from", "checkpoint or run folder whose parameters (the global ones) start the run (a warm start); \"\" = random init", &c.train.init_from},
+      at_least(0, {"train.threads", "CPU threads; 0 = cores divided among local processes", &c.train.threads}),
+      at_least(1, {"train.log_every", "steps between train events and plain progress lines", &c.train.log_every}),
+      at_least(1, {"eval.every", "steps between evaluations (one is always made at the end)", &c.eval.every}),
+      at_least(1, {"eval.windows", "validation windows of model.context tokens, spread evenly over the split", &c.eval.windows}),
+      at_least(1, {"eval.batch_size", "windows per evaluation batch", &c.eval.batch_size}),
+      at_least(0, {"checkpoint.every", "steps between checkpoints (one is always written at the end); 0 = end only", &c.checkpoint.every}),
+      at_least(1, {"checkpoint.keep", "how many recent checkpoints to keep", &c.checkpoint.keep}),
+      {"sync.algorithm", "none (one process), ddp (average gradients every step), diloco (outer step every sync.inner_steps), streaming (Streaming DiLoCo: fragments on a staggered schedule, overlapped), local (replicas that never talk)",
+       enum_field(c.sync.algorithm, {{Algorithm::kNone, "none"}, {Algorithm::kDdp, "ddp"}, {Algorithm::kDiLoCo, "diloco"},
+                                     {Algorithm::kStreaming, "streaming"}, {Algorithm::kLocal, "local"}})},
+      at_least(1, {"sync.inner_steps", "DiLoCo: inner steps H between outer steps (streaming: between two syncs of one fragment)", &c.sync.inner_steps}),
+      at_least(0, {"sync.round_seconds", "elastic DiLoCo: time-budgeted rounds: each worker ends its round after this many seconds of inner steps (its outer gradient weighted by its tokens) instead of after sync.inner_steps; 0 = off", &c.sync.round_seconds}),
+      at_least(0, {"sync.round_grace_s", "time-budgeted rounds: seconds the round waits, after the first worker reached its end, for the others; later ones are left out of it and rejoin", &c.sync.round_grace_s}),
+      {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round) or uniform",
+       enum_field(c.sync.weighting, {{algorithms::Weighting::kTokens, "tokens"}, {algorithms::Weighting::kUniform, "uniform"}})},
+      positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
+      at_least(1, {"sync.fragments", "streaming: fragments P, synchronized in turn every sync.inner_steps / P steps (at most the model's blocks)", &c.sync.fragments}),
+      {"sync.fragment_pattern", "streaming: strided (block i in fragment i mod P) or sequential (runs of consecutive blocks)",
+       enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
+      at_least(0, {"sync.overlap_steps", "streaming: inner steps tau a fragment's sync overlaps before its result is applied (0 = wait at once)", &c.sync.overlap_steps}),
+      between(0, 1, {"sync.merge_alpha", "streaming: share alpha of the local fragment kept when the global one arrives (0 = take the global)", &c.sync.merge_alpha}),
+      {"sync.exchange", "streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4",
+       enum_field(c.sync.exchange, {{comm::Encoding::kFp32, "fp32"}, {comm::Encoding::kBf16, "bf16"}, {comm::Encoding::kFp8, "fp8"},
+                                    {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
+      {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
+       enum_field(c.outer.optimizer, {{optim::OuterKind::kNesterov, "nesterov"}, {optim::OuterKind::kSgd, "sgd"}, {optim::OuterKind::kAdam, "adam"}})},
+      at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.001)", &c.outer.lr}),
+      between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, sgd 0, adam 0.9)", &c.outer.momentum}),
+      between(0, 0.999999, {"outer.beta2", "adam outer optimizer: beta2", &c.outer.beta2}),
+      positive({"outer.eps", "adam outer optimizer: epsilon", &c.outer.eps}),
+      at_least(1, {"cluster.workers", "worker processes (replicas) in the run", &c.cluster.workers}),
+      between(0, 65535, {"cluster.port", "port of `loco coordinator` (`loco launch` picks a free one unless --port is given)", &c.cluster.port}),
+      {"cluster.host", "address other workers use to reach this one; \"\" = the local address that reaches the coordinator", &c.cluster.host},
+      positive({"cluster.timeout_s", "seconds any collective, and the forming of a group, may take before it fails", &c.cluster.timeout_s}),
+      positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join (elastic: also how long a worker "
+                "waits for a vacant slot in a full run)", &c.cluster.join_timeout_s}),
+      positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),
+      {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco or streaming)", &c.cluster.elastic},
+      at_least(1, {"cluster.min_workers", "elastic: the quorum, the fewest workers a round may run with (it waits for more)", &c.cluster.min_workers}),
+      positive({"cluster.heartbeat_s", "elastic: seconds between a worker's heartbeats to the coordinator", &c.cluster.heartbeat_s}),
+      positive({"cluster.dead_after_s", "elastic: seconds of heartbeat silence after which a worker is declared failed", &c.cluster.dead_after_s}),
+      positive({"cluster.coordinator_timeout_s", "elastic: seconds a worker keeps retrying a coordinator that stopped answering (a restarted one continues the run), before it exits with the run's state saved", &c.cluster.coordinator_timeout_s}),
+      secret({"cluster.join_token", "shared secret a worker must present to join; \"\" = $LOCO_JOIN_TOKEN if set (never written to config.toml or logs)", &c.cluster.join_token}),
+  };
+}
+
+const char* type_name(const FieldPtr& p) {
+  switch (p.index()) {
+    case 0: return "integer";
+    case 1: return "float";
+    case 2: return "bool";
+    case 3: return "string";
+    default: return "choice";
+  }
+}
+
+std::string value_text(const FieldPtr& p) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, EnumField>) {
+          return v.get();
+        } else if constexpr (std::is_same_v<T, std::string*>) {
+          return *v;
+        } else if constexpr (std::is_same_v<T, bool*>) {
+          return *v ? "true" : "false";
+        } else {
+          return fmt::format("{}", *v);
+        }
+      },
+      p);
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+Field& find_field(std::vector<Field>& fields, const std::string& key, const std::string& where) {
+  for (auto& f : fields) {
+    if (f.key == key) return f;
+  }
+  std::string best;
+  size_t best_distance = 4;
+  for (auto& f : fields) {
+    size_t d = edit_distance(key, f.key);
+    if (d < best_distance) best_distance = d, best = f.key;
+  }
+  throw ConfigError("config", fmt::format("unknown key '{}'{}{}", key, where,
+                                          best.empty() ? "; `loco config --reference` lists every key"
+                                                       : fmt::format("; did you mean '{}'?", best)));
+}
+
+void check_range(const Field& f, double value) {
+  const bool low = f.min_exclusive ? !(value > f.min) : !(value >= f.min);
+  if (low || value > f.max || std::isnan(value)) {
+    std::string range = f.max == kInf ? fmt::format("{} {}", f.min_exclusive ? ">" : ">=", f.min)
+                                      : fmt::format("in [{}, {}]", f.min, f.max);
+    throw ConfigError("config", fmt::format("{} must be {}, got {}", f.key, range, value));
+  }
+}
+
+// Sets a field from text (command-line override). Throws ConfigError naming the key.
+void set_from_text(Field& f, const std::string& text) {
+  auto bad = [&](const char* expected) {
+    return ConfigError("config", fmt::format("{} expects {}, got '{}'", f.key, expected, text));
+  };
+  std::visit(
+      [&](auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t*>) {
+          int64_t parsed = 0;
+          auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+          if (ec != std::errc() || end != text.data() + text.size()) throw bad("an integer");
+          *v = parsed;
+        } else if constexpr (std::is_same_v<T, double*>) {
+          size_t used = 0;
+          double parsed = 0;
+          try {
+            parsed = std::stod(text, &used);
+          } catch (const std::exception&) {
+            throw bad("a number");
+          }
+          if (used != text.size()) throw bad("a number");
+          *v = parsed;
+        } else if constexpr (std::is_same_v<T, bool*>) {
+          if (text == "true" || text == "1") *v = true;
+          else if (text == "false" || text == "0") *v = false;
+          else throw bad("true or false");
+        } else if constexpr (std::is_same_v<T, std::string*>) {
+          *v = text;
+        } else {
+          if (std::find(v.names.begin(), v.names.end(), text) == v.names.end()) {
+            throw ConfigError("config", fmt::format("{} must be one of {}, got '{}'", f.key, fmt::join(v.names, ", "), text));
+          }
+          v.set(text);
+        }
+      },
+      f.value);
+}
+
+const char* toml_type_name(const toml::node& node) {
+  if (node.is_string()) return "string";
+  if (node.is_integer()) return "integer";
+  if (node.is_floating_point()) return "float";
+  if (node.is_boolean()) return "boolean";
+  if (node.is_array()) return "array";
+  if (node.is_table()) return "table";
+  return "date/time";
+}
+
+void set_from_toml(Field& f, const toml::node& node, const std::string& where) {
+  auto bad = [&](const char* expected) {
+    return ConfigError("config", fmt::format("{}{}: expected {}, got a TOML {}", f.key, where, expected,
+                                             toml_type_name(node)));
+  };
+  std::visit(
+      [&](auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, int64_t*>) {
+          if (!node.is_integer()) throw bad("an integer");
+          *v = node.as_integer()->get();
+        } else if constexpr (std::is_same_v<T, double*>) {
+          if (node.is_integer()) *v = static_cast<double>(node.as_integer()->get());
+          else if (node.is_floating_point()) *v = node.as_floating_point()->get();
+          else throw bad("a number");
+        } else if constexpr (std::is_same_v<T, bool*>) {
+          if (!node.is_boolean()) throw bad("true or false");
+          *v = node.as_boolean()->get();
+        } else if constexpr (std::is_same_v<T, std::string*>) {
+          if (!node.is_string()) throw bad("a string");
+          *v = node.as_string()->get();
+        } else {
+          if (!node.is_string()) throw bad("a string");
+          set_from_text(f, node.as_string()->get());
+        }
+      },
+      f.value);
+}
+
+void walk_table(const toml::table& table, const std::string& prefix, std::vector<Field>& fields, const std::string& source) {
+  for (const auto& [key, node] : table) {
+    const std::string full = prefix.empty() ? std::string(key.str()) : prefix + "." + std::string(key.str());
+    const auto& begin = node.source().begin;
+    const std::string where = fmt::format(" ({}:{})", source, begin.line);
+    if (const auto* sub = node.as_table()) {
+      walk_table(*sub, full, fields, source);
+      continue;
+    }
+    set_from_toml(find_field(fields, full, where), node, where);
+  }
+}
+
+}  // namespace
+
+RunConfig parse_config(const std::string& toml_text, const std::string& source) {
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError("config", fmt::format("{}:{}:{}: {}", source, e.source().begin.line, e.source().begin.column,
+                                            e.description()));
+  }
+  RunConfig config;
+  auto fields = fields_of(config);
+  walk_table(table, "", fields, source);
+  validate(config);
+  return config;
+}
+
+RunConfig load_config(const fs::path& file, const std::vector<std::string>& overrides) {
+  RunConfig config = parse_config(read_file(file, "config"), file.string());
+  for (const auto& assignment : overrides) apply_override(config, assignment);
+  resolve_defaults(config);
+  validate(config);
+  return config;
+}
+
+const char* to_string(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kNone: return "none";
+    case Algorithm::kDdp: return "ddp";
+    case Algorithm::kDiLoCo: return "diloco";
+    case Algorithm::kStreaming: return "streaming";
+    case Algorithm::kLocal: return "local";
+  }
+  return "?";
+}
+
+optim::OuterOptions outer_options(const RunConfig& config) {
+  optim::OuterOptions o = optim::default_outer_options(config.outer.optimizer);
+  if (config.outer.lr > 0) o.lr = config.outer.lr;
+  if (config.outer.momentum >= 0) o.momentum = config.outer.momentum;
+  o.beta2 = config.outer.beta2;
+  o.eps = config.outer.eps;
+  return o;
+}
+
+void resolve_defaults(RunConfig& config) {
+  const auto o = outer_options(config);
+  config.outer.lr = o.lr;
+  config.outer.momentum = o.momentum;
+}
+
+algorithms::DiLoCoOptions diloco_options(const RunConfig& config) {
+  algorithms::DiLoCoOptions o;
+  o.inner_steps = config.sync.inner_steps;
+  o.round_seconds = config.sync.round_seconds;
+  o.total_steps = config.train.steps;
+  o.outer = outer_options(config);
+  o.weighting = config.sync.weighting;
+  o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
+  return o;
+}
+
+algorithms::StreamingOptions streaming_options(const RunConfig& config) {
+  algorithms::StreamingOptions o;
+  o.inner_steps = config.sync.inner_steps;
+  o.total_steps = config.train.steps;
+  o.fragments = config.sync.fragments;
+  o.pattern = config.sync.fragment_pattern;
+  o.overlap_steps = config.sync.overlap_steps;
+  o.merge_alpha = config.sync.merge_alpha;
+  o.exchange = config.sync.exchange;
+  o.outer = outer_options(config);
+  o.weighting = config.sync.weighting;
+  o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
+  return o;
+}
+
+const std::vector<std::string> kPerWorkerKeys = {"run.dir",       "data.dir",     "train.device",
+                                                 "train.threads", "train.log_every", "cluster.host",
+                                                 "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s",
+                                                 "cluster.join_token"};
+
+std::string join_token(const ClusterSection& cluster) {
+  if (!cluster.join_token.empty()) return cluster.join_token;
+  const char* env = std::getenv("LOCO_JOIN_TOKEN");
+  return env != nullptr ? env : "";
+}
+
+void apply_override(RunConfig& config, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError("config", fmt::format("override '{}' is not of the form --section.key=value", assignment));
+  }
+  auto fields = fields_of(config);
+  auto& field = find_field(fields, assignment.substr(0, eq), " (command line)");
+  set_from_text(field, assignment.substr(eq + 1));
+}
+
+void validate(const RunConfig& c) {
+  auto fields = fields_of(const_cast<RunConfig&>(c));
+  for (const auto& f : fields) {
+    if (const auto* i = std::get_if<int64_t*>(&f.value)) check_range(f, static_cast<double>(**i));
+    if (const auto* d = std::get_if<double*>(&f.value)) check_range(f, **d);
+  }
+  if (c.model.width % c.model.heads != 0) {
+    throw ConfigError("config", fmt::format("model.heads ({}) must divide model.width ({})", c.model.heads, c.model.width));
+  }
+  if (c.model.position == model::PositionKind::kRope && c.model.head_dim() % 2 != 0) {
+    throw ConfigError("config", fmt::format("model.position = \"rope\" needs an even head dimension; "
+                                            "model.width / model.heads = {}", c.model.head_dim()));
+  }
+  if (c.run.dir.empty()) throw ConfigError("config", "run.dir must not be empty");
+  if (c.data.dir.empty()) throw ConfigError("config", "data.dir must not be empty");
+  if (c.sync.algorithm == Algorithm::kNone && c.cluster.workers > 1) {
+    throw ConfigError("config", fmt::format("cluster.workers = {} needs a sync.algorithm (ddp, diloco, streaming or local), "
+                                            "not none", c.cluster.workers));
+  }
+  if (c.sync.exchange != comm::Encoding::kFp32 && c.sync.algorithm != Algorithm::kStreaming) {
+    throw ConfigError("config", fmt::format("sync.exchange = \"{}\" needs sync.algorithm = \"streaming\" (hint: streaming "
+                                            "with sync.fragments = 1, sync.overlap_steps = 0 and sync.merge_alpha = 0 is "
+                                            "DiLoCo with outer gradients encoded)", comm::to_string(c.sync.exchange)));
+  }
+  if (c.sync.algorithm == Algorithm::kStreaming) {
+    if (c.sync.fragments > c.model.layers) {
+      throw ConfigError("config", fmt::format("sync.fragments = {} exceeds model.layers = {}: each fragment needs a block",
+                                              c.sync.fragments, c.model.layers));
+    }
+    streaming_options(c).validate();
+  }
+  if (c.sync.bucket_mb * 1e6 < 4) throw ConfigError("config", "sync.bucket_mb must hold at least one number");
+  if (c.cluster.workers > 1 && c.checkpoint.keep < 2) {
+    throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
+                                "checkpoint in the making, and the others must still hold the one before");
+  }
+  if (c.sync.round_seconds > 0 && !c.cluster.elastic) {
+    throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs cluster.elastic = true: the coordinator "
+                                "convenes each round and leaves out a worker that is too late");
+  }
+  if (c.cluster.elastic) {
+    if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {
+      throw ConfigError("config", fmt::format("cluster.elastic = true needs sync.algorithm = \"diloco\" or \"streaming\" "
+                                              "(this version; got \"{}\"): set cluster.elastic = false for fixed membership",
+                                              to_string(c.sync.algorithm)));
+    }
+    if (c.sync.algorithm == Algorithm::kStreaming && c.sync.round_seconds > 0) {
+      throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) is for sync.algorithm = \"diloco\"");
+    }
+    if (c.sync.algorithm == Algorithm::kStreaming && c.sync.overlap_steps * c.sync.fragments >= c.sync.inner_steps) {
+      throw ConfigError("config", fmt::format("elastic Streaming DiLoCo needs sync.overlap_steps * sync.fragments < "
+                                              "sync.inner_steps (one fragment on the wire at a time), got {} * {} >= {}",
+                                              c.sync.overlap_steps, c.sync.fragments, c.sync.inner_steps));
+    }
+    if (c.sync.round_seconds > 0 && c.sync.weighting != algorithms::Weighting::kTokens) {
+      throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs sync.weighting = \"tokens\": workers take "
+                                  "different numbers of steps, and their outer gradients must count by the tokens they saw");
+    }
+    if (c.cluster.min_workers > c.cluster.workers) {
+      throw ConfigError("config", fmt::format("cluster.min_workers = {} exceeds cluster.workers = {}", c.cluster.min_workers,
+                                              c.cluster.workers));
+    }
+    if (c.cluster.dead_after_s < 2 * c.cluster.heartbeat_s) {
+      throw ConfigError("config", fmt::format("cluster.dead_after_s = {:g} must be at least twice cluster.heartbeat_s = {:g}: "
+                                              "one late heartbeat must not declare a worker failed",
+                                              c.cluster.dead_after_s, c.cluster.heartbeat_s));
+    }
+  }
+  const auto& d = c.train.device;
+  if (d != "auto" && d != "cpu" && d != "cuda" && !d.starts_with("cuda:")) {
+    throw ConfigError("config", fmt::format("train.device must be auto, cpu, cuda or cuda:N, got '{}'", d));
+  }
+}
+
+std::string to_toml(const RunConfig& config) {
+  auto fields = fields_of(const_cast<RunConfig&>(config));
+  toml::table root;
+  for (const auto& f : fields) {
+    if (f.secret) continue;
+    const auto dot = f.key.find('.');
+    const std::string section = f.key.substr(0, dot), key = f.key.substr(dot + 1);
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    auto& table = *root[section].as_table();
+    std::visit(
+        [&](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, EnumField>) table.insert(key, v.get());
+          else table.insert(key, *v);
+        },
+        f.value);
+  }
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
+}
+
+std::vector<std::string> differences(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& prefixes) {
+  auto fa = fields_of(const_cast<RunConfig&>(a));
+  auto fb = fields_of(const_cast<RunConfig&>(b));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < fa.size(); ++i) {
+    const bool selected = prefixes.empty() || std::any_of(prefixes.begin(), prefixes.end(),
+                                                          [&](const std::string& p) { return fa[i].key.starts_with(p); });
+    const std::string va = value_text(fa[i].value), vb = value_text(fb[i].value);
+    if (!selected || va == vb) continue;
+    if (fa[i].secret) {
+      out.push_back(fmt::format("{}: differs (not shown)", fa[i].key));
+    } else {
+      out.push_back(fmt::format("{}: {} -> {}", fa[i].key, va, vb));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> differences_except(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& excluded) {
+  std::vector<std::string> out;
+  for (auto& line : differences(a, b)) {
+    const bool skip = std::any_of(excluded.begin(), excluded.end(), [&](const std::string& p) { return line.starts_with(p); });
+    if (!skip) out.push_back(std::move(line));
+  }
+  return out;
+}
+
+std::string reference_markdown() {
+  RunConfig defaults;
+  auto fields = fields_of(defaults);
+  std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& f : fields) {
+    std::string type = type_name(f.value);
+    if (const auto* e = std::get_if<EnumField>(&f.value)) type = fmt::format("{}", fmt::join(e->names, " \\| "));
+    std::string value = value_text(f.value);
+    if (std::holds_alternative<std::string*>(f.value) || std::holds_alternative<EnumField>(f.value)) value = "\"" + value + "\"";
+    out += fmt::format("| `{}` | {} | `{}` | {} |\n", f.key, type, value, f.help);
+  }
+  return out;
+}
+
+}  // namespace loco::runtime

@@ -1,0 +1,376 @@
+#include "loco/runtime/control/coordinator.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "loco/comm/key_value.h"
+#include "loco/runtime/control/elastic_run.h"
+#include "loco/runtime/control/fixed_run.h"
+#include "loco/runtime/control/run.h"
+
+namespace loco::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using protocol::Phase;
+using protocol::ProtocolError;
+
+constexpr auto kMaxWait = std::chrono::milliseconds(2000);  // longest a request is held
+constexpr size_t kMaxKeyBytes = 512;
+
+nlohmann::json body_json(const httplib::Request& request) {
+  try {
+    return nlohmann::json::parse(request.body);
+  } catch (const nlohmann::json::exception&) {
+    throw ProtocolError("the request body is not valid JSON");
+  }
+}
+
+std::string key_param(const httplib::Request& request) {
+  if (!request.has_param("key")) throw ProtocolError("parameter 'key' is missing");
+  auto key = request.get_param_value("key");
+  if (key.empty() || key.size() > kMaxKeyBytes) throw ProtocolError("parameter 'key' must have 1 to 512 bytes");
+  return key;
+}
+
+int64_t int_param(const httplib::Request& request, const char* name) {
+  if (!request.has_param(name)) throw ProtocolError(fmt::format("parameter '{}' is missing", name));
+  try {
+    size_t used = 0;
+    const auto text = request.get_param_value(name);
+    const int64_t value = std::stoll(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {
+    throw ProtocolError(fmt::format("parameter '{}' is not an integer", name));
+  }
+}
+
+void reply_json(httplib::Response& response, const nlohmann::json& body, int status = 200) {
+  response.status = status;
+  response.set_content(body.dump(), "application/json");
+}
+
+// Compares secrets in time independent of where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+}  // namespace
+
+// The HTTP server, the lock and the key-value store; everything that depends on the kind of run is
+// the Run's (fixed_run.h, elastic_run.h), called under the lock. Every call that may change the
+// run wakes the requests waiting on `changed`.
+struct Coordinator::Impl {
+  explicit Impl(CoordinatorOptions o) : options(std::move(o)), identity(options.config, options.dataset) {
+    if (options.config.cluster.elastic) {
+      auto run_kind = std::make_unique<ElasticRun>(options, status, identity);
+      elastic = run_kind.get();
+      run = std::move(run_kind);
+    } else {
+      run = std::make_unique<FixedRun>(options, status, identity);
+    }
+  }
+
+  CoordinatorOptions options;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  comm::MemoryKeyValueStore store;
+  const std::string token = join_token(options.config.cluster);
+
+  mutable std::mutex mutex;
+  std::condition_variable changed;
+  RunStatus status;
+  RunIdentity identity;
+  std::unique_ptr<Run> run;
+  ElasticRun* elastic = nullptr;  // `run`, when the run is elastic
+
+  void log(const std::string& line) const {
+    if (options.log) options.log(line);
+  }
+
+  ElasticRun& elastic_run() {
+    if (elastic == nullptr) throw ProtocolError("this run is not elastic (cluster.elastic = false)");
+    return *elastic;
+  }
+
+  protocol::JoinReply join(const protocol::JoinRequest& request) {
+    RunConfig theirs;
+    try {
+      theirs = parse_config(request.config_toml, "the worker's config");
+    } catch (const ConfigError& e) {
+      throw Refusal(fmt::format("{}'s config is invalid: {}", request.name, e.what()));
+    }
+    if (!token.empty() && !same_secret(request.token, token)) {
+      throw Refusal(fmt::format("{} presented {} join token (cluster.join_token or LOCO_JOIN_TOKEN must be the run's)",
+                                request.name, request.token.empty() ? "no" : "a wrong"));
+    }
+    std::lock_guard lock(mutex);
+    run->check_start(Clock::now());
+    auto reply = run->join(request, theirs);
+    changed.notify_all();
+    return reply;
+  }
+
+  nlohmann::json state_locked() const {
+    nlohmann::json state = {{"phase", protocol::to_string(status.phase())}, {"stopping", status.stopping()},
+                            {"reason", status.reason()}, {"epoch", 0}, {"workers", run->workers()},
+                            {"run_id", status.run_id()}};
+    state.update(run->describe());
+    return state;
+  }
+
+  // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409); any other
+  // exception is logged and answered 500. The coordinator keeps serving the others either way.
+  template <class F>
+  httplib::Server::Handler guard(F&& handler) {
+    return [this, handler](const httplib::Request& request, httplib::Response& response) {
+      try {
+        handler(request, response);
+      } catch (const Full& e) {
+        reply_json(response, {{"error", e.what()}}, 503);  // asked again until a slot frees: not logged each time
+      } catch (const Refusal& e) {
+        log(fmt::format("refused {} from {}: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 409);
+      } catch (const ProtocolError& e) {
+        log(fmt::format("bad request {} from {}: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 400);
+      } catch (const std::exception& e) {
+        log(fmt::format("request {} from {} failed: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 500);
+      }
+    };
+  }
+
+  void install_routes() {
+    install_run_routes();
+    install_elastic_routes();
+    install_store_routes();
+    server.Get("/", guard([this](const auto&, auto& response) {
+      std::lock_guard lock(mutex);
+      std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\n{} workers\n", options.config.run.dir,
+                                     status.run_id(), protocol::to_string(status.phase()),
+                                     status.stopping() ? " (stopping: " + status.reason() + ")" : "", run->workers());
+      for (const auto& line : run->status_lines()) text += "  " + line + "\n";
+      response.set_content(text, "text/plain");
+    }));
+  }
+
+  // Joining, starting, stopping and ending: every run.
+  void install_run_routes() {
+    server.Post("/v1/join", guard([this](const auto& request, auto& response) {
+      reply_json(response, join(protocol::JoinRequest::from_json(body_json(request))).to_json());
+    }));
+    server.Post("/v1/start", guard([this](const auto& request, auto& response) {
+      const auto body = body_json(request);
+      if (!body.is_object() || !body.contains("rank") || !body["rank"].is_number_integer()) {
+        throw ProtocolError("field 'rank' is missing or not an integer");
+      }
+      const int64_t rank = body["rank"].template get<int64_t>();
+      std::unique_lock lock(mutex);
+      run->check_start(Clock::now());
+      changed.wait_for(lock, kMaxWait, [&] { return status.phase() != Phase::kWaiting; });
+      run->check_start(Clock::now());
+      reply_json(response, run->start_reply(rank).to_json());
+    }));
+    server.Post("/v1/stop", guard([this](const auto& request, auto& response) {
+      const auto body = body_json(request);
+      const std::string why = body.is_object() && body.contains("reason") && body["reason"].is_string()
+                                  ? body["reason"].template get<std::string>().substr(0, 1024)
+                                  : "a worker asked";
+      std::lock_guard lock(mutex);
+      if (!status.stopping()) log("stopping: " + why);
+      status.stop(why);
+      reply_json(response, {{"stopping", true}});
+    }));
+    server.Get("/v1/state", guard([this](const auto&, auto& response) {
+      std::lock_guard lock(mutex);
+      reply_json(response, state_locked());
+    }));
+    server.Post("/v1/done", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::DoneRequest::from_json(body_json(request));
+      std::lock_guard lock(mutex);
+      run->done(body);
+      changed.notify_all();
+      reply_json(response, {{"ok", true}});
+    }));
+  }
+
+  // Heartbeats and rounds: elastic runs (ElasticRun, over the MembershipTable).
+  void install_elastic_routes() {
+    server.Post("/v1/heartbeat", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::HeartbeatRequest::from_json(body_json(request));
+      std::lock_guard lock(mutex);
+      const auto reply = elastic_run().heartbeat(body, Clock::now());
+      changed.notify_all();
+      reply_json(response, reply.to_json());
+    }));
+    server.Post("/v1/round", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::RoundRequest::from_json(body_json(request));
+      std::unique_lock lock(mutex);
+      auto& run = elastic_run();
+      const auto deadline = Clock::now() + kMaxWait;
+      for (;;) {
+        const auto reply = run.arrive(body, Clock::now());
+        changed.notify_all();
+        if (reply.action != protocol::RoundAction::kWait || Clock::now() >= deadline) {
+          reply_json(response, reply.to_json());
+          return;
+        }
+        changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
+      }
+    }));
+    server.Post("/v1/round_done", guard([this](const auto& request, auto& response) {
+      const auto body = protocol::RoundDone::from_json(body_json(request));
+      std::lock_guard lock(mutex);
+      const bool accepted = elastic_run().round_done(body, Clock::now());
+      changed.notify_all();
+      reply_json(response, {{"ok", accepted}});
+    }));
+  }
+
+  // The rendezvous store through which the workers form their process groups.
+  void install_store_routes() {
+    server.Post("/v1/kv/set", guard([this](const auto& request, auto& response) {
+      try {
+        store.set(key_param(request), request.body);
+      } catch (const Error& e) {
+        throw ProtocolError(e.what());  // over a limit
+      }
+      reply_json(response, {{"ok", true}});
+    }));
+    server.Get("/v1/kv/get", guard([this](const auto& request, auto& response) {
+      const auto key = key_param(request);
+      const auto wait = std::clamp<int64_t>(int_param(request, "wait_ms"), 0, kMaxWait.count());
+      auto value = store.get(key, std::chrono::milliseconds(wait));
+      if (!value) {
+        reply_json(response, {{"error", "not set"}}, 404);
+        return;
+      }
+      response.set_content(*value, "application/octet-stream");
+    }));
+    server.Post("/v1/kv/add", guard([this](const auto& request, auto& response) {
+      int64_t value = 0;
+      try {
+        value = store.add(key_param(request), int_param(request, "delta"));
+      } catch (const ProtocolError&) {
+        throw;
+      } catch (const Error& e) {
+        throw ProtocolError(e.what());
+      }
+      reply_json(response, {{"value", value}});
+    }));
+    server.Post("/v1/kv/check", guard([this](const auto& request, auto& response) {
+      const auto body = body_json(request);
+      std::vector<std::string> keys;
+      try {
+        keys = body.template get<std::vector<std::string>>();
+      } catch (const nlohmann::json::exception&) {
+        throw ProtocolError("the body must be a JSON array of keys");
+      }
+      reply_json(response, {{"ok", store.check(keys)}});
+    }));
+    server.Post("/v1/kv/remove", guard([this](const auto& request, auto& response) {
+      reply_json(response, {{"removed", store.remove(key_param(request))}});
+    }));
+    server.Get("/v1/kv/size", guard([this](const auto&, auto& response) { reply_json(response, {{"size", store.size()}}); }));
+  }
+};
+
+Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  auto& server = impl_->server;
+  // httplib sets SO_REUSEPORT by default, which would let a second coordinator share the port
+  // silently. Plain SO_REUSEADDR makes "already in use" an error, as it should be.
+  server.set_socket_options([](socket_t socket) {
+    int yes = 1;
+    ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  server.set_read_timeout(std::chrono::seconds(10));
+  server.set_write_timeout(std::chrono::seconds(10));
+  server.set_payload_max_length(4 << 20);
+  const size_t threads = static_cast<size_t>(std::max<int64_t>(8, 2 * impl_->run->workers() + 4));
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->install_routes();
+  const auto& bind = impl_->options.bind;
+  const int64_t port = impl_->options.port;
+  errno = 0;
+  if (port == 0) {
+    impl_->port = server.bind_to_any_port(bind);
+  } else {
+    impl_->port = server.bind_to_port(bind, static_cast<int>(port)) ? static_cast<int>(port) : -1;
+  }
+  if (impl_->port <= 0) {
+    const int error = errno;
+    throw ConfigError("coordinator", fmt::format("cannot listen on {}:{}: {}; hint: choose another --port (cluster.port) or "
+                                                 "stop what holds it", bind, port,
+                                                 error != 0 ? std::strerror(error) : "the address is in use or not this machine's"));
+  }
+}
+
+Coordinator::~Coordinator() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int64_t Coordinator::port() const { return impl_->port; }
+
+void Coordinator::start() {
+  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  impl_->log(fmt::format("listening on {}:{} for {} worker(s) of {}", impl_->options.bind, impl_->port,
+                         impl_->run->workers(), impl_->options.config.run.dir));
+}
+
+std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mutex);
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (!impl_->status.ended()) {
+      impl_->run->check_start(Clock::now());
+      impl_->run->check_end(Clock::now());
+      impl_->changed.notify_all();
+    }
+    if (impl_->status.ended()) return impl_->run->result();
+    if (Clock::now() >= deadline) return std::nullopt;
+    impl_->changed.wait_for(lock, std::min<Clock::duration>(std::chrono::milliseconds(200), deadline - Clock::now()));
+  }
+}
+
+void Coordinator::request_stop(const std::string& reason) {
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->status.stopping()) impl_->log("stopping: " + reason);
+  impl_->status.stop(reason);
+}
+
+void Coordinator::process_exited(const std::string& host, int64_t pid, int status) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->elastic == nullptr) return;
+  impl_->elastic->process_exited(host, pid, status, Clock::now());
+  impl_->changed.notify_all();
+}
+
+void Coordinator::fail(const std::string& reason) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->elastic != nullptr) {
+    impl_->elastic->fail(reason);
+  } else if (impl_->status.fail(reason)) {
+    impl_->log("run failed: " + reason);
+  }
+  impl_->changed.notify_all();
+}
+
+nlohmann::json Coordinator::state() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->state_locked();
+}
+
+}  // namespace loco::runtime

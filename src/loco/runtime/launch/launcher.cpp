@@ -1,0 +1,386 @@
+#include "loco/runtime/launch/launcher.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "loco/metrics/progress.h"
+#include "loco/runtime/worker/worker.h"
+
+namespace loco::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+struct WorkerProcess {
+  int64_t rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1;       // its stdout (JSON progress) and stderr
+  std::string out_buffer, err_buffer;
+  std::optional<int> exit_code;
+  // Its latest progress.
+  int64_t step = 0, steps = 0, round = -1, bytes_sent = 0;
+  double loss = NAN, tokens_per_s = 0;
+};
+
+int decode_status(int raw) {
+  if (WIFEXITED(raw)) return WEXITSTATUS(raw);
+  if (WIFSIGNALED(raw)) return 128 + WTERMSIG(raw);
+  return -1;
+}
+
+// Starts `argv` with stdout and stderr on pipes, in its own process group (so a Ctrl-C at the
+// terminal reaches only the launcher, which decides), told to stop if the launcher dies.
+WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t local_processes) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    throw Error("launch", fmt::format("cannot create pipes for worker {}: {}", rank, std::strerror(errno)));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error("launch", fmt::format("cannot start worker {}: {}", rank, std::strerror(errno)));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    ::setenv("LOCO_LOCAL_PROCESSES", std::to_string(local_processes).c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    fmt::print(stderr, "cannot run {}: {}\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  WorkerProcess w;
+  w.rank = rank;
+  w.pid = pid;
+  w.out_fd = out_pipe[0];
+  w.err_fd = err_pipe[0];
+  return w;
+}
+
+class Display {
+ public:
+  Display(std::FILE* out, bool interactive, int64_t log_every) : out_(out), interactive_(interactive), log_every_(log_every) {}
+
+  void line(const std::string& text) {
+    clear();
+    fmt::print(out_, "{}\n", text);
+    redraw();
+  }
+
+  void progress(const std::vector<WorkerProcess>& workers) {
+    int64_t min_step = INT64_MAX, steps = 0, min_round = INT64_MAX, max_bytes = 0;
+    double loss = 0, tokens_per_s = 0;
+    int reporting = 0;
+    for (const auto& w : workers) {
+      if (w.exit_code) continue;  // a worker that died (an elastic run goes on; a replacement takes over)
+      if (w.steps == 0) return;   // not every worker has reported yet
+      min_step = std::min(min_step, w.step);
+      steps = w.steps;
+      min_round = std::min(min_round, w.round);
+      max_bytes = std::max(max_bytes, w.bytes_sent);
+      if (std::isfinite(w.loss)) {
+        loss += w.loss;
+        ++reporting;
+      }
+      tokens_per_s += w.tokens_per_s;
+    }
+    if (first_step_ < 0) first_step_ = min_step, started_ = Clock::now();
+    const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
+    const double eta = min_step > first_step_ ? elapsed / static_cast<double>(min_step - first_step_) * static_cast<double>(steps - min_step) : NAN;
+    status_ = fmt::format("step {}/{}  loss {:.4f} (mean of {})  {:.0f} tok/s (all workers){}  elapsed {}  eta {}", min_step,
+                          steps, reporting > 0 ? loss / reporting : NAN, workers.size(), tokens_per_s,
+                          min_round >= 0 ? fmt::format("  round {}, sent {}/worker", min_round,
+                                                       metrics::format_bytes(static_cast<double>(max_bytes)))
+                                         : "",
+                          metrics::format_duration(elapsed), metrics::format_duration(eta));
+    if (interactive_) {
+      redraw();
+    } else if (min_step >= printed_step_ + log_every_ || min_step == steps) {
+      if (min_step != printed_step_) fmt::print(out_, "{}\n", status_);
+      printed_step_ = min_step;
+      std::fflush(out_);
+    }
+  }
+
+  void finish() { clear(); }
+
+ private:
+  void clear() {
+    if (interactive_ && drawn_) fmt::print(out_, "\r\033[K");
+    drawn_ = false;
+  }
+  void redraw() {
+    if (interactive_ && !status_.empty()) {
+      fmt::print(out_, "\r\033[K{}", status_);
+      drawn_ = true;
+    }
+    std::fflush(out_);
+  }
+  std::FILE* out_;
+  bool interactive_;
+  int64_t log_every_;
+  bool drawn_ = false;
+  std::string status_;
+  int64_t printed_step_ = -1, first_step_ = -1;
+  Clock::time_point started_;
+};
+
+// Splits complete lines off `buffer` after appending what `fd` has; returns false at end of file.
+bool read_lines(int fd, std::string& buffer, std::vector<std::string>& lines) {
+  char chunk[65536];
+  const ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n <= 0) {
+    if (!buffer.empty()) lines.push_back(std::move(buffer));
+    buffer.clear();
+    return n < 0 && (errno == EAGAIN || errno == EINTR);
+  }
+  buffer.append(chunk, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t end; (end = buffer.find('\n', start)) != std::string::npos; start = end + 1) {
+    lines.push_back(buffer.substr(start, end - start));
+  }
+  buffer.erase(0, start);
+  return true;
+}
+
+void check_run_dir(const RunConfig& config, bool resume) {
+  const fs::path run(config.run.dir);
+  std::error_code ec;
+  if (resume) {
+    // An elastic run resumes from the global checkpoints, a fixed one from each worker's.
+    const fs::path needed = run / (config.cluster.elastic ? "checkpoints" : "workers");
+    if (!fs::exists(needed, ec)) {
+      throw ConfigError("launch", fmt::format("--resume: {} holds no {} (no {})", run.string(),
+                                              config.cluster.elastic ? "global checkpoints" : "workers' checkpoints",
+                                              needed.string()));
+    }
+    return;
+  }
+  if (fs::exists(run, ec) && (!fs::is_directory(run, ec) || !fs::is_empty(run, ec))) {
+    throw ConfigError("launch", fmt::format("run.dir {} already holds a run; pass --resume to continue it, or choose another "
+                                            "--run.dir (nothing was overwritten)", run.string()));
+  }
+}
+
+}  // namespace
+
+LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
+  const auto started = Clock::now();
+  const int64_t m = config.cluster.workers;
+  if (options.restarts > 0 && !config.cluster.elastic) {
+    throw ConfigError("launch", "--restarts needs cluster.elastic = true: in a fixed run a worker's death stops the run "
+                                "(continue it with --resume)");
+  }
+  check_run_dir(config, options.resume);
+  Display display(options.out, options.interactive, config.train.log_every);
+
+  CoordinatorOptions coordinator_options;
+  coordinator_options.bind = "127.0.0.1";
+  coordinator_options.port = options.port;
+  coordinator_options.config = config;
+  coordinator_options.resume = options.resume;
+  coordinator_options.log = [&](const std::string& text) { display.line("[coordinator] " + text); };
+  Coordinator coordinator(coordinator_options);
+  coordinator.start();
+
+  std::vector<WorkerProcess> workers;
+  std::vector<std::vector<std::string>> argvs;  // by rank
+  int64_t restarts_left = options.restarts;
+  auto stop_all = [&](int sig) {
+    for (auto& w : workers) {
+      if (!w.exit_code) ::kill(w.pid, sig);
+    }
+  };
+  try {
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<std::string> argv = {options.executable.string(), "worker", "--coordinator",
+                                       fmt::format("127.0.0.1:{}", coordinator.port()), "--config",
+                                       options.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
+      if (options.resume) argv.push_back("--resume");
+      for (const auto& o : options.overrides) argv.push_back("--" + o);
+      workers.push_back(spawn(r, argv, m));
+      argvs.push_back(std::move(argv));
+    }
+  } catch (...) {
+    stop_all(SIGKILL);
+    for (auto& w : workers) ::waitpid(w.pid, nullptr, 0);
+    throw;
+  }
+  display.line(fmt::format("launch: {} workers ({}), coordinator on 127.0.0.1:{}, run {}", m, to_string(config.sync.algorithm),
+                           coordinator.port(), config.run.dir));
+
+  int interrupts_seen = 0;
+  bool stopping = false;
+  std::optional<Clock::time_point> kill_at;  // after a failure or stop: the last moment before SIGKILL
+  const auto grace = std::chrono::duration<double>(config.cluster.timeout_s + 60);
+  std::string failure;
+  auto alive = [&] { return std::count_if(workers.begin(), workers.end(), [](const auto& w) { return !w.exit_code; }); };
+  // Elastic runs go on when a worker dies, and may have members this launcher did not start
+  // (replacements): the run ends when the coordinator says so.
+  const bool elastic = config.cluster.elastic;
+  bool run_over = false;
+
+  std::vector<int64_t> to_restart;  // ranks whose process died, to start again (elastic --restarts)
+  while (alive() > 0 || (elastic && !run_over)) {
+    for (int64_t rank : std::exchange(to_restart, {})) {
+      auto argv = argvs[static_cast<size_t>(rank)];
+      argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
+      workers.push_back(spawn(rank, argv, m));
+      display.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
+                               rank, restarts_left));
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].out_fd >= 0) fds.push_back({workers[i].out_fd, POLLIN, 0}), owners.emplace_back(i, true);
+      if (workers[i].err_fd >= 0) fds.push_back({workers[i].err_fd, POLLIN, 0}), owners.emplace_back(i, false);
+    }
+    ::poll(fds.data(), fds.size(), 200);
+    for (size_t f = 0; f < fds.size(); ++f) {
+      if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto& w = workers[owners[f].first];
+      const bool is_out = owners[f].second;
+      std::vector<std::string> lines;
+      if (!read_lines(is_out ? w.out_fd : w.err_fd, is_out ? w.out_buffer : w.err_buffer, lines)) {
+        ::close(is_out ? w.out_fd : w.err_fd);
+        (is_out ? w.out_fd : w.err_fd) = -1;
+      }
+      for (const auto& text : lines) {
+        nlohmann::json event;
+        if (is_out && !text.empty() && text.front() == '{') {
+          try {
+            event = nlohmann::json::parse(text);
+          } catch (const nlohmann::json::exception&) {
+          }
+        }
+        if (event.is_object() && event.contains("progress")) {
+          const auto& p = event["progress"];
+          w.step = p.value("step", w.step);
+          w.steps = p.value("steps", w.steps);
+          w.loss = p.value("loss", w.loss);
+          w.tokens_per_s = p.value("tokens_per_s", w.tokens_per_s);
+          w.round = p.value("round", w.round);
+          w.bytes_sent = p.value("bytes_sent", w.bytes_sent);
+          display.progress(workers);
+        } else if (event.is_object() && event.contains("message")) {
+          display.line(fmt::format("[w{}] {}", w.rank, event["message"].get<std::string>()));
+        } else if (!text.empty()) {
+          display.line(fmt::format("[w{}] {}", w.rank, text));
+        }
+      }
+    }
+
+    // Ctrl-C: the workers finish their step and checkpoint. Again: kill them.
+    const int interrupts = options.interrupts != nullptr ? options.interrupts->load() : 0;
+    if (interrupts > interrupts_seen) {
+      interrupts_seen = interrupts;
+      if (interrupts == 1) {
+        stopping = true;
+        coordinator.request_stop("interrupted (Ctrl-C)");
+        display.line("launch: stopping: each worker finishes its step and saves a checkpoint (Ctrl-C again to kill them)");
+        stop_all(SIGINT);
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
+      } else {
+        display.line("launch: killing the workers");
+        stop_all(SIGKILL);
+      }
+    }
+
+    for (auto& w : workers) {
+      int raw = 0;
+      if (w.exit_code || ::waitpid(w.pid, &raw, WNOHANG) != w.pid) continue;
+      w.exit_code = decode_status(raw);
+      if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping)) continue;
+      if (elastic) {
+        coordinator.process_exited(host_name(), w.pid, *w.exit_code);
+        if (stopping || run_over) continue;
+        const bool restart = restarts_left > 0;
+        display.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank, *w.exit_code,
+                                 restart ? " until it is started again" : ""));
+        if (restart) {
+          --restarts_left;
+          to_restart.push_back(w.rank);
+        }
+        continue;
+      }
+      if (!stopping) {
+        stopping = true;
+        failure = fmt::format("worker {} exited with status {}", w.rank, *w.exit_code);
+        display.line(fmt::format("launch: {}; stopping the others (they save their state)", failure));
+        coordinator.request_stop(failure);
+        stop_all(SIGTERM);
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
+      }
+    }
+    // The coordinator may fail the run by itself (a worker never joined); an elastic run ends there.
+    if (!run_over) {
+      if (auto result = coordinator.wait_for(std::chrono::milliseconds(0))) {
+        if (result->outcome == RunOutcome::kFailed && !stopping) {
+          stopping = true;
+          failure = result->message;
+          stop_all(SIGTERM);
+          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
+        }
+        if (elastic) {
+          run_over = true;
+          // Members that left (a frozen worker declared failed) may still be running.
+          if (alive() > 0) {
+            stop_all(SIGTERM);
+            if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
+          }
+        }
+      }
+    }
+    if (kill_at && Clock::now() > *kill_at && alive() > 0) {
+      display.line("launch: workers did not stop in time; killing them");
+      stop_all(SIGKILL);
+      kill_at.reset();
+    }
+  }
+  display.finish();
+  for (auto& w : workers) {
+    if (w.out_fd >= 0) ::close(w.out_fd);
+    if (w.err_fd >= 0) ::close(w.err_fd);
+  }
+
+  LaunchResult result;
+  for (const auto& w : workers) result.exit_codes.push_back(*w.exit_code);
+  auto outcome = coordinator.wait_for(std::chrono::milliseconds(stopping ? 0 : 2000));
+  const bool all_ok = std::all_of(result.exit_codes.begin(), result.exit_codes.end(), [](int c) { return c == 0; });
+  if (outcome) {
+    result.outcome = outcome->outcome;
+    result.message = outcome->message;
+    result.summaries = outcome->summaries;
+  }
+  if (!failure.empty()) {
+    result.outcome = RunOutcome::kFailed;
+    result.message = failure;
+  } else if (!all_ok && !elastic) {
+    result.outcome = interrupts_seen > 0 ? RunOutcome::kStopped : RunOutcome::kFailed;
+    if (result.message.empty()) result.message = interrupts_seen > 0 ? "interrupted (Ctrl-C)" : "a worker failed";
+  }
+  if (result.summaries.empty()) result.summaries.resize(workers.size(), nlohmann::json::object());
+  result.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+  return result;
+}
+
+}  // namespace loco::runtime

@@ -1,0 +1,190 @@
+#include "loco/runtime/store/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/core/hash.h"
+
+namespace loco::runtime {
+namespace {
+
+constexpr int kStateVersion = 1;
+const char* const kFiles[] = {"model.safetensors", "optimizer.safetensors", "sync.safetensors"};
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step-{:08}", step); }
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(fs::path root, int64_t keep) : root_(std::move(root)), keep_(keep) {
+  LOCO_CHECK(keep_ >= 1, "keep must be >= 1");
+}
+
+fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& model, const NamedTensors& optimizer,
+                               const NamedTensors& sync, bool prune) const {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) throw Error("checkpoint", fmt::format("{}: cannot create folder: {}", root_.string(), ec.message()));
+  const std::string name = checkpoint_name(state.step);
+  const fs::path final_dir = root_ / name;
+  const fs::path tmp_dir = root_ / fmt::format(".{}.tmp-{}", name, ::getpid());
+  fs::remove_all(tmp_dir, ec);
+
+  try {
+    nlohmann::ordered_json files = nlohmann::ordered_json::object();
+    const NamedTensors* parts[] = {&model, &optimizer, &sync};
+    for (size_t i = 0; i < 3; ++i) {
+      std::string bytes = encode_safetensors(*parts[i], {{"format", "pt"}});
+      write_file_atomic(tmp_dir / kFiles[i], bytes, "checkpoint");
+      files[kFiles[i]] = {{"bytes", bytes.size()}, {"xxh3", hex64(hash64(bytes))}};
+    }
+    nlohmann::ordered_json json = {
+        {"format_version", kStateVersion},
+        {"step", state.step},
+        {"tokens", state.tokens},
+        {"sampler", {{"epoch", state.sampler.epoch}, {"cursor", state.sampler.cursor}}},
+        {"seed", state.seed},
+        {"tokenizer_hash", hex64(state.tokenizer_hash)},
+        {"wall_s", state.wall_s},
+        {"global_hash", hex64(state.global_hash)},
+        {"torch_version", TORCH_VERSION},
+        {"files", files},
+        {"config", state.config_toml},
+    };
+    write_file_atomic(tmp_dir / "state.json", json.dump(2) + "\n", "checkpoint");
+    // Replacing a checkpoint of the same step (a resumed run that saves again) is fine: move the
+    // old one aside first so the rename cannot fail on a non-empty folder.
+    if (fs::exists(final_dir)) {
+      const fs::path old_dir = root_ / fmt::format(".{}.old-{}", name, ::getpid());
+      fs::rename(final_dir, old_dir);
+      fs::rename(tmp_dir, final_dir);
+      fs::remove_all(old_dir, ec);
+    } else {
+      fs::rename(tmp_dir, final_dir);
+    }
+    sync_directory(root_, "checkpoint");
+    write_file_atomic(root_ / "latest", name + "\n", "checkpoint");
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp_dir, ec);
+    throw Error("checkpoint", fmt::format("{}: {}", final_dir.string(), e.what()));
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+
+  if (!prune) return final_dir;
+  // Prune: keep the newest `keep` complete checkpoints (names sort by step).
+  std::vector<fs::path> existing;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (entry.is_directory() && n.starts_with("step-")) existing.push_back(entry.path());
+  }
+  std::sort(existing.begin(), existing.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep_) < existing.size(); ++i) {
+    if (existing[i] != final_dir) fs::remove_all(existing[i], ec);
+  }
+  return final_dir;
+}
+
+std::optional<fs::path> CheckpointStore::latest() const {
+  std::error_code ec;
+  if (!fs::exists(root_ / "latest", ec)) return std::nullopt;
+  std::string name = read_file(root_ / "latest", "checkpoint");
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos) {
+    throw DataError("checkpoint", fmt::format("{}: malformed (expected a checkpoint folder name)", (root_ / "latest").string()));
+  }
+  return root_ / name;
+}
+
+std::vector<int64_t> CheckpointStore::steps() const {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (!entry.is_directory() || !n.starts_with("step-") || !fs::exists(entry.path() / "state.json", ec)) continue;
+    try {
+      out.push_back(std::stoll(n.substr(5)));
+    } catch (const std::exception&) {
+      // not one of ours
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path CheckpointStore::at(int64_t step) const { return root_ / checkpoint_name(step); }
+
+NamedTensors inference_weights(const Checkpoint& checkpoint) {
+  NamedTensors global;
+  for (const auto& [name, tensor] : checkpoint.sync) {
+    if (name.starts_with("global.")) global.emplace_back(name.substr(7), tensor);
+  }
+  return global.empty() ? checkpoint.model : global;
+}
+
+fs::path slot_state_dir(const fs::path& run_dir, int64_t slot) { return run_dir / "slots" / std::to_string(slot); }
+
+fs::path resolve_checkpoint_dir(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw DataError("checkpoint", fmt::format("{}: no such checkpoint or run folder", path.string()));
+  if (fs::exists(path / "state.json", ec)) return path;
+  for (const fs::path& root : {path, path / "checkpoints", path / "workers" / "0" / "checkpoints"}) {
+    if (fs::exists(root / "latest", ec)) return *CheckpointStore(root, 1).latest();
+  }
+  throw DataError("checkpoint", fmt::format("{}: neither a checkpoint (no state.json) nor a run folder with "
+                                            "checkpoints/latest or workers/0/checkpoints/latest", path.string()));
+}
+
+Checkpoint load_checkpoint(const fs::path& path) {
+  Checkpoint ckpt;
+  ckpt.dir = resolve_checkpoint_dir(path);
+  const fs::path state_path = ckpt.dir / "state.json";
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(read_file(state_path, "checkpoint"));
+    if (json.at("format_version").get<int>() != kStateVersion) {
+      throw DataError("checkpoint", fmt::format("{}: format_version {} is not supported (this loco reads {})",
+                                                state_path.string(), json.at("format_version").get<int>(), kStateVersion));
+    }
+    auto& s = ckpt.state;
+    s.step = json.at("step").get<int64_t>();
+    s.tokens = json.at("tokens").get<int64_t>();
+    s.sampler.epoch = json.at("sampler").at("epoch").get<uint64_t>();
+    s.sampler.cursor = json.at("sampler").at("cursor").get<uint64_t>();
+    s.seed = json.at("seed").get<int64_t>();
+    s.tokenizer_hash = parse_hex64(json.at("tokenizer_hash").get<std::string>(), "checkpoint", state_path.string());
+    s.wall_s = json.value("wall_s", 0.0);
+    if (json.contains("global_hash")) {
+      s.global_hash = parse_hex64(json.at("global_hash").get<std::string>(), "checkpoint", state_path.string());
+    }
+    s.config_toml = json.at("config").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("checkpoint", fmt::format("{}: malformed: {}", state_path.string(), e.what()));
+  }
+  NamedTensors* parts[] = {&ckpt.model, &ckpt.optimizer, &ckpt.sync};
+  for (size_t i = 0; i < 3; ++i) {
+    const fs::path file = ckpt.dir / kFiles[i];
+    std::string bytes = read_file(file, "checkpoint");
+    try {
+      const auto& entry = json.at("files").at(kFiles[i]);
+      if (entry.at("bytes").get<uint64_t>() != bytes.size()) {
+        throw DataError("checkpoint", fmt::format("{}: {} bytes, state.json says {} (truncated?)", file.string(),
+                                                  bytes.size(), entry.at("bytes").get<uint64_t>()));
+      }
+      if (parse_hex64(entry.at("xxh3").get<std::string>(), "checkpoint", state_path.string()) != hash64(bytes)) {
+        throw DataError("checkpoint", fmt::format("{}: checksum mismatch (the file is corrupted)", file.string()));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("checkpoint", fmt::format("{}: malformed files entry: {}", state_path.string(), e.what()));
+    }
+    *parts[i] = decode_safetensors(bytes, file.string()).tensors;
+  }
+  return ckpt;
+}
+
+}  // namespace loco::runtime

@@ -1,0 +1,170 @@
+#include "loco/runtime/worker/elastic.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+#include <vector>
+
+namespace loco::runtime {
+namespace {
+
+std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+// A group abandoned after a failure may still have an operation stuck with a live peer until Gloo's
+// own timeout, and destroying it waits for that. Abandoned groups are kept here instead, for the
+// life of the process (one per failure; their connections are idle).
+void bury(comm::Group group) {
+  static auto* graveyard = new std::vector<comm::Group>();
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  graveyard->push_back(std::move(group));
+}
+
+}  // namespace
+
+ElasticSession::ElasticSession(const RunConfig& config, CoordinatorClient& client, const protocol::JoinReply& joined,
+                               comm::GroupFactory groups, const std::atomic<bool>* stop)
+    : config_(config),
+      client_(client),
+      joined_(joined),
+      groups_(std::move(groups)),
+      stop_(stop),
+      position_(joined.position) {
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+ElasticSession::~ElasticSession() {
+  {
+    std::lock_guard lock(mutex_);
+    quit_ = true;
+  }
+  wake_.notify_all();
+  heartbeat_.join();
+  if (group_) bury(std::move(group_->second));
+}
+
+void ElasticSession::heartbeat_loop() {
+  // A connection of its own: the main thread's long polls must not delay a heartbeat.
+  CoordinatorClient channel(client_.address(), seconds(config_.cluster.connect_timeout_s));
+  const auto interval = seconds(config_.cluster.heartbeat_s);
+  std::unique_lock lock(mutex_);
+  while (!quit_) {
+    lock.unlock();
+    try {
+      auto reply = channel.heartbeat({joined_.member, step_.load()});
+      current_epoch_ = reply.epoch;
+      epoch_broken_ = reply.epoch_broken;
+      if (!reply.member) member_ = false;
+    } catch (const std::exception&) {
+      // The coordinator is unreachable: the round's long poll reports that; keep trying.
+    }
+    lock.lock();
+    wake_.wait_for(lock, interval, [&] { return quit_; });
+  }
+}
+
+bool ElasticSession::should_abort(int64_t epoch) const {
+  const int64_t current = current_epoch_.load();
+  return !member_.load() || current > epoch || (current == epoch && epoch_broken_.load());
+}
+
+std::optional<data::SamplerPosition> ElasticSession::joined_position() const { return joined_position_; }
+
+void ElasticSession::record_progress(const data::SamplerPosition& position,
+                                     const std::map<int64_t, data::SamplerPosition>& adopted, int64_t step) {
+  position_ = position;
+  // Only the shards of the current adoption: one the last plan gave away is no longer this
+  // worker's to report.
+  for (const auto& [slot, p] : adopted) {
+    if (auto it = adopted_.find(slot); it != adopted_.end()) it->second = p;
+  }
+  step_ = step;
+}
+
+std::optional<std::map<int64_t, data::SamplerPosition>> ElasticSession::take_adoption() {
+  if (!std::exchange(adoption_changed_, false)) return std::nullopt;
+  return adopted_;
+}
+
+algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, int64_t failed_epoch) {
+  protocol::RoundRequest request;
+  request.member = joined_.member;
+  request.round = round;
+  request.failed_epoch = failed_epoch;
+  request.step = step;
+  request.position = position_;
+  request.adopted = adopted_;
+  if (failed_epoch >= 0 && group_ && group_->first == failed_epoch) {
+    bury(std::move(group_->second));
+    group_.reset();
+  }
+  for (;;) {
+    const auto reply = ask([&] { return client_.round(request); });
+    using protocol::RoundAction;
+    switch (reply.action) {
+      case RoundAction::kRejoin: throw algorithms::Evicted(reply.reason);
+      case RoundAction::kStop: throw algorithms::RunStopping(reply.reason.empty() ? "the run is stopping" : reply.reason);
+      case RoundAction::kFinished: throw algorithms::RunStopping("training completed");
+      case RoundAction::kRestore: {
+        const auto position = slot() < static_cast<int64_t>(reply.slots.size())
+                                  ? reply.slots[static_cast<size_t>(slot())].position
+                                  : data::SamplerPosition{};
+        throw algorithms::RestartFromCheckpoint(reply.step >= 0 ? std::optional<int64_t>(reply.step) : std::nullopt,
+                                                position.epoch, position.cursor);
+      }
+      case RoundAction::kWait:
+        if (stop_ != nullptr && stop_->load()) throw algorithms::RunStopping("interrupted while waiting for the round");
+        continue;
+      case RoundAction::kGo: break;
+    }
+    if (!group_ || group_->first != reply.epoch) {
+      if (group_) bury(std::move(group_->second));
+      group_.reset();
+      const int64_t epoch = reply.epoch;
+      try {
+        group_.emplace(epoch, groups_.make(epoch, reply.rank, reply.size, [this, epoch] { return should_abort(epoch); }));
+      } catch (const PeerError&) {
+        request.failed_epoch = reply.epoch;  // a participant did not make it: the round is convened again
+        continue;
+      }
+    }
+    algorithms::RoundPlan plan;
+    plan.group = group_->second;
+    plan.round = reply.round;
+    plan.epoch = reply.epoch;
+    plan.contributors = reply.contributors;
+    plan.step = reply.step;
+    plan.slots = torch::empty({static_cast<int64_t>(reply.slots.size()), 3}, torch::kInt64);
+    for (size_t s = 0; s < reply.slots.size(); ++s) {
+      plan.slots[static_cast<int64_t>(s)][0] = static_cast<int64_t>(reply.slots[s].position.epoch);
+      plan.slots[static_cast<int64_t>(s)][1] = static_cast<int64_t>(reply.slots[s].position.cursor);
+      plan.slots[static_cast<int64_t>(s)][2] = reply.slots[s].owner;
+    }
+    if (joined_.joiner && slot() < static_cast<int64_t>(reply.slots.size())) {
+      joined_position_ = reply.slots[static_cast<size_t>(slot())].position;
+    }
+    // From now until the next plan, this worker reads the shards the plan names it the reader of,
+    // from where the plan says they stand (for a shard it kept, where it reported it).
+    std::map<int64_t, data::SamplerPosition> adopted;
+    for (size_t s = 0; s < reply.slots.size(); ++s) {
+      if (reply.slots[s].reader == joined_.member && static_cast<int64_t>(s) != slot()) {
+        adopted.emplace(static_cast<int64_t>(s), reply.slots[s].position);
+      }
+    }
+    if (adopted != adopted_) {
+      adopted_ = std::move(adopted);
+      adoption_changed_ = true;
+    }
+    leads_ = reply.rank == 0;
+    return plan;
+  }
+}
+
+void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash) {
+  ask([&] {
+    client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash});
+    return 0;
+  });
+}
+
+}  // namespace loco::runtime

@@ -1,0 +1,124 @@
+// The training driver: a thin loop that composes the parts (dataset, sampler, model, AdamW,
+// schedule, sync strategy, evaluator, checkpoints, metrics, progress) and owns none of their logic.
+//
+// Per step: lr from the schedule -> grad_accum micro-batches of forward/backward -> sync.after_backward
+// -> gradient clipping -> AdamW step -> sync.after_step -> metrics, evaluation and checkpoint when due.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "loco/algorithms/sync.h"
+#include "loco/metrics/progress.h"
+#include "loco/data/batcher.h"
+#include "loco/data/dataset.h"
+#include "loco/model/transformer.h"
+#include "loco/runtime/config/config.h"
+#include "loco/runtime/store/safetensors.h"
+
+namespace loco::runtime {
+
+// This process's place in a run of several workers (set by runtime/worker). The defaults describe
+// a single process.
+struct WorkerRole {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  // One of the workers of `loco launch` / `loco worker`: its checkpoints live in
+  // RUN/workers/<rank>/checkpoints, and its events in RUN/metrics.jsonl carry its rank.
+  bool distributed = false;
+  // Whether this worker evaluates. The global parameters are the same on every worker, so only
+  // one scores them; evaluation never communicates (every collective belongs to the sync strategy).
+  bool evaluates = true;
+  // This worker's shard of the training split (nullptr: the whole split).
+  const std::vector<int32_t>* train_tokens = nullptr;
+  // Asked after a collective failed: is the whole run stopping (a peer was interrupted), so that
+  // the failure is a clean stop rather than a crash?
+  std::function<bool()> run_stopping;
+  // Elastic runs (cluster.elastic): the run's checkpoints are the global ones in RUN/checkpoints,
+  // written at each round's end by the worker that leads it (SyncStrategy::leads), which also
+  // evaluates. Every member also saves its slot's inner state at each round's end in
+  // RUN/slots/<rank>, which a resume of the same round loads. `start_position` gives this worker's slot position once on_start has run (a joiner
+  // learns it in its first round); `on_position` hears the sampler's position and the step count
+  // after every step.
+  //
+  // The shards of vacant slots a round's plan gives this worker are read in turn with its own, a
+  // step each: `adoption` is asked before every step (a new set, slot -> where that shard stands,
+  // or nullopt: no change), `shard_tokens` gives a slot's shard, and `on_position` hears where the
+  // adopted shards stand too.
+  bool elastic = false;
+  std::function<std::optional<data::SamplerPosition>()> start_position;
+  std::function<std::optional<std::map<int64_t, data::SamplerPosition>>()> adoption;
+  std::function<const std::vector<int32_t>&(int64_t slot)> shard_tokens;
+  std::function<void(const data::SamplerPosition&, const std::map<int64_t, data::SamplerPosition>& adopted, int64_t step)>
+      on_position;
+};
+
+struct TrainOptions {
+  bool resume = false;                         // continue from the latest checkpoint
+  std::optional<int64_t> resume_step;          // ... or from this step's (workers agree on one)
+  const std::atomic<bool>* stop = nullptr;     // set (e.g. by SIGINT): checkpoint and return
+  metrics::ProgressMode progress = metrics::ProgressMode::kLines;
+  std::FILE* out = stderr;                     // progress and messages
+  WorkerRole worker;
+};
+
+struct TrainSummary {
+  int64_t first_step = 0;  // 0, or the step resumed from
+  int64_t steps = 0;       // steps completed in total
+  int64_t tokens = 0;
+  double val_loss = 0, val_ppl = 0;
+  double val_unigram_entropy = 0;  // of the dataset, for comparison
+  double wall_s = 0;
+  bool interrupted = false;     // stopped early (a signal, or the run stopping); a checkpoint was saved
+  std::vector<double> losses;  // training loss of each step taken by this call
+  // Synchronization totals of this call: rounds, payload bytes and time in collectives.
+  int64_t rounds = 0;
+  int64_t bytes_sent = 0, bytes_received = 0;
+  double sync_s = 0;
+  double stall_s = 0;               // time the loop waited for communication
+  int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step but the last
+  double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
+  uint64_t global_hash = 0;    // of the global parameters after the last synchronization
+};
+
+// The summary as JSON: the `summary` event of metrics.jsonl, and what a worker reports at its end.
+nlohmann::json summary_json(const TrainSummary& summary);
+
+// Runs (or resumes) the training described by `config` with `sync` plugged in. Writes
+// RUN/config.toml, RUN/metrics.jsonl and RUN/checkpoints/ (RUN/workers/<rank>/checkpoints/ for a
+// worker). Throws ConfigError/DataError on bad input before any step is taken. When a collective
+// fails (PeerError) it checkpoints the last consistent state, then returns as interrupted if the
+// run is stopping, or rethrows.
+TrainSummary train(const RunConfig& config, algorithms::SyncStrategy& sync, const TrainOptions& options);
+
+struct EvalResult {
+  double loss = 0;  // mean cross entropy, nats/token
+  double ppl = 0;
+  int64_t tokens = 0;
+};
+
+// Mean loss of `model` over `batches` (no gradients; the model's training mode is restored).
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device);
+
+// Loads the parameters of `train.init_from` (a checkpoint or run folder; its global parameters
+// when it has them) into `model`. Throws DataError when the shapes or the tokenizer differ.
+void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash);
+
+// The model described by `config` (vocab_size already resolved), initialized from train.seed.
+model::Transformer build_model(const RunConfig& config);
+// The model's parameters by name, for checkpoints.
+NamedTensors model_weights(const model::Transformer& model);
+// Copies `weights` into the model; throws DataError naming a missing, extra or misshapen tensor.
+void load_model_weights(model::Transformer& model, const NamedTensors& weights, const std::string& where);
+
+// Sets torch's intra-op threads: `threads`, or (0) the cores divided among the local processes
+// (environment LOCO_LOCAL_PROCESSES, default 1). Returns the count set.
+int64_t configure_threads(int64_t threads);
+
+}  // namespace loco::runtime

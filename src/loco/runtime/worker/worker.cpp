@@ -1,0 +1,372 @@
+#include "loco/runtime/worker/worker.h"
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <map>
+
+#include "loco/algorithms/ddp.h"
+#include "loco/algorithms/diloco.h"
+#include "loco/algorithms/streaming.h"
+#include "loco/core/files.h"
+#include "loco/core/hash.h"
+#include "loco/runtime/store/checkpoint.h"
+#include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/worker/elastic.h"
+
+namespace loco::runtime {
+namespace {
+
+std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
+
+// Document embeddings for k-means shards: the initial model's mean final hidden state over each
+// document's first data.route_tokens tokens (DiPaCo's routing features). (N documents, width).
+torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset) {
+  RunConfig resolved = config;
+  resolved.model.vocab_size = dataset.manifest().vocab_size;
+  auto model = build_model(resolved);
+  if (!config.train.init_from.empty()) load_initial_weights(model, resolved, dataset.manifest().tokenizer_hash);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto& split = dataset.train();
+  const int64_t length = std::min(config.data.route_tokens, config.model.context);
+  std::vector<torch::Tensor> rows;
+  for (const auto& doc : split.documents) {
+    const int64_t n = std::max<int64_t>(1, std::min<int64_t>(length, doc.length));
+    std::vector<int64_t> ids(split.tokens.begin() + static_cast<int64_t>(doc.offset),
+                             split.tokens.begin() + static_cast<int64_t>(doc.offset) + n);
+    auto tokens = torch::tensor(ids, torch::kInt64).unsqueeze(0);  // (1, n)
+    rows.push_back(model->hidden(tokens).mean(1).squeeze(0).to(torch::kFloat32));  // (C)
+  }
+  return torch::stack(rows);
+}
+
+uint64_t assignment_hash(const data::ShardAssignment& a) {
+  Hasher hasher;
+  for (const auto& docs : a.documents) {
+    const uint64_t n = docs.size();
+    hasher.update(&n, sizeof n);
+    hasher.update(docs.data(), docs.size() * sizeof(uint32_t));
+  }
+  return hasher.digest();
+}
+
+// RUN/shards.json: the policy and, per worker, its documents, tokens and labels.
+nlohmann::json describe(const data::ShardAssignment& a, const data::Dataset& dataset) {
+  const auto& split = dataset.train();
+  const auto tokens = data::shard_token_counts(split, a);
+  nlohmann::json workers = nlohmann::json::array();
+  for (size_t w = 0; w < a.documents.size(); ++w) {
+    std::map<std::string, int64_t> labels;
+    for (auto d : a.documents[w]) {
+      const auto label = split.documents[d].label;
+      labels[label < dataset.manifest().labels.size() ? dataset.manifest().labels[label] : "?"] += 1;
+    }
+    workers.push_back({{"rank", w}, {"documents", a.documents[w].size()}, {"tokens", tokens[w]}, {"labels", labels},
+                       {"document_indices", a.documents[w]}});
+  }
+  return {{"policy", a.policy}, {"workers", workers}};
+}
+
+std::string summary_line(const nlohmann::json& worker) {
+  std::vector<std::string> labels;
+  for (const auto& [name, count] : worker["labels"].items()) {
+    labels.push_back(fmt::format("{} {}", name.empty() ? "(none)" : name, count.get<int64_t>()));
+  }
+  if (labels.size() > 8) {
+    const auto more = labels.size() - 6;
+    labels.resize(6);
+    labels.push_back(fmt::format("and {} more", more));
+  }
+  return fmt::format("{} documents, {} tokens; labels: {}", worker["documents"].get<int64_t>(),
+                     worker["tokens"].get<int64_t>(), fmt::join(labels, ", "));
+}
+
+std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
+  std::vector<protocol::CheckpointInfo> out;
+  CheckpointStore store(dir, 1);
+  for (int64_t step : store.steps()) {
+    const auto path = store.at(step) / "state.json";
+    try {
+      auto state = nlohmann::json::parse(read_file(path, "worker"));
+      const uint64_t hash = state.contains("global_hash") ? parse_hex64(state["global_hash"].get<std::string>(), "worker", path.string()) : 0;
+      out.push_back({step, hash});
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("worker", fmt::format("{}: malformed: {}", path.string(), e.what()));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client) {
+  // Peers dial this worker at the address that reaches the coordinator, unless cluster.host says.
+  const std::string host = config.cluster.host.empty() ? client.local_address() : config.cluster.host;
+  return comm::GroupFactory(client.key_value_store(), host, seconds(config.cluster.timeout_s));
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string process_name(int64_t pid, const std::string& address) {
+  return address.empty() ? fmt::format("{}:{}", host_name(), pid) : fmt::format("{}[{}]:{}", host_name(), address, pid);
+}
+
+data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers) {
+  const auto seed = static_cast<uint64_t>(config.train.seed);
+  switch (config.data.shard) {
+    case ShardPolicy::kIid: return data::shard_iid(dataset.train(), workers, seed);
+    case ShardPolicy::kLabel: return data::shard_by_label(dataset.train(), dataset.manifest().labels, workers);
+    case ShardPolicy::kKMeans: return data::shard_by_kmeans(embed_documents(config, dataset), workers, seed);
+  }
+  LOCO_CHECK(false, "unknown shard policy");
+}
+
+std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group) {
+  switch (config.sync.algorithm) {
+    case Algorithm::kNone: return std::make_unique<algorithms::NoSync>("none");
+    case Algorithm::kLocal: return std::make_unique<algorithms::NoSync>("local");
+    case Algorithm::kDdp:
+      return std::make_unique<algorithms::Ddp>(std::move(group),
+                                               algorithms::DdpOptions{static_cast<int64_t>(config.sync.bucket_mb * 1e6)});
+    case Algorithm::kDiLoCo: return std::make_unique<algorithms::DiLoCo>(std::move(group), diloco_options(config));
+    case Algorithm::kStreaming:
+      return std::make_unique<algorithms::StreamingDiLoCo>(std::move(group), streaming_options(config));
+  }
+  LOCO_CHECK(false, "unknown algorithm");
+}
+
+namespace {
+
+// An elastic worker (cluster.elastic): joins as a member holding a slot (a shard of the data),
+// trains with DiLoCo over the groups the coordinator convenes, and joins again as a new member if
+// it is ever dropped (frozen past cluster.dead_after_s, or its round completed without it).
+TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& options, const data::Dataset& dataset,
+                                const std::function<void(const std::string&)>& say) {
+  const auto assignment = assign_shards(config, dataset, config.cluster.workers);
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
+  client.set_patience(seconds(config.cluster.coordinator_timeout_s));  // a restarted coordinator finds it waiting
+  // Its peers reach it at this address; the name carries it, so that the coordinator's events say
+  // which host a member is on even where host names repeat (containers).
+  const std::string address = config.cluster.host.empty() ? client.local_address() : config.cluster.host;
+  const std::string name = process_name(::getpid(), address);
+  int64_t wanted_slot = options.rank;
+  std::optional<protocol::JoinReply> restarted;  // still a member, now to continue from the checkpoint
+  for (;;) {
+    protocol::JoinRequest request;
+    request.name = name;
+    request.rank = wanted_slot;
+    request.config_toml = to_toml(config);
+    request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
+    request.resume = options.resume;  // the coordinator decides: it resumes the run or not
+    request.token = join_token(config.cluster);
+    request.shards_hash = assignment_hash(assignment);
+    const auto joined = restarted ? *std::exchange(restarted, std::nullopt)
+                                  : client.join(request, seconds(config.cluster.join_timeout_s), say);
+    const int64_t slot = joined.rank;
+    const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
+    say(fmt::format("{}: {} the coordinator at {} (run {}){}", who, joined.resume_step ? "resuming with" : "joined",
+                    client.address(), joined.run_id, joined.joiner ? "; it receives the run's state at the next round" : ""));
+    TrainSummary summary;
+    auto report_done = [&](protocol::EndStatus status, const std::string& error) {
+      try {
+        client.report_done({slot, status, error, summary_json(summary), joined.member});
+      } catch (const std::exception& e) {
+        say(fmt::format("{}: could not report its end to the coordinator: {}", who, e.what()));
+      }
+    };
+    const auto start = client.wait_for_start(slot, options.stop);
+    if (start.phase == protocol::Phase::kStopping) {
+      summary.interrupted = true;
+      report_done(protocol::EndStatus::kStopped, "");
+      return summary;
+    }
+    try {
+      const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(slot)]);
+      ElasticSession session(config, client, joined, group_factory(config, client), options.stop);
+      std::unique_ptr<algorithms::SyncStrategy> strategy;
+      if (config.sync.algorithm == Algorithm::kStreaming) {
+        strategy = std::make_unique<algorithms::StreamingDiLoCo>(comm::Group::single(), streaming_options(config), &session);
+      } else {
+        strategy = std::make_unique<algorithms::DiLoCo>(comm::Group::single(), diloco_options(config), &session);
+      }
+      TrainOptions train_options;
+      train_options.resume_step = joined.resume_step;
+      train_options.stop = options.stop;
+      train_options.progress = options.progress;
+      train_options.out = options.out;
+      train_options.worker.rank = slot;
+      train_options.worker.world_size = config.cluster.workers;
+      train_options.worker.distributed = true;
+      train_options.worker.elastic = true;
+      train_options.worker.train_tokens = &tokens;
+      train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
+      train_options.worker.start_position = [&]() -> std::optional<data::SamplerPosition> {
+        return joined.joiner ? session.joined_position() : joined.position;  // the coordinator's record
+      };
+      train_options.worker.adoption = [&] { return session.take_adoption(); };
+      std::map<int64_t, std::vector<int32_t>> other_shards;  // the shards of slots it adopted, cut once each
+      train_options.worker.shard_tokens = [&](int64_t other) -> const std::vector<int32_t>& {
+        auto it = other_shards.find(other);
+        if (it == other_shards.end()) {
+          it = other_shards.emplace(other, data::shard_tokens(dataset.train(), assignment.documents.at(static_cast<size_t>(other))))
+                   .first;
+        }
+        return it->second;
+      };
+      train_options.worker.on_position = [&](const data::SamplerPosition& p,
+                                             const std::map<int64_t, data::SamplerPosition>& adopted,
+                                             int64_t step) { session.record_progress(p, adopted, step); };
+      summary = train(config, *strategy, train_options);
+    } catch (const algorithms::RestartFromCheckpoint& e) {
+      say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
+      protocol::JoinReply next = joined;
+      next.joiner = false;
+      next.resume_step = e.step;
+      next.position = {e.data_epoch, e.data_cursor};
+      restarted = next;
+      continue;
+    } catch (const algorithms::Evicted& e) {
+      say(fmt::format("{}: dropped from the run ({}); its work since the last round is discarded; joining again as a new "
+                      "member", who, e.what()));
+      wanted_slot = slot;
+      continue;
+    } catch (const algorithms::RunStopping& e) {
+      say(fmt::format("{}: {}", who, e.what()));
+      summary.interrupted = true;
+      report_done(protocol::EndStatus::kStopped, "");
+      return summary;
+    } catch (const algorithms::CoordinatorLost& e) {
+      const fs::path run(config.run.dir);
+      throw PeerError("worker", fmt::format("{}: {} (cluster.coordinator_timeout_s = {:g}). The run's state as of its last "
+                                            "completed round is saved in {} and {}; once a coordinator is back, continue "
+                                            "with `loco coordinator --resume` and `loco worker --resume` (the inner steps "
+                                            "since that round are lost)", who, e.what(), config.cluster.coordinator_timeout_s,
+                                            (run / "checkpoints").string(), (run / "slots").string()));
+    } catch (const std::exception& e) {
+      report_done(protocol::EndStatus::kFailed, e.what());
+      throw;
+    }
+    report_done(summary.interrupted ? protocol::EndStatus::kStopped : protocol::EndStatus::kFinished, "");
+    return summary;
+  }
+}
+
+}  // namespace
+
+TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& options) {
+  RunConfig config = input_config;
+  resolve_defaults(config);
+  auto say = [&](const std::string& text) {
+    if (options.progress == metrics::ProgressMode::kJson) {
+      fmt::print(options.out, "{}\n", nlohmann::json{{"message", text}}.dump());
+    } else {
+      fmt::print(options.out, "{}\n", text);
+    }
+    std::fflush(options.out);
+  };
+  if (config.cluster.elastic) {
+    auto dataset = data::Dataset::open(config.data.dir);
+    return run_elastic_worker(config, options, dataset, say);
+  }
+
+  // --- Before joining: the dataset, and this worker's own checkpoints ----------------------------
+  auto dataset = data::Dataset::open(config.data.dir);
+  const fs::path run_dir(config.run.dir);
+  protocol::JoinRequest request;
+  request.name = process_name(::getpid());
+  request.rank = options.rank;
+  request.config_toml = to_toml(config);
+  request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
+  request.resume = options.resume;
+  request.token = join_token(config.cluster);
+  if (options.resume && options.rank < 0) {
+    throw ConfigError("worker", "--resume needs this worker's rank: pass --rank (or set RANK or SLURM_PROCID)");
+  }
+  if (options.rank >= 0) {
+    const fs::path checkpoints = run_dir / "workers" / std::to_string(options.rank) / "checkpoints";
+    request.checkpoints = list_checkpoints(checkpoints);
+    if (!options.resume && !request.checkpoints.empty()) {
+      throw ConfigError("worker", fmt::format("{} already holds checkpoints of a run; pass --resume to continue it, or "
+                                              "choose another run.dir (nothing was overwritten)", checkpoints.string()));
+    }
+  }
+
+  // --- Join, and wait for everyone -----------------------------------------------------------------
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
+  const auto joined = client.join(request);
+  const int64_t rank = joined.rank, world = joined.world_size;
+  say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, world, client.address(), joined.run_id));
+  auto start = client.wait_for_start(rank, options.stop);
+  TrainSummary summary;
+  auto report_done = [&](protocol::EndStatus status, const std::string& error) {
+    try {
+      client.report_done({rank, status, error, summary_json(summary)});
+    } catch (const std::exception& e) {
+      say(fmt::format("worker {}: could not report its end to the coordinator: {}", rank, e.what()));
+    }
+  };
+  if (start.phase == protocol::Phase::kStopping) {
+    summary.interrupted = true;
+    report_done(protocol::EndStatus::kStopped, "");
+    return summary;
+  }
+
+  try {
+    // --- The shard: the same on every worker, checked through the coordinator's store -----------
+    auto store = client.key_value_store();
+    const auto assignment = assign_shards(config, dataset, world);
+    const uint64_t mine = assignment_hash(assignment);
+    const std::string prefix = fmt::format("epoch/{}", start.epoch);
+    store->set(fmt::format("{}/shards/{}", prefix, rank), hex64(mine));
+    auto reference = store->get(prefix + "/shards/0", seconds(config.cluster.timeout_s));
+    if (!reference) throw PeerError("worker", "worker 0 did not publish its shard assignment in time");
+    if (*reference != hex64(mine)) {
+      throw DataError("worker", fmt::format("worker {} computed a different division of the data than worker 0 ({} vs {}); "
+                                            "k-means on different hardware can do this: use data.shard = \"iid\" or \"label\"",
+                                            rank, hex64(mine), *reference));
+    }
+    const auto shards = describe(assignment, dataset);
+    if (rank == 0) write_file_atomic(run_dir / "shards.json", shards.dump(1) + "\n", "worker");
+    say(fmt::format("worker {}/{}: shard ({}) {}", rank, world, assignment.policy, summary_line(shards["workers"][rank])));
+    const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(rank)]);
+
+    // --- The process group of this membership epoch ----------------------------------------------
+    const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
+    std::optional<comm::Group> group;
+    if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
+    auto strategy = make_strategy(config, group ? *group : comm::Group::single());
+
+    TrainOptions train_options;
+    train_options.resume_step = start.resume_step;
+    train_options.stop = options.stop;
+    train_options.progress = options.progress;
+    train_options.out = options.out;
+    train_options.worker.rank = rank;
+    train_options.worker.world_size = world;
+    train_options.worker.distributed = true;
+    train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
+    train_options.worker.train_tokens = &tokens;
+    train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
+    summary = train(config, *strategy, train_options);
+    if (summary.interrupted) {
+      // Tell the others before this worker's connections close: their collectives then fail, and
+      // they must learn it was a stop, not a crash.
+      client.report_stop(rank, fmt::format("worker {} stopped at step {}", rank, summary.steps));
+    }
+    strategy.reset();
+    group.reset();
+  } catch (const std::exception& e) {
+    report_done(protocol::EndStatus::kFailed, e.what());
+    throw;
+  }
+  report_done(summary.interrupted ? protocol::EndStatus::kStopped : protocol::EndStatus::kFinished, "");
+  return summary;
+}
+
+}  // namespace loco::runtime

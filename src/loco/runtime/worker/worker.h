@@ -1,0 +1,51 @@
+// One worker (replica, island) of a multi-process run, `loco worker`: joins the coordinator,
+// takes its shard of the data, forms the process group of its membership epoch, trains with the
+// configured algorithm, and reports its end. `loco launch` starts several of these.
+#pragma once
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "loco/algorithms/sync.h"
+#include "loco/data/dataset.h"
+#include "loco/data/sharding.h"
+#include "loco/metrics/progress.h"
+#include "loco/runtime/config/config.h"
+#include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/worker/trainer.h"
+
+namespace loco::runtime {
+
+struct WorkerOptions {
+  std::string coordinator;                 // "host:port"
+  int64_t rank = -1;                       // -1: assigned by the coordinator
+  bool resume = false;                     // continue from this worker's checkpoints
+  const std::atomic<bool>* stop = nullptr; // set by SIGINT/SIGTERM
+  metrics::ProgressMode progress = metrics::ProgressMode::kLines;
+  std::FILE* out = stderr;
+};
+
+// Runs the worker to its end. Returns its training summary (interrupted when the run stopped
+// early; a checkpoint was saved). Throws on failure, after telling the coordinator.
+TrainSummary run_worker(const RunConfig& config, const WorkerOptions& options);
+
+// The division of the training split among `workers` (data.shard). Integer arithmetic for iid and
+// label; for kmeans, documents are embedded by the initial model (train.seed, or train.init_from).
+data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers);
+
+// This machine's host name.
+std::string host_name();
+// How the worker process `pid` of this machine names itself when it joins: "host:pid", or in an
+// elastic run "host[address]:pid" with the address its peers reach it at.
+std::string process_name(int64_t pid, const std::string& address = {});
+
+// The process groups of this worker's run: met through the coordinator's store, at cluster.host (or
+// the address that reaches the coordinator), bounded by cluster.timeout_s.
+comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client);
+
+// The sync strategy of config.sync.algorithm over `group`.
+std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group);
+
+}  // namespace loco::runtime

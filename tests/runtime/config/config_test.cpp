@@ -1,0 +1,144 @@
+#include <gtest/gtest.h>
+
+#include "loco/core/error.h"
+#include "loco/runtime/config/config.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+using testing_util::expect_error;
+
+TEST(Config, ParsesSectionsAndKeepsDefaults) {
+  auto c = parse_config(R"(
+[model]
+layers = 6
+width = 384
+norm = "layernorm"
+qk_norm = true
+[optim]
+lr = 1          # an integer is accepted for a float key
+[train]
+steps = 50
+)", "test.toml");
+  EXPECT_EQ(c.model.layers, 6);
+  EXPECT_EQ(c.model.width, 384);
+  EXPECT_EQ(c.model.norm, model::NormKind::kLayerNorm);
+  EXPECT_TRUE(c.model.qk_norm);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);
+  EXPECT_EQ(c.train.steps, 50);
+  EXPECT_EQ(c.train.batch_size, RunConfig{}.train.batch_size);
+}
+
+TEST(Config, UnknownKeyIsNamedWithSuggestionAndLine) {
+  expect_error<ConfigError>([] { parse_config("[train]\nstesp = 3\n", "f.toml"); }, "unknown key 'train.stesp' (f.toml:2); did you mean 'train.steps'?");
+  expect_error<ConfigError>([] { parse_config("[nonsense]\nx = 3\n", "f.toml"); }, "unknown key 'nonsense.x'");
+}
+
+TEST(Config, WrongTypeIsNamed) {
+  expect_error<ConfigError>([] { parse_config("[train]\nsteps = \"ten\"\n", "f.toml"); }, "train.steps (f.toml:2): expected an integer, got a TOML string");
+  expect_error<ConfigError>([] { parse_config("[train]\nsteps = 1.5\n", "f.toml"); }, "train.steps");
+  expect_error<ConfigError>([] { parse_config("[model]\nqk_norm = 1\n", "f.toml"); }, "model.qk_norm");
+  expect_error<ConfigError>([] { parse_config("[model]\nnorm = \"batchnorm\"\n", "f.toml"); }, "model.norm must be one of rmsnorm, layernorm");
+}
+
+TEST(Config, OutOfRangeIsNamed) {
+  expect_error<ConfigError>([] { parse_config("[train]\nbatch_size = 0\n", "f.toml"); }, "train.batch_size must be >= 1, got 0");
+  expect_error<ConfigError>([] { parse_config("[optim]\nlr = -1.0\n", "f.toml"); }, "optim.lr must be > 0");
+  expect_error<ConfigError>([] { parse_config("[optim]\nmin_lr_ratio = 2.0\n", "f.toml"); }, "optim.min_lr_ratio must be in [0, 1]");
+  expect_error<ConfigError>([] { parse_config("[model]\nwidth = 30\nheads = 4\n", "f.toml"); }, "model.heads (4) must divide model.width (30)");
+  expect_error<ConfigError>([] { parse_config("[train]\ndevice = \"tpu\"\n", "f.toml"); }, "train.device");
+}
+
+TEST(Config, MalformedTomlNamesFileAndLine) {
+  expect_error<ConfigError>([] { parse_config("[train\nsteps = 3\n", "bad.toml"); }, "bad.toml:1:");
+}
+
+TEST(Config, OverridesAreTypedAndValidated) {
+  RunConfig c;
+  apply_override(c, "train.steps=77");
+  apply_override(c, "optim.lr=5e-4");
+  apply_override(c, "model.qk_norm=true");
+  apply_override(c, "model.mlp=swiglu");
+  apply_override(c, "run.dir=/tmp/x");
+  EXPECT_EQ(c.train.steps, 77);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 5e-4);
+  EXPECT_TRUE(c.model.qk_norm);
+  EXPECT_EQ(c.model.mlp, model::MlpKind::kSwiGlu);
+  EXPECT_EQ(c.run.dir, "/tmp/x");
+  expect_error<ConfigError>([&] { apply_override(c, "train.steps=7x"); }, "train.steps expects an integer, got '7x'");
+  expect_error<ConfigError>([&] { apply_override(c, "train.step=7"); }, "did you mean 'train.steps'");
+  expect_error<ConfigError>([&] { apply_override(c, "train.steps"); }, "--section.key=value");
+  apply_override(c, "train.steps=0");
+  expect_error<ConfigError>([&] { validate(c); }, "train.steps must be >= 1");
+}
+
+TEST(Config, ElasticRunsNameWhatTheyCannotDo) {
+  RunConfig c;
+  apply_override(c, "cluster.workers=4");
+  apply_override(c, "cluster.elastic=true");
+  for (const char* algorithm : {"diloco", "streaming"}) {
+    apply_override(c, std::string("sync.algorithm=") + algorithm);
+    EXPECT_NO_THROW(validate(c)) << algorithm;
+  }
+  apply_override(c, "sync.algorithm=ddp");
+  expect_error<ConfigError>([&] { validate(c); }, "cluster.elastic = true needs sync.algorithm = \"diloco\" or \"streaming\"");
+
+  // Streaming: one fragment on the wire at a time, and rounds end by steps.
+  apply_override(c, "sync.algorithm=streaming");
+  apply_override(c, "sync.inner_steps=8");
+  apply_override(c, "sync.fragments=2");
+  apply_override(c, "sync.overlap_steps=4");
+  expect_error<ConfigError>([&] { validate(c); }, "sync.overlap_steps * sync.fragments < sync.inner_steps");
+  apply_override(c, "sync.overlap_steps=3");
+  EXPECT_NO_THROW(validate(c));
+  apply_override(c, "sync.round_seconds=2");
+  expect_error<ConfigError>([&] { validate(c); }, "is for sync.algorithm = \"diloco\"");
+
+  apply_override(c, "sync.algorithm=diloco");
+  apply_override(c, "sync.weighting=uniform");
+  expect_error<ConfigError>([&] { validate(c); }, "needs sync.weighting = \"tokens\"");
+  apply_override(c, "sync.weighting=tokens");
+  EXPECT_NO_THROW(validate(c));
+  apply_override(c, "cluster.elastic=false");
+  expect_error<ConfigError>([&] { validate(c); }, "sync.round_seconds (time-budgeted rounds) needs cluster.elastic = true");
+
+  apply_override(c, "sync.round_seconds=0");
+  apply_override(c, "cluster.elastic=true");
+  apply_override(c, "cluster.min_workers=5");
+  expect_error<ConfigError>([&] { validate(c); }, "cluster.min_workers = 5 exceeds cluster.workers = 4");
+  apply_override(c, "cluster.min_workers=2");
+  apply_override(c, "cluster.heartbeat_s=2");
+  apply_override(c, "cluster.dead_after_s=3");
+  expect_error<ConfigError>([&] { validate(c); }, "must be at least twice cluster.heartbeat_s");
+}
+
+TEST(Config, LoadMissingFileNamesIt) {
+  expect_error<DataError>([] { load_config("/nonexistent/run.toml", {}); }, "/nonexistent/run.toml");
+}
+
+TEST(Config, TomlRoundTripAndDifferences) {
+  RunConfig c;
+  apply_override(c, "model.layers=3");
+  apply_override(c, "optim.lr=0.00123");
+  apply_override(c, "model.position=learned");
+  RunConfig back = parse_config(to_toml(c), "roundtrip");
+  EXPECT_TRUE(differences(c, back).empty()) << to_toml(c);
+  apply_override(back, "train.steps=9");
+  apply_override(back, "model.layers=4");
+  auto all = differences(c, back);
+  ASSERT_EQ(all.size(), 2u);
+  auto model_only = differences(c, back, {"model."});
+  ASSERT_EQ(model_only.size(), 1u);
+  EXPECT_EQ(model_only[0], "model.layers: 3 -> 4");
+}
+
+TEST(Config, ReferenceListsEveryKey) {
+  const auto ref = reference_markdown();
+  for (const char* key : {"run.dir", "data.dir", "model.layers", "optim.lr", "train.steps", "eval.every", "checkpoint.keep"}) {
+    EXPECT_NE(ref.find(std::string("`") + key + "`"), std::string::npos) << key;
+  }
+}
+
+}  // namespace
+}  // namespace loco::runtime

@@ -1,0 +1,468 @@
+// The coordinator in-process, driven through CoordinatorClient and through raw HTTP: joins and
+// refusals, the rendezvous store, a missing worker, the resume plan, and hostile requests.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/runtime/control/coordinator.h"
+#include "loco/runtime/control/coordinator_client.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_util::expect_error;
+
+RunConfig run_config(int64_t workers) {
+  RunConfig c;
+  c.sync.algorithm = Algorithm::kDiLoCo;
+  c.cluster.workers = workers;
+  c.cluster.join_timeout_s = 30;
+  resolve_defaults(c);
+  return c;
+}
+
+protocol::DatasetIdentity dataset() {
+  protocol::DatasetIdentity d;
+  d.tokenizer_hash = 0x1234;
+  d.vocab_size = 320;
+  d.train_documents = 36;
+  d.train_tokens = 38000;
+  d.labels = {""};
+  return d;
+}
+
+protocol::JoinRequest join_request(const RunConfig& config, int64_t rank = -1) {
+  protocol::JoinRequest r;
+  r.name = "test:" + std::to_string(rank);
+  r.rank = rank;
+  r.config_toml = to_toml(config);
+  r.dataset = dataset();
+  return r;
+}
+
+struct Running {
+  explicit Running(CoordinatorOptions options) : coordinator((options.bind = "127.0.0.1", options.port = 0, options)) {
+    coordinator.start();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(coordinator.port()); }
+  Coordinator coordinator;
+};
+
+CoordinatorOptions options_for(const RunConfig& config) {
+  CoordinatorOptions o;
+  o.config = config;
+  return o;
+}
+
+TEST(Coordinator, WorkersJoinStartAndShareTheStore) {
+  const auto config = run_config(2);
+  Running running(options_for(config));
+  CoordinatorClient a(running.address(), 5s), b(running.address(), 5s);
+  auto joined_a = a.join(join_request(config));
+  auto joined_b = b.join(join_request(config));
+  EXPECT_EQ(joined_a.rank, 0);
+  EXPECT_EQ(joined_b.rank, 1);
+  EXPECT_EQ(joined_a.world_size, 2);
+  EXPECT_EQ(joined_a.run_id, joined_b.run_id);
+  auto start = a.wait_for_start(0, nullptr);
+  EXPECT_EQ(start.phase, protocol::Phase::kRunning);
+  EXPECT_EQ(start.epoch, 0);
+  EXPECT_FALSE(start.resume_step.has_value());
+
+  // The store, over HTTP: binary values, waits that time out, counters.
+  auto store_a = a.key_value_store(), store_b = b.key_value_store();
+  std::thread later([&] {
+    std::this_thread::sleep_for(300ms);
+    store_a->set("epoch/0/addr/0", std::string("\0\1\2 bytes", 9));
+  });
+  auto value = store_b->get("epoch/0/addr/0", 10s);
+  later.join();
+  ASSERT_TRUE(value.has_value());
+  EXPECT_EQ(*value, std::string("\0\1\2 bytes", 9));
+  const auto before = std::chrono::steady_clock::now();
+  EXPECT_FALSE(store_b->get("never/set", 500ms).has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - before, 450ms);
+  EXPECT_EQ(store_a->add("counter", 5), 5);
+  EXPECT_EQ(store_b->add("counter", -2), 3);
+  EXPECT_TRUE(store_a->check({"epoch/0/addr/0", "counter"}));
+  EXPECT_TRUE(store_a->remove("counter"));
+  EXPECT_FALSE(store_a->check({"counter"}));
+
+  // Stop, then both end: the run stopped.
+  EXPECT_FALSE(a.run_stopping());
+  b.report_stop(1, "worker 1 interrupted");
+  EXPECT_TRUE(a.run_stopping());
+  a.report_done({0, protocol::EndStatus::kStopped, "", {{"steps", 7}}});
+  EXPECT_FALSE(running.coordinator.wait_for(0ms).has_value()) << "worker 1 has not reported its end";
+  b.report_done({1, protocol::EndStatus::kStopped, "", {{"steps", 8}}});
+  auto result = running.coordinator.wait_for(5s);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, RunOutcome::kStopped);
+  EXPECT_EQ(result->summaries[1]["steps"], 8);
+}
+
+TEST(Coordinator, RefusesWorkersThatDoNotFit) {
+  const auto config = run_config(2);
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  auto other_shape = config;
+  other_shape.model.layers = 7;
+  expect_error<ConfigError>([&] { client.join(join_request(other_shape)); }, "model.layers: 4 -> 7");
+  auto other_data = join_request(config);
+  other_data.dataset.train_tokens = 1;
+  client.join(join_request(config, 1));  // the first worker's dataset matches the reference
+  expect_error<ConfigError>([&] { client.join(other_data); }, "train_tokens: 38000 (run) vs 1 (worker)");
+  expect_error<ConfigError>([&] { client.join(join_request(config, 1)); }, "rank 1 is already taken by test:1");
+  expect_error<ConfigError>([&] { client.join(join_request(config, 5)); }, "rank 5 is outside the run's 2 workers");
+  auto resuming = join_request(config, 0);
+  resuming.resume = true;
+  expect_error<ConfigError>([&] { client.join(resuming); }, "asks to resume but the run starts fresh");
+  // Paths, devices and one process's own settings may differ.
+  auto elsewhere = config;
+  elsewhere.run.dir = "/elsewhere";
+  elsewhere.train.device = "cpu";
+  elsewhere.cluster.connect_timeout_s = 5;
+  EXPECT_EQ(client.join(join_request(elsewhere)).rank, 0);
+  expect_error<ConfigError>([&] { client.join(join_request(config)); }, "the run is running");
+}
+
+TEST(Coordinator, MissingWorkerFailsTheRunByName) {
+  auto config = run_config(3);
+  config.cluster.join_timeout_s = 0.5;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  client.join(join_request(config, 1));
+  expect_error<Error>([&] { client.wait_for_start(1, nullptr); }, "worker rank(s) 0, 2 never joined within 0.5 s");
+  auto result = running.coordinator.wait_for(1s);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, RunOutcome::kFailed);
+  EXPECT_NE(result->message.find("joined: 1 (test:1)"), std::string::npos) << result->message;
+}
+
+TEST(Coordinator, ResumePicksTheNewestParametersEveryWorkerHas) {
+  const auto config = run_config(2);
+  auto options = options_for(config);
+  options.resume = true;
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto a = join_request(config, 0), b = join_request(config, 1);
+  a.resume = b.resume = true;
+  a.checkpoints = {{30, 0xA}, {36, 0xA}, {20, 0x9}};  // worker 0 went on past the round that worker 1 lost
+  b.checkpoints = {{10, 0x8}, {20, 0x9}};
+  client.join(a);
+  client.join(b);
+  auto start0 = client.wait_for_start(0, nullptr), start1 = client.wait_for_start(1, nullptr);
+  EXPECT_EQ(start0.resume_step, 20);
+  EXPECT_EQ(start1.resume_step, 20);
+}
+
+TEST(Coordinator, ResumeWithoutCommonParametersFails) {
+  const auto config = run_config(2);
+  auto options = options_for(config);
+  options.resume = true;
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto a = join_request(config, 0), b = join_request(config, 1);
+  a.resume = b.resume = true;
+  a.checkpoints = {{30, 0xA}};
+  b.checkpoints = {{10, 0x8}};
+  client.join(a);
+  client.join(b);
+  expect_error<Error>([&] { client.wait_for_start(0, nullptr); }, "share no global parameters");
+}
+
+// Garbage, truncated JSON, wrong types, huge keys: answered 400, and the coordinator serves on.
+TEST(Coordinator, HostileRequestsGetAnErrorAndChangeNothing) {
+  const auto config = run_config(1);
+  Running running(options_for(config));
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"/v1/join", std::string("\x00\xff\x13garbage", 10)},
+      {"/v1/join", R"({"version": 1, "name": "x", "rank": "zero")"},
+      {"/v1/join", R"({"version": 1, "name": "x", "rank": "zero", "config": "", "dataset": {}, "resume": false})"},
+      {"/v1/join", R"({"version": 99})"},
+      {"/v1/done", R"({"rank": 0, "status": "exploded"})"},
+      {"/v1/start", R"([1, 2])"},
+      {"/v1/kv/set?key=" + std::string(600, 'k'), "v"},
+      {"/v1/kv/add?key=n&delta=ten", ""},
+      {"/v1/kv/check", R"({"not": "a list"})"},
+  };
+  for (const auto& [path, body] : bad) {
+    auto result = raw.Post(path, body, "application/json");
+    ASSERT_TRUE(result) << path;
+    EXPECT_EQ(result->status, 400) << path << ": " << result->body;
+    EXPECT_NE(result->body.find("error"), std::string::npos);
+  }
+  auto too_big = raw.Post("/v1/kv/set?key=big", std::string(5 << 20, 'x'), "application/octet-stream");
+  ASSERT_TRUE(too_big);
+  EXPECT_EQ(too_big->status, 413);
+  EXPECT_EQ(running.coordinator.state()["members"].size(), 0u) << "nothing joined";
+  CoordinatorClient client(running.address(), 5s);
+  EXPECT_EQ(client.join(join_request(config)).rank, 0) << "a good worker is still served";
+}
+
+// An elastic coordinator writes its membership events to RUN/metrics.jsonl and its state to
+// RUN/coordinator.json: each test has a run folder of its own.
+RunConfig elastic_config(const testing_util::TempDir& run, int64_t workers, const std::string& token) {
+  RunConfig c = run_config(workers);
+  c.run.dir = run.path().string();
+  c.cluster.elastic = true;
+  c.cluster.join_token = token;
+  return c;
+}
+
+TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
+  testing_util::TempDir run;
+  const std::string secret = "s3cret-token-value";
+  auto options = options_for(elastic_config(run, 2, secret));
+  std::vector<std::string> lines;
+  std::mutex mutex;
+  options.log = [&](const std::string& line) {
+    std::lock_guard lock(mutex);
+    lines.push_back(line);
+  };
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto request = join_request(elastic_config(run, 2, secret));
+  request.token = "";
+  expect_error<ConfigError>([&] { client.join(request); }, "presented no join token");
+  request.token = "wrong";
+  expect_error<ConfigError>([&] { client.join(request); }, "presented a wrong join token");
+  request.token = secret;
+  auto joined = client.join(request);
+  EXPECT_GE(joined.member, 0);
+  // The worker's own config carries a different token: not a config difference (it is per worker),
+  // and never shown.
+  auto other = join_request(elastic_config(run, 2, "another"));
+  other.token = secret;
+  other.name = "second";
+  EXPECT_GE(client.join(other).member, 0);
+  std::lock_guard lock(mutex);
+  ASSERT_FALSE(lines.empty());
+  for (const auto& line : lines) EXPECT_EQ(line.find(secret), std::string::npos) << line;
+  EXPECT_EQ(to_toml(elastic_config(run, 2, secret)).find(secret), std::string::npos) << "config.toml never holds it";
+  for (const char* file : {"coordinator.json", "metrics.jsonl"}) {
+    EXPECT_EQ(read_file(run.path() / file, "test").find(secret), std::string::npos) << file;
+  }
+}
+
+// A coordinator killed and started again on the same run folder takes the membership back from
+// RUN/coordinator.json: the same members, epoch and run id, and the round under way, which the
+// workers then complete with it.
+TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");
+  auto request = join_request(config);
+  request.token = "tok";
+  protocol::JoinReply a, b;
+  protocol::RoundReply go;
+  std::string run_id;
+  {
+    Running first(options_for(config));
+    CoordinatorClient client(first.address(), 5s);
+    a = client.join(request);
+    request.name = "b";
+    b = client.join(request);
+    ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning);
+    protocol::RoundRequest arrival{a.member, 1, -1, 5, {0, 7}};
+    EXPECT_EQ(client.round(arrival).action, protocol::RoundAction::kWait);
+    arrival.member = b.member;
+    arrival.position = {0, 8};
+    go = client.round(arrival);
+    ASSERT_EQ(go.action, protocol::RoundAction::kGo);
+    run_id = first.coordinator.state()["run_id"];
+  }  // the coordinator is gone; the round is under way on the workers
+
+  Running second(options_for(config));
+  const auto state = second.coordinator.state();
+  EXPECT_EQ(state["run_id"], run_id);
+  EXPECT_EQ(state["phase"], "running");
+  EXPECT_EQ(state["elastic"]["epoch"], go.epoch);
+  EXPECT_EQ(state["elastic"]["convened"]["round"], 1);
+  CoordinatorClient client(second.address(), 5s);
+  EXPECT_TRUE(client.heartbeat({a.member, 5}).member) << "its members are still members";
+  // A worker that asks again gets the same answer; the round completes with the new coordinator.
+  const auto again = client.round({a.member, 1, -1, 5, {0, 7}});
+  EXPECT_EQ(again.action, protocol::RoundAction::kGo);
+  EXPECT_EQ(again.epoch, go.epoch);
+  EXPECT_EQ(again.rank, 0);
+  client.round_done({a.member, 1, go.epoch, 5, 0x1234});
+  client.round_done({b.member, 1, go.epoch, 5, 0x1234});
+  EXPECT_EQ(second.coordinator.state()["elastic"]["rounds_completed"], 1);
+  EXPECT_EQ(second.coordinator.state()["elastic"]["slots"][1]["cursor"], 8);
+}
+
+// A worker that joins an elastic run whose every slot has a live member (a replacement started
+// before its predecessor was declared failed) waits for the slot, and is told so once; without
+// patience it is refused at once.
+TEST(Coordinator, AJoinToAFullElasticRunWaitsForAVacantSlot) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  config.cluster.heartbeat_s = 0.2;
+  config.cluster.dead_after_s = 1;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  auto request = join_request(config);
+  request.token = "tok";
+  const auto silent = client.join(request);
+  request.name = "alive";
+  const auto alive = client.join(request);
+  ASSERT_EQ(client.wait_for_start(alive.rank, nullptr).phase, protocol::Phase::kRunning);
+  request.name = "replacement";
+  expect_error<ConfigError>([&] { client.join(request); }, "replacement cannot join yet: the run already has its 2 workers");
+
+  // One member keeps sending heartbeats, the other falls silent; the owner's loop (as `loco
+  // coordinator` runs it) keeps the coordinator's clock going.
+  std::jthread owner([&](std::stop_token stop) {
+    CoordinatorClient beats(running.address(), 5s);
+    while (!stop.stop_requested()) {
+      running.coordinator.wait_for(100ms);
+      beats.heartbeat({alive.member, 0});
+    }
+  });
+  std::vector<std::string> told;
+  const auto replacement = client.join(request, 30s, [&](const std::string& message) { told.push_back(message); });
+  EXPECT_EQ(replacement.rank, silent.rank) << "it takes the silent member's slot once that one is declared failed";
+  EXPECT_TRUE(replacement.joiner);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_NE(told[0].find("waiting up to 30 s for a member to fail or leave"), std::string::npos) << told[0];
+  EXPECT_FALSE(client.heartbeat({silent.member, 0}).member) << "the silent member is gone";
+  EXPECT_TRUE(client.heartbeat({alive.member, 0}).member);
+}
+
+// The last member dies while a replacement waits for its slot: the run does not fail for lack of
+// workers; the replacement takes the slot and continues it.
+TEST(Coordinator, AWaitingWorkerContinuesARunWhoseLastMemberDied) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 1, "tok");
+  config.cluster.heartbeat_s = 0.2;
+  config.cluster.dead_after_s = 1;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s);
+  auto request = join_request(config);
+  request.token = "tok";
+  const auto first = client.join(request);
+  ASSERT_EQ(client.wait_for_start(first.rank, nullptr).phase, protocol::Phase::kRunning);
+  std::jthread owner([&](std::stop_token stop) {
+    while (!stop.stop_requested()) running.coordinator.wait_for(100ms);
+  });
+  request.name = "replacement";
+  const auto replacement = client.join(request, 30s);
+  EXPECT_EQ(replacement.rank, 0);
+  EXPECT_NE(replacement.member, first.member);
+  std::this_thread::sleep_for(300ms);  // a few turns of the owner's loop
+  const auto state = running.coordinator.state();
+  EXPECT_EQ(state["phase"], "running") << state.dump();
+  EXPECT_FALSE(client.heartbeat({first.member, 0}).member);
+  EXPECT_TRUE(client.heartbeat({replacement.member, 0}).member);
+}
+
+// A state file that is not one is named, and nothing is overwritten.
+TEST(Coordinator, AMalformedStateFileIsNamed) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");
+  write_file_atomic(run.path() / "coordinator.json", "{\"phase\": \"running\", \"table\": 12}", "test");
+  auto options = options_for(config);
+  options.port = 0;
+  expect_error<DataError>([&] { Coordinator coordinator(options); }, "coordinator.json: malformed");
+  EXPECT_EQ(read_file(run.path() / "coordinator.json", "test"), "{\"phase\": \"running\", \"table\": 12}");
+}
+
+// Random bytes, truncated and mutated messages, huge numbers and lengths at the elastic endpoints:
+// each gets a 4xx answer, nothing changes, and a good worker is still served.
+TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");  // the join seed carries no token: it is refused
+  Running running(options_for(config));
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  const std::vector<std::string> paths = {"/v1/join", "/v1/heartbeat", "/v1/round", "/v1/round_done", "/v1/done"};
+  const std::vector<std::string> seeds = {
+      protocol::RoundRequest{3, 1, -1, 5, {0, 9}}.to_json().dump(),
+      protocol::RoundRequest{3, 1, -1, 5, {0, 9}, {{1, {0, 4}}}}.to_json().dump(),
+      protocol::RoundDone{3, 1, 1, 5, 0xabc}.to_json().dump(),
+      protocol::HeartbeatRequest{3}.to_json().dump(),
+      join_request(config).to_json().dump(),
+      R"({"member": 99999999999999999999, "round": -5, "step": 1e300})",
+      R"({"member": 0, "round": 1, "failed_epoch": -1, "step": 0, "position": {"epoch": -1, "cursor": "x"}})",
+  };
+  std::mt19937 random(20261122);
+  int answered = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string body = seeds[random() % seeds.size()];
+    switch (random() % 4) {
+      case 0: body = body.substr(0, random() % (body.size() + 1)); break;  // truncated
+      case 1:
+        for (int k = 0; k < 4; ++k) body[random() % body.size()] = static_cast<char>(random() % 256);  // mutated
+        break;
+      case 2: {  // garbage
+        body.assign(random() % 64, '\0');
+        for (auto& c : body) c = static_cast<char>(random() % 256);
+        break;
+      }
+      default: break;  // as is (a member that does not exist)
+    }
+    auto result = raw.Post(paths[random() % paths.size()], body, "application/json");
+    ASSERT_TRUE(result) << "the coordinator stopped answering after " << i << " requests";
+    EXPECT_TRUE(result->status == 400 || result->status == 409 || result->status == 200) << result->status << " " << body;
+    if (result->status == 200) {
+      // Only the well-formed requests of a member that does not exist may succeed, and they change nothing.
+      auto json = nlohmann::json::parse(result->body);
+      if (json.contains("action")) EXPECT_EQ(json["action"], "rejoin");
+      if (json.contains("member") && json["member"].is_boolean()) EXPECT_FALSE(json["member"].get<bool>());
+    }
+    ++answered;
+  }
+  EXPECT_EQ(answered, 300);
+  // Claims to read other slots' shards that no parser may take: a slot twice, a list that is no
+  // list, more slots than any run has.
+  const std::string position = R"("position": {"epoch": 0, "cursor": 0})";
+  const std::string twice = fmt::format(R"({{"slot": 1, {0}}}, {{"slot": 1, {0}}})", position);
+  std::string many;
+  for (int i = 0; i <= 65536; ++i) many += fmt::format(R"({}{{"slot": {}, {}}})", i ? ", " : "", i, position);
+  for (const auto& adopted : {fmt::format("[{}]", twice), std::string("7"), fmt::format("[{}]", many)}) {
+    auto result = raw.Post("/v1/round", fmt::format(R"({{"member": 0, "round": 1, "failed_epoch": -1, "step": 0, {}, "adopted": {}}})",
+                                                    position, adopted), "application/json");
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 400) << adopted.substr(0, 80) << ": " << result->body;
+    EXPECT_NE(result->body.find("'adopted'"), std::string::npos) << result->body;
+  }
+  auto huge = raw.Post("/v1/round", std::string(5 << 20, '{'), "application/json");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->status, 413);
+  EXPECT_EQ(running.coordinator.state()["elastic"]["members"].size(), 0u) << "nothing joined";
+  CoordinatorClient client(running.address(), 5s);
+  auto good = join_request(config);
+  good.token = "tok";
+  EXPECT_GE(client.join(good).member, 0) << "a good worker is still served";
+}
+
+TEST(CoordinatorClient, BadAddressesAndUnreachableCoordinators) {
+  expect_error<ConfigError>([] { CoordinatorClient("no-port", 1s); }, "'no-port' is not HOST:PORT");
+  expect_error<ConfigError>([] { CoordinatorClient("host:99999", 1s); }, "the port must be a number in 1..65535");
+  Coordinator taken([] {
+    CoordinatorOptions o = options_for(run_config(1));
+    o.bind = "127.0.0.1";
+    o.port = 0;
+    return o;
+  }());
+  const int port = static_cast<int>(taken.port());
+  // A second coordinator on the same port is an error (cpp-httplib's SO_REUSEPORT is off).
+  expect_error<ConfigError>([&] {
+    CoordinatorOptions o = options_for(run_config(1));
+    o.bind = "127.0.0.1";
+    o.port = port;
+    Coordinator second(o);
+  }, fmt::format("cannot listen on 127.0.0.1:{}", port));
+}
+
+}  // namespace
+}  // namespace loco::runtime

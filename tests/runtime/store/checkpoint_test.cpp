@@ -1,0 +1,108 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/runtime/store/checkpoint.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+using testing_util::expect_error;
+using testing_util::TempDir;
+
+TrainingState state_at(int64_t step) {
+  TrainingState s;
+  s.step = step;
+  s.tokens = step * 100;
+  s.sampler = {2, static_cast<uint64_t>(step)};
+  s.seed = 9;
+  s.tokenizer_hash = 0x1234abcd;
+  s.config_toml = "[train]\nsteps = 10\n";
+  s.wall_s = 1.5;
+  return s;
+}
+
+NamedTensors weights(float v) { return {{"w", torch::full({2, 2}, v)}, {"b", torch::full({2}, v)}}; }
+
+TEST(Checkpoint, SaveLoadRoundTripAndLatest) {
+  TempDir dir;
+  CheckpointStore store(dir.path() / "checkpoints", 2);
+  EXPECT_FALSE(store.latest().has_value());
+  auto saved = store.save(state_at(5), weights(1), {{"w.exp_avg", torch::ones({2, 2})}}, {});
+  EXPECT_EQ(saved.filename(), "step-00000005");
+  ASSERT_TRUE(store.latest().has_value());
+  EXPECT_EQ(*store.latest(), saved);
+
+  for (const auto& path : {saved, dir.path() / "checkpoints", dir.path()}) {
+    auto ckpt = load_checkpoint(path);
+    EXPECT_EQ(ckpt.dir, saved);
+    EXPECT_EQ(ckpt.state.step, 5);
+    EXPECT_EQ(ckpt.state.tokens, 500);
+    EXPECT_EQ(ckpt.state.sampler, (data::SamplerPosition{2, 5}));
+    EXPECT_EQ(ckpt.state.seed, 9);
+    EXPECT_EQ(ckpt.state.tokenizer_hash, 0x1234abcdu);
+    EXPECT_EQ(ckpt.state.config_toml, "[train]\nsteps = 10\n");
+    ASSERT_EQ(ckpt.model.size(), 2u);
+    EXPECT_TRUE(torch::equal(ckpt.model[0].second, torch::full({2, 2}, 1.0f)));
+    EXPECT_EQ(ckpt.optimizer.size(), 1u);
+    EXPECT_TRUE(ckpt.sync.empty());
+  }
+}
+
+TEST(Checkpoint, KeepsOnlyTheNewestAndNoTemporaries) {
+  TempDir dir;
+  CheckpointStore store(dir.path() / "checkpoints", 2);
+  for (int64_t step : {1, 2, 3, 4}) store.save(state_at(step), weights(static_cast<float>(step)), {}, {});
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path() / "checkpoints")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000003", "step-00000004"}));
+  EXPECT_EQ(load_checkpoint(dir.path()).state.step, 4);
+}
+
+TEST(Checkpoint, CorruptOrTruncatedFilesAreNamed) {
+  TempDir dir;
+  CheckpointStore store(dir.path() / "checkpoints", 2);
+  auto saved = store.save(state_at(3), weights(2), {}, {});
+  const auto model_file = saved / "model.safetensors";
+  std::string bytes = read_file(model_file, "test");
+
+  auto flipped = bytes;
+  flipped[flipped.size() - 2] ^= 1;
+  write_file_atomic(model_file, flipped, "test");
+  expect_error<DataError>([&] { load_checkpoint(saved); }, "model.safetensors: checksum mismatch");
+
+  write_file_atomic(model_file, bytes.substr(0, bytes.size() / 2), "test");
+  expect_error<DataError>([&] { load_checkpoint(saved); }, "model.safetensors");
+
+  fs::remove(model_file);
+  expect_error<DataError>([&] { load_checkpoint(saved); }, "model.safetensors: no such file");
+
+  write_file_atomic(saved / "state.json", "{not json", "test");
+  expect_error<DataError>([&] { load_checkpoint(saved); }, "state.json: malformed");
+}
+
+TEST(Checkpoint, MissingPathsAreExplained) {
+  TempDir dir;
+  expect_error<DataError>([&] { load_checkpoint(dir.path() / "nope"); }, "no such checkpoint or run folder");
+  expect_error<DataError>([&] { load_checkpoint(dir.path()); }, "neither a checkpoint");
+}
+
+TEST(Checkpoint, FailedWriteLeavesThePreviousCheckpointIntact) {
+  TempDir dir;
+  CheckpointStore store(dir.path() / "checkpoints", 2);
+  store.save(state_at(1), weights(1), {}, {});
+  // A tensor safetensors cannot hold makes the second save fail midway (after some files exist).
+  NamedTensors bad = {{"z", torch::zeros({1}, torch::kComplexFloat)}};
+  EXPECT_THROW(store.save(state_at(2), weights(2), {}, bad), InternalError);
+  EXPECT_EQ(load_checkpoint(dir.path()).state.step, 1);
+  for (const auto& e : fs::directory_iterator(dir.path() / "checkpoints")) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".")) << "temporary left behind: " << e.path();
+  }
+}
+
+}  // namespace
+}  // namespace loco::runtime

@@ -1,0 +1,83 @@
+#include <gtest/gtest.h>
+
+#include "loco/core/error.h"
+#include "loco/runtime/store/safetensors.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+using testing_util::expect_error;
+
+NamedTensors sample() {
+  return {{"a.weight", torch::arange(12, torch::kFloat32).view({3, 4})},
+          {"b", torch::tensor({1.5, -2.25}, torch::kFloat64)},
+          {"c.ids", torch::tensor({7L, 8L, 9L})},
+          {"d.half", torch::ones({2}, torch::kBFloat16)},
+          {"empty", torch::zeros({0, 3})}};
+}
+
+TEST(Safetensors, RoundTripPreservesNamesDtypesShapesAndValues) {
+  auto bytes = encode_safetensors(sample(), {{"format", "pt"}});
+  auto file = decode_safetensors(bytes, "mem");
+  ASSERT_EQ(file.tensors.size(), 5u);
+  std::map<std::string, torch::Tensor> by_name(file.tensors.begin(), file.tensors.end());
+  for (const auto& [name, t] : sample()) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_EQ(by_name[name].scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(by_name[name], t)) << name;
+  }
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  EXPECT_EQ(file.metadata.count("loco.xxh3"), 1u);
+}
+
+TEST(Safetensors, LayoutFollowsTheSpec) {
+  auto bytes = encode_safetensors({{"x", torch::tensor({1.0f, 2.0f})}});
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  EXPECT_EQ(n % 8, 0u) << "data must start 8-byte aligned";
+  EXPECT_EQ(bytes.size(), 8 + n + 8);
+  const std::string header = bytes.substr(8, n);
+  EXPECT_NE(header.find(R"("x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})"), std::string::npos) << header;
+  float values[2];
+  std::memcpy(values, bytes.data() + 8 + n, 8);
+  EXPECT_EQ(values[0], 1.0f);
+  EXPECT_EQ(values[1], 2.0f);
+}
+
+TEST(Safetensors, CorruptionIsDetected) {
+  const auto good = encode_safetensors(sample());
+  expect_error<DataError>([&] { decode_safetensors(good.substr(0, good.size() - 3), "f"); }, "f:");
+  expect_error<DataError>([&] { decode_safetensors(good.substr(0, 5), "f"); }, "truncated");
+  auto flipped = good;
+  flipped[flipped.size() - 1] ^= 0x40;
+  expect_error<DataError>([&] { decode_safetensors(flipped, "f"); }, "checksum mismatch");
+  auto huge = good;
+  for (int i = 0; i < 8; ++i) huge[static_cast<size_t>(i)] = static_cast<char>(0xff);
+  expect_error<DataError>([&] { decode_safetensors(huge, "f"); }, "header length");
+  auto not_json = good;
+  not_json[8] = '!';
+  expect_error<DataError>([&] { decode_safetensors(not_json, "f"); }, "not valid JSON");
+}
+
+TEST(Safetensors, HostileHeadersAreRejected) {
+  auto make = [](const std::string& header, size_t data_bytes) {
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    return out + header + std::string(data_bytes, '\0');
+  };
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}})", 8), "f"); }, "shape needs 16");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,800]}})", 8), "f"); }, "outside");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "f"); }, "unsupported dtype");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "f"); }, "negative");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "f"); }, "overlaps");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32"}})", 0), "f"); }, "malformed");
+  expect_error<DataError>([&] { decode_safetensors(make(R"([1,2])", 0), "f"); }, "not a JSON object");
+}
+
+TEST(Safetensors, DuplicateNamesAreABug) {
+  EXPECT_THROW(encode_safetensors({{"x", torch::ones({1})}, {"x", torch::ones({1})}}), InternalError);
+}
+
+}  // namespace
+}  // namespace loco::runtime
