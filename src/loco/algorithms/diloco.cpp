@@ -68,7 +68,6 @@ SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   synced_step_ = restored.take_int("diloco.synced_step");
   round_tokens_ = restored.take_int("diloco.round_tokens");
   NamedTensors outer_state = restored.take_prefix("outer.");
-  if (auto slots = restored.take_prefix("elastic.slots"); !slots.empty()) slots_ = slots.front().second;
   restored.expect_all_taken();
   restored_.reset();
   outer_->load_state(outer_state);
@@ -104,7 +103,6 @@ SyncReport DiLoCo::synchronize_elastic(int64_t step) {
       failed_epoch = plan.epoch;  // nothing changed: the round is convened again with whoever is left
       continue;
     }
-    slots_ = plan.slots;
     membership_->end_round(plan, round_step, report.params_hash);
     if (plan.has_joiners()) {
       try {
@@ -126,7 +124,6 @@ SyncReport DiLoCo::join_round() {
     try {
       SyncReport report = reduce_and_step(group_, false, step_);
       report.stats += transfer_state(group_);
-      slots_ = plan.slots;
       step_ = synced_step_;
       joined_step_ = synced_step_;
       round_start_ = std::chrono::steady_clock::now();
@@ -221,7 +218,6 @@ NamedTensors DiLoCo::state() {
   out.emplace_back("diloco.round", scalar(round_));
   out.emplace_back("diloco.synced_step", scalar(synced_step_));
   out.emplace_back("diloco.round_tokens", scalar(round_tokens_));
-  if (slots_.defined()) out.emplace_back("elastic.slots", slots_);
   return out;
 }
 

@@ -59,8 +59,8 @@ class DiLoCo final : public SyncStrategy {
   bool leads() const override { return membership_ == nullptr || membership_->leads(); }
 
   // "global.<param>" (θ), "outer.<...>" (the outer optimizer's state), and 0-dim int64 tensors
-  // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens";
-  // elastic runs add "elastic.slots" (every slot's data position and member as of the last round).
+  // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens".
+  // No data positions: those are the runtime's (docs/architecture.md, "Run state").
   NamedTensors state() override;
   void load_state(const NamedTensors& tensors) override;
 
@@ -86,7 +86,6 @@ class DiLoCo final : public SyncStrategy {
   int64_t bytes_before_ = 0;               // sent by the groups of earlier epochs
   std::optional<int64_t> joined_step_;
   int64_t failed_epoch_ = -1;              // a state transfer failed in this epoch (told at the next round)
-  torch::Tensor slots_;                    // elastic: the slots' data positions as of the last round
   DiLoCoOptions options_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)

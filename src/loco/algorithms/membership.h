@@ -62,8 +62,6 @@ struct RoundPlan {
   int64_t epoch = 0;          // the membership epoch of `group`
   int64_t contributors = 1;   // ranks below this add their outer gradients
   int64_t step = 0;           // the round's step: the furthest contributor's
-  torch::Tensor slots;        // (slots, 3) int64: each slot's data position (epoch, cursor) as of this
-                              // round's end, and the member holding it (-1: vacant)
   bool contributes() const { return group.rank() < contributors; }
   bool has_joiners() const { return group.size() > contributors; }
 };

@@ -169,7 +169,6 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     }
     f.outer->load_state(restored.take_prefix(fmt::format("outer.{}.", p)));
   }
-  if (auto slots = restored.take_prefix("elastic.slots"); !slots.empty()) slots_ = slots.front().second;
   restored.expect_all_taken(" (was it saved with another sync.fragments?)");
   restored_.reset();
   // Whatever this step still owed (a sync to start or to complete, left by a failed collective).
@@ -310,7 +309,6 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   report.fragment = static_cast<int64_t>(index);
   report.stall_seconds = f.stall;
   if (membership_ != nullptr) {
-    slots_ = plan_->slots;
     membership_->end_round(*plan_, f.started, report.params_hash);
     if (plan_->has_joiners()) {
       try {
@@ -380,7 +378,6 @@ SyncReport StreamingDiLoCo::join_round() {
       }
       stats += transfer_state(group_, step_);
       joined_step_ = step_;
-      slots_ = plan.slots;
       SyncReport report;
       report.round = rounds_;
       report.step = step_;
@@ -400,7 +397,6 @@ NamedTensors StreamingDiLoCo::state() {
   NamedTensors out;
   for (size_t i = 0; i < names_.size(); ++i) out.emplace_back("global." + names_[i], global_[i]);
   out.emplace_back("streaming.rounds", scalar(rounds_));
-  if (slots_.defined()) out.emplace_back("elastic.slots", slots_);
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     const std::string key = fmt::format("streaming.{}.", p);

@@ -148,7 +148,6 @@ class StreamingDiLoCo final : public SyncStrategy {
   std::optional<RoundPlan> plan_;           // elastic: the round of the fragment in flight
   int64_t bytes_before_ = 0;                // sent by the groups of earlier epochs
   std::optional<int64_t> joined_step_;
-  torch::Tensor slots_;                     // elastic: the slots' data positions and members as of the last round
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
   std::vector<torch::Tensor> global_;      // θ, fp32 CPU

@@ -63,6 +63,32 @@ TEST(Checkpoint, KeepsOnlyTheNewestAndNoTemporaries) {
   EXPECT_EQ(load_checkpoint(dir.path()).state.step, 4);
 }
 
+TEST(Checkpoint, TheRunSectionRoundTripsAndIsOptional) {
+  TempDir dir;
+  CheckpointStore store(dir.path() / "checkpoints", 3);
+  auto state = state_at(7);
+  state.run = RunProgress{4, {{0, 12}, {1, 3}, {0, 0}}};
+  auto with = store.save(state, weights(1), {}, {});
+  const auto loaded = load_checkpoint(with).state.run;
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->rounds, 4);
+  ASSERT_EQ(loaded->shards.size(), 3u);
+  EXPECT_EQ(loaded->shards[0], (data::SamplerPosition{0, 12}));
+  EXPECT_EQ(loaded->shards[1], (data::SamplerPosition{1, 3}));
+  EXPECT_EQ(loaded->shards[2], (data::SamplerPosition{0, 0}));
+  EXPECT_NE(read_file(with / "state.json", "test").find("\"run\""), std::string::npos);
+
+  auto without = store.save(state_at(8), weights(1), {}, {});
+  EXPECT_FALSE(load_checkpoint(without).state.run.has_value()) << "only elastic runs write one";
+  EXPECT_EQ(read_file(without / "state.json", "test").find("\"run\""), std::string::npos);
+
+  // A malformed run section is named; state.json's size is not checksummed, so edit it in place.
+  auto text = read_file(with / "state.json", "test");
+  text.replace(text.find("\"rounds\": 4"), 12, "\"rounds\": \"x\"");
+  write_file_atomic(with / "state.json", text, "test");
+  expect_error<DataError>([&] { load_checkpoint(with); }, "state.json: malformed");
+}
+
 TEST(Checkpoint, CorruptOrTruncatedFilesAreNamed) {
   TempDir dir;
   CheckpointStore store(dir.path() / "checkpoints", 2);

@@ -137,22 +137,15 @@ void ElasticRun::restore_from_checkpoint() {
 
 std::pair<int64_t, std::vector<data::SamplerPosition>> ElasticRun::read_global_checkpoint(int64_t step) const {
   const auto checkpoint = load_checkpoint(CheckpointStore(fs::path(options_.config.run.dir) / "checkpoints", 1).at(step));
-  int64_t round = -1;
-  std::vector<data::SamplerPosition> positions;
-  for (const auto& [name, tensor] : checkpoint.sync) {
-    if (name == "diloco.round" || name == "streaming.rounds") round = tensor.item<int64_t>();
-    if (name == "elastic.slots" && tensor.dim() == 2 && tensor.size(1) >= 2) {  // epoch, cursor[, owner]
-      for (int64_t s = 0; s < tensor.size(0); ++s) {
-        positions.push_back({static_cast<uint64_t>(tensor[s][0].item<int64_t>()), static_cast<uint64_t>(tensor[s][1].item<int64_t>())});
-      }
-    }
+  const auto& run = checkpoint.state.run;
+  if (!run || static_cast<int64_t>(run->shards.size()) != workers()) {
+    throw DataError("coordinator", fmt::format("{} is not the global checkpoint of an elastic run of {} slots: its "
+                                               "state.json has {} (the run section: rounds and each slot's data position)",
+                                               checkpoint.dir.string(), workers(),
+                                               run ? fmt::format("{} slots in its run section", run->shards.size())
+                                                   : std::string("no run section")));
   }
-  if (round < 0 || static_cast<int64_t>(positions.size()) != workers()) {
-    throw DataError("coordinator", fmt::format("{} is not the global checkpoint of an elastic run of {} slots (no "
-                                               "diloco.round / streaming.rounds, or no elastic.slots of that size)",
-                                               checkpoint.dir.string(), workers()));
-  }
-  return {round, positions};
+  return {run->rounds, run->shards};
 }
 
 // Members wait for the run's state and no active member is left to send it (every one failed):

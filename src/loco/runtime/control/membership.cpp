@@ -553,7 +553,8 @@ std::vector<nlohmann::json> MembershipTable::take_events() {
 nlohmann::json MembershipTable::describe() const {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& [id, m] : members_) {
-    list.push_back({{"member", id}, {"name", m.name}, {"slot", m.slot}, {"state", state_name(m.state)}});
+    list.push_back({{"member", id}, {"name", m.name}, {"slot", m.slot}, {"state", state_name(m.state)},
+                    {"arrived", m.arrival ? m.arrival->round : -1}});
   }
   nlohmann::json slots = nlohmann::json::array();
   for (const auto& s : slots_) slots.push_back({{"owner", s.owner}, {"epoch", s.position.epoch}, {"cursor", s.position.cursor}});

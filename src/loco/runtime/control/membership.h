@@ -93,6 +93,8 @@ class MembershipTable {
   // Events for the log and metrics.jsonl since the last call: {"event": "membership" | "failure" |
   // "collective_failed" | "round_retried" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
   std::vector<nlohmann::json> take_events();
+  // GET /v1/state's "elastic": epoch, rounds completed, the members (each with the round it waits
+  // at, "arrived", -1 while training), the slots, and the round convened last.
   nlohmann::json describe() const;
   // Per slot: the completed rounds in which nobody trained it (vacant, or its member left out).
   const std::vector<int64_t>& rounds_missed() const { return rounds_missed_; }

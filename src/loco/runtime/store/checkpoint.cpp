@@ -55,6 +55,11 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
         {"files", files},
         {"config", state.config_toml},
     };
+    if (state.run) {
+      nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+      for (const auto& p : state.run->shards) shards.push_back({{"epoch", p.epoch}, {"cursor", p.cursor}});
+      json["run"] = {{"rounds", state.run->rounds}, {"shards", shards}};
+    }
     write_file_atomic(tmp_dir / "state.json", json.dump(2) + "\n", "checkpoint");
     // Replacing a checkpoint of the same step (a resumed run that saves again) is fine: move the
     // old one aside first so the rename cannot fail on a non-empty folder.
@@ -163,6 +168,15 @@ Checkpoint load_checkpoint(const fs::path& path) {
       s.global_hash = parse_hex64(json.at("global_hash").get<std::string>(), "checkpoint", state_path.string());
     }
     s.config_toml = json.at("config").get<std::string>();
+    if (json.contains("run")) {
+      RunProgress run;
+      run.rounds = json.at("run").at("rounds").get<int64_t>();
+      for (const auto& p : json.at("run").at("shards")) {
+        run.shards.push_back({p.at("epoch").get<uint64_t>(), p.at("cursor").get<uint64_t>()});
+      }
+      if (run.rounds < 0) throw DataError("checkpoint", fmt::format("{}: run.rounds is negative", state_path.string()));
+      s.run = std::move(run);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError("checkpoint", fmt::format("{}: malformed: {}", state_path.string(), e.what()));
   }

@@ -5,7 +5,8 @@
 //       optimizer.safetensors  AdamW moments "<param>.exp_avg" / ".exp_avg_sq"
 //       sync.safetensors       the sync strategy's state (empty for a single process)
 //       state.json             step, tokens, data position, seed, the resolved config, the
-//                              tokenizer hash, and size + XXH3-64 of each file above
+//                              tokenizer hash, size + XXH3-64 of each file above, and (elastic
+//                              runs) the run's section: rounds completed and every shard's position
 //   RUN/checkpoints/latest     name of the newest complete checkpoint
 //
 // A checkpoint is written into a temporary folder and renamed into place, then `latest` is
@@ -25,6 +26,14 @@ namespace loco::runtime {
 
 namespace fs = std::filesystem;
 
+// The run's own section of a checkpoint (elastic runs): the rounds completed and where every slot's
+// shard stands as of the last one. The runtime writes it (the coordinator's plan says it); a sync
+// strategy's state never carries data positions.
+struct RunProgress {
+  int64_t rounds = 0;
+  std::vector<data::SamplerPosition> shards;  // by slot
+};
+
 struct TrainingState {
   int64_t step = 0;     // optimizer steps completed
   int64_t tokens = 0;   // training tokens consumed
@@ -36,6 +45,7 @@ struct TrainingState {
   // XXH3-64 of the global parameters θ as of the last synchronization (0 without one, e.g. a
   // single process): workers resuming together pick checkpoints that agree on it.
   uint64_t global_hash = 0;
+  std::optional<RunProgress> run;
 };
 
 struct Checkpoint {

@@ -134,12 +134,9 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     plan.epoch = reply.epoch;
     plan.contributors = reply.contributors;
     plan.step = reply.step;
-    plan.slots = torch::empty({static_cast<int64_t>(reply.slots.size()), 3}, torch::kInt64);
-    for (size_t s = 0; s < reply.slots.size(); ++s) {
-      plan.slots[static_cast<int64_t>(s)][0] = static_cast<int64_t>(reply.slots[s].position.epoch);
-      plan.slots[static_cast<int64_t>(s)][1] = static_cast<int64_t>(reply.slots[s].position.cursor);
-      plan.slots[static_cast<int64_t>(s)][2] = reply.slots[s].owner;
-    }
+    // Every slot's position as of this round's end: the run's state once the round completes.
+    planned_ = RunProgress{reply.round, {}};
+    for (const auto& info : reply.slots) planned_->shards.push_back(info.position);
     if (joined_.joiner && slot() < static_cast<int64_t>(reply.slots.size())) {
       joined_position_ = reply.slots[static_cast<size_t>(slot())].position;
     }
@@ -165,6 +162,7 @@ void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, 
     client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash});
     return 0;
   });
+  if (planned_ && planned_->rounds == plan.round) completed_ = planned_;
 }
 
 }  // namespace loco::runtime

@@ -23,6 +23,7 @@
 #include "loco/algorithms/membership.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/store/checkpoint.h"
 
 namespace loco::runtime {
 
@@ -52,6 +53,9 @@ class ElasticSession final : public algorithms::Membership {
   std::optional<std::map<int64_t, data::SamplerPosition>> take_adoption();
   // Where a joiner's slot stands, as its first round's plan says (nullopt before it).
   std::optional<data::SamplerPosition> joined_position() const;
+  // The rounds completed and every slot's data position as of the last of them that this worker
+  // took part in (nullopt before its first): the run's section of the checkpoints it writes.
+  std::optional<RunProgress> run_progress() const { return completed_; }
   // Whether the coordinator still counts this worker as a member (false once it was declared
   // failed, e.g. after being frozen).
   bool still_member() const { return member_.load(); }
@@ -79,6 +83,8 @@ class ElasticSession final : public algorithms::Membership {
   std::map<int64_t, data::SamplerPosition> adopted_;  // the shards read besides its own, and where they stand
   bool adoption_changed_ = false;
   std::optional<data::SamplerPosition> joined_position_;
+  std::optional<RunProgress> planned_;    // the convened round's, until it completes
+  std::optional<RunProgress> completed_;
   std::optional<std::pair<int64_t, comm::Group>> group_;  // the group of an epoch, reused while it lasts
   std::atomic<bool> leads_{false};
 

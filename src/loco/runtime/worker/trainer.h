@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -20,9 +19,44 @@
 #include "loco/data/dataset.h"
 #include "loco/model/transformer.h"
 #include "loco/runtime/config/config.h"
+#include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/store/safetensors.h"
+#include "loco/runtime/worker/weights.h"
 
 namespace loco::runtime {
+
+// What the loop asks of the run it belongs to, beyond its sync strategy. A multi-process worker
+// implements it over the coordinator (runtime/worker); a single process has none. Called on the
+// training thread only.
+class RunLink {
+ public:
+  virtual ~RunLink() = default;
+  // After a collective failed: is the whole run stopping (a peer was interrupted), so that the
+  // failure is a clean stop rather than a crash?
+  virtual bool stopping() = 0;
+
+  // Elastic runs (docs/failure-model.md, "Data"). The runtime, not the sync strategy, owns where
+  // every shard stands: each round's plan says it, and the loop saves it with the checkpoint.
+  //
+  // Where this worker's own shard starts, once on_start has run (a joiner learns it in its first
+  // round); nullopt: where the checkpoint or the seed put it.
+  virtual std::optional<data::SamplerPosition> start_position() { return std::nullopt; }
+  // The shards of vacant slots the latest plan gives this worker to read in turn with its own
+  // (slot -> where that shard stands), when they changed since the last call; nullopt: no change.
+  virtual std::optional<std::map<int64_t, data::SamplerPosition>> take_adoption() { return std::nullopt; }
+  // The tokens of slot `slot`'s shard (one this worker adopted).
+  virtual const std::vector<int32_t>& shard_tokens(int64_t slot);
+  // Where its own shard and the adopted ones stand after each step, and the steps done.
+  virtual void record_progress(const data::SamplerPosition& own, const std::map<int64_t, data::SamplerPosition>& adopted,
+                               int64_t step) {
+    (void)own;
+    (void)adopted;
+    (void)step;
+  }
+  // The run's section of a checkpoint: the rounds completed and every shard's position as of the
+  // last completed round (nullopt outside elastic runs, or before the first plan).
+  virtual std::optional<RunProgress> run_progress() const { return std::nullopt; }
+};
 
 // This process's place in a run of several workers (set by runtime/worker). The defaults describe
 // a single process.
@@ -37,26 +71,12 @@ struct WorkerRole {
   bool evaluates = true;
   // This worker's shard of the training split (nullptr: the whole split).
   const std::vector<int32_t>* train_tokens = nullptr;
-  // Asked after a collective failed: is the whole run stopping (a peer was interrupted), so that
-  // the failure is a clean stop rather than a crash?
-  std::function<bool()> run_stopping;
   // Elastic runs (cluster.elastic): the run's checkpoints are the global ones in RUN/checkpoints,
   // written at each round's end by the worker that leads it (SyncStrategy::leads), which also
   // evaluates. Every member also saves its slot's inner state at each round's end in
-  // RUN/slots/<rank>, which a resume of the same round loads. `start_position` gives this worker's slot position once on_start has run (a joiner
-  // learns it in its first round); `on_position` hears the sampler's position and the step count
-  // after every step.
-  //
-  // The shards of vacant slots a round's plan gives this worker are read in turn with its own, a
-  // step each: `adoption` is asked before every step (a new set, slot -> where that shard stands,
-  // or nullopt: no change), `shard_tokens` gives a slot's shard, and `on_position` hears where the
-  // adopted shards stand too.
+  // RUN/slots/<rank>, which a resume of the same round loads.
   bool elastic = false;
-  std::function<std::optional<data::SamplerPosition>()> start_position;
-  std::function<std::optional<std::map<int64_t, data::SamplerPosition>>()> adoption;
-  std::function<const std::vector<int32_t>&(int64_t slot)> shard_tokens;
-  std::function<void(const data::SamplerPosition&, const std::map<int64_t, data::SamplerPosition>& adopted, int64_t step)>
-      on_position;
+  RunLink* link = nullptr;  // the run this worker belongs to (nullptr: none)
 };
 
 struct TrainOptions {
@@ -96,29 +116,5 @@ nlohmann::json summary_json(const TrainSummary& summary);
 // fails (PeerError) it checkpoints the last consistent state, then returns as interrupted if the
 // run is stopping, or rethrows.
 TrainSummary train(const RunConfig& config, algorithms::SyncStrategy& sync, const TrainOptions& options);
-
-struct EvalResult {
-  double loss = 0;  // mean cross entropy, nats/token
-  double ppl = 0;
-  int64_t tokens = 0;
-};
-
-// Mean loss of `model` over `batches` (no gradients; the model's training mode is restored).
-EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device);
-
-// Loads the parameters of `train.init_from` (a checkpoint or run folder; its global parameters
-// when it has them) into `model`. Throws DataError when the shapes or the tokenizer differ.
-void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash);
-
-// The model described by `config` (vocab_size already resolved), initialized from train.seed.
-model::Transformer build_model(const RunConfig& config);
-// The model's parameters by name, for checkpoints.
-NamedTensors model_weights(const model::Transformer& model);
-// Copies `weights` into the model; throws DataError naming a missing, extra or misshapen tensor.
-void load_model_weights(model::Transformer& model, const NamedTensors& weights, const std::string& where);
-
-// Sets torch's intra-op threads: `threads`, or (0) the cores divided among the local processes
-// (environment LOCO_LOCAL_PROCESSES, default 1). Returns the count set.
-int64_t configure_threads(int64_t threads);
 
 }  // namespace loco::runtime

@@ -99,6 +99,52 @@ std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
   return out;
 }
 
+// A fixed worker's link to its run: whether a failed collective means the run is stopping.
+class FixedLink : public RunLink {
+ public:
+  FixedLink(CoordinatorClient& client, const std::atomic<bool>* stop) : client_(client), stop_(stop) {}
+  bool stopping() override { return (stop_ != nullptr && stop_->load()) || client_.run_stopping(); }
+
+ private:
+  CoordinatorClient& client_;
+  const std::atomic<bool>* stop_;
+};
+
+// An elastic worker's link: the session's plan (where the shards stand, which ones it reads),
+// and the shards of the slots it adopts, cut from the training split once each.
+class ElasticLink final : public FixedLink {
+ public:
+  ElasticLink(ElasticSession& session, CoordinatorClient& client, const data::Dataset& dataset,
+              const data::ShardAssignment& assignment, const std::atomic<bool>* stop)
+      : FixedLink(client, stop), session_(session), dataset_(dataset), assignment_(assignment) {}
+
+  std::optional<data::SamplerPosition> own_start;  // an initial member's: the join reply's; a joiner's: its first plan's
+
+  std::optional<data::SamplerPosition> start_position() override {
+    return own_start ? own_start : session_.joined_position();
+  }
+  std::optional<std::map<int64_t, data::SamplerPosition>> take_adoption() override { return session_.take_adoption(); }
+  const std::vector<int32_t>& shard_tokens(int64_t slot) override {
+    auto it = shards_.find(slot);
+    if (it == shards_.end()) {
+      const auto& documents = assignment_.documents.at(static_cast<size_t>(slot));
+      it = shards_.emplace(slot, data::shard_tokens(dataset_.train(), documents)).first;
+    }
+    return it->second;
+  }
+  void record_progress(const data::SamplerPosition& own, const std::map<int64_t, data::SamplerPosition>& adopted,
+                       int64_t step) override {
+    session_.record_progress(own, adopted, step);
+  }
+  std::optional<RunProgress> run_progress() const override { return session_.run_progress(); }
+
+ private:
+  ElasticSession& session_;
+  const data::Dataset& dataset_;
+  const data::ShardAssignment& assignment_;
+  std::map<int64_t, std::vector<int32_t>> shards_;
+};
+
 }  // namespace
 
 comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client) {
@@ -195,6 +241,8 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       } else {
         strategy = std::make_unique<algorithms::DiLoCo>(comm::Group::single(), diloco_options(config), &session);
       }
+      ElasticLink link(session, client, dataset, assignment, options.stop);
+      link.own_start = joined.joiner ? std::nullopt : std::optional(joined.position);  // the coordinator's record
       TrainOptions train_options;
       train_options.resume_step = joined.resume_step;
       train_options.stop = options.stop;
@@ -205,23 +253,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       train_options.worker.distributed = true;
       train_options.worker.elastic = true;
       train_options.worker.train_tokens = &tokens;
-      train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
-      train_options.worker.start_position = [&]() -> std::optional<data::SamplerPosition> {
-        return joined.joiner ? session.joined_position() : joined.position;  // the coordinator's record
-      };
-      train_options.worker.adoption = [&] { return session.take_adoption(); };
-      std::map<int64_t, std::vector<int32_t>> other_shards;  // the shards of slots it adopted, cut once each
-      train_options.worker.shard_tokens = [&](int64_t other) -> const std::vector<int32_t>& {
-        auto it = other_shards.find(other);
-        if (it == other_shards.end()) {
-          it = other_shards.emplace(other, data::shard_tokens(dataset.train(), assignment.documents.at(static_cast<size_t>(other))))
-                   .first;
-        }
-        return it->second;
-      };
-      train_options.worker.on_position = [&](const data::SamplerPosition& p,
-                                             const std::map<int64_t, data::SamplerPosition>& adopted,
-                                             int64_t step) { session.record_progress(p, adopted, step); };
+      train_options.worker.link = &link;
       summary = train(config, *strategy, train_options);
     } catch (const algorithms::RestartFromCheckpoint& e) {
       say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
@@ -352,7 +384,8 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     train_options.worker.distributed = true;
     train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
     train_options.worker.train_tokens = &tokens;
-    train_options.worker.run_stopping = [&] { return (options.stop != nullptr && options.stop->load()) || client.run_stopping(); };
+    FixedLink link(client, options.stop);
+    train_options.worker.link = &link;
     summary = train(config, *strategy, train_options);
     if (summary.interrupted) {
       // Tell the others before this worker's connections close: their collectives then fail, and

@@ -1,0 +1,110 @@
+#include "loco/runtime/worker/weights.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "loco/core/environment.h"
+#include "loco/core/error.h"
+#include "loco/core/hash.h"
+#include "loco/model/precision.h"
+#include "loco/runtime/store/checkpoint.h"
+
+namespace loco::runtime {
+
+int64_t configure_threads(int64_t threads) {
+  if (threads <= 0) {
+    const int64_t processes = read_environment().local_processes;
+    const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
+    threads = std::max<int64_t>(1, cores / processes);
+  }
+  // With the OpenMP build of OpenBLAS (scripts/setup.sh), BLAS calls share libtorch's OpenMP
+  // threads, so this one setting governs both (docs/footguns.md).
+  torch::set_num_threads(static_cast<int>(threads));
+  return threads;
+}
+
+model::Transformer build_model(const RunConfig& config) {
+  LOCO_CHECK(config.model.vocab_size > 0, "vocab_size must be resolved before building the model");
+  return model::Transformer(config.model, static_cast<uint64_t>(config.train.seed));
+}
+
+NamedTensors model_weights(const model::Transformer& model) {
+  NamedTensors out;
+  for (const auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+void load_model_weights(model::Transformer& model, const NamedTensors& weights, const std::string& where) {
+  std::map<std::string, torch::Tensor> by_name(weights.begin(), weights.end());
+  torch::NoGradGuard no_grad;
+  auto params = model->named_parameters();
+  for (auto& item : params) {
+    auto it = by_name.find(item.key());
+    if (it == by_name.end()) throw DataError("checkpoint", fmt::format("{}: no weights for '{}'", where, item.key()));
+    if (!it->second.sizes().equals(item.value().sizes())) {
+      throw DataError("checkpoint", fmt::format("{}: '{}' has shape [{}], the model needs [{}]", where, item.key(),
+                                                fmt::join(it->second.sizes(), ", "), fmt::join(item.value().sizes(), ", ")));
+    }
+    item.value().copy_(it->second);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    throw DataError("checkpoint", fmt::format("{}: weights '{}' do not belong to this model", where, by_name.begin()->first));
+  }
+}
+
+EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& batches, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  double total = 0;
+  int64_t tokens = 0;
+  for (const auto& batch : batches) {
+    model::AutocastGuard autocast(device, true);
+    auto logits = model->forward(batch.inputs.to(device));
+    auto loss = model::language_model_loss(logits, batch.targets.to(device), 0.0).cross_entropy;
+    const int64_t n = batch.targets.numel();
+    total += loss.item<double>() * static_cast<double>(n);
+    tokens += n;
+  }
+  if (was_training) model->train();
+  EvalResult result;
+  result.tokens = tokens;
+  result.loss = tokens > 0 ? total / static_cast<double>(tokens) : NAN;
+  result.ppl = std::exp(result.loss);
+  return result;
+}
+
+EvalResult evaluate_parameters(model::Transformer& model, const std::vector<torch::Tensor>& parameters,
+                               const std::vector<data::Batch>& batches, const torch::Device& device) {
+  auto live = model->parameters();
+  LOCO_CHECK(live.size() == parameters.size(), "{} parameters to evaluate for a model of {}", parameters.size(), live.size());
+  std::vector<torch::Tensor> own;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < live.size(); ++i) {
+      own.push_back(live[i].detach().clone());
+      live[i].copy_(parameters[i]);
+    }
+  }
+  auto result = evaluate(model, batches, device);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(own[i]);
+  return result;
+}
+
+void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
+  auto source = load_checkpoint(config.train.init_from);
+  if (source.state.tokenizer_hash != tokenizer_hash) {
+    throw DataError("train", fmt::format("train.init_from = {}: that model was trained with tokenizer {}, the dataset {} "
+                                         "uses {}", config.train.init_from, hex64(source.state.tokenizer_hash),
+                                         config.data.dir, hex64(tokenizer_hash)));
+  }
+  load_model_weights(model, inference_weights(source), source.dir.string());
+}
+
+}  // namespace loco::runtime
