@@ -263,6 +263,12 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   bool worker_adopted = false;
   for (const auto& e : events("chaos", "shards")) worker_adopted = worker_adopted || !e["adopted"].empty();
   EXPECT_TRUE(worker_adopted) << "no worker said it reads another slot's shard";
+  // The task table (RUN/coordinator.json) issued again the work the failed workers held.
+  const auto saved = nlohmann::json::parse(read_file(run("chaos") / "coordinator.json", "test"));
+  const auto& totals = saved["table"]["tasks"]["totals"];  // issued, reissued, done
+  ASSERT_EQ(totals.size(), 3u) << saved.dump();
+  EXPECT_GT(totals[1].get<int64_t>(), 0) << "no task was issued again after a failure";
+  EXPECT_GE(totals[2].get<int64_t>(), 80 * 3) << "80 rounds of at least 3 shards' tasks were done";
   std::map<int64_t, std::set<std::string>> hashes;
   for (const auto& e : events("chaos", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
   EXPECT_EQ(hashes.size(), 80u) << "every round completed once";

@@ -183,7 +183,15 @@ TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAga
   arrive(a, 1, 5, 10);
   arrive(b, 1, 5, 20);
   auto go = arrive(c, 1, 5, 30);
-  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(go.slots[static_cast<size_t>(s)].reader, go.slots[static_cast<size_t>(s)].owner);
+  // The plan leases each member the next round's task of its own shard, from where it stands.
+  for (int64_t s = 0; s < 3; ++s) {
+    const auto* task = table.tasks().held(go.slots[static_cast<size_t>(s)].owner, s, go.round);
+    ASSERT_NE(task, nullptr) << "slot " << s;
+    EXPECT_EQ(task->task.from, go.slots[static_cast<size_t>(s)].position);
+  }
+  ASSERT_EQ(go.tasks.size(), 1u) << "c's answer lists its own task";
+  EXPECT_EQ(go.tasks[0].shard, 2);
+  EXPECT_EQ(go.tasks[0].from.cursor, 30u);
   for (int64_t m : {a, b, c}) done(m, go, 5);
   // c dies: round 2 goes on without it, and its shard gets a reader among the participants.
   table.declare_failed(c, "exited", now);
@@ -191,7 +199,11 @@ TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAga
   go = arrive(b, 2, 10, 21);
   ASSERT_EQ(go.action, protocol::RoundAction::kGo);
   EXPECT_EQ(go.slots[2].owner, -1);
-  EXPECT_EQ(go.slots[2].reader, a) << "vacant slots go to the participants in slot order";
+  const auto* dealt = table.tasks().held(a, 2, go.round);
+  ASSERT_NE(dealt, nullptr) << "vacant slots go to the participants in slot order";
+  EXPECT_EQ(dealt->task.from.cursor, 30u);
+  EXPECT_EQ(table.tasks().held(b, 2, go.round), nullptr);
+  EXPECT_EQ(table.tasks().totals().reissued, 1) << "c's lease of slot 2's task was lost with c, and issued again";
   EXPECT_EQ(go.slots[2].position.cursor, 30u) << "where c's last completed round left it";
   done(a, go, 10);
   done(b, go, 10);
@@ -219,7 +231,8 @@ TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAga
   go = arrive(b, 4, 20, 23);
   ASSERT_EQ(go.action, protocol::RoundAction::kGo);
   EXPECT_EQ(go.slots[2].position.cursor, 32u);
-  EXPECT_EQ(go.slots[2].reader, joined->member);
+  EXPECT_NE(table.tasks().held(joined->member, 2, go.round), nullptr);
+  EXPECT_EQ(table.tasks().held(a, 2, go.round), nullptr) << "the adopter stops reading it";
   const auto go_j = arrive(joined->member, 0, 0);
   EXPECT_EQ(go_j.slots[2].position.cursor, 32u) << "the joiner starts where the adopter stopped";
   // The table, saved and loaded (a coordinator restart), still knows who reads what.
@@ -230,7 +243,10 @@ TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAga
   again.round = 4;
   again.step = 20;
   again.position = {0, 13};
-  EXPECT_EQ(reloaded.arrive(again, false, now).slots[2].reader, joined->member);
+  const auto again_go = reloaded.arrive(again, false, now);
+  ASSERT_EQ(again_go.action, protocol::RoundAction::kGo);
+  EXPECT_NE(reloaded.tasks().held(joined->member, 2, again_go.round), nullptr);
+  for (const auto& task : again_go.tasks) EXPECT_NE(task.shard, 2) << "a's answer no longer lists slot 2";
 }
 
 TEST_F(MembershipTest, AnArrivalReadingASlotTheRunDoesNotHaveIsRefused) {

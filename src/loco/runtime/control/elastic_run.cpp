@@ -27,6 +27,9 @@ MembershipOptions membership_options(const RunConfig& config) {
   if (config.sync.round_seconds > 0) {
     o.round_grace = std::chrono::milliseconds(static_cast<int64_t>(config.sync.round_grace_s * 1000));
   }
+  o.inner_steps = config.sync.inner_steps;
+  o.fragments = config.sync.algorithm == Algorithm::kStreaming ? config.sync.fragments : 1;
+  o.round_seconds = config.sync.round_seconds;
   return o;
 }
 

@@ -64,12 +64,25 @@ protocol::JoinReply FixedRun::join(const protocol::JoinRequest& request, const R
                   workers() - static_cast<int64_t>(still_missing.size()), workers()));
   if (still_missing.empty()) {
     if (options_.resume) plan_resume();
-    if (status_.phase() == Phase::kWaiting) {
-      status_.enter(Phase::kRunning);
-      log(fmt::format("all {} workers joined: training starts (epoch 0)", workers()));
-    }
+    if (status_.phase() == Phase::kWaiting) start();
   }
   return {rank, workers(), status_.run_id()};
+}
+
+void FixedRun::start() {
+  status_.enter(Phase::kRunning);
+  for (int64_t rank = 0; rank < workers(); ++rank) {
+    protocol::Task task;
+    task.scope = protocol::TaskScope::kModel;
+    task.version = resume_steps_.count(rank) > 0 ? resume_steps_.at(rank) : 0;
+    task.shard = rank;
+    task.steps = options_.config.train.steps;
+    task.report = protocol::TaskReport::kRun;
+    const int64_t id = tasks_.issue(task);
+    tasks_.lease(id, rank, std::nullopt);
+    task_of_[rank] = id;
+  }
+  log(fmt::format("all {} workers joined: training starts (epoch 0), one task each", workers()));
 }
 
 // Each worker resumes from its newest checkpoint whose global parameters all workers have a
@@ -119,6 +132,7 @@ protocol::StartReply FixedRun::start_reply(int64_t rank) const {
   reply.epoch = 0;
   reply.error = status_.phase() == Phase::kFailed ? status_.reason() : "";
   if (auto it = resume_steps_.find(rank); it != resume_steps_.end()) reply.resume_step = it->second;
+  if (auto it = task_of_.find(rank); it != task_of_.end()) reply.task = tasks_.find(it->second)->task;
   return reply;
 }
 
@@ -127,6 +141,17 @@ void FixedRun::done(const protocol::DoneRequest& request) {
     throw ProtocolError(fmt::format("rank {} is not a member of this run", request.rank));
   }
   auto& member = *members_[static_cast<size_t>(request.rank)];
+  if (request.task >= 0) {
+    // Its task: done when it finished; open again when it stopped or failed (a resume continues it).
+    const auto* record = tasks_.find(request.task);
+    if (record == nullptr || record->holder != request.rank) {
+      throw ProtocolError(fmt::format("worker {} reports task {}, which is not its own", request.rank, request.task));
+    }
+    if (record->state == TaskState::kLeased) {
+      if (request.status == EndStatus::kFinished) tasks_.complete(request.task, request.rank, {});
+      else tasks_.release(request.rank);
+    }
+  }
   member.status = request.status;
   member.error = request.error;
   member.summary = request.summary;
@@ -190,8 +215,12 @@ nlohmann::json FixedRun::describe() const {
   nlohmann::json list = nlohmann::json::array();
   for (size_t r = 0; r < members_.size(); ++r) {
     if (!members_[r]) continue;
-    list.push_back({{"rank", r}, {"name", members_[r]->name},
-                    {"status", members_[r]->status ? protocol::to_string(*members_[r]->status) : "training"}});
+    nlohmann::json member = {{"rank", r}, {"name", members_[r]->name},
+                             {"status", members_[r]->status ? protocol::to_string(*members_[r]->status) : "training"}};
+    if (auto it = task_of_.find(static_cast<int64_t>(r)); it != task_of_.end()) {
+      member["task"] = {{"id", it->second}, {"state", to_string(tasks_.find(it->second)->state)}};
+    }
+    list.push_back(member);
   }
   return {{"members", list}, {"missing", missing()}};
 }

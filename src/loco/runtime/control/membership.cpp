@@ -12,13 +12,6 @@ double seconds_between(MembershipTable::Clock::time_point a, MembershipTable::Cl
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Slot -> the member that read its shard in a round, as [{"slot", "member"}].
-nlohmann::json adopted_json(const std::map<int64_t, int64_t>& adopted) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& [slot, member] : adopted) out.push_back({{"slot", slot}, {"member", member}});
-  return out;
-}
-
 }  // namespace
 
 MembershipTable::MembershipTable(MembershipOptions options)
@@ -68,8 +61,57 @@ void MembershipTable::start(Clock::time_point now) {
   started_ = true;
   for (auto& [id, m] : members_) {
     if (m.state == State::kJoining) m.state = State::kActive;
-    m.last_seen = now;
+    touch(m, id, now);
+    // The first round's work: each member its own shard, from where it stands.
+    if (m.state == State::kActive) {
+      issue_task(m.slot, round_, slots_[static_cast<size_t>(m.slot)].position, round_step_, id, now);
+    }
   }
+}
+
+void MembershipTable::touch(Member& m, int64_t id, Clock::time_point now) {
+  m.last_seen = now;
+  // A lease outlives its holder's liveness by dead_after: the holder is declared failed (and
+  // loses it) first; the deadline is the backstop.
+  tasks_.renew(id, now + 2 * options_.dead_after);
+}
+
+void MembershipTable::drop(Member& m, int64_t id) {
+  m.state = State::kGone;
+  m.arrival.reset();
+  m.go.reset();
+  if (slots_[static_cast<size_t>(m.slot)].owner == id) slots_[static_cast<size_t>(m.slot)].owner = -1;
+  tasks_.release(id);
+}
+
+int64_t MembershipTable::steps_of_round_from(int64_t step) const {
+  if (options_.round_seconds > 0) return 0;
+  const int64_t h = std::max<int64_t>(1, options_.inner_steps), p = std::max<int64_t>(1, options_.fragments);
+  int64_t next = step + h;  // fragment 0's next sync, or DiLoCo's
+  for (int64_t f = 0; f < p; ++f) {
+    // Streaming DiLoCo: fragment f syncs at the steps t >= max(1, t_f) with t = t_f (mod H).
+    const int64_t offset = f * h / p;
+    const int64_t first = offset > 0 ? offset : h;
+    const int64_t t = std::max(first, step + 1 + ((offset - (step + 1)) % h + h) % h);
+    next = std::min(next, t);
+  }
+  if (options_.total_steps > 0) next = std::min(next, options_.total_steps);
+  return std::max<int64_t>(0, next - step);
+}
+
+int64_t MembershipTable::issue_task(int64_t slot, int64_t version, const data::SamplerPosition& from, int64_t step,
+                                    int64_t member, Clock::time_point now) {
+  protocol::Task task;
+  task.scope = options_.fragments > 1 ? protocol::TaskScope::kFragment : protocol::TaskScope::kModel;
+  task.version = version;
+  task.shard = slot;
+  task.from = from;
+  task.steps = steps_of_round_from(step);
+  task.seconds = options_.round_seconds;
+  task.report = protocol::TaskReport::kRound;
+  const int64_t id = tasks_.issue(task);
+  tasks_.lease(id, member, now + 2 * options_.dead_after);
+  return id;
 }
 
 protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, Clock::time_point now, int64_t step) {
@@ -82,7 +124,7 @@ protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, C
     reply.member = false;
     return reply;
   }
-  it->second.last_seen = now;
+  touch(it->second, id, now);
   if (step >= 0) it->second.step = step;
   return reply;
 }
@@ -98,10 +140,7 @@ void MembershipTable::fail_member(int64_t id, const std::string& how, double not
   if (m.state == State::kGone) return;
   const bool was_active = m.state == State::kActive;
   const int64_t discarded = unsynchronized_steps(m);
-  m.state = State::kGone;
-  m.arrival.reset();
-  m.go.reset();
-  if (slots_[static_cast<size_t>(m.slot)].owner == id) slots_[static_cast<size_t>(m.slot)].owner = -1;
+  drop(m, id);
   if (std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) epoch_broken_ = true;
   event({{"event", "failure"}, {"member", id}, {"name", m.name}, {"slot", m.slot}, {"how", how},
          {"noticed_after_s", noticed_after_s}, {"was_training", was_active}, {"discarded_steps", discarded}});
@@ -119,7 +158,7 @@ void MembershipTable::expire(Clock::time_point now) {
   // The coordinator itself was not running (frozen, or its machine stalled) for a while: the
   // members' silence is its own, so they get a fresh allowance rather than being declared failed.
   if (last_expire_ && now - *last_expire_ > options_.dead_after / 2) {
-    for (auto& [id, m] : members_) m.last_seen = std::max(m.last_seen, now);
+    for (auto& [id, m] : members_) touch(m, id, std::max(m.last_seen, now));
   }
   last_expire_ = now;
   std::vector<std::pair<int64_t, double>> silent;
@@ -130,6 +169,7 @@ void MembershipTable::expire(Clock::time_point now) {
   for (const auto& [id, quiet] : silent) {
     fail_member(id, fmt::format("no heartbeat for {:.1f} s", quiet), quiet, now);
   }
+  tasks_.expire(now);  // the backstop: a holder unheard of for 2 x dead_after was declared failed already
   try_convene(now);  // a time-budgeted round's grace may have run out
 }
 
@@ -137,10 +177,7 @@ void MembershipTable::leave(int64_t id, protocol::EndStatus status, Clock::time_
   auto it = members_.find(id);
   if (it == members_.end() || it->second.state == State::kGone) return;
   auto& m = it->second;
-  m.state = State::kGone;
-  m.arrival.reset();
-  m.go.reset();
-  if (slots_[static_cast<size_t>(m.slot)].owner == id) slots_[static_cast<size_t>(m.slot)].owner = -1;
+  drop(m, id);
   if (status == protocol::EndStatus::kFailed && std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) {
     epoch_broken_ = true;
   }
@@ -169,7 +206,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
     return reply;
   }
   auto& m = it->second;
-  m.last_seen = now;
+  touch(m, request.member, now);
   m.step = std::max(m.step, request.step);
   if (complete_) {
     reply.action = protocol::RoundAction::kFinished;
@@ -201,9 +238,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
       // The round completed on other workers while this one's collective failed: its θ is stale.
       const int64_t slot = m.slot;
       const int64_t discarded = unsynchronized_steps(m);
-      m.state = State::kGone;
-      m.arrival.reset();
-      if (slots_[static_cast<size_t>(slot)].owner == request.member) slots_[static_cast<size_t>(slot)].owner = -1;
+      drop(m, request.member);
       event({{"event", "rejoin"}, {"member", request.member}, {"name", m.name}, {"slot", slot}, {"round", request.round},
              {"reason", "its round completed without it"}, {"discarded_steps", discarded}});
       reply.action = protocol::RoundAction::kRejoin;
@@ -293,24 +328,16 @@ void MembershipTable::try_convene(Clock::time_point now) {
   convened.participants = participants;
   convened.contributors = static_cast<int64_t>(active.size());
   convened.slots = slots_;
-  for (int64_t id : active) {
-    const auto& m = members_.at(id);
-    convened.slots[static_cast<size_t>(m.slot)].position = m.arrival->position;
-    convened.step = std::max(convened.step, m.arrival->step);
+  take_claims(convened, active);
+  if (convened_ && convened_->round == next) {
+    for (int64_t id : convened_->issued) tasks_.cancel(id);  // the next round's tasks of the plan this one replaces
   }
-  // The shards the contributors read for slots nobody held, as the last plan told them to: a claim
-  // that plan did not make (or for a slot its owner trained itself) is not taken.
-  for (int64_t id : active) {
-    const auto& m = members_.at(id);
-    for (const auto& [slot, position] : m.arrival->adopted) {
-      const auto s = static_cast<size_t>(slot);
-      const bool owner_trained = std::any_of(active.begin(), active.end(), [&](int64_t a) { return members_.at(a).slot == slot; });
-      if (!convened_ || s >= convened_->slots.size() || convened_->slots[s].reader != id || owner_trained) continue;
-      convened.slots[s].position = position;
-      convened.adopted[slot] = id;
-    }
+  // The next round's tasks: every shard with a reader, from where this round leaves it.
+  for (size_t s = 0; s < readers.size(); ++s) {
+    if (readers[s] < 0) continue;
+    convened.issued.push_back(issue_task(static_cast<int64_t>(s), next, convened.slots[s].position, convened.step,
+                                         readers[s], now));
   }
-  for (size_t s = 0; s < readers.size(); ++s) convened.slots[s].reader = readers[s];
   for (size_t r = 0; r < participants.size(); ++r) {
     auto& m = members_.at(participants[r]);
     m.go = go_reply(convened, r);
@@ -318,6 +345,30 @@ void MembershipTable::try_convene(Clock::time_point now) {
   }
   convened_ = std::move(convened);
   first_arrival_.reset();
+}
+
+// The contributors' claims, each taken only for a task it leases (of this round, version round_):
+// its own shard's position, and the shards of vacant slots the last plan dealt it (unless their
+// owner trained them itself). A claim no plan made is not taken: that shard stays where it was.
+void MembershipTable::take_claims(Convened& convened, const std::vector<int64_t>& active) {
+  for (int64_t id : active) {
+    const auto& m = members_.at(id);
+    convened.step = std::max(convened.step, m.arrival->step);
+    if (const auto* own = tasks_.held(id, m.slot, round_)) {
+      convened.slots[static_cast<size_t>(m.slot)].position = m.arrival->position;
+      convened.reports[own->task.id] = m.arrival->position;
+    }
+  }
+  for (int64_t id : active) {
+    for (const auto& [slot, position] : members_.at(id).arrival->adopted) {
+      const bool owner_trained = std::any_of(active.begin(), active.end(), [&](int64_t a) { return members_.at(a).slot == slot; });
+      const auto* task = tasks_.held(id, slot, round_);
+      if (task == nullptr || owner_trained) continue;
+      convened.slots[static_cast<size_t>(slot)].position = position;
+      convened.adopted[slot] = id;
+      convened.reports[task->task.id] = position;
+    }
+  }
 }
 
 std::vector<int64_t> MembershipTable::readers_for(const std::vector<int64_t>& participants) const {
@@ -332,7 +383,7 @@ std::vector<int64_t> MembershipTable::readers_for(const std::vector<int64_t>& pa
   return readers;
 }
 
-protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t rank) {
+protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t rank) const {
   protocol::RoundReply go;
   go.action = protocol::RoundAction::kGo;
   go.round = convened.round;
@@ -342,6 +393,9 @@ protocol::RoundReply MembershipTable::go_reply(const Convened& convened, size_t 
   go.contributors = convened.contributors;
   go.step = convened.step;
   go.slots = convened.slots;
+  for (const auto& [shard, record] : tasks_.leased_to(convened.participants[rank], convened.round)) {
+    go.tasks.push_back(record->task);
+  }
   return go;
 }
 
@@ -355,8 +409,14 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
     round_ = report.round;
     round_step_ = report.step;
     for (int64_t id : convened_->participants) members_.at(id).synced_step = report.step;  // their work is in θ
-    // The contributors' slots advance; a slot's owner stays whoever holds it now.
-    for (size_t s = 0; s < slots_.size(); ++s) slots_[s].position = convened_->slots[s].position;
+    // The reported tasks are done, and their shards advance (a slot's owner stays whoever holds it
+    // now); this round's tasks nobody reported are superseded by the next round's.
+    for (const auto& [id, end] : convened_->reports) {
+      if (const auto* record = tasks_.find(id)) slots_[static_cast<size_t>(record->task.shard)].position = end;
+      tasks_.record_done(id, end);
+    }
+    tasks_.cancel_before(round_);
+    tasks_.prune();
     last_hash_ = report.params_hash;
     // Slots nobody trained this round (vacant, or their member left out): their shards fall behind.
     std::vector<int64_t> idle;
@@ -411,17 +471,20 @@ void MembershipTable::restart_from(int64_t rounds_completed, std::optional<int64
   last_hash_.reset();
   epoch_broken_ = true;  // the next round forms a fresh group
   std::vector<int64_t> restarted;
+  tasks_.cancel_pending();
   for (auto& [id, m] : members_) {
     if (m.state != State::kJoining) continue;
     m.state = State::kActive;
     m.arrival.reset();
     m.step = m.synced_step = round_step_;
-    m.last_seen = now;
+    touch(m, id, now);
     protocol::RoundReply restore;
     restore.action = protocol::RoundAction::kRestore;
     restore.round = round_;
     restore.step = step.value_or(-1);
     restore.slots = slots_;
+    const int64_t task = issue_task(m.slot, round_, slots_[static_cast<size_t>(m.slot)].position, round_step_, id, now);
+    restore.tasks.push_back(tasks_.find(task)->task);
     m.go = std::move(restore);
     restarted.push_back(id);
   }
@@ -435,136 +498,10 @@ void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std:
   for (size_t s = 0; s < slots_.size() && s < positions.size(); ++s) slots_[s].position = positions[s];
 }
 
-namespace {
-
-nlohmann::json slots_json(const std::vector<protocol::SlotInfo>& slots) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& s : slots) out.push_back({s.owner, s.position.epoch, s.position.cursor, s.reader});
-  return out;
-}
-
-std::vector<protocol::SlotInfo> slots_from(const nlohmann::json& json) {
-  std::vector<protocol::SlotInfo> out;
-  for (const auto& s : json) {
-    protocol::SlotInfo slot;
-    slot.owner = s.at(0).get<int64_t>();
-    slot.position = {s.at(1).get<uint64_t>(), s.at(2).get<uint64_t>()};
-    slot.reader = s.size() > 3 ? s.at(3).get<int64_t>() : -1;
-    out.push_back(slot);
-  }
-  return out;
-}
-
-}  // namespace
-
-const char* MembershipTable::state_name(State state) {
-  return state == State::kActive ? "active" : state == State::kJoining ? "joining" : "gone";
-}
-
-nlohmann::json MembershipTable::save() const {
-  nlohmann::json members = nlohmann::json::array();
-  for (const auto& [id, m] : members_) {
-    members.push_back({{"id", id}, {"name", m.name}, {"slot", m.slot}, {"state", state_name(m.state)},
-                       {"synced_step", m.synced_step}});
-  }
-  nlohmann::json out = {{"next_id", next_id_}, {"started", started_}, {"complete", complete_}, {"round", round_},
-                        {"rounds_missed", rounds_missed_},
-                        {"round_step", round_step_}, {"epoch", epoch_}, {"epoch_members", epoch_members_},
-                        {"epoch_broken", epoch_broken_}, {"members", members}, {"slots", slots_json(slots_)}};
-  if (last_hash_) out["last_hash"] = *last_hash_;
-  if (convened_) {
-    out["convened"] = {{"round", convened_->round}, {"epoch", convened_->epoch}, {"step", convened_->step},
-                       {"contributors", convened_->contributors}, {"participants", convened_->participants},
-                       {"slots", slots_json(convened_->slots)}, {"done", convened_->done},
-                       {"adopted", adopted_json(convened_->adopted)}};
-  }
-  return out;
-}
-
-void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
-  try {
-    members_.clear();
-    for (const auto& j : saved.at("members")) {
-      Member m;
-      m.name = j.at("name").get<std::string>();
-      m.slot = j.at("slot").get<int64_t>();
-      const auto state = j.at("state").get<std::string>();
-      m.state = state == "active" ? State::kActive : state == "joining" ? State::kJoining : State::kGone;
-      m.synced_step = m.step = j.at("synced_step").get<int64_t>();
-      m.last_seen = now;
-      if (m.slot < 0 || m.slot >= static_cast<int64_t>(slots_.size())) throw std::out_of_range("a member's slot");
-      members_.emplace(j.at("id").get<int64_t>(), std::move(m));
-    }
-    auto slots = slots_from(saved.at("slots"));
-    if (slots.size() != slots_.size()) {
-      throw std::invalid_argument(fmt::format("it has {} slots, the run {}", slots.size(), slots_.size()));
-    }
-    slots_ = std::move(slots);
-    next_id_ = saved.at("next_id").get<int64_t>();
-    started_ = saved.at("started").get<bool>();
-    complete_ = saved.at("complete").get<bool>();
-    round_ = saved.at("round").get<int64_t>();
-    round_step_ = saved.at("round_step").get<int64_t>();
-    rounds_missed_ = saved.value("rounds_missed", std::vector<int64_t>(slots_.size(), 0));
-    if (rounds_missed_.size() != slots_.size()) throw std::out_of_range("rounds_missed");
-    epoch_ = saved.at("epoch").get<int64_t>();
-    epoch_members_ = saved.at("epoch_members").get<std::vector<int64_t>>();
-    epoch_broken_ = saved.at("epoch_broken").get<bool>();
-    last_hash_.reset();
-    if (saved.contains("last_hash")) last_hash_ = saved.at("last_hash").get<uint64_t>();
-    convened_.reset();
-    if (saved.contains("convened")) {
-      const auto& c = saved.at("convened");
-      Convened convened;
-      convened.round = c.at("round").get<int64_t>();
-      convened.epoch = c.at("epoch").get<int64_t>();
-      convened.step = c.at("step").get<int64_t>();
-      convened.contributors = c.at("contributors").get<int64_t>();
-      convened.participants = c.at("participants").get<std::vector<int64_t>>();
-      convened.slots = slots_from(c.at("slots"));
-      convened.done = c.at("done").get<std::vector<int64_t>>();
-      for (const auto& a : c.value("adopted", nlohmann::json::array())) {
-        convened.adopted[a.at("slot").get<int64_t>()] = a.at("member").get<int64_t>();
-      }
-      // The members still in that round get their answer again when they ask.
-      for (size_t r = 0; r < convened.participants.size(); ++r) {
-        auto it = members_.find(convened.participants[r]);
-        if (it == members_.end()) throw std::out_of_range("a participant of the round under way");
-        if (it->second.state == State::kGone || convened.round != round_ + 1) continue;
-        if (std::find(convened.done.begin(), convened.done.end(), it->first) != convened.done.end()) continue;
-        it->second.go = go_reply(convened, r);
-      }
-      convened_ = std::move(convened);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(fmt::format("malformed: {}", e.what()));
-  } catch (const std::out_of_range& e) {
-    throw std::invalid_argument(fmt::format("inconsistent: {} is out of range", e.what()));
-  }
-  last_expire_.reset();
-}
-
 std::vector<nlohmann::json> MembershipTable::take_events() {
   std::vector<nlohmann::json> out;
   out.swap(events_);
   return out;
-}
-
-nlohmann::json MembershipTable::describe() const {
-  nlohmann::json list = nlohmann::json::array();
-  for (const auto& [id, m] : members_) {
-    list.push_back({{"member", id}, {"name", m.name}, {"slot", m.slot}, {"state", state_name(m.state)},
-                    {"arrived", m.arrival ? m.arrival->round : -1}});
-  }
-  nlohmann::json slots = nlohmann::json::array();
-  for (const auto& s : slots_) slots.push_back({{"owner", s.owner}, {"epoch", s.position.epoch}, {"cursor", s.position.cursor}});
-  nlohmann::json state = {{"epoch", epoch_}, {"epoch_broken", epoch_broken_}, {"rounds_completed", round_},
-                          {"complete", complete_}, {"members", list}, {"slots", slots}, {"rounds_missed", rounds_missed_}};
-  if (convened_) {
-    state["convened"] = {{"round", convened_->round}, {"epoch", convened_->epoch},
-                         {"participants", convened_->participants}, {"done", convened_->done}};
-  }
-  return state;
 }
 
 }  // namespace loco::runtime

@@ -13,6 +13,12 @@
 // does not wait longer than the grace after its first arrival: the members still training are
 // left out of it, and rejoin when they arrive.
 //
+// The work itself is tasks (tasks.h): each plan issues the next round's task for every shard that
+// has a reader, leased to it; an arrival's claims (its own shard's position, and the shards it
+// adopted) count only for tasks it leases; a round's completion completes them and advances the
+// shards. A member that fails loses its leases, and its shard's task is issued again at the next
+// plan, from where the shard stood.
+//
 // save/load carry the durable part across a coordinator restart (RUN/coordinator.json), restore
 // and restart_from set the round and slots from a global checkpoint.
 //
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include "loco/runtime/control/protocol.h"
+#include "loco/runtime/control/tasks.h"
 
 namespace loco::runtime {
 
@@ -41,6 +48,12 @@ struct MembershipOptions {
   // Time-budgeted rounds (sync.round_seconds): how long a round waits, after its first arrival,
   // for the other active members; those still missing then are left out of it. None: wait for all.
   std::optional<std::chrono::milliseconds> round_grace;
+  // What a round's task covers: H inner steps (sync.inner_steps), or with Streaming DiLoCo
+  // (fragments > 1) the steps until the next fragment's sync starts; time-budgeted rounds run for
+  // round_seconds instead.
+  int64_t inner_steps = 1;
+  int64_t fragments = 1;
+  double round_seconds = 0;
 };
 
 class MembershipTable {
@@ -96,6 +109,8 @@ class MembershipTable {
   // GET /v1/state's "elastic": epoch, rounds completed, the members (each with the round it waits
   // at, "arrived", -1 while training), the slots, and the round convened last.
   nlohmann::json describe() const;
+  // The tasks: the next round's, leased to its readers, and those still being reported.
+  const TaskTable& tasks() const { return tasks_; }
   // Per slot: the completed rounds in which nobody trained it (vacant, or its member left out).
   const std::vector<int64_t>& rounds_missed() const { return rounds_missed_; }
   // The durable part of the table (members, slots, epoch, the round under way), for the
@@ -136,6 +151,18 @@ class MembershipTable {
   };
 
   static const char* state_name(State state);
+  // Slot -> the member that read its shard in a round, as [{"slot", "member"}].
+  static nlohmann::json adopted_json(const std::map<int64_t, int64_t>& adopted);
+  // Heard from `id` now: it is alive, and so are its leases.
+  void touch(Member& m, int64_t id, Clock::time_point now);
+  // The member is gone: its leases are open again, to be issued at the next plan.
+  void drop(Member& m, int64_t id);
+  // A task for `slot`'s shard of version `version` from `from`, starting at `step`, leased to
+  // `member` (issued again when that shard's earlier task is open: its holder failed).
+  int64_t issue_task(int64_t slot, int64_t version, const data::SamplerPosition& from, int64_t step, int64_t member,
+                     Clock::time_point now);
+  // The inner steps from `step` to the next synchronization (0 for time-budgeted rounds).
+  int64_t steps_of_round_from(int64_t step) const;
   void fail_member(int64_t id, const std::string& how, double noticed_after_s, Clock::time_point now);
   // The inner steps a member took since the last completed round: lost when it fails.
   int64_t unsynchronized_steps(const Member& m) const;
@@ -165,9 +192,15 @@ class MembershipTable {
     std::vector<protocol::SlotInfo> slots;  // positions if it completes, and who reads each shard next
     std::vector<int64_t> done;              // participants that reported it complete
     std::map<int64_t, int64_t> adopted;     // slot -> the contributor that read its shard (no owner did)
+    // The claims taken: task -> where its shard stands, completed when the round completes.
+    std::map<int64_t, data::SamplerPosition> reports;
+    std::vector<int64_t> issued;            // the next round's tasks this plan issued
   };
   std::optional<Convened> convened_;
-  static protocol::RoundReply go_reply(const Convened& convened, size_t rank);
+  void take_claims(Convened& convened, const std::vector<int64_t>& active);
+  // The answer to the participant of rank `rank`: the round's group and the tasks it leases next.
+  protocol::RoundReply go_reply(const Convened& convened, size_t rank) const;
+  TaskTable tasks_;
   std::optional<uint64_t> last_hash_;     // of the last completed round
   std::optional<Clock::time_point> failure_noticed_;  // for the recovery time
   std::optional<Clock::time_point> last_expire_;      // the coordinator checks often; a long gap is its own stall

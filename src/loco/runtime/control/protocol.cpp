@@ -57,6 +57,8 @@ E parse_name(const std::array<std::string_view, N>& names, std::string_view text
 constexpr std::array<std::string_view, 5> kPhaseNames = {"waiting", "running", "stopping", "finished", "failed"};
 constexpr std::array<std::string_view, 6> kActionNames = {"wait", "go", "rejoin", "stop", "finished", "restore"};
 constexpr std::array<std::string_view, 3> kStatusNames = {"finished", "stopped", "failed"};
+constexpr std::array<std::string_view, 3> kScopeNames = {"model", "fragment", "path"};
+constexpr std::array<std::string_view, 2> kReportNames = {"run", "round"};
 
 }  // namespace
 
@@ -74,6 +76,8 @@ bool legal_transition(Phase from, Phase to) {
 std::string_view to_string(Phase phase) { return kPhaseNames.at(static_cast<size_t>(phase)); }
 std::string_view to_string(RoundAction action) { return kActionNames.at(static_cast<size_t>(action)); }
 std::string_view to_string(EndStatus status) { return kStatusNames.at(static_cast<size_t>(status)); }
+std::string_view to_string(TaskScope scope) { return kScopeNames.at(static_cast<size_t>(scope)); }
+std::string_view to_string(TaskReport report) { return kReportNames.at(static_cast<size_t>(report)); }
 Phase parse_phase(std::string_view text, const char* field) { return parse_name<Phase>(kPhaseNames, text, field); }
 RoundAction parse_round_action(std::string_view text, const char* field) {
   return parse_name<RoundAction>(kActionNames, text, field);
@@ -170,6 +174,28 @@ int64_t nonnegative(const nlohmann::json& json, const char* name) {
 
 }  // namespace
 
+nlohmann::json Task::to_json() const {
+  return {{"id", id}, {"scope", to_string(scope)}, {"part", part}, {"version", version}, {"shard", shard},
+          {"from", position_json(from)}, {"steps", steps}, {"seconds", seconds}, {"report", to_string(report)}};
+}
+
+Task Task::from_json(const nlohmann::json& json) {
+  Task t;
+  t.id = nonnegative(json, "id");
+  t.scope = parse_name<TaskScope>(kScopeNames, field<std::string>(json, "scope"), "scope");
+  t.part = field<int64_t>(json, "part");
+  if (t.part < -1) throw ProtocolError("field 'part' must be -1 or a part's index");
+  t.version = nonnegative(json, "version");
+  t.shard = nonnegative(json, "shard");
+  if (t.shard >= static_cast<int64_t>(kMaxSlots)) throw ProtocolError("field 'shard' is out of range");
+  t.from = position_from(json, "from");
+  t.steps = nonnegative(json, "steps");
+  t.seconds = field<double>(json, "seconds");
+  if (!(t.seconds >= 0)) throw ProtocolError("field 'seconds' must be >= 0");
+  t.report = parse_name<TaskReport>(kReportNames, field<std::string>(json, "report"), "report");
+  return t;
+}
+
 nlohmann::json JoinReply::to_json() const {
   nlohmann::json j = {{"rank", rank}, {"world_size", world_size}, {"run_id", run_id}, {"member", member},
                       {"joiner", joiner}, {"position", position_json(position)}};
@@ -231,10 +257,12 @@ RoundRequest RoundRequest::from_json(const nlohmann::json& json) {
 nlohmann::json RoundReply::to_json() const {
   nlohmann::json slot_list = nlohmann::json::array();
   for (const auto& s : slots) {
-    slot_list.push_back({{"owner", s.owner}, {"reader", s.reader}, {"position", position_json(s.position)}});
+    slot_list.push_back({{"owner", s.owner}, {"position", position_json(s.position)}});
   }
+  nlohmann::json task_list = nlohmann::json::array();
+  for (const auto& t : tasks) task_list.push_back(t.to_json());
   return {{"action", to_string(action)}, {"round", round}, {"epoch", epoch}, {"rank", rank}, {"size", size},
-          {"contributors", contributors}, {"step", step}, {"slots", slot_list}, {"reason", reason}};
+          {"contributors", contributors}, {"step", step}, {"slots", slot_list}, {"tasks", task_list}, {"reason", reason}};
 }
 RoundReply RoundReply::from_json(const nlohmann::json& json) {
   RoundReply r;
@@ -246,8 +274,11 @@ RoundReply RoundReply::from_json(const nlohmann::json& json) {
   r.contributors = field<int64_t>(json, "contributors");
   r.step = field_or<int64_t>(json, "step", 0);
   for (const auto& s : field<nlohmann::json>(json, "slots")) {
-    r.slots.push_back({field<int64_t>(s, "owner"), position_from(s, "position"), field_or<int64_t>(s, "reader", -1)});
+    r.slots.push_back({field<int64_t>(s, "owner"), position_from(s, "position")});
   }
+  const auto tasks = field_or<nlohmann::json>(json, "tasks", nlohmann::json::array());
+  if (!tasks.is_array() || tasks.size() > kMaxSlots) throw ProtocolError("field 'tasks' must be an array of at most 65536 tasks");
+  for (const auto& t : tasks) r.tasks.push_back(Task::from_json(t));
   r.reason = field<std::string>(json, "reason");
   return r;
 }
@@ -268,6 +299,7 @@ RoundDone RoundDone::from_json(const nlohmann::json& json) {
 nlohmann::json StartReply::to_json() const {
   nlohmann::json j = {{"phase", to_string(phase)}, {"missing", missing}, {"epoch", epoch}, {"error", error}};
   j["resume_step"] = resume_step ? nlohmann::json(*resume_step) : nlohmann::json();
+  if (task) j["task"] = task->to_json();
   return j;
 }
 
@@ -278,17 +310,19 @@ StartReply StartReply::from_json(const nlohmann::json& json) {
   r.epoch = field<int64_t>(json, "epoch");
   r.error = field<std::string>(json, "error");
   if (json.contains("resume_step") && !json.at("resume_step").is_null()) r.resume_step = field<int64_t>(json, "resume_step");
+  if (json.contains("task")) r.task = Task::from_json(json.at("task"));
   return r;
 }
 
 nlohmann::json DoneRequest::to_json() const {
-  return {{"rank", rank}, {"member", member}, {"status", to_string(status)}, {"error", error}, {"summary", summary}};
+  return {{"rank", rank}, {"member", member}, {"task", task}, {"status", to_string(status)}, {"error", error}, {"summary", summary}};
 }
 
 DoneRequest DoneRequest::from_json(const nlohmann::json& json) {
   DoneRequest r;
   r.rank = field<int64_t>(json, "rank");
   r.member = field_or<int64_t>(json, "member", -1);
+  r.task = field_or<int64_t>(json, "task", -1);
   r.status = parse_end_status(field<std::string>(json, "status"));
   r.error = field_or<std::string>(json, "error", "");
   check_length(r.error, 1 << 16, "error");

@@ -18,7 +18,7 @@
 
 namespace loco::runtime::protocol {
 
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: tasks in the round plan (RoundReply::tasks), StartReply::task
 
 // A request that breaks the protocol (answered with HTTP 400).
 class ProtocolError : public Error {
@@ -58,6 +58,29 @@ std::string_view to_string(EndStatus status);
 Phase parse_phase(std::string_view text, const char* field = "phase");
 RoundAction parse_round_action(std::string_view text, const char* field = "action");
 EndStatus parse_end_status(std::string_view text, const char* field = "status");
+
+// A task (control/tasks.h): what a worker trains, from where, for how long, and what it sends back.
+enum class TaskScope { kModel, kFragment, kPath };  // every parameter; a Streaming DiLoCo fragment; a DiPaCo path
+enum class TaskReport {
+  kRun,    // a fixed run's whole part: every synchronization happens inside it; reported at the end
+  kRound,  // one round of an elastic run: the outer gradient in the round's collective, then the shard's position
+};
+std::string_view to_string(TaskScope scope);
+std::string_view to_string(TaskReport report);
+
+struct Task {
+  int64_t id = 0;
+  TaskScope scope = TaskScope::kModel;
+  int64_t part = -1;            // kFragment / kPath: which one (-1: the strategy's schedule says)
+  int64_t version = 0;          // the global version it trains from: rounds completed
+  int64_t shard = 0;            // the slot whose shard of the data it reads
+  data::SamplerPosition from;   // where that reading starts
+  int64_t steps = 0;            // inner steps (kRun: the run's; kRound: H); 0: by time
+  double seconds = 0;           // kRound of a time-budgeted run: the round's budget; 0: by steps
+  TaskReport report = TaskReport::kRound;
+  nlohmann::json to_json() const;
+  static Task from_json(const nlohmann::json& json);
+};
 
 // What makes two prepared datasets the same dataset, wherever their folders are.
 struct DatasetIdentity {
@@ -115,6 +138,7 @@ struct StartReply {
   int64_t epoch = 0;                   // membership epoch: the process group to form
   std::optional<int64_t> resume_step;  // the checkpoint this worker resumes from
   std::string error;                   // why the run failed
+  std::optional<Task> task;            // fixed runs, once running: this worker's task (the whole run)
 
   nlohmann::json to_json() const;
   static StartReply from_json(const nlohmann::json& json);
@@ -127,6 +151,7 @@ struct DoneRequest {
   std::string error;
   nlohmann::json summary = nlohmann::json::object();
   int64_t member = -1;  // elastic runs: the member id (rank is then its slot)
+  int64_t task = -1;    // fixed runs: the task it reports (-1: none was leased, e.g. stopped before the start)
 
   nlohmann::json to_json() const;
   static DoneRequest from_json(const nlohmann::json& json);
@@ -168,9 +193,6 @@ struct RoundRequest {
 struct SlotInfo {
   int64_t owner = -1;  // member id, -1: vacant
   data::SamplerPosition position;
-  // In a round's plan: the member that reads this slot's shard until the next plan (its owner, or
-  // a participant that adopts the shard of a slot no participant holds); -1: nobody.
-  int64_t reader = -1;
 };
 
 struct RoundReply {
@@ -179,6 +201,9 @@ struct RoundReply {
   int64_t contributors = 0;     // ranks 0..contributors-1 add their outer gradients; the rest are joiners
   int64_t step = 0;             // the round's step: the furthest contributor's
   std::vector<SlotInfo> slots;  // every slot's data position as of this round's end, if it completes
+  // kGo: the tasks leased to this member for the next round (its own shard's, and the shards of
+  // vacant slots dealt to it), each from where its shard stands at this round's end.
+  std::vector<Task> tasks;
   std::string reason;
   nlohmann::json to_json() const;
   static RoundReply from_json(const nlohmann::json& json);

@@ -106,9 +106,10 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
       case RoundAction::kStop: throw algorithms::RunStopping(reply.reason.empty() ? "the run is stopping" : reply.reason);
       case RoundAction::kFinished: throw algorithms::RunStopping("training completed");
       case RoundAction::kRestore: {
-        const auto position = slot() < static_cast<int64_t>(reply.slots.size())
-                                  ? reply.slots[static_cast<size_t>(slot())].position
-                                  : data::SamplerPosition{};
+        data::SamplerPosition position;
+        for (const auto& task : reply.tasks) {
+          if (task.shard == slot()) position = task.from;
+        }
         throw algorithms::RestartFromCheckpoint(reply.step >= 0 ? std::optional<int64_t>(reply.step) : std::nullopt,
                                                 position.epoch, position.cursor);
       }
@@ -137,15 +138,15 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     // Every slot's position as of this round's end: the run's state once the round completes.
     planned_ = RunProgress{reply.round, {}};
     for (const auto& info : reply.slots) planned_->shards.push_back(info.position);
-    if (joined_.joiner && slot() < static_cast<int64_t>(reply.slots.size())) {
-      joined_position_ = reply.slots[static_cast<size_t>(slot())].position;
-    }
-    // From now until the next plan, this worker reads the shards the plan names it the reader of,
-    // from where the plan says they stand (for a shard it kept, where it reported it).
+    // Until the next plan this worker runs the tasks the plan leased it: its own shard's (a joiner
+    // learns there where its slot stands) and those of vacant slots dealt to it, each from where
+    // the plan says its shard stands.
     std::map<int64_t, data::SamplerPosition> adopted;
-    for (size_t s = 0; s < reply.slots.size(); ++s) {
-      if (reply.slots[s].reader == joined_.member && static_cast<int64_t>(s) != slot()) {
-        adopted.emplace(static_cast<int64_t>(s), reply.slots[s].position);
+    for (const auto& task : reply.tasks) {
+      if (task.shard == slot()) {
+        if (joined_.joiner) joined_position_ = task.from;
+      } else {
+        adopted.emplace(task.shard, task.from);
       }
     }
     if (adopted != adopted_) {

@@ -291,25 +291,13 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
 
 }  // namespace
 
-TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& options) {
-  RunConfig config = input_config;
-  resolve_defaults(config);
-  auto say = [&](const std::string& text) {
-    if (options.progress == metrics::ProgressMode::kJson) {
-      fmt::print(options.out, "{}\n", nlohmann::json{{"message", text}}.dump());
-    } else {
-      fmt::print(options.out, "{}\n", text);
-    }
-    std::fflush(options.out);
-  };
-  if (config.cluster.elastic) {
-    auto dataset = data::Dataset::open(config.data.dir);
-    return run_elastic_worker(config, options, dataset, say);
-  }
+namespace {
 
-  // --- Before joining: the dataset, and this worker's own checkpoints ----------------------------
-  auto dataset = data::Dataset::open(config.data.dir);
-  const fs::path run_dir(config.run.dir);
+using Say = std::function<void(const std::string&)>;
+
+// A fixed worker's join: its rank, config and dataset, and (resuming) its own checkpoints; a fresh
+// run must find none.
+protocol::JoinRequest fixed_join_request(const RunConfig& config, const WorkerOptions& options, const data::Dataset& dataset) {
   protocol::JoinRequest request;
   request.name = process_name(::getpid());
   request.rank = options.rank;
@@ -321,24 +309,104 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     throw ConfigError("worker", "--resume needs this worker's rank: pass --rank (or set RANK or SLURM_PROCID)");
   }
   if (options.rank >= 0) {
-    const fs::path checkpoints = run_dir / "workers" / std::to_string(options.rank) / "checkpoints";
+    const fs::path checkpoints = fs::path(config.run.dir) / "workers" / std::to_string(options.rank) / "checkpoints";
     request.checkpoints = list_checkpoints(checkpoints);
     if (!options.resume && !request.checkpoints.empty()) {
       throw ConfigError("worker", fmt::format("{} already holds checkpoints of a run; pass --resume to continue it, or "
                                               "choose another run.dir (nothing was overwritten)", checkpoints.string()));
     }
   }
+  return request;
+}
 
-  // --- Join, and wait for everyone -----------------------------------------------------------------
+// Every worker divides the data alike: its division's hash is checked against worker 0's through
+// the coordinator's store (k-means on different hardware may differ). Worker 0 writes RUN/shards.json.
+void check_same_division(const RunConfig& config, CoordinatorClient& client, const data::ShardAssignment& assignment,
+                         const data::Dataset& dataset, int64_t rank, int64_t epoch, const Say& say) {
+  auto store = client.key_value_store();
+  const uint64_t mine = assignment_hash(assignment);
+  const std::string prefix = fmt::format("epoch/{}", epoch);
+  store->set(fmt::format("{}/shards/{}", prefix, rank), hex64(mine));
+  auto reference = store->get(prefix + "/shards/0", seconds(config.cluster.timeout_s));
+  if (!reference) throw PeerError("worker", "worker 0 did not publish its shard assignment in time");
+  if (*reference != hex64(mine)) {
+    throw DataError("worker", fmt::format("worker {} computed a different division of the data than worker 0 ({} vs {}); "
+                                          "k-means on different hardware can do this: use data.shard = \"iid\" or \"label\"",
+                                          rank, hex64(mine), *reference));
+  }
+  const auto shards = describe(assignment, dataset);
+  if (rank == 0) write_file_atomic(fs::path(config.run.dir) / "shards.json", shards.dump(1) + "\n", "worker");
+  say(fmt::format("worker {}/{}: shard ({}) {}", rank, config.cluster.workers, assignment.policy,
+                  summary_line(shards["workers"][rank])));
+}
+
+// A fixed run's task: the whole run on the task's shard, in the run's one group.
+TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& options, CoordinatorClient& client,
+                            const data::Dataset& dataset, const protocol::StartReply& start, int64_t rank, const Say& say) {
+  if (!start.task) throw PeerError("worker", "the coordinator started the run without a task for this worker");
+  const auto& task = *start.task;
+  const int64_t world = config.cluster.workers;
+  const auto assignment = assign_shards(config, dataset, world);
+  if (task.shard < 0 || task.shard >= world) {
+    throw PeerError("worker", fmt::format("task {} reads shard {}, but the run has {}", task.id, task.shard, world));
+  }
+  check_same_division(config, client, assignment, dataset, rank, start.epoch, say);
+  const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(task.shard)]);
+
+  const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
+  std::optional<comm::Group> group;
+  if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
+  auto strategy = make_strategy(config, group ? *group : comm::Group::single());
+  FixedLink link(client, options.stop);
+  TrainOptions train_options;
+  train_options.resume_step = start.resume_step;
+  train_options.stop = options.stop;
+  train_options.progress = options.progress;
+  train_options.out = options.out;
+  train_options.worker.rank = rank;
+  train_options.worker.world_size = world;
+  train_options.worker.distributed = true;
+  train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
+  train_options.worker.train_tokens = &tokens;
+  train_options.worker.link = &link;
+  const auto summary = train(config, *strategy, train_options);
+  if (summary.interrupted) {
+    // Tell the others before this worker's connections close: their collectives then fail, and
+    // they must learn it was a stop, not a crash.
+    client.report_stop(rank, fmt::format("worker {} stopped at step {}", rank, summary.steps));
+  }
+  return summary;
+}
+
+}  // namespace
+
+TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& options) {
+  RunConfig config = input_config;
+  resolve_defaults(config);
+  auto say = [&](const std::string& text) {
+    if (options.progress == metrics::ProgressMode::kJson) {
+      fmt::print(options.out, "{}\n", nlohmann::json{{"message", text}}.dump());
+    } else {
+      fmt::print(options.out, "{}\n", text);
+    }
+    std::fflush(options.out);
+  };
+  auto dataset = data::Dataset::open(config.data.dir);
+  if (config.cluster.elastic) return run_elastic_worker(config, options, dataset, say);
+
+  // A fixed worker's life: join, wait for everyone, run its one task (the whole run), report it.
   CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
-  const auto joined = client.join(request);
-  const int64_t rank = joined.rank, world = joined.world_size;
-  say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, world, client.address(), joined.run_id));
-  auto start = client.wait_for_start(rank, options.stop);
+  const auto joined = client.join(fixed_join_request(config, options, dataset));
+  const int64_t rank = joined.rank;
+  say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, joined.world_size, client.address(),
+                  joined.run_id));
+  const auto start = client.wait_for_start(rank, options.stop);
   TrainSummary summary;
   auto report_done = [&](protocol::EndStatus status, const std::string& error) {
     try {
-      client.report_done({rank, status, error, summary_json(summary)});
+      protocol::DoneRequest done{rank, status, error, summary_json(summary)};
+      if (start.task) done.task = start.task->id;
+      client.report_done(done);
     } catch (const std::exception& e) {
       say(fmt::format("worker {}: could not report its end to the coordinator: {}", rank, e.what()));
     }
@@ -348,52 +416,8 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     report_done(protocol::EndStatus::kStopped, "");
     return summary;
   }
-
   try {
-    // --- The shard: the same on every worker, checked through the coordinator's store -----------
-    auto store = client.key_value_store();
-    const auto assignment = assign_shards(config, dataset, world);
-    const uint64_t mine = assignment_hash(assignment);
-    const std::string prefix = fmt::format("epoch/{}", start.epoch);
-    store->set(fmt::format("{}/shards/{}", prefix, rank), hex64(mine));
-    auto reference = store->get(prefix + "/shards/0", seconds(config.cluster.timeout_s));
-    if (!reference) throw PeerError("worker", "worker 0 did not publish its shard assignment in time");
-    if (*reference != hex64(mine)) {
-      throw DataError("worker", fmt::format("worker {} computed a different division of the data than worker 0 ({} vs {}); "
-                                            "k-means on different hardware can do this: use data.shard = \"iid\" or \"label\"",
-                                            rank, hex64(mine), *reference));
-    }
-    const auto shards = describe(assignment, dataset);
-    if (rank == 0) write_file_atomic(run_dir / "shards.json", shards.dump(1) + "\n", "worker");
-    say(fmt::format("worker {}/{}: shard ({}) {}", rank, world, assignment.policy, summary_line(shards["workers"][rank])));
-    const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(rank)]);
-
-    // --- The process group of this membership epoch ----------------------------------------------
-    const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
-    std::optional<comm::Group> group;
-    if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
-    auto strategy = make_strategy(config, group ? *group : comm::Group::single());
-
-    TrainOptions train_options;
-    train_options.resume_step = start.resume_step;
-    train_options.stop = options.stop;
-    train_options.progress = options.progress;
-    train_options.out = options.out;
-    train_options.worker.rank = rank;
-    train_options.worker.world_size = world;
-    train_options.worker.distributed = true;
-    train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
-    train_options.worker.train_tokens = &tokens;
-    FixedLink link(client, options.stop);
-    train_options.worker.link = &link;
-    summary = train(config, *strategy, train_options);
-    if (summary.interrupted) {
-      // Tell the others before this worker's connections close: their collectives then fail, and
-      // they must learn it was a stop, not a crash.
-      client.report_stop(rank, fmt::format("worker {} stopped at step {}", rank, summary.steps));
-    }
-    strategy.reset();
-    group.reset();
+    summary = run_fixed_task(config, options, client, dataset, start, rank, say);
   } catch (const std::exception& e) {
     report_done(protocol::EndStatus::kFailed, e.what());
     throw;
