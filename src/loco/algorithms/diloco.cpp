@@ -19,14 +19,8 @@ void DiLoCoOptions::validate() const {
 }
 
 DiLoCo::DiLoCo(comm::Group group, DiLoCoOptions options, Membership* membership)
-    : group_(std::move(group)), membership_(membership), options_(options) {
+    : elastic_(std::move(group), membership), options_(options) {
   options_.validate();
-}
-
-void DiLoCo::use_group(const comm::Group& group) {
-  if (group.same_as(group_)) return;
-  bytes_before_ += group_.bytes_sent();
-  group_ = group;
 }
 
 bool DiLoCo::round_ends_at(int64_t step) const {
@@ -53,9 +47,9 @@ SyncReports DiLoCo::on_start(model::Transformer& model, int64_t step) {
   round_start_ = std::chrono::steady_clock::now();
   if (!restored_ || restored_->empty()) {
     synced_step_ = step;
-    if (membership_ == nullptr) {
-      check_identical(group_, global_, "the initial parameters");
-    } else if (membership_->joining()) {
+    if (!elastic_.elastic()) {
+      check_identical(elastic_.group(), global_, "the initial parameters");
+    } else if (elastic_.joining()) {
       return {join_round()};
     }
     return {};
@@ -84,29 +78,28 @@ SyncReports DiLoCo::after_step(StepContext& context) {
 }
 
 SyncReport DiLoCo::synchronize(int64_t step) {
-  if (membership_ != nullptr) return synchronize_elastic(step);
-  return reduce_and_step(group_, true, step);
+  if (elastic_.elastic()) return synchronize_elastic(step);
+  return reduce_and_step(elastic_.group(), true, step);
 }
 
 SyncReport DiLoCo::synchronize_elastic(int64_t step) {
   int64_t failed_epoch = std::exchange(failed_epoch_, -1);
   for (int64_t attempt = 0;; ++attempt) {
-    RoundPlan plan = membership_->begin_round(round_ + 1, step, failed_epoch);
-    use_group(plan.group);
+    RoundPlan plan = elastic_.begin(round_ + 1, step, failed_epoch);
     // Time-budgeted rounds: the contributors took different numbers of steps; the round's step is
     // the furthest one's (H-step rounds: everyone's).
     const int64_t round_step = std::max(step, plan.step);
     SyncReport report;
     try {
-      report = reduce_and_step(group_, plan.contributes(), round_step);
+      report = reduce_and_step(elastic_.group(), plan.contributes(), round_step);
     } catch (const PeerError&) {
       failed_epoch = plan.epoch;  // nothing changed: the round is convened again with whoever is left
       continue;
     }
-    membership_->end_round(plan, round_step, report.params_hash);
+    elastic_.end(plan, round_step, report.params_hash);
     if (plan.has_joiners()) {
       try {
-        report.stats += transfer_state(group_);
+        report.stats += transfer_state(elastic_.group());
       } catch (const PeerError&) {
         failed_epoch_ = plan.epoch;  // a joiner failed: its epoch is reported broken at the next round
       }
@@ -117,27 +110,18 @@ SyncReport DiLoCo::synchronize_elastic(int64_t step) {
 }
 
 SyncReport DiLoCo::join_round() {
-  int64_t failed_epoch = -1;
-  for (;;) {
-    RoundPlan plan = membership_->begin_round(0, step_, failed_epoch);
-    use_group(plan.group);
-    try {
-      SyncReport report = reduce_and_step(group_, false, step_);
-      report.stats += transfer_state(group_);
-      step_ = synced_step_;
-      joined_step_ = synced_step_;
-      round_start_ = std::chrono::steady_clock::now();
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);
-      report.round = round_;
-      report.step = synced_step_;
-      report.params_hash = hash_tensors(global_);
-      membership_->end_round(plan, synced_step_, report.params_hash);
-      return report;
-    } catch (const PeerError&) {
-      failed_epoch = plan.epoch;
-    }
-  }
+  return elastic_.join(step_, [&](const RoundPlan&) {
+    SyncReport report = reduce_and_step(elastic_.group(), false, step_);
+    report.stats += transfer_state(elastic_.group());
+    step_ = synced_step_;
+    round_start_ = std::chrono::steady_clock::now();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);
+    report.round = round_;
+    report.step = synced_step_;
+    report.params_hash = hash_tensors(global_);
+    return ElasticRounds::Joined{report, synced_step_};
+  });
 }
 
 comm::CommStats DiLoCo::transfer_state(comm::Group& group) {

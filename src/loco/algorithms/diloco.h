@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 
+#include "loco/algorithms/elastic_rounds.h"
 #include "loco/algorithms/flat_buffer.h"
 #include "loco/algorithms/membership.h"
 #include "loco/algorithms/restored_state.h"
@@ -54,9 +55,9 @@ class DiLoCo final : public SyncStrategy {
   SyncReports on_start(model::Transformer& model, int64_t step) override;
   SyncReports after_step(StepContext& context) override;
   bool in_sync() const override { return synced_step_ == step_; }
-  int64_t bytes_sent() const override { return bytes_before_ + group_.bytes_sent(); }
-  std::optional<int64_t> joined_at_step() const override { return joined_step_; }
-  bool leads() const override { return membership_ == nullptr || membership_->leads(); }
+  int64_t bytes_sent() const override { return elastic_.bytes_sent(); }
+  std::optional<int64_t> joined_at_step() const override { return elastic_.joined_step(); }
+  bool leads() const override { return elastic_.leads(); }
 
   // "global.<param>" (θ), "outer.<...>" (the outer optimizer's state), and 0-dim int64 tensors
   // "diloco.round", "diloco.synced_step" (inner steps at the last sync) and "diloco.round_tokens".
@@ -79,12 +80,8 @@ class DiLoCo final : public SyncStrategy {
   SyncReport reduce_and_step(comm::Group& group, bool contributes, int64_t step);
   // Rank 0 sends θ, the outer state, the round and its step to every rank (the joiners).
   comm::CommStats transfer_state(comm::Group& group);
-  void use_group(const comm::Group& group);
 
-  comm::Group group_;
-  Membership* membership_ = nullptr;
-  int64_t bytes_before_ = 0;               // sent by the groups of earlier epochs
-  std::optional<int64_t> joined_step_;
+  ElasticRounds elastic_;                   // the round's group (elastic: from the Membership)
   int64_t failed_epoch_ = -1;              // a state transfer failed in this epoch (told at the next round)
   DiLoCoOptions options_;
   std::vector<std::string> names_;

@@ -76,17 +76,12 @@ std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer&
 }
 
 StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership)
-    : group_(std::move(group)), options_(options), membership_(membership) {
+    : elastic_(std::move(group), membership), options_(options) {
   options_.validate();
-  LOCO_CHECK(membership_ == nullptr || options_.overlap_steps * options_.fragments < options_.inner_steps,
+  LOCO_CHECK(!elastic_.elastic() || options_.overlap_steps * options_.fragments < options_.inner_steps,
              "elastic Streaming DiLoCo needs one fragment on the wire at a time (config validation checks it)");
 }
 
-void StreamingDiLoCo::use_group(const comm::Group& group) {
-  if (group.same_as(group_)) return;
-  bytes_before_ += group_.bytes_sent();
-  group_ = group;
-}
 
 bool StreamingDiLoCo::at_boundary() const {
   return std::none_of(fragments_.begin(), fragments_.end(), [](const Fragment& f) { return f.pending; });
@@ -138,9 +133,9 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
   }
   step_ = step;
   if (!restored_ || restored_->empty()) {
-    if (membership_ == nullptr) {
-      background_.submit([&] { return check_identical(group_, global_, "the initial parameters"); }).get();
-    } else if (membership_->joining()) {
+    if (!elastic_.elastic()) {
+      background_.submit([&] { return check_identical(elastic_.group(), global_, "the initial parameters"); }).get();
+    } else if (elastic_.joining()) {
       return {join_round()};
     }
     return {};
@@ -197,7 +192,7 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
     if (!starts_at(static_cast<int64_t>(p), step) && !last) continue;
     start(f, step);
     // Elastic rounds come one at a time: a sync due at once completes before the next starts.
-    if (membership_ != nullptr && apply_step(f) <= step) reports.push_back(complete(p, step, last));
+    if (elastic_.elastic() && apply_step(f) <= step) reports.push_back(complete(p, step, last));
   }
   for (size_t p = 0; p < fragments_.size(); ++p) {
     if (fragments_[p].pending && apply_step(fragments_[p]) <= step) reports.push_back(complete(p, step, last));
@@ -206,13 +201,12 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
 }
 
 void StreamingDiLoCo::begin_round(int64_t step, int64_t failed_epoch) {
-  plan_ = membership_->begin_round(rounds_ + 1, step, failed_epoch);
-  use_group(plan_->group);
+  plan_ = elastic_.begin(rounds_ + 1, step, failed_epoch);
 }
 
 void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   torch::NoGradGuard no_grad;
-  if (membership_ != nullptr) begin_round(step, -1);
+  if (elastic_.elastic()) begin_round(step, -1);
   auto& sent = f.sent->views();
   for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]);
   f.pending_tokens = f.tokens;
@@ -231,11 +225,11 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     comm::CommStats told;
     if (tell_joiners) {
       auto which = torch::tensor({index}, torch::kInt64);
-      told = group_.broadcast(which, 0);
+      told = elastic_.group().broadcast(which, 0);
     }
     // w_m = tokens_m / Σ tokens, from one small all-reduce of (tokens, 1), as in DiLoCo.
     auto control = torch::tensor({static_cast<double>(f.pending_tokens), 1.0}, torch::kFloat64);
-    comm::CommStats stats = group_.all_reduce_sum(control);
+    comm::CommStats stats = elastic_.group().all_reduce_sum(control);
     const double total_tokens = control[0].item<double>();
     const int64_t participants = std::llround(control[1].item<double>());
     const double weight = options_.weighting == Weighting::kTokens && total_tokens > 0
@@ -247,13 +241,13 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
       // Σ w_m θ_m, bucket by bucket: DiLoCo's own collective (see diloco.cpp).
       for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
       if (weight != 1.0) f.result->flat().mul_(weight);
-      stats += f.result->all_reduce_sum(group_);
+      stats += f.result->all_reduce_sum(elastic_.group());
     } else {
       // Σ w_m Δ_m with Δ_m = θ_p − θ_{m,p}, each worker's term encoded on the wire. θ_p changes
       // only when this fragment's result is applied, after this task.
       for (size_t i = 0; i < result.size(); ++i) torch::sub_out(result[i], f.global[i], sent[i]);
       if (weight != 1.0) f.result->flat().mul_(weight);
-      stats += group_.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
+      stats += elastic_.group().all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
     }
     stats += told;
     stats.participants = participants;
@@ -271,7 +265,7 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     try {
       f.arrived = f.reduction.get();
     } catch (const PeerError&) {
-      if (membership_ != nullptr) {
+      if (elastic_.elastic()) {
         // Nothing changed: the round is convened again with whoever is left, and the same
         // contribution goes out again (the weights renormalize over the survivors).
         begin_round(f.started, plan_->epoch);
@@ -308,11 +302,11 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   report.params_hash = hash_tensors(global_);
   report.fragment = static_cast<int64_t>(index);
   report.stall_seconds = f.stall;
-  if (membership_ != nullptr) {
-    membership_->end_round(*plan_, f.started, report.params_hash);
+  if (elastic_.elastic()) {
+    elastic_.end(*plan_, f.started, report.params_hash);
     if (plan_->has_joiners()) {
       try {
-        report.stats += transfer_state(group_, step);
+        report.stats += transfer_state(elastic_.group(), step);
       } catch (const PeerError&) {
         // A joiner failed while receiving: the coordinator hears of it by heartbeats, and the
         // next round forms a new group. The round itself stands.
@@ -356,41 +350,33 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
 }
 
 SyncReport StreamingDiLoCo::join_round() {
-  int64_t failed_epoch = -1;
-  for (;;) {
-    RoundPlan plan = membership_->begin_round(0, step_, failed_epoch);
-    use_group(plan.group);
-    try {
-      torch::NoGradGuard no_grad;
-      // Which fragment this round syncs, then that fragment's collectives with nothing added.
-      auto which = torch::tensor({int64_t{-1}}, torch::kInt64);
-      comm::CommStats stats = group_.broadcast(which, 0);
-      const int64_t index = which.item<int64_t>();
-      LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
-      auto& f = fragments_[static_cast<size_t>(index)];
-      auto control = torch::zeros({2}, torch::kFloat64);
-      stats += group_.all_reduce_sum(control);
-      f.result->flat().zero_();
-      if (options_.exchange == comm::Encoding::kFp32) {
-        stats += f.result->all_reduce_sum(group_);
-      } else {
-        stats += group_.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
-      }
-      stats += transfer_state(group_, step_);
-      joined_step_ = step_;
-      SyncReport report;
-      report.round = rounds_;
-      report.step = step_;
-      report.world_size = std::llround(control[1].item<double>());
-      report.stats = stats;
-      report.params_hash = hash_tensors(global_);
-      report.fragment = index;
-      membership_->end_round(plan, fragments_[static_cast<size_t>(index)].started, report.params_hash);
-      return report;
-    } catch (const PeerError&) {
-      failed_epoch = plan.epoch;
+  return elastic_.join(step_, [&](const RoundPlan&) {
+    torch::NoGradGuard no_grad;
+    auto& group = elastic_.group();
+    // Which fragment this round syncs, then that fragment's collectives with nothing added.
+    auto which = torch::tensor({int64_t{-1}}, torch::kInt64);
+    comm::CommStats stats = group.broadcast(which, 0);
+    const int64_t index = which.item<int64_t>();
+    LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
+    auto& f = fragments_[static_cast<size_t>(index)];
+    auto control = torch::zeros({2}, torch::kFloat64);
+    stats += group.all_reduce_sum(control);
+    f.result->flat().zero_();
+    if (options_.exchange == comm::Encoding::kFp32) {
+      stats += f.result->all_reduce_sum(group);
+    } else {
+      stats += group.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
     }
-  }
+    stats += transfer_state(group, step_);
+    SyncReport report;
+    report.round = rounds_;
+    report.step = step_;
+    report.world_size = std::llround(control[1].item<double>());
+    report.stats = stats;
+    report.params_hash = hash_tensors(global_);
+    report.fragment = index;
+    return ElasticRounds::Joined{report, f.started};
+  });
 }
 
 NamedTensors StreamingDiLoCo::state() {

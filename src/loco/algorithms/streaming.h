@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "loco/algorithms/diloco.h"
+#include "loco/algorithms/elastic_rounds.h"
 #include "loco/algorithms/flat_buffer.h"
 #include "loco/algorithms/membership.h"
 #include "loco/algorithms/restored_state.h"
@@ -88,10 +89,10 @@ class StreamingDiLoCo final : public SyncStrategy {
   SyncReports after_step(StepContext& context) override;
   bool in_sync() const override;
   const std::vector<torch::Tensor>* evaluation_parameters() const override { return &global_; }
-  int64_t bytes_sent() const override { return bytes_before_ + group_.bytes_sent(); }
+  int64_t bytes_sent() const override { return elastic_.bytes_sent(); }
   bool at_boundary() const override;
-  std::optional<int64_t> joined_at_step() const override { return joined_step_; }
-  bool leads() const override { return membership_ == nullptr || membership_->leads(); }
+  std::optional<int64_t> joined_at_step() const override { return elastic_.joined_step(); }
+  bool leads() const override { return elastic_.leads(); }
 
   // "global.<param>" (θ), per fragment p "outer.<p>.<...>" (its outer optimizer), and 0-dim
   // tensors "streaming.step", "streaming.rounds", "streaming.<p>.{round,tokens,started}"; for a
@@ -138,16 +139,12 @@ class StreamingDiLoCo final : public SyncStrategy {
   void begin_round(int64_t step, int64_t failed_epoch);
   SyncReport join_round();
   comm::CommStats transfer_state(comm::Group& group, int64_t step);
-  void use_group(const comm::Group& group);
   SyncReport complete(size_t index, int64_t step, bool last);
   int64_t apply_step(const Fragment& fragment) const;
 
-  comm::Group group_;
+  ElasticRounds elastic_;                   // the round's group (elastic: from the Membership)
   StreamingOptions options_;
-  Membership* membership_ = nullptr;
   std::optional<RoundPlan> plan_;           // elastic: the round of the fragment in flight
-  int64_t bytes_before_ = 0;                // sent by the groups of earlier epochs
-  std::optional<int64_t> joined_step_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
   std::vector<torch::Tensor> global_;      // θ, fp32 CPU

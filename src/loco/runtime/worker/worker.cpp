@@ -145,6 +145,22 @@ class ElasticLink final : public FixedLink {
   std::map<int64_t, std::vector<int32_t>> shards_;
 };
 
+// The training loop's options for worker `rank` of `world`, reading `tokens`, linked to its run.
+TrainOptions worker_train_options(const WorkerOptions& options, std::optional<int64_t> resume_step, int64_t rank,
+                                  int64_t world, const std::vector<int32_t>& tokens, RunLink& link) {
+  TrainOptions train_options;
+  train_options.resume_step = resume_step;
+  train_options.stop = options.stop;
+  train_options.progress = options.progress;
+  train_options.out = options.out;
+  train_options.worker.rank = rank;
+  train_options.worker.world_size = world;
+  train_options.worker.distributed = true;
+  train_options.worker.train_tokens = &tokens;
+  train_options.worker.link = &link;
+  return train_options;
+}
+
 }  // namespace
 
 comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client) {
@@ -243,17 +259,8 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       }
       ElasticLink link(session, client, dataset, assignment, options.stop);
       link.own_start = joined.joiner ? std::nullopt : std::optional(joined.position);  // the coordinator's record
-      TrainOptions train_options;
-      train_options.resume_step = joined.resume_step;
-      train_options.stop = options.stop;
-      train_options.progress = options.progress;
-      train_options.out = options.out;
-      train_options.worker.rank = slot;
-      train_options.worker.world_size = config.cluster.workers;
-      train_options.worker.distributed = true;
+      auto train_options = worker_train_options(options, joined.resume_step, slot, config.cluster.workers, tokens, link);
       train_options.worker.elastic = true;
-      train_options.worker.train_tokens = &tokens;
-      train_options.worker.link = &link;
       summary = train(config, *strategy, train_options);
     } catch (const algorithms::RestartFromCheckpoint& e) {
       say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
@@ -358,17 +365,8 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
   if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
   auto strategy = make_strategy(config, group ? *group : comm::Group::single());
   FixedLink link(client, options.stop);
-  TrainOptions train_options;
-  train_options.resume_step = start.resume_step;
-  train_options.stop = options.stop;
-  train_options.progress = options.progress;
-  train_options.out = options.out;
-  train_options.worker.rank = rank;
-  train_options.worker.world_size = world;
-  train_options.worker.distributed = true;
+  auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);
   train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
-  train_options.worker.train_tokens = &tokens;
-  train_options.worker.link = &link;
   const auto summary = train(config, *strategy, train_options);
   if (summary.interrupted) {
     // Tell the others before this worker's connections close: their collectives then fail, and
