@@ -188,5 +188,56 @@ TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
   EXPECT_TRUE(second.in_sync());
 }
 
+// DiLoCo became Streaming DiLoCo's one-fragment case, and its checkpointed state took the
+// streaming entries. A state in the earlier layout ("diloco.round", "diloco.synced_step",
+// "diloco.round_tokens", "outer.<key>"; main jobs run before the change hold one) still resumes:
+// its pending round completes with the θ the uninterrupted run reached.
+TEST(DiLoCo, ACheckpointOfTheEarlierLayoutStillResumes) {
+  model::Transformer model(tiny_model(), 5);
+  auto adamw = make_adamw(model);
+  DiLoCoOptions o;
+  o.inner_steps = 2;
+  o.total_steps = 4;
+  DiLoCo first(comm::Group::single(), o);
+  first.on_start(model, 0);
+  StepContext context{0, 32, &model};
+  train_step(model, adamw, batch(0, 4));
+  adamw.step(1e-2);
+  first.after_step(context);
+  train_step(model, adamw, batch(1, 4));
+  adamw.step(1e-2);
+  // The state at step 2 as the earlier DiLoCo laid it out.
+  NamedTensors earlier;
+  for (const auto& [name, tensor] : first.state()) {
+    if (name == "streaming.rounds") earlier.emplace_back("diloco.round", tensor.clone());
+    else if (name == "streaming.0.started") earlier.emplace_back("diloco.synced_step", tensor.clone());
+    else if (name == "streaming.0.tokens") earlier.emplace_back("diloco.round_tokens", tensor.clone());
+    else if (name.starts_with("outer.0.")) earlier.emplace_back("outer." + name.substr(8), tensor.clone());
+    else if (name.starts_with("global.")) earlier.emplace_back(name, tensor.clone());
+  }
+  ASSERT_EQ(std::count_if(earlier.begin(), earlier.end(), [](const auto& t) { return t.first.starts_with("diloco."); }), 3);
+  auto pending_model = snapshot(model);
+  context.step = 1;
+  auto expected = first.after_step(context).at(0);
+
+  model::Transformer restored(tiny_model(), 77);
+  {
+    torch::NoGradGuard no_grad;
+    auto params = restored->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(pending_model[i]);
+  }
+  DiLoCo second(comm::Group::single(), o);
+  second.load_state(earlier);
+  auto reports = second.on_start(restored, 2);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].round, 1);
+  EXPECT_EQ(reports[0].params_hash, expected.params_hash);
+  // An entry the layout never had is still refused.
+  earlier.emplace_back("diloco.unknown", torch::tensor(int64_t{1}));
+  DiLoCo third(comm::Group::single(), o);
+  third.load_state(earlier);
+  EXPECT_THROW(third.on_start(restored, 2), DataError);
+}
+
 }  // namespace
 }  // namespace loco::algorithms

@@ -68,10 +68,16 @@ TEST(Streaming, OptionsAreValidated) {
   EXPECT_THROW(streaming(10, 100, 2, 10, 0.5).validate(), ConfigError);  // τ >= H
   EXPECT_THROW(streaming(10, 100, 2, -1, 0.5).validate(), ConfigError);
   EXPECT_THROW(streaming(10, 100, 2, 1, 1.5).validate(), ConfigError);
+  auto timed = streaming(10, 100, 2, 0, 0.0);
+  timed.round_seconds = 1;
+  EXPECT_THROW(timed.validate(), ConfigError) << "time-budgeted rounds are DiLoCo's: one fragment";
+  timed.fragments = 1;
+  EXPECT_NO_THROW(timed.validate());
 }
 
 // Three ranks, real AdamW steps on different data: with P = 1, τ = 0, α = 0 and fp32, Streaming
-// DiLoCo takes exactly DiLoCo's path.
+// DiLoCo takes exactly DiLoCo's path. (DiLoCo is this class with DiLoCoOptions::as_streaming(): the
+// test checks that those options are all DiLoCo is, bit for bit, with unequal token weights.)
 TEST(Streaming, OneFragmentWithoutOverlapIsDiLoCoBitForBit) {
   constexpr int64_t kSize = 3, kSteps = 8;
   auto run = [&](bool stream) {

@@ -34,6 +34,9 @@ void StreamingOptions::validate() const {
     throw ConfigError("algorithms", fmt::format("sync.merge_alpha must be in [0, 1], got {}", merge_alpha));
   }
   if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
+  if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
+    throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
+  }
   outer.validate();
 }
 
@@ -75,8 +78,8 @@ std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer&
   return plan;
 }
 
-StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership)
-    : elastic_(std::move(group), membership), options_(options) {
+StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership, std::string name)
+    : elastic_(std::move(group), membership), options_(options), name_(std::move(name)) {
   options_.validate();
   LOCO_CHECK(!elastic_.elastic() || options_.overlap_steps * options_.fragments < options_.inner_steps,
              "elastic Streaming DiLoCo needs one fragment on the wire at a time (config validation checks it)");
@@ -90,6 +93,10 @@ bool StreamingDiLoCo::at_boundary() const {
 StreamingDiLoCo::~StreamingDiLoCo() = default;
 
 bool StreamingDiLoCo::starts_at(int64_t fragment, int64_t step) const {
+  if (options_.round_seconds > 0) {
+    return step <= options_.total_steps &&
+           Clock::now() - round_start_ >= std::chrono::duration<double>(options_.round_seconds);
+  }
   const int64_t offset = fragment * options_.inner_steps / options_.fragments;
   return step >= std::max<int64_t>(1, offset) && step <= options_.total_steps && (step - offset) % options_.inner_steps == 0;
 }
@@ -132,6 +139,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     f.exact = step;
   }
   step_ = step;
+  round_start_ = Clock::now();
   if (!restored_ || restored_->empty()) {
     if (!elastic_.elastic()) {
       background_.submit([&] { return check_identical(elastic_.group(), global_, "the initial parameters"); }).get();
@@ -251,7 +259,7 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     }
     stats += told;
     stats.participants = participants;
-    return Reduced{stats, participants};
+    return Reduced{stats, participants, weight};
   });
 }
 
@@ -288,22 +296,29 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     if (alpha == 0) f.local[i].copy_(global);
     else f.local[i].copy_(torch::lerp(global, f.local[i], alpha));
   }
+  // Time-budgeted rounds: the contributors took different numbers of steps, and everyone continues
+  // from the furthest one's (the round's step); otherwise every worker is at the same step.
+  const int64_t round_step = plan_ ? std::max(step, plan_->step) : step;
   f.arrived.reset();
   f.pending = false;
   f.round += 1;
-  if (alpha == 0) f.exact = step;
+  if (alpha == 0) f.exact = round_step;
+  step_ = std::max(step_, round_step);
   rounds_ += 1;
+  round_start_ = Clock::now();
 
   SyncReport report;
   report.round = rounds_;
-  report.step = step;
+  report.step = round_step;
   report.world_size = reduced.participants;
   report.stats = reduced.stats;
   report.params_hash = hash_tensors(global_);
-  report.fragment = static_cast<int64_t>(index);
+  report.fragment = options_.fragments > 1 ? static_cast<int64_t>(index) : -1;
   report.stall_seconds = f.stall;
+  report.weight = reduced.weight;
+  report.tokens = f.pending_tokens;
   if (elastic_.elastic()) {
-    elastic_.end(*plan_, f.started, report.params_hash);
+    elastic_.end(*plan_, std::max(f.started, plan_->step), report.params_hash);
     if (plan_->has_joiners()) {
       try {
         report.stats += transfer_state(elastic_.group(), step);
@@ -336,6 +351,7 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
   torch::NoGradGuard no_grad;
   rounds_ = counters[0];
   step_ = counters[1];
+  round_start_ = Clock::now();
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     f.outer->load_state(outer_states[p]);
@@ -374,7 +390,7 @@ SyncReport StreamingDiLoCo::join_round() {
     report.world_size = std::llround(control[1].item<double>());
     report.stats = stats;
     report.params_hash = hash_tensors(global_);
-    report.fragment = index;
+    report.fragment = options_.fragments > 1 ? index : -1;
     return ElasticRounds::Joined{report, f.started};
   });
 }
@@ -414,8 +430,37 @@ NamedTensors StreamingDiLoCo::state() {
   return out;
 }
 
+namespace {
+
+// A DiLoCo checkpoint written before DiLoCo became Streaming DiLoCo's one-fragment case: "diloco.round",
+// "diloco.synced_step", "diloco.round_tokens" and "outer.<key>" hold what the one fragment's
+// entries hold now. Anything else keeps its name (an old elastic run's "elastic.slots" is then
+// refused as unexpected: those positions are the runtime's now).
+NamedTensors upgrade_diloco_state(const NamedTensors& tensors) {
+  const auto scalar = [](int64_t value) { return torch::tensor(value, torch::kInt64); };
+  NamedTensors out;
+  int64_t round = 0, synced_step = 0, round_tokens = 0;
+  for (const auto& [key, value] : tensors) {
+    if (key == "diloco.round") round = value.item<int64_t>();
+    else if (key == "diloco.synced_step") synced_step = value.item<int64_t>();
+    else if (key == "diloco.round_tokens") round_tokens = value.item<int64_t>();
+    else if (key.starts_with("outer.")) out.emplace_back("outer.0." + key.substr(6), value);
+    else out.emplace_back(key, value);
+  }
+  for (const auto& [key, value] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"streaming.rounds", round}, {"streaming.0.round", round}, {"streaming.0.tokens", round_tokens},
+           {"streaming.0.started", synced_step}, {"streaming.0.exact", synced_step}, {"streaming.0.pending_tokens", 0}}) {
+    out.emplace_back(key, scalar(value));
+  }
+  return out;
+}
+
+}  // namespace
+
 void StreamingDiLoCo::load_state(const NamedTensors& tensors) {
-  restored_.emplace("Streaming DiLoCo", tensors);
+  const bool old_diloco = options_.fragments == 1 &&
+                          std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.first == "diloco.round"; });
+  restored_.emplace(name_ == "diloco" ? "DiLoCo" : "Streaming DiLoCo", old_diloco ? upgrade_diloco_state(tensors) : tensors);
 }
 
 }  // namespace loco::algorithms

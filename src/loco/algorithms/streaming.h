@@ -12,9 +12,11 @@
 //    (Group::all_reduce_sum with ReduceOptions). With fp32 the workers' weighted parameters
 //    Σ w_m θ_m travel instead, exactly as in DiLoCo (algorithms/diloco.h).
 //
-// τ = 0, α = 0, P = 1 and fp32 is DiLoCo: the same collectives on the same values, so the same
-// bits (tests/algorithms/streaming_test.cpp). At the run's last step every fragment synchronizes
-// with τ = 0 and the model takes θ (α is not applied), so a finished run's model is θ.
+// τ = 0, α = 0, P = 1 and fp32 is DiLoCo, and this class is loco's one implementation of both:
+// algorithms::DiLoCo (diloco.h) is this strategy with those options, plus DiLoCo's time-budgeted
+// rounds (round_seconds: a round ends by time, not after H steps; one fragment, no overlap only).
+// At the run's last step every fragment synchronizes with τ = 0 and the model takes θ (α is not
+// applied), so a finished run's model is θ.
 //
 // Threads: every collective of this strategy runs on its one background thread, in the same order
 // on every worker (the schedule is deterministic). The training thread only copies a fragment's
@@ -35,7 +37,6 @@
 #include <string>
 #include <vector>
 
-#include "loco/algorithms/diloco.h"
 #include "loco/algorithms/elastic_rounds.h"
 #include "loco/algorithms/flat_buffer.h"
 #include "loco/algorithms/membership.h"
@@ -48,6 +49,9 @@ namespace loco::algorithms {
 
 enum class FragmentPattern { kStrided, kSequential };
 
+// How the workers' outer gradients are weighted: by the tokens each trained on this round, or 1/M.
+enum class Weighting { kTokens, kUniform };
+
 struct StreamingOptions {
   int64_t inner_steps = 50;   // H: inner steps between two syncs of one fragment
   int64_t total_steps = 0;    // the run's inner steps; its last step synchronizes every fragment
@@ -56,6 +60,10 @@ struct StreamingOptions {
   int64_t overlap_steps = 1;  // τ: inner steps between the start of a fragment's sync and its use
   double merge_alpha = 0.5;   // α: the share of the local fragment kept at the merge
   comm::Encoding exchange = comm::Encoding::kFp32;
+  // > 0: time-budgeted rounds (elastic DiLoCo): a round ends once this many seconds of inner steps
+  // have passed since it began, and the round's step is the furthest contributor's. Needs one
+  // fragment and no overlap.
+  double round_seconds = 0;
   optim::OuterOptions outer;
   Weighting weighting = Weighting::kTokens;
   int64_t bucket_bytes = 32 << 20;  // fp32 exchange: bytes per all-reduce
@@ -79,11 +87,13 @@ struct FragmentSlice {
 std::vector<std::vector<FragmentSlice>> plan_fragments(const model::Transformer& model, int64_t fragments,
                                                        FragmentPattern pattern);
 
-class StreamingDiLoCo final : public SyncStrategy {
+class StreamingDiLoCo : public SyncStrategy {
  public:
-  StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership = nullptr);
+  // `name`: how the run calls it ("streaming"; DiLoCo passes "diloco").
+  StreamingDiLoCo(comm::Group group, StreamingOptions options, Membership* membership = nullptr,
+                  std::string name = "streaming");
   ~StreamingDiLoCo() override;
-  std::string name() const override { return "streaming"; }
+  std::string name() const override { return name_; }
 
   SyncReports on_start(model::Transformer& model, int64_t step) override;
   SyncReports after_step(StepContext& context) override;
@@ -99,9 +109,12 @@ class StreamingDiLoCo final : public SyncStrategy {
   // fragment whose sync is in flight, either its reduced result ("streaming.<p>.result", when it
   // arrived) or what it sent ("streaming.<p>.sent", when the collective failed, to send again).
   NamedTensors state() override;
+  // Also reads the state a DiLoCo wrote before it became this class's one-fragment case
+  // ("diloco.round", "diloco.synced_step", "diloco.round_tokens", "outer.<key>").
   void load_state(const NamedTensors& tensors) override;
 
-  // Inner steps (1-based) at which fragment p's sync starts.
+  // Inner steps (1-based) at which fragment p's sync starts (time-budgeted rounds: once the
+  // round's seconds have passed).
   bool starts_at(int64_t fragment, int64_t step) const;
   int64_t fragments() const { return static_cast<int64_t>(fragments_.size()); }
 
@@ -109,6 +122,7 @@ class StreamingDiLoCo final : public SyncStrategy {
   struct Reduced {  // what a background reduction returns
     comm::CommStats stats;
     int64_t participants = 0;
+    double weight = -1;  // this worker's w_m (-1: not known, e.g. restored from a checkpoint)
   };
   struct Fragment {
     std::vector<FragmentSlice> slices;
@@ -144,6 +158,8 @@ class StreamingDiLoCo final : public SyncStrategy {
 
   ElasticRounds elastic_;                   // the round's group (elastic: from the Membership)
   StreamingOptions options_;
+  std::string name_;
+  std::chrono::steady_clock::time_point round_start_;  // time-budgeted rounds: when this one began
   std::optional<RoundPlan> plan_;           // elastic: the round of the fragment in flight
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
