@@ -150,15 +150,23 @@ TEST(DiLoCo, DifferentStartingParametersAreRefused) {
   }
 }
 
-// A checkpoint taken after a round's last inner step but before its synchronization (a peer left)
-// restores into a DiLoCo that performs the round's sync in on_start, as the uninterrupted run did.
-TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
+// A DiLoCo run (H = 2 over 4 steps) checkpointed after round 1's last inner step but before its
+// synchronization (a peer left): its state then, the model's parameters, and the report of the
+// round as the uninterrupted run synchronized it.
+struct PendingRound {
+  DiLoCoOptions options;
+  NamedTensors state;  // copied, as a checkpoint does (state() aliases the live tensors)
+  std::vector<torch::Tensor> model;
+  SyncReport expected;
+};
+
+PendingRound pending_round() {
+  PendingRound out;
+  out.options.inner_steps = 2;
+  out.options.total_steps = 4;
   model::Transformer model(tiny_model(), 5);
   auto adamw = make_adamw(model);
-  DiLoCoOptions o;
-  o.inner_steps = 2;
-  o.total_steps = 4;
-  DiLoCo first(comm::Group::single(), o);
+  DiLoCo first(comm::Group::single(), out.options);
   first.on_start(model, 0);
   StepContext context{0, 32, &model};
   train_step(model, adamw, batch(0, 4));
@@ -166,25 +174,33 @@ TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
   first.after_step(context);
   train_step(model, adamw, batch(1, 4));
   adamw.step(1e-2);
-  // Capture the state at step 2 as if the sync had failed, then let the uninterrupted run sync.
-  NamedTensors pending_state;  // state() aliases the live tensors: copy, as a checkpoint does
-  for (const auto& [name, tensor] : first.state()) pending_state.emplace_back(name, tensor.clone());
-  auto pending_model = snapshot(model);
+  for (const auto& [name, tensor] : first.state()) out.state.emplace_back(name, tensor.clone());
+  out.model = snapshot(model);
   context.step = 1;
-  auto expected = first.after_step(context).at(0);
+  out.expected = first.after_step(context).at(0);
+  return out;
+}
 
+// A model holding `parameters` (another seed's initialization overwritten).
+model::Transformer model_with(const std::vector<torch::Tensor>& parameters) {
   model::Transformer restored(tiny_model(), 77);
-  {
-    torch::NoGradGuard no_grad;
-    auto params = restored->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(pending_model[i]);
-  }
-  DiLoCo second(comm::Group::single(), o);
-  second.load_state(pending_state);
+  torch::NoGradGuard no_grad;
+  auto params = restored->parameters();
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(parameters[i]);
+  return restored;
+}
+
+// The pending round's checkpoint restores into a DiLoCo that performs the round's sync in
+// on_start, as the uninterrupted run did.
+TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
+  const auto pending = pending_round();
+  auto restored = model_with(pending.model);
+  DiLoCo second(comm::Group::single(), pending.options);
+  second.load_state(pending.state);
   auto reports = second.on_start(restored, 2);
   ASSERT_EQ(reports.size(), 1u) << "the pending round is synchronized at start";
   EXPECT_EQ(reports[0].round, 1);
-  EXPECT_EQ(reports[0].params_hash, expected.params_hash);
+  EXPECT_EQ(reports[0].params_hash, pending.expected.params_hash);
   EXPECT_TRUE(second.in_sync());
 }
 
@@ -193,48 +209,26 @@ TEST(DiLoCo, PendingRoundCompletesAfterARestore) {
 // "diloco.round_tokens", "outer.<key>"; main jobs run before the change hold one) still resumes:
 // its pending round completes with the θ the uninterrupted run reached.
 TEST(DiLoCo, ACheckpointOfTheEarlierLayoutStillResumes) {
-  model::Transformer model(tiny_model(), 5);
-  auto adamw = make_adamw(model);
-  DiLoCoOptions o;
-  o.inner_steps = 2;
-  o.total_steps = 4;
-  DiLoCo first(comm::Group::single(), o);
-  first.on_start(model, 0);
-  StepContext context{0, 32, &model};
-  train_step(model, adamw, batch(0, 4));
-  adamw.step(1e-2);
-  first.after_step(context);
-  train_step(model, adamw, batch(1, 4));
-  adamw.step(1e-2);
-  // The state at step 2 as the earlier DiLoCo laid it out.
+  const auto pending = pending_round();
   NamedTensors earlier;
-  for (const auto& [name, tensor] : first.state()) {
-    if (name == "streaming.rounds") earlier.emplace_back("diloco.round", tensor.clone());
-    else if (name == "streaming.0.started") earlier.emplace_back("diloco.synced_step", tensor.clone());
-    else if (name == "streaming.0.tokens") earlier.emplace_back("diloco.round_tokens", tensor.clone());
-    else if (name.starts_with("outer.0.")) earlier.emplace_back("outer." + name.substr(8), tensor.clone());
-    else if (name.starts_with("global.")) earlier.emplace_back(name, tensor.clone());
+  for (const auto& [name, tensor] : pending.state) {
+    if (name == "streaming.rounds") earlier.emplace_back("diloco.round", tensor);
+    else if (name == "streaming.0.started") earlier.emplace_back("diloco.synced_step", tensor);
+    else if (name == "streaming.0.tokens") earlier.emplace_back("diloco.round_tokens", tensor);
+    else if (name.starts_with("outer.0.")) earlier.emplace_back("outer." + name.substr(8), tensor);
+    else if (name.starts_with("global.")) earlier.emplace_back(name, tensor);
   }
   ASSERT_EQ(std::count_if(earlier.begin(), earlier.end(), [](const auto& t) { return t.first.starts_with("diloco."); }), 3);
-  auto pending_model = snapshot(model);
-  context.step = 1;
-  auto expected = first.after_step(context).at(0);
-
-  model::Transformer restored(tiny_model(), 77);
-  {
-    torch::NoGradGuard no_grad;
-    auto params = restored->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(pending_model[i]);
-  }
-  DiLoCo second(comm::Group::single(), o);
+  auto restored = model_with(pending.model);
+  DiLoCo second(comm::Group::single(), pending.options);
   second.load_state(earlier);
   auto reports = second.on_start(restored, 2);
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0].round, 1);
-  EXPECT_EQ(reports[0].params_hash, expected.params_hash);
+  EXPECT_EQ(reports[0].params_hash, pending.expected.params_hash);
   // An entry the layout never had is still refused.
   earlier.emplace_back("diloco.unknown", torch::tensor(int64_t{1}));
-  DiLoCo third(comm::Group::single(), o);
+  DiLoCo third(comm::Group::single(), pending.options);
   third.load_state(earlier);
   EXPECT_THROW(third.on_start(restored, 2), DataError);
 }
