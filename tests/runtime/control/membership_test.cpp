@@ -350,6 +350,54 @@ TEST_F(MembershipTest, AWaitingJoinerContinuesFromTheCheckpointWhenNoMemberIsLef
   EXPECT_NE(std::find(names.begin(), names.end(), "restored_from_checkpoint"), names.end());
 }
 
+// No split rounds (issue 17): in a time-budgeted run, a participant whose collective failed (its
+// last hop) comes back to the round while the others, whose collective completed, are about to
+// report it done. However long that takes, the round is not convened again without them: it
+// completes with their θ, and the member that failed rejoins.
+TEST(MembershipGrace, ARoundWhoseCollectiveFailedWaitsForItsParticipantsNotTheGrace) {
+  MembershipOptions options{3, 1, 60s, 1000};
+  options.round_grace = 5s;
+  MembershipTable table(options);
+  auto now = Clock::time_point() + 1000s;
+  std::string why;
+  const int64_t a = table.join("a", 0, now, why)->member, b = table.join("b", 1, now, why)->member,
+                c = table.join("c", 2, now, why)->member;
+  table.start(now);
+  auto arrive = [&](int64_t member, int64_t failed_epoch) {
+    protocol::RoundRequest r;
+    r.member = member;
+    r.round = 1;
+    r.step = 10;
+    r.failed_epoch = failed_epoch;
+    return table.arrive(r, false, now);
+  };
+  arrive(a, -1);
+  arrive(b, -1);
+  const auto go = arrive(c, -1);
+  ASSERT_EQ(go.action, protocol::RoundAction::kGo);
+  ASSERT_EQ(go.size, 3);
+  table.take_events();
+  EXPECT_EQ(arrive(a, go.epoch).action, protocol::RoundAction::kWait) << "a's collective failed";
+  for (int i = 0; i < 3; ++i) {  // past the grace, with b and c alive (heartbeats) but not back
+    now += 4s;
+    table.heartbeat(b, false, now);
+    table.heartbeat(c, false, now);
+    table.expire(now);
+    EXPECT_EQ(arrive(a, go.epoch).action, protocol::RoundAction::kWait) << "convened again without b and c: a split round";
+  }
+  EXPECT_FALSE(table.round_done({b, 1, go.epoch, 10, 7}, now)) << "b's collective completed";
+  EXPECT_EQ(table.rounds_completed(), 1);
+  EXPECT_FALSE(table.round_done({c, 1, go.epoch, 10, 7}, now)) << "the same θ";
+  EXPECT_EQ(arrive(a, go.epoch).action, protocol::RoundAction::kRejoin) << "a's θ of round 1 is stale";
+  int64_t completed = 0, retried = 0;
+  for (const auto& e : table.take_events()) {
+    completed += e["event"] == "round_complete" ? 1 : 0;
+    retried += e["event"] == "round_retried" ? 1 : 0;
+  }
+  EXPECT_EQ(completed, 1);
+  EXPECT_EQ(retried, 0);
+}
+
 // Time-budgeted rounds: a member later than the grace after the first arrival is left out of the
 // round rather than waited for; it arrives afterwards to find the round done, and rejoins with its
 // work discarded. The round's step is the furthest contributor's.

@@ -285,6 +285,7 @@ void MembershipTable::try_convene(Clock::time_point now) {
   // Nobody holds θ when no active member is left: the joiners wait until the coordinator restarts
   // them from the global checkpoint (orphaned, restart_from).
   if (active.empty()) return;
+  if (retry_waits(next)) return;
   if (!late.empty()) {
     // Someone is still training this round: wait for it, unless rounds are time-budgeted and it
     // is later than the grace (it is then left out; when it arrives, it rejoins).
@@ -345,6 +346,19 @@ void MembershipTable::try_convene(Clock::time_point now) {
   }
   convened_ = std::move(convened);
   first_arrival_.reset();
+}
+
+// A round whose collective failed is convened again only once every participant of the failed
+// attempt has come back to it (its collective failed too) or is gone. One whose collective
+// completed reports the round done instead, and the round completes with its θ. Without this wait
+// a time-budgeted round's grace could run out first and convene the round again without them:
+// two θ for one round.
+bool MembershipTable::retry_waits(int64_t next) const {
+  if (!convened_ || convened_->round != next) return false;
+  return std::any_of(convened_->participants.begin(), convened_->participants.end(), [&](int64_t id) {
+    const auto& m = members_.at(id);
+    return m.state != State::kGone && !m.arrival;
+  });
 }
 
 // The contributors' claims, each taken only for a task it leases (of this round, version round_):

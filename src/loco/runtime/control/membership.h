@@ -198,6 +198,8 @@ class MembershipTable {
   };
   std::optional<Convened> convened_;
   void take_claims(Convened& convened, const std::vector<int64_t>& active);
+  // Whether round `next`, convened before and broken, still waits for a participant of that attempt.
+  bool retry_waits(int64_t next) const;
   // The answer to the participant of rank `rank`: the round's group and the tasks it leases next.
   protocol::RoundReply go_reply(const Convened& convened, size_t rank) const;
   TaskTable tasks_;
