@@ -209,6 +209,32 @@ TEST(Coordinator, HostileRequestsGetAnErrorAndChangeNothing) {
   EXPECT_EQ(client.join(join_request(config)).rank, 0) << "a good worker is still served";
 }
 
+// A retried /v1/kv/add (its answer was lost) carries the same request id and is not applied
+// twice; a new id, or none, is a new add. The client sends one id per call.
+TEST(Coordinator, ARetriedStoreAddIsAppliedOnce) {
+  const auto config = run_config(1);
+  Running running(options_for(config));
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  auto add = [&](const std::string& query) {
+    auto result = raw.Post("/v1/kv/add?key=n&delta=5" + query, "", "application/json");
+    EXPECT_TRUE(result);
+    EXPECT_EQ(result->status, 200) << result->body;
+    return nlohmann::json::parse(result->body).at("value").get<int64_t>();
+  };
+  EXPECT_EQ(add("&request=0a1b"), 5);
+  EXPECT_EQ(add("&request=0a1b"), 5) << "the same request again: answered, not applied";
+  EXPECT_EQ(add("&request=0a1c"), 10);
+  EXPECT_EQ(add(""), 15);
+  auto hostile = raw.Post("/v1/kv/add?key=n&delta=1&request=" + std::string(65, 'r'), "", "application/json");
+  ASSERT_TRUE(hostile);
+  EXPECT_EQ(hostile->status, 400);
+  CoordinatorClient client(running.address(), 5s);
+  auto store = client.key_value_store();
+  EXPECT_EQ(store->add("n", 1), 16);
+  EXPECT_EQ(store->add("n", 1), 17) << "each call of the client is its own request";
+}
+
 // An elastic coordinator writes its membership events to RUN/metrics.jsonl and its state to
 // RUN/coordinator.json: each test has a run folder of its own.
 RunConfig elastic_config(const testing_util::TempDir& run, int64_t workers, const std::string& token) {

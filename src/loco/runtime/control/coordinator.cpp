@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -94,6 +96,21 @@ struct Coordinator::Impl {
   RunIdentity identity;
   std::unique_ptr<Run> run;
   ElasticRun* elastic = nullptr;  // `run`, when the run is elastic
+
+  // Idempotent /v1/kv/add: the answers to the last kAddsRemembered request ids, so that a client's
+  // retry (its answer was lost) is answered again rather than applied twice.
+  static constexpr size_t kAddsRemembered = 4096;
+  std::mutex added_mutex;
+  std::map<std::string, int64_t> added;
+  std::deque<std::string> added_order;
+  void remember_add(const std::string& id, int64_t value) {
+    added.emplace(id, value);
+    added_order.push_back(id);
+    if (added_order.size() > kAddsRemembered) {
+      added.erase(added_order.front());
+      added_order.pop_front();
+    }
+  }
 
   void log(const std::string& line) const {
     if (options.log) options.log(line);
@@ -260,14 +277,22 @@ struct Coordinator::Impl {
       response.set_content(*value, "application/octet-stream");
     }));
     server.Post("/v1/kv/add", guard([this](const auto& request, auto& response) {
+      const auto key = key_param(request);
+      const int64_t delta = int_param(request, "delta");
+      const auto id = request.has_param("request") ? request.get_param_value("request") : std::string();
+      if (id.size() > 64) throw ProtocolError("parameter 'request' must have at most 64 bytes");
+      std::lock_guard lock(added_mutex);
+      if (auto it = added.find(id); !id.empty() && it != added.end()) {
+        reply_json(response, {{"value", it->second}});  // a retry: applied once already
+        return;
+      }
       int64_t value = 0;
       try {
-        value = store.add(key_param(request), int_param(request, "delta"));
-      } catch (const ProtocolError&) {
-        throw;
+        value = store.add(key, delta);
       } catch (const Error& e) {
         throw ProtocolError(e.what());
       }
+      if (!id.empty()) remember_add(id, value);
       reply_json(response, {{"value", value}});
     }));
     server.Post("/v1/kv/check", guard([this](const auto& request, auto& response) {

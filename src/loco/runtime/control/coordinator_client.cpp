@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <random>
 #include <thread>
 
 #include "loco/core/error.h"
@@ -60,7 +61,11 @@ class HttpKeyValueStore final : public comm::KeyValueStore {
     }
   }
   int64_t add(const std::string& key, int64_t delta) override {
-    auto body = expect_ok(client_.request("POST", fmt::format("/v1/kv/add?key={}&delta={}", percent_encode(key), delta), "", 10s), "add");
+    // One request id for the call and all its retries: the coordinator applies it once (a retry
+    // after a lost answer gets the first answer again).
+    const std::string id = fmt::format("{:016x}", std::random_device{}() * (uint64_t{1} << 32) + std::random_device{}());
+    auto body = expect_ok(client_.request("POST", fmt::format("/v1/kv/add?key={}&delta={}&request={}", percent_encode(key),
+                                                              delta, id), "", 10s), "add");
     return nlohmann::json::parse(body).at("value").get<int64_t>();
   }
   bool check(const std::vector<std::string>& keys) override {
