@@ -350,19 +350,29 @@ TEST_F(MembershipTest, AWaitingJoinerContinuesFromTheCheckpointWhenNoMemberIsLef
   EXPECT_NE(std::find(names.begin(), names.end(), "restored_from_checkpoint"), names.end());
 }
 
+// Time-budgeted rounds (a 5 s grace): three members a, b, c in slots 0, 1, 2, training started.
+class GraceRounds : public ::testing::Test {
+ protected:
+  static MembershipOptions options() {
+    MembershipOptions o{3, 1, 60s, 1000};
+    o.round_grace = 5s;
+    return o;
+  }
+  int64_t join(const std::string& name, int64_t slot) {
+    std::string why;
+    return table.join(name, slot, now, why)->member;
+  }
+  MembershipTable table{options()};
+  Clock::time_point now = Clock::time_point() + 1000s;
+  const int64_t a = join("a", 0), b = join("b", 1), c = join("c", 2);
+  const bool started = (table.start(now), true);
+};
+
 // No split rounds (issue 17): in a time-budgeted run, a participant whose collective failed (its
 // last hop) comes back to the round while the others, whose collective completed, are about to
 // report it done. However long that takes, the round is not convened again without them: it
 // completes with their θ, and the member that failed rejoins.
-TEST(MembershipGrace, ARoundWhoseCollectiveFailedWaitsForItsParticipantsNotTheGrace) {
-  MembershipOptions options{3, 1, 60s, 1000};
-  options.round_grace = 5s;
-  MembershipTable table(options);
-  auto now = Clock::time_point() + 1000s;
-  std::string why;
-  const int64_t a = table.join("a", 0, now, why)->member, b = table.join("b", 1, now, why)->member,
-                c = table.join("c", 2, now, why)->member;
-  table.start(now);
+TEST_F(GraceRounds, ARoundWhoseCollectiveFailedWaitsForItsParticipantsNotTheGrace) {
   auto arrive = [&](int64_t member, int64_t failed_epoch) {
     protocol::RoundRequest r;
     r.member = member;
@@ -401,15 +411,7 @@ TEST(MembershipGrace, ARoundWhoseCollectiveFailedWaitsForItsParticipantsNotTheGr
 // Time-budgeted rounds: a member later than the grace after the first arrival is left out of the
 // round rather than waited for; it arrives afterwards to find the round done, and rejoins with its
 // work discarded. The round's step is the furthest contributor's.
-TEST(MembershipGrace, ALateMemberIsLeftOutAfterTheGrace) {
-  MembershipOptions options{3, 1, 60s, 1000};
-  options.round_grace = 5s;
-  MembershipTable table(options);
-  auto now = Clock::time_point() + 1000s;
-  std::string why;
-  const int64_t a = table.join("a", 0, now, why)->member, b = table.join("b", 1, now, why)->member,
-                c = table.join("c", 2, now, why)->member;
-  table.start(now);
+TEST_F(GraceRounds, ALateMemberIsLeftOutAfterTheGrace) {
   table.take_events();
   auto arrive = [&](int64_t member, int64_t round, int64_t step) {
     protocol::RoundRequest r;
