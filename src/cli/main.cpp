@@ -228,8 +228,9 @@ struct Train {
                                                  "(or `loco coordinator` and `loco worker`)", config.cluster.workers));
     }
     install(on_interrupt);
-    // One process is a group of one: DiLoCo, DDP and local then take the same path as with M workers.
-    auto sync = loco::runtime::make_strategy(config, loco::comm::GroupFactory::local().make(0, 0, 1));
+    // One process is a group of one: DiLoCo, DDP and local then take the same path as with M workers
+    // (its weight is 1 whatever its shard's size, given here as 1 token).
+    auto sync = loco::runtime::make_strategy(config, loco::comm::GroupFactory::local().make(0, 0, 1), 1);
     loco::runtime::TrainOptions options;
     options.resume = resume;
     options.stop = &g_stop;

@@ -15,9 +15,14 @@ using testing_util::run_ranks;
 // Rank r moves every parameter by +(r + 1) and reports t_r tokens; one round (H = 1) of Nesterov:
 //   Δ = Σ w_r (θ0 − (θ0 + r + 1)) = −Σ w_r (r + 1),  w_r = t_r / Σ t
 //   v = Δ,  θ1 = θ0 − η (Δ + μ v) = θ0 − η (1 + μ) Δ
-TEST(DiLoCo, OuterStepAcrossRanksMatchesTheClosedForm) {
+// Weighted by shard size instead, w_r = s_r / Σ s with shards of s_r tokens, the reverse of t_r.
+class DiLoCoWeighting : public testing::TestWithParam<Weighting> {};
+
+TEST_P(DiLoCoWeighting, OuterStepAcrossRanksMatchesTheClosedForm) {
   constexpr int64_t kSize = 3;
   const int64_t tokens[kSize] = {100, 300, 600};
+  const int64_t shards[kSize] = {6000, 3000, 1000};
+  const bool by_shard = GetParam() == Weighting::kShard;
   auto store = std::make_shared<comm::MemoryKeyValueStore>();
   struct Out {
     std::vector<torch::Tensor> before, after;
@@ -28,6 +33,8 @@ TEST(DiLoCo, OuterStepAcrossRanksMatchesTheClosedForm) {
     DiLoCoOptions o;
     o.inner_steps = 1;
     o.total_steps = 10;
+    o.weighting = GetParam();
+    o.shard_tokens = shards[rank];
     DiLoCo diloco(connect(store, rank, kSize, "closed-form"), o);
     diloco.on_start(model, 0);
     Out out;
@@ -42,8 +49,9 @@ TEST(DiLoCo, OuterStepAcrossRanksMatchesTheClosedForm) {
     return out;
   });
   for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
-  const double total = 100 + 300 + 600;
-  const double delta = -(100 * 1 + 300 * 2 + 600 * 3) / total;
+  const auto& size = by_shard ? shards : tokens;
+  const double total = static_cast<double>(size[0] + size[1] + size[2]);
+  const double delta = -static_cast<double>(size[0] * 1 + size[1] * 2 + size[2] * 3) / total;
   const double eta = 0.7, mu = 0.9;
   for (const auto& r : results) {
     const auto& out = *r.value;
@@ -52,11 +60,15 @@ TEST(DiLoCo, OuterStepAcrossRanksMatchesTheClosedForm) {
       EXPECT_TRUE(torch::allclose(out.after[i], expected, 1e-5, 1e-5)) << "parameter " << i;
     }
     EXPECT_EQ(out.report.round, 1);
+    EXPECT_DOUBLE_EQ(out.report.weight, static_cast<double>(size[&r - results.data()]) / total);
     EXPECT_EQ(out.report.world_size, kSize);
     EXPECT_EQ(out.report.params_hash, results[0].value->report.params_hash) << "θ must be bit-identical on every rank";
     EXPECT_GT(out.report.stats.bytes_sent, 0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(ByTokensAndByShard, DiLoCoWeighting, testing::Values(Weighting::kTokens, Weighting::kShard),
+                         [](const auto& info) { return info.param == Weighting::kShard ? "Shard" : "Tokens"; });
 
 // Real inner AdamW steps on different data per rank, H = 3 over 8 steps: rounds end at steps 3, 6
 // and 8 (the short final round), and after each every rank holds the same θ, bit for bit.

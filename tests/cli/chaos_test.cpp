@@ -303,7 +303,7 @@ void ChaosTest::full_stop_resume(const std::vector<std::string>& algorithm) {
   auto whole = testing_util::run_command(launch_args("whole", {}), log("whole"), 300s);
   ASSERT_EQ(whole.status, 0) << whole.output;
   const auto reference = round_hashes("whole");
-  ASSERT_GE(reference.size(), 30u);
+  ASSERT_GE(reference.size(), 28u);
 
   const int port = testing_util::free_port();
   Child launcher(launch_args("stopped", {"--port", std::to_string(port)}), log("stopped"));
@@ -431,8 +431,9 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
   const std::string address = fmt::format("127.0.0.1:{}", port);
   for (const char* host : {"beta", "gamma"}) fs::copy(data(), dir_.path() / fmt::format("{}-data", host), fs::copy_options::recursive);
   auto args = [&](std::vector<std::string> head, const std::string& host) {
+    // A long re-warmup, so that every step the joiner logs still shows it.
     head.insert(head.end(), {"--config", config().string(), "--run.dir=" + run(host).string(), "--cluster.workers=3",
-                             "--train.steps=200"});
+                             "--train.steps=200", "--optim.rewarmup_steps=1000"});
     head.push_back("--data.dir=" + (host == "alpha" ? data() : dir_.path() / (host + "-data")).string());
     return head;
   };
@@ -485,7 +486,21 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
   const auto gamma_log = read_file(log("gamma"), "test");
   EXPECT_NE(gamma_log.find("joined the run at step"), std::string::npos) << gamma_log;
   EXPECT_NE(gamma_log.find("finds no saved inner state of slot 2"), std::string::npos) << gamma_log;
-  EXPECT_EQ(events("gamma", "joined").size(), 1u);
+  ASSERT_EQ(events("gamma", "joined").size(), 1u);
+  // With its AdamW moments at zero, the joiner re-warms: its learning rate is the schedule's (alpha's
+  // at the same step) times (steps since it joined) / optim.rewarmup_steps.
+  const int64_t joined_at = events("gamma", "joined")[0]["step"].get<int64_t>();
+  std::map<int64_t, double> alpha_lr;
+  for (const auto& e : events("alpha", "train")) alpha_lr[e["step"].get<int64_t>()] = e["lr"].get<double>();
+  int compared = 0;
+  for (const auto& e : events("gamma", "train")) {
+    const int64_t step = e["step"].get<int64_t>();  // its lr is that of the step from step - 1
+    if (!alpha_lr.contains(step)) continue;
+    EXPECT_NEAR(e["lr"].get<double>(), alpha_lr[step] * static_cast<double>(step - joined_at) / 1000, 1e-12) << "step " << step;
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << "the joiner logged no step that alpha logged too";
+  EXPECT_NE(gamma_log.find("warms up again over 1000 steps"), std::string::npos) << gamma_log;
   EXPECT_TRUE(fs::exists(run("alpha") / "checkpoints"));
   EXPECT_FALSE(fs::exists(run("gamma") / "checkpoints"));
   for (const auto& [host, slot] : std::vector<std::pair<std::string, int>>{{"alpha", 0}, {"alpha", 1}, {"beta", 2}, {"gamma", 2}}) {

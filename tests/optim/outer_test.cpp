@@ -81,10 +81,11 @@ TEST(OuterOptimizer, AdamMatchesLibtorchAdamOnTheOuterGradient) {
   auto theta = torch::randn({4, 3});
   auto reference = theta.clone().requires_grad_(true);
   OuterOptions o = default_outer_options(OuterKind::kAdam);
+  EXPECT_DOUBLE_EQ(o.eps, 0.1) << "the DiLoCo paper's stable outer Adam";
   o.lr = 0.01;
   o.beta2 = 0.99;
   OuterOptimizer outer({"w"}, {theta}, o);
-  torch::optim::Adam adam({reference}, torch::optim::AdamOptions(0.01).betas({0.9, 0.99}).eps(1e-8));
+  torch::optim::Adam adam({reference}, torch::optim::AdamOptions(0.01).betas({0.9, 0.99}).eps(0.1));
   for (int step = 0; step < 5; ++step) {
     auto delta = torch::randn({4, 3});
     outer.step({delta});

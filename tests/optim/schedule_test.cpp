@@ -25,6 +25,14 @@ TEST(Schedule, NoWarmup) {
   EXPECT_NEAR(learning_rate(o, 100), 0.0, 1e-12);
 }
 
+TEST(Schedule, RewarmupRampsAJoinerUpToTheSchedule) {
+  EXPECT_DOUBLE_EQ(rewarmup_factor(0, 20), 1.0 / 20);
+  EXPECT_DOUBLE_EQ(rewarmup_factor(9, 20), 0.5);
+  EXPECT_DOUBLE_EQ(rewarmup_factor(19, 20), 1.0);
+  EXPECT_DOUBLE_EQ(rewarmup_factor(500, 20), 1.0);
+  EXPECT_DOUBLE_EQ(rewarmup_factor(0, 0), 1.0) << "0 turns it off";
+}
+
 TEST(Schedule, Validated) {
   EXPECT_THROW((ScheduleOptions{0.0, 1, 10, 0.1}.validate()), ConfigError);
   EXPECT_THROW((ScheduleOptions{1.0, -1, 10, 0.1}.validate()), ConfigError);

@@ -26,6 +26,7 @@ StreamingOptions DiLoCoOptions::as_streaming() const {
   o.round_seconds = round_seconds;
   o.outer = outer;
   o.weighting = weighting;
+  o.shard_tokens = shard_tokens;
   o.bucket_bytes = bucket_bytes;
   return o;
 }

@@ -2,7 +2,7 @@
 //
 //   every worker m: H inner AdamW steps from θ on its own shard -> θ_m    (the loop does these)
 //   Δ_m = θ − θ_m                                          outer gradient, fp32
-//   Δ   = Σ_m w_m Δ_m,  w_m = tokens_m / Σ tokens          (or 1/M: sync.weighting = "uniform")
+//   Δ   = Σ_m w_m Δ_m,  w_m = tokens_m / Σ tokens          (or by shard size, or 1/M: sync.weighting)
 //       = θ − θ̄,  θ̄ = Σ_m w_m θ_m                          what is all-reduced (same bytes)
 //   θ   ← OuterOpt(θ, Δ)                                    optim::OuterOptimizer on an fp32 CPU copy
 //   θ_m ← θ                                                 every worker continues from the new θ
@@ -35,6 +35,7 @@ struct DiLoCoOptions {
   int64_t total_steps = 0;          // the run's inner steps; its last step ends the final round
   optim::OuterOptions outer;
   Weighting weighting = Weighting::kTokens;
+  int64_t shard_tokens = 0;         // Weighting::kShard: the tokens of this worker's shard
   int64_t bucket_bytes = 32 << 20;  // outer-gradient bytes per all-reduce
   void validate() const;            // ConfigError
 

@@ -34,6 +34,7 @@ void StreamingOptions::validate() const {
     throw ConfigError("algorithms", fmt::format("sync.merge_alpha must be in [0, 1], got {}", merge_alpha));
   }
   if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
+
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
   }
@@ -83,8 +84,9 @@ StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Me
   options_.validate();
   LOCO_CHECK(!elastic_.elastic() || options_.overlap_steps * options_.fragments < options_.inner_steps,
              "elastic Streaming DiLoCo needs one fragment on the wire at a time (config validation checks it)");
+  LOCO_CHECK(options_.weighting != Weighting::kShard || options_.shard_tokens > 0,
+             "weighting by shard size needs the worker's shard size, got {} tokens", options_.shard_tokens);
 }
-
 
 bool StreamingDiLoCo::at_boundary() const {
   return std::none_of(fragments_.begin(), fragments_.end(), [](const Fragment& f) { return f.pending; });
@@ -97,8 +99,10 @@ bool StreamingDiLoCo::starts_at(int64_t fragment, int64_t step) const {
     return step <= options_.total_steps &&
            Clock::now() - round_start_ >= std::chrono::duration<double>(options_.round_seconds);
   }
+  // Every fragment trains H inner steps before its first sync, at t_p + H, then every H steps.
   const int64_t offset = fragment * options_.inner_steps / options_.fragments;
-  return step >= std::max<int64_t>(1, offset) && step <= options_.total_steps && (step - offset) % options_.inner_steps == 0;
+  return step >= offset + options_.inner_steps && step <= options_.total_steps &&
+         (step - offset) % options_.inner_steps == 0;
 }
 
 int64_t StreamingDiLoCo::apply_step(const Fragment& fragment) const {
@@ -197,6 +201,9 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     if (f.pending || f.started >= step) continue;
+    // At the last step, a fragment whose result was just applied exactly (α = 0) has nothing left
+    // to send: syncing it again would send Δ = 0 and still move θ_p by the stale momentum.
+    if (last && f.exact == step) continue;
     if (!starts_at(static_cast<int64_t>(p), step) && !last) continue;
     start(f, step);
     // Elastic rounds come one at a time: a sync due at once completes before the next starts.
@@ -235,13 +242,16 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
       auto which = torch::tensor({index}, torch::kInt64);
       told = elastic_.group().broadcast(which, 0);
     }
-    // w_m = tokens_m / Σ tokens, from one small all-reduce of (tokens, 1), as in DiLoCo.
-    auto control = torch::tensor({static_cast<double>(f.pending_tokens), 1.0}, torch::kFloat64);
+    // w_m = s_m / Σ s, from one small all-reduce of (s_m, 1), where s_m is the tokens worker m
+    // trained since this fragment's last sync, or the size of its shard.
+    const double size = static_cast<double>(options_.weighting == Weighting::kShard ? options_.shard_tokens
+                                                                                     : f.pending_tokens);
+    auto control = torch::tensor({size, 1.0}, torch::kFloat64);
     comm::CommStats stats = elastic_.group().all_reduce_sum(control);
-    const double total_tokens = control[0].item<double>();
+    const double total_size = control[0].item<double>();
     const int64_t participants = std::llround(control[1].item<double>());
-    const double weight = options_.weighting == Weighting::kTokens && total_tokens > 0
-                              ? static_cast<double>(f.pending_tokens) / total_tokens
+    const double weight = options_.weighting != Weighting::kUniform && total_size > 0
+                              ? size / total_size
                               : 1.0 / static_cast<double>(participants);
     auto& result = f.result->views();
     const auto& sent = f.sent->views();

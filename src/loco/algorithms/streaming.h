@@ -49,8 +49,9 @@ namespace loco::algorithms {
 
 enum class FragmentPattern { kStrided, kSequential };
 
-// How the workers' outer gradients are weighted: by the tokens each trained on this round, or 1/M.
-enum class Weighting { kTokens, kUniform };
+// How the workers' outer gradients are weighted: by the tokens each trained on this round, by the
+// size of each worker's shard (DiLoCo §6.1 and DiPaCo, for shards of unequal size), or 1/M.
+enum class Weighting { kTokens, kShard, kUniform };
 
 struct StreamingOptions {
   int64_t inner_steps = 50;   // H: inner steps between two syncs of one fragment
@@ -66,6 +67,7 @@ struct StreamingOptions {
   double round_seconds = 0;
   optim::OuterOptions outer;
   Weighting weighting = Weighting::kTokens;
+  int64_t shard_tokens = 0;         // kShard: the tokens of this worker's shard (> 0)
   int64_t bucket_bytes = 32 << 20;  // fp32 exchange: bytes per all-reduce
   void validate() const;            // ConfigError naming the bad option
 };

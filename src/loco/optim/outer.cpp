@@ -34,7 +34,7 @@ OuterOptions default_outer_options(OuterKind kind) {
   switch (kind) {
     case OuterKind::kNesterov: o.lr = 0.7; o.momentum = 0.9; break;
     case OuterKind::kSgd: o.lr = 1.0; o.momentum = 0.0; break;
-    case OuterKind::kAdam: o.lr = 1e-3; o.momentum = 0.9; break;
+    case OuterKind::kAdam: o.lr = 0.1; o.momentum = 0.9; break;
   }
   return o;
 }

@@ -25,4 +25,9 @@ double learning_rate(const ScheduleOptions& o, int64_t step) {
   return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * cosine);
 }
 
+double rewarmup_factor(int64_t steps_since_join, int64_t rewarmup_steps) {
+  if (rewarmup_steps <= 0) return 1.0;
+  return std::min(1.0, static_cast<double>(std::max<int64_t>(0, steps_since_join) + 1) / static_cast<double>(rewarmup_steps));
+}
+
 }  // namespace loco::optim

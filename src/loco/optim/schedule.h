@@ -17,4 +17,10 @@ struct ScheduleOptions {
 // Learning rate for 0-based step `step`: lr * (step + 1) / warmup during warmup, then cosine.
 double learning_rate(const ScheduleOptions& options, int64_t step);
 
+// A worker that joins a run under way with AdamW moments at zero would take its first steps at the
+// schedule's current, possibly peak, rate; it re-warms instead: its learning rate is the
+// schedule's times this factor, (steps_since_join + 1) / rewarmup_steps up to 1 (1 when
+// rewarmup_steps is 0).
+double rewarmup_factor(int64_t steps_since_join, int64_t rewarmup_steps);
+
 }  // namespace loco::optim

@@ -28,6 +28,9 @@ steps = 50
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);
   EXPECT_EQ(c.train.steps, 50);
   EXPECT_EQ(c.train.batch_size, RunConfig{}.train.batch_size);
+  c.outer.optimizer = optim::OuterKind::kAdam;
+  EXPECT_DOUBLE_EQ(outer_options(c).eps, 0.1) << "outer Adam is stable only with a large epsilon (DiLoCo paper)";
+  EXPECT_DOUBLE_EQ(outer_options(c).lr, 0.1);
 }
 
 TEST(Config, UnknownKeyIsNamedWithSuggestionAndLine) {
@@ -111,6 +114,27 @@ TEST(Config, ElasticRunsNameWhatTheyCannotDo) {
   apply_override(c, "cluster.heartbeat_s=2");
   apply_override(c, "cluster.dead_after_s=3");
   expect_error<ConfigError>([&] { validate(c); }, "must be at least twice cluster.heartbeat_s");
+}
+
+// Shards of unequal size by design (label, kmeans) weigh outer gradients by shard size; iid shards
+// and time-budgeted rounds by the tokens of the round; an explicit choice stands.
+TEST(Config, AutoWeightingFollowsTheShardPolicy) {
+  RunConfig c;
+  EXPECT_EQ(c.sync.weighting, WeightingChoice::kAuto);
+  EXPECT_EQ(weighting(c), algorithms::Weighting::kTokens);
+  apply_override(c, "data.shard=label");
+  EXPECT_EQ(weighting(c), algorithms::Weighting::kShard);
+  EXPECT_EQ(diloco_options(c, 1234).shard_tokens, 1234);
+  apply_override(c, "data.shard=kmeans");
+  EXPECT_EQ(streaming_options(c, 99).weighting, algorithms::Weighting::kShard);
+  apply_override(c, "sync.round_seconds=2");
+  EXPECT_EQ(weighting(c), algorithms::Weighting::kTokens);
+  apply_override(c, "sync.weighting=uniform");
+  EXPECT_EQ(weighting(c), algorithms::Weighting::kUniform);
+  apply_override(c, "sync.round_seconds=0");
+  apply_override(c, "data.shard=iid");
+  apply_override(c, "sync.weighting=shard");
+  EXPECT_EQ(weighting(c), algorithms::Weighting::kShard);
 }
 
 TEST(Config, LoadMissingFileNamesIt) {

@@ -86,6 +86,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       positive({"model.init_std", "std of the normal initialization", &c.model.init_std}),
       positive({"optim.lr", "peak learning rate of AdamW", &c.optim.lr}),
       at_least(0, {"optim.warmup_steps", "linear warmup steps", &c.optim.warmup_steps}),
+      at_least(0, {"optim.rewarmup_steps", "elastic: a worker that joins a run under way without saved AdamW moments ramps its learning rate up linearly over this many steps; 0 = off", &c.optim.rewarmup_steps}),
       between(0, 1, {"optim.min_lr_ratio", "final lr of the cosine decay, as a fraction of optim.lr", &c.optim.min_lr_ratio}),
       at_least(0, {"optim.grad_clip", "max global gradient norm; 0 = no clipping", &c.optim.grad_clip}),
       between(0, 0.999999, {"optim.beta1", "AdamW beta1", &c.optim.adamw.beta1}),
@@ -112,8 +113,9 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(1, {"sync.inner_steps", "DiLoCo: inner steps H between outer steps (streaming: between two syncs of one fragment)", &c.sync.inner_steps}),
       at_least(0, {"sync.round_seconds", "elastic DiLoCo: time-budgeted rounds: each worker ends its round after this many seconds of inner steps (its outer gradient weighted by its tokens) instead of after sync.inner_steps; 0 = off", &c.sync.round_seconds}),
       at_least(0, {"sync.round_grace_s", "time-budgeted rounds: seconds the round waits, after the first worker reached its end, for the others; later ones are left out of it and rejoin", &c.sync.round_grace_s}),
-      {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round) or uniform",
-       enum_field(c.sync.weighting, {{algorithms::Weighting::kTokens, "tokens"}, {algorithms::Weighting::kUniform, "uniform"}})},
+      {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round), shard (the size of its shard), uniform, or auto (shard with label or kmeans shards, else tokens)",
+       enum_field(c.sync.weighting, {{WeightingChoice::kAuto, "auto"}, {WeightingChoice::kTokens, "tokens"},
+                                     {WeightingChoice::kShard, "shard"}, {WeightingChoice::kUniform, "uniform"}})},
       positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
       at_least(1, {"sync.fragments", "streaming: fragments P, synchronized in turn every sync.inner_steps / P steps (at most the model's blocks)", &c.sync.fragments}),
       {"sync.fragment_pattern", "streaming: strided (block i in fragment i mod P) or sequential (runs of consecutive blocks)",
@@ -125,10 +127,10 @@ std::vector<Field> fields_of(RunConfig& c) {
                                     {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
       {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
        enum_field(c.outer.optimizer, {{optim::OuterKind::kNesterov, "nesterov"}, {optim::OuterKind::kSgd, "sgd"}, {optim::OuterKind::kAdam, "adam"}})},
-      at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.001)", &c.outer.lr}),
+      at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.1)", &c.outer.lr}),
       between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, sgd 0, adam 0.9)", &c.outer.momentum}),
       between(0, 0.999999, {"outer.beta2", "adam outer optimizer: beta2", &c.outer.beta2}),
-      positive({"outer.eps", "adam outer optimizer: epsilon", &c.outer.eps}),
+      positive({"outer.eps", "adam outer optimizer: epsilon (0.1: the DiLoCo paper found outer Adam stable only with a large one)", &c.outer.eps}),
       at_least(1, {"cluster.workers", "worker processes (replicas) in the run", &c.cluster.workers}),
       between(0, 65535, {"cluster.port", "port of `loco coordinator` (`loco launch` picks a free one unless --port is given)", &c.cluster.port}),
       {"cluster.host", "address other workers use to reach this one; \"\" = the local address that reaches the coordinator", &c.cluster.host},
@@ -353,18 +355,31 @@ void resolve_defaults(RunConfig& config) {
   config.outer.momentum = o.momentum;
 }
 
-algorithms::DiLoCoOptions diloco_options(const RunConfig& config) {
+algorithms::Weighting weighting(const RunConfig& config) {
+  switch (config.sync.weighting) {
+    case WeightingChoice::kAuto:
+      return config.data.shard == ShardPolicy::kIid || config.sync.round_seconds > 0 ? algorithms::Weighting::kTokens
+                                                                                     : algorithms::Weighting::kShard;
+    case WeightingChoice::kTokens: return algorithms::Weighting::kTokens;
+    case WeightingChoice::kShard: return algorithms::Weighting::kShard;
+    case WeightingChoice::kUniform: return algorithms::Weighting::kUniform;
+  }
+  LOCO_CHECK(false, "unknown weighting");
+}
+
+algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens) {
   algorithms::DiLoCoOptions o;
   o.inner_steps = config.sync.inner_steps;
   o.round_seconds = config.sync.round_seconds;
   o.total_steps = config.train.steps;
   o.outer = outer_options(config);
-  o.weighting = config.sync.weighting;
+  o.weighting = weighting(config);
+  o.shard_tokens = shard_tokens;
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   return o;
 }
 
-algorithms::StreamingOptions streaming_options(const RunConfig& config) {
+algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t shard_tokens) {
   algorithms::StreamingOptions o;
   o.inner_steps = config.sync.inner_steps;
   o.total_steps = config.train.steps;
@@ -374,7 +389,8 @@ algorithms::StreamingOptions streaming_options(const RunConfig& config) {
   o.merge_alpha = config.sync.merge_alpha;
   o.exchange = config.sync.exchange;
   o.outer = outer_options(config);
-  o.weighting = config.sync.weighting;
+  o.weighting = weighting(config);
+  o.shard_tokens = shard_tokens;
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   return o;
 }
@@ -454,7 +470,7 @@ void validate(const RunConfig& c) {
                                               "sync.inner_steps (one fragment on the wire at a time), got {} * {} >= {}",
                                               c.sync.overlap_steps, c.sync.fragments, c.sync.inner_steps));
     }
-    if (c.sync.round_seconds > 0 && c.sync.weighting != algorithms::Weighting::kTokens) {
+    if (c.sync.round_seconds > 0 && weighting(c) != algorithms::Weighting::kTokens) {
       throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs sync.weighting = \"tokens\": workers take "
                                   "different numbers of steps, and their outer gradients must count by the tokens they saw");
     }

@@ -37,6 +37,7 @@ struct DataSection {
 struct OptimSection {
   double lr = 3e-3;
   int64_t warmup_steps = 100;
+  int64_t rewarmup_steps = 20;  // a joiner whose AdamW moments start from zero ramps its lr up again
   double min_lr_ratio = 0.1;
   double grad_clip = 1.0;  // 0 = no clipping
   optim::AdamWOptions adamw;
@@ -63,12 +64,16 @@ struct EvalSection {
 enum class Algorithm { kNone, kDdp, kDiLoCo, kStreaming, kLocal };
 const char* to_string(Algorithm algorithm);
 
+// sync.weighting. auto: by shard size when shards are of unequal size by design (data.shard = label
+// or kmeans), else by the tokens each worker trained this round.
+enum class WeightingChoice { kAuto, kTokens, kShard, kUniform };
+
 struct SyncSection {
   Algorithm algorithm = Algorithm::kNone;
   int64_t inner_steps = 50;          // DiLoCo's H
   double round_seconds = 0;          // elastic DiLoCo: > 0 ends each round by time, not after H steps
   double round_grace_s = 5;          // ... and leaves out a worker this late at the round's end
-  algorithms::Weighting weighting = algorithms::Weighting::kTokens;
+  WeightingChoice weighting = WeightingChoice::kAuto;
   double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
   // Streaming DiLoCo
   int64_t fragments = 4;             // P
@@ -85,7 +90,7 @@ struct OuterSection {
   double lr = 0;
   double momentum = -1;
   double beta2 = 0.95;
-  double eps = 1e-8;
+  double eps = 0.1;  // the DiLoCo paper's stable value for outer Adam
 };
 
 struct ClusterSection {
@@ -136,9 +141,12 @@ struct RunConfig {
 optim::OuterOptions outer_options(const RunConfig& config);
 // Replaces the "default" stand-ins (outer.lr = 0, outer.momentum = -1) by the values they mean.
 void resolve_defaults(RunConfig& config);
-// DiLoCo's options from the config.
-algorithms::DiLoCoOptions diloco_options(const RunConfig& config);
-algorithms::StreamingOptions streaming_options(const RunConfig& config);
+// How outer gradients are weighted, sync.weighting = "auto" resolved.
+algorithms::Weighting weighting(const RunConfig& config);
+// DiLoCo's and Streaming DiLoCo's options from the config, for a worker whose shard holds
+// `shard_tokens` tokens (needed when weighting by shard size).
+algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens = 0);
+algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t shard_tokens = 0);
 
 // Keys that may differ between the processes of one run (paths, devices, threads, logging, and
 // the settings of one process only: ports, addresses, its own timeouts); every other key must be

@@ -144,6 +144,7 @@ class TrainingLoop {
   void restore();
   void announce();
   void take_joined_state(int64_t joined_step);
+  std::string rewarm_note() const;
 
   double forward_backward(data::WindowSampler& source);
   // Runs a sync hook, timing it; a PeerError is kept (peer_failure_) and reported as false.
@@ -182,6 +183,7 @@ class TrainingLoop {
   model::Transformer model_{nullptr};
   std::optional<optim::AdamW> adamw_;
   optim::ScheduleOptions schedule_;
+  std::optional<int64_t> rewarm_from_;  // a joiner whose AdamW moments started from zero: its join step
   std::optional<data::WindowSampler> sampler_;
   size_t train_token_count_ = 0;  // in this worker's shard (or the whole split)
   std::optional<ShardTurns> shards_;
@@ -342,11 +344,16 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
   tokens_ = step_ * tokens_per_step();
   progress_->message(fmt::format("{}joined the run at step {}", who_, step_));
   log_->write("joined", {{"worker", worker_.rank}, {"step", step_}});
-  if (!slot_store_) return;
+  if (!slot_store_) {
+    rewarm_from_ = step_;
+    return;
+  }
   const auto latest = slot_store_->latest();
   if (!latest) {
     progress_->message(fmt::format("{}finds no saved inner state of slot {} in {} (another host's, or none yet); its "
-                                   "AdamW moments start from zero", who_, worker_.rank, slot_store_->root().string()));
+                                   "AdamW moments start from zero{}", who_, worker_.rank, slot_store_->root().string(),
+                                   rewarm_note()));
+    rewarm_from_ = step_;
     return;
   }
   try {
@@ -354,9 +361,15 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
     adamw_->load_state(own.optimizer, own.state.step);
     progress_->message(fmt::format("{}took slot {}'s AdamW moments of step {}", who_, worker_.rank, own.state.step));
   } catch (const DataError& e) {
-    progress_->message(fmt::format("{}cannot use slot {}'s saved inner state ({}); its AdamW moments start from zero",
-                                   who_, worker_.rank, e.what()));
+    progress_->message(fmt::format("{}cannot use slot {}'s saved inner state ({}); its AdamW moments start from zero{}",
+                                   who_, worker_.rank, e.what(), rewarm_note()));
+    rewarm_from_ = step_;
   }
+}
+
+std::string TrainingLoop::rewarm_note() const {
+  if (config_.optim.rewarmup_steps == 0) return "";
+  return fmt::format(", and its learning rate warms up again over {} steps (optim.rewarmup_steps)", config_.optim.rewarmup_steps);
 }
 
 void TrainingLoop::step() {
@@ -368,7 +381,8 @@ void TrainingLoop::step() {
   }
   data::WindowSampler& source = shards_->next();
   const data::SamplerPosition position = source.position();
-  const double lr = optim::learning_rate(schedule_, step_);
+  double lr = optim::learning_rate(schedule_, step_);
+  if (rewarm_from_) lr *= optim::rewarmup_factor(step_ - *rewarm_from_, config_.optim.rewarmup_steps);
   const double loss = forward_backward(source);
   algorithms::StepContext context{step_, tokens_per_step(), &model_};
   if (!run_hook([&] { return sync_.after_backward(context); })) {

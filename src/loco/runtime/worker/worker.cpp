@@ -189,16 +189,16 @@ data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset
   LOCO_CHECK(false, "unknown shard policy");
 }
 
-std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group) {
+std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group, int64_t shard_tokens) {
   switch (config.sync.algorithm) {
     case Algorithm::kNone: return std::make_unique<algorithms::NoSync>("none");
     case Algorithm::kLocal: return std::make_unique<algorithms::NoSync>("local");
     case Algorithm::kDdp:
       return std::make_unique<algorithms::Ddp>(std::move(group),
                                                algorithms::DdpOptions{static_cast<int64_t>(config.sync.bucket_mb * 1e6)});
-    case Algorithm::kDiLoCo: return std::make_unique<algorithms::DiLoCo>(std::move(group), diloco_options(config));
+    case Algorithm::kDiLoCo: return std::make_unique<algorithms::DiLoCo>(std::move(group), diloco_options(config, shard_tokens));
     case Algorithm::kStreaming:
-      return std::make_unique<algorithms::StreamingDiLoCo>(std::move(group), streaming_options(config));
+      return std::make_unique<algorithms::StreamingDiLoCo>(std::move(group), streaming_options(config, shard_tokens));
   }
   LOCO_CHECK(false, "unknown algorithm");
 }
@@ -253,9 +253,9 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       ElasticSession session(config, client, joined, group_factory(config, client), options.stop);
       std::unique_ptr<algorithms::SyncStrategy> strategy;
       if (config.sync.algorithm == Algorithm::kStreaming) {
-        strategy = std::make_unique<algorithms::StreamingDiLoCo>(comm::Group::single(), streaming_options(config), &session);
+        strategy = std::make_unique<algorithms::StreamingDiLoCo>(comm::Group::single(), streaming_options(config, std::ssize(tokens)), &session);
       } else {
-        strategy = std::make_unique<algorithms::DiLoCo>(comm::Group::single(), diloco_options(config), &session);
+        strategy = std::make_unique<algorithms::DiLoCo>(comm::Group::single(), diloco_options(config, std::ssize(tokens)), &session);
       }
       ElasticLink link(session, client, dataset, assignment, options.stop);
       link.own_start = joined.joiner ? std::nullopt : std::optional(joined.position);  // the coordinator's record
@@ -363,7 +363,7 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
   const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
   std::optional<comm::Group> group;
   if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
-  auto strategy = make_strategy(config, group ? *group : comm::Group::single());
+  auto strategy = make_strategy(config, group ? *group : comm::Group::single(), std::ssize(tokens));
   FixedLink link(client, options.stop);
   auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);
   train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once

@@ -46,6 +46,6 @@ std::string process_name(int64_t pid, const std::string& address = {});
 comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client);
 
 // The sync strategy of config.sync.algorithm over `group`.
-std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group);
+std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config, comm::Group group, int64_t shard_tokens);
 
 }  // namespace loco::runtime
