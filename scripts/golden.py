@@ -1,0 +1,205 @@
+#!/usr/bin/python3
+"""Golden fixtures from PyTorch, for tests/golden/golden_test.cpp.
+
+Writes tests/golden/fixtures/*.safetensors: what PyTorch computes for
+  model_<variant>   a tiny GPT's loss and gradients on a fixed batch, for two architecture variants
+                    (rmsnorm + rope + gelu; layernorm + learned positions + swiglu + qk-norm), with
+                    z-loss; written here from the equations, independently of loco's C++ code
+  adamw             three torch.optim.AdamW steps (weight decay on the matrix only)
+  nesterov          three outer steps of torch.optim.SGD(nesterov=True) on outer gradients
+  merge             one Streaming DiLoCo fragment sync: Nesterov outer step, then the merge
+                    θ_m ← α·θ_m(t+τ) + (1 − α)·θ̃
+
+The fixtures are committed; the C++ tests read them and need no Python. To write them again:
+    apt-get install python3-torch && /usr/bin/python3 scripts/golden.py
+(Debian 12 has no python3-safetensors; the format, an 8-byte header length, a JSON header and the
+raw bytes, is written below.)
+"""
+import json
+import math
+import os
+import struct
+
+import torch
+import torch.nn.functional as F
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden", "fixtures")
+DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}
+
+
+def save(name, tensors, metadata):
+    header, blobs, offset = {"__metadata__": {k: str(v) for k, v in metadata.items()}}, [], 0
+    for key in sorted(tensors):
+        t = tensors[key].detach().contiguous().cpu()
+        data = t.numpy().tobytes()
+        header[key] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, name + ".safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    print(f"wrote {name}.safetensors ({len(tensors)} tensors)")
+
+
+# --- the model, from its equations ----------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, cos, sin):  # "rotate half": x = [x1, x2] -> [x1 c - x2 s, x2 c + x1 s]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def forward_loss(p, tokens, targets, o):
+    B, T = tokens.shape
+    C, H = o["width"], o["heads"]
+    hd = C // H
+    norm = (lambda x, name: rms_norm(x, p[name + ".rms.weight"], o["eps"])) if o["norm"] == "rmsnorm" else \
+           (lambda x, name: F.layer_norm(x, (C,), p[name + ".ln.weight"], p[name + ".ln.bias"], o["eps"]))
+    x = p["tok_emb.weight"][tokens]
+    if o["position"] == "learned":
+        x = x + p["pos_emb.weight"][:T]
+    else:
+        half = hd // 2
+        inv_freq = o["rope_base"] ** (-torch.arange(0, half, dtype=torch.float64) / half)
+        angles = torch.outer(torch.arange(0, T, dtype=torch.float64), inv_freq)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for i in range(o["layers"]):
+        b = f"blocks.{i}."
+        h = norm(x, b + "norm1")
+        q, k, v = (h @ p[b + "attn.qkv.weight"].T).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+        if o["qk_norm"]:
+            q = rms_norm(q, p[b + "attn.q_norm.weight"], o["eps"])
+            k = rms_norm(k, p[b + "attn.k_norm.weight"], o["eps"])
+        if o["position"] == "rope":
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+        y = torch.softmax(scores.masked_fill(causal, float("-inf")), -1) @ v
+        x = x + y.transpose(1, 2).reshape(B, T, C) @ p[b + "attn.proj.weight"].T
+        h = norm(x, b + "norm2")
+        if o["mlp"] == "swiglu":
+            m = F.silu(h @ p[b + "mlp.gate.weight"].T) * (h @ p[b + "mlp.up.weight"].T)
+        else:
+            m = F.gelu(h @ p[b + "mlp.up.weight"].T, approximate="tanh")
+        x = x + m @ p[b + "mlp.down.weight"].T
+    logits = norm(x, "final_norm") @ p["tok_emb.weight"].T
+    flat = logits.reshape(-1, logits.shape[-1])
+    ce = F.cross_entropy(flat, targets.reshape(-1))
+    return ce + o["z_loss"] * torch.logsumexp(flat, -1).pow(2).mean(), ce
+
+
+def model_fixture(name, o):
+    g = torch.Generator().manual_seed(o["seed"])
+    C, V, hidden = o["width"], o["vocab"], round(o["mlp_ratio"] * o["width"])
+    shapes = {"tok_emb.weight": (V, C)}
+    if o["position"] == "learned":
+        shapes["pos_emb.weight"] = (o["context"], C)
+    norm_params = lambda n: {n + ".rms.weight": (C,)} if o["norm"] == "rmsnorm" else {n + ".ln.weight": (C,), n + ".ln.bias": (C,)}
+    for i in range(o["layers"]):
+        b = f"blocks.{i}."
+        shapes.update(norm_params(b + "norm1"))
+        shapes[b + "attn.qkv.weight"] = (3 * C, C)
+        shapes[b + "attn.proj.weight"] = (C, C)
+        if o["qk_norm"]:
+            shapes[b + "attn.q_norm.weight"] = (C // o["heads"],)
+            shapes[b + "attn.k_norm.weight"] = (C // o["heads"],)
+        shapes.update(norm_params(b + "norm2"))
+        shapes[b + "mlp.up.weight"] = (hidden, C)
+        if o["mlp"] == "swiglu":
+            shapes[b + "mlp.gate.weight"] = (hidden, C)
+        shapes[b + "mlp.down.weight"] = (C, hidden)
+    shapes.update(norm_params("final_norm"))
+    weights = {}
+    for key, shape in shapes.items():
+        if len(shape) == 2:
+            w = 0.2 * torch.randn(shape, generator=g)  # larger than the init: activations that matter
+        elif key.endswith(".bias"):
+            w = 0.1 * torch.randn(shape, generator=g)
+        else:
+            w = 1 + 0.1 * torch.randn(shape, generator=g)
+        weights[key] = w.float()
+    tokens = torch.randint(0, V, (o["batch"], o["context"]), generator=g)
+    targets = torch.randint(0, V, (o["batch"], o["context"]), generator=g)
+    # The reference runs in float64 from the float32 weights: loco's float32 results are compared
+    # against it.
+    p = {k: w.double().requires_grad_(True) for k, w in weights.items()}
+    loss, ce = forward_loss(p, tokens, targets, o)
+    loss.backward()
+    tensors = {"param." + k: w for k, w in weights.items()}
+    tensors.update({"grad." + k: v.grad for k, v in p.items()})
+    tensors.update({"tokens": tokens, "targets": targets, "loss": loss.detach().reshape(1),
+                    "cross_entropy": ce.detach().reshape(1)})
+    meta = {k: v for k, v in o.items()}
+    save(name, tensors, meta)
+
+
+def adamw_fixture():
+    g = torch.Generator().manual_seed(11)
+    matrix, vector = torch.randn(5, 4, generator=g), torch.randn(7, generator=g)
+    grads = [(torch.randn(5, 4, generator=g), torch.randn(7, generator=g)) for _ in range(3)]
+    lrs = [1e-2, 3e-2, 2e-2]
+    a, b = matrix.clone().requires_grad_(True), vector.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}],
+                            lr=lrs[0], betas=(0.9, 0.95), eps=1e-8)
+    for (ga, gb), lr in zip(grads, lrs):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        a.grad, b.grad = ga.clone(), gb.clone()
+        opt.step()
+    tensors = {"matrix": matrix, "vector": vector, "lr": torch.tensor(lrs, dtype=torch.float64),
+               "matrix.after": a.detach(), "vector.after": b.detach()}
+    for i, (ga, gb) in enumerate(grads):
+        tensors[f"matrix.grad.{i}"], tensors[f"vector.grad.{i}"] = ga, gb
+    save("adamw", tensors, {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1})
+
+
+def nesterov_steps(theta, deltas, lr, momentum):
+    p = theta.clone().requires_grad_(True)
+    opt = torch.optim.SGD([p], lr=lr, momentum=momentum, nesterov=True)
+    for d in deltas:
+        p.grad = d.clone()
+        opt.step()
+    return p.detach()
+
+
+def nesterov_fixture():
+    g = torch.Generator().manual_seed(12)
+    theta = torch.randn(6, 3, generator=g)
+    deltas = [0.1 * torch.randn(6, 3, generator=g) for _ in range(3)]
+    tensors = {"theta": theta, "theta.after": nesterov_steps(theta, deltas, 0.7, 0.9)}
+    for i, d in enumerate(deltas):
+        tensors[f"delta.{i}"] = d
+    save("nesterov", tensors, {"lr": 0.7, "momentum": 0.9})
+
+
+def merge_fixture():
+    # One worker, one fragment, H = 2, τ = 1: the sync starts at step 2 with θ_m(2), its outer step
+    # is Nesterov on Δ = θ − θ_m(2), and at step 3 the model becomes α·θ_m(3) + (1 − α)·θ̃.
+    g = torch.Generator().manual_seed(13)
+    theta = torch.randn(10, generator=g)
+    at_start = theta + 0.1 * torch.randn(10, generator=g)
+    at_merge = at_start + 0.1 * torch.randn(10, generator=g)
+    alpha = 0.5
+    outer = nesterov_steps(theta, [theta - at_start], 0.7, 0.9)
+    merged = alpha * at_merge + (1 - alpha) * outer
+    save("merge", {"theta": theta, "model.at_start": at_start, "model.at_merge": at_merge,
+                   "theta.after": outer, "model.after": merged},
+         {"alpha": alpha, "lr": 0.7, "momentum": 0.9})
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    base = {"vocab": 64, "context": 8, "layers": 2, "width": 16, "heads": 2, "mlp_ratio": 4.0, "eps": 1e-5,
+            "rope_base": 10000.0, "batch": 3, "z_loss": 1e-4}
+    model_fixture("model_rmsnorm_rope_gelu", dict(base, norm="rmsnorm", position="rope", mlp="gelu", qk_norm=False, seed=1))
+    model_fixture("model_layernorm_learned_swiglu_qknorm",
+                  dict(base, norm="layernorm", position="learned", mlp="swiglu", qk_norm=True, seed=2))
+    adamw_fixture()
+    nesterov_fixture()
+    merge_fixture()
