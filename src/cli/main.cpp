@@ -452,16 +452,33 @@ struct Coordinator {
 struct Report {
   explicit Report(CLI::App& app) {
     cmd = app.add_subcommand("report", "Compare runs: one Markdown table of their results and traffic");
-    cmd->add_option("runs", runs, "run folders")->required();
+    cmd->add_option("runs", runs, "run folders, or JSON files of reports (--json)")->required();
+    cmd->add_flag("--json", json, "print the reports as JSON instead of a table (to keep them as baselines)");
+    cmd->add_option("--baseline", baselines,
+                    "compare the first run with these runs: run folders or JSON files of reports (repeatable)");
   }
   int run() {
     std::vector<loco::runtime::RunReport> reports;
-    for (const auto& r : runs) reports.push_back(loco::runtime::read_run_report(r));
+    for (const auto& r : runs) {
+      for (auto& report : loco::runtime::read_reports(r)) reports.push_back(std::move(report));
+    }
+    if (json) {
+      auto array = nlohmann::json::array();
+      for (const auto& r : reports) array.push_back(loco::runtime::to_json(r));
+      fmt::print("{}\n", array.dump(2));
+      return 0;
+    }
+    std::vector<loco::runtime::RunReport> against;
+    for (const auto& b : baselines) {
+      for (auto& report : loco::runtime::read_reports(b)) against.push_back(std::move(report));
+    }
     fmt::print("{}", loco::runtime::report_table(reports));
+    if (!against.empty()) fmt::print("\n{}", loco::runtime::compare_with_baselines(reports.front(), against));
     return 0;
   }
   CLI::App* cmd;
-  std::vector<std::string> runs;
+  std::vector<std::string> runs, baselines;
+  bool json = false;
 };
 
 struct Config {

@@ -216,6 +216,30 @@ TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
   EXPECT_TRUE(events("local", "sync").empty());
   EXPECT_EQ(events("local", "summary").size(), 2u);
   EXPECT_NE(local.output.find("val_loss of each replica"), std::string::npos) << local.output;
+
+  // `loco report`: what DDP would send for a run is what this DDP run measured; its report kept as
+  // JSON serves as a baseline for another run.
+  auto json = run_command({LOCO_BINARY, "report", "--json", run("ddp").string()}, log("report-json"));
+  ASSERT_EQ(json.status, 0) << json.output;
+  const auto reports = nlohmann::json::parse(json.output);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NEAR(reports[0]["ddp_bytes"].get<double>(), reports[0]["bytes_sent"].get<double>(),
+              0.01 * reports[0]["bytes_sent"].get<double>());
+  const auto saved = dir_->path() / "baselines.json";
+  std::ofstream(saved) << json.output;
+  auto compared = run_command({LOCO_BINARY, "report", run("local").string(), "--baseline", saved.string()}, log("report"));
+  ASSERT_EQ(compared.status, 0) << compared.output;
+  const double ddp_loss = reports[0]["val_loss"].get<double>();
+  EXPECT_NE(compared.output.find(fmt::format("local against ddp (ddp, 2 workers): val_loss {:.4f} vs {:.4f}",
+                                             (events("local", "summary")[0]["val_loss"].get<double>() +
+                                              events("local", "summary")[1]["val_loss"].get<double>()) / 2,
+                                             ddp_loss)),
+            std::string::npos) << compared.output;
+  EXPECT_NE(compared.output.find("local: DDP would have sent"), std::string::npos) << compared.output;
+  std::ofstream(saved) << "[{\"name\": \"x\"}]";
+  auto bad = run_command({LOCO_BINARY, "report", run("local").string(), "--baseline", saved.string()}, log("report-bad"));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("has no text \"algorithm\""), std::string::npos) << bad.output;
 }
 
 // One worker through the launcher (a real process, a real coordinator) trains exactly as `loco train`.

@@ -33,6 +33,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   std::map<int64_t, std::pair<double, double>> bytes;  // per worker, summed over every sync event
   std::map<int64_t, int64_t> rounds;
   std::map<int64_t, double> peak, stall;  // per worker, over every session
+  double parameters = NAN;
   for (std::string line; std::getline(in, line);) {
     nlohmann::json event;
     try {
@@ -42,6 +43,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
     }
     const std::string kind = event.value("event", "");
     const int64_t worker = event.value("worker", int64_t{0});
+    if (kind == "start" && event.contains("parameters")) parameters = event.value("parameters", 0.0);
     if (kind == "summary") {
       last_summary[worker] = event;
       if (event.contains("peak_step_bytes")) peak[worker] = std::max(peak[worker], event.value("peak_step_bytes", 0.0));
@@ -88,7 +90,91 @@ RunReport read_run_report(const std::filesystem::path& run) {
     r.bytes_received = std::max(r.bytes_received, b.second);
     r.rounds = std::max(r.rounds, rounds[worker]);
   }
+  if (r.workers > 1) {
+    const double m = static_cast<double>(r.workers);
+    r.ddp_bytes = static_cast<double>(r.steps) * 2 * (m - 1) / m * 4 * parameters;
+  }
   return r;
+}
+
+nlohmann::json to_json(const RunReport& r) {
+  auto number = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  return {{"name", r.name}, {"algorithm", r.algorithm}, {"workers", r.workers}, {"inner_steps", r.inner_steps},
+          {"steps", r.steps}, {"tokens", r.tokens}, {"rounds", r.rounds}, {"val_loss", number(r.val_loss)},
+          {"val_ppl", number(r.val_ppl)}, {"bytes_sent", r.bytes_sent}, {"bytes_received", r.bytes_received},
+          {"wall_s", r.wall_s}, {"finished", r.finished}, {"peak_step_bytes", number(r.peak_step_bytes)},
+          {"stall_s", number(r.stall_s)}, {"compute_utilization", number(r.compute_utilization)},
+          {"ddp_bytes", number(r.ddp_bytes)}};
+}
+
+RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
+  auto number = [&](const char* key) {
+    if (!j.contains(key)) throw DataError("report", fmt::format("{}: a report has no \"{}\"", where, key));
+    const auto& v = j.at(key);
+    if (v.is_null()) return static_cast<double>(NAN);
+    if (!v.is_number()) throw DataError("report", fmt::format("{}: \"{}\" is not a number", where, key));
+    return v.get<double>();
+  };
+  auto text = [&](const char* key) {
+    if (!j.contains(key) || !j.at(key).is_string()) {
+      throw DataError("report", fmt::format("{}: a report has no text \"{}\"", where, key));
+    }
+    return j.at(key).get<std::string>();
+  };
+  RunReport r;
+  r.name = text("name");
+  r.algorithm = text("algorithm");
+  r.workers = static_cast<int64_t>(number("workers"));
+  r.inner_steps = static_cast<int64_t>(number("inner_steps"));
+  r.steps = static_cast<int64_t>(number("steps"));
+  r.tokens = static_cast<int64_t>(number("tokens"));
+  r.rounds = static_cast<int64_t>(number("rounds"));
+  r.val_loss = number("val_loss");
+  r.val_ppl = number("val_ppl");
+  r.bytes_sent = number("bytes_sent");
+  r.bytes_received = number("bytes_received");
+  r.wall_s = number("wall_s");
+  r.finished = j.value("finished", false);
+  r.peak_step_bytes = number("peak_step_bytes");
+  r.stall_s = number("stall_s");
+  r.compute_utilization = number("compute_utilization");
+  r.ddp_bytes = number("ddp_bytes");
+  return r;
+}
+
+std::vector<RunReport> read_reports(const std::filesystem::path& path) {
+  if (std::filesystem::is_directory(path)) return {read_run_report(path)};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path, "report"));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("report", fmt::format("{}: not JSON ({})", path.string(), e.what()));
+  }
+  if (!j.is_array()) throw DataError("report", fmt::format("{}: expected an array of reports", path.string()));
+  std::vector<RunReport> out;
+  for (const auto& item : j) out.push_back(report_from_json(item, path.string()));
+  return out;
+}
+
+std::string compare_with_baselines(const RunReport& run, const std::vector<RunReport>& baselines) {
+  std::string out;
+  for (const auto& b : baselines) {
+    const double below = b.val_loss - run.val_loss;
+    out += fmt::format("{} against {} ({}, {} worker{}): val_loss {:.4f} vs {:.4f}, {:.3f} nat {} ({:+.1f}%)", run.name,
+                       b.name, b.algorithm, b.workers, b.workers == 1 ? "" : "s", run.val_loss, b.val_loss,
+                       std::abs(below), below >= 0 ? "below" : "above", 100 * (run.val_loss / b.val_loss - 1));
+    if (b.bytes_sent > 0 && run.bytes_sent > 0) {
+      out += fmt::format("; sent {} per worker vs {} ({:.0f}x fewer)", metrics::format_bytes(run.bytes_sent),
+                         metrics::format_bytes(b.bytes_sent), b.bytes_sent / run.bytes_sent);
+    }
+    out += "\n";
+  }
+  if (!std::isnan(run.ddp_bytes)) {
+    out += fmt::format("{}: DDP would have sent {} per worker for this run ({} steps of fp32 gradients){}\n", run.name,
+                       metrics::format_bytes(run.ddp_bytes), run.steps,
+                       run.bytes_sent > 0 ? fmt::format(", {:.0f}x what it sent", run.ddp_bytes / run.bytes_sent) : "");
+  }
+  return out;
 }
 
 std::string report_table(const std::vector<RunReport>& reports) {

@@ -1,6 +1,9 @@
 // `loco report RUN...`: one Markdown table comparing finished runs, read from their config.toml
-// and metrics.jsonl (what the benchmark scripts print).
+// and metrics.jsonl (what the benchmark scripts print); the same reports as JSON, to keep measured
+// baselines; and a run compared with baselines (what the main job ends with).
 #pragma once
+
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
@@ -21,11 +24,23 @@ struct RunReport {
   // worker sent during one inner step, its seconds waiting for communication (the most of any
   // worker), and the mean compute utilization of the workers' last sessions.
   double peak_step_bytes = NAN, stall_s = NAN, compute_utilization = NAN;
+  // With several workers: what DDP would send per worker in the same run, every step a ring
+  // all-reduce of the fp32 gradients, 2(M − 1)/M × 4 bytes × parameters.
+  double ddp_bytes = NAN;
 };
+
+nlohmann::json to_json(const RunReport& report);
+// Throws DataError naming `where` when a field is missing or of the wrong type.
+RunReport report_from_json(const nlohmann::json& json, const std::string& where);
 
 // Reads one run folder. Throws DataError naming the file when it holds no run.
 RunReport read_run_report(const std::filesystem::path& run);
+// A run folder's report, or every report in a JSON file (an array, as `loco report --json` writes).
+std::vector<RunReport> read_reports(const std::filesystem::path& path);
 // The Markdown table of `reports`.
 std::string report_table(const std::vector<RunReport>& reports);
+// Lines comparing `run` with each baseline: its loss against theirs (nats and percent) and its bytes
+// against theirs, and the bytes DDP would have sent for it.
+std::string compare_with_baselines(const RunReport& run, const std::vector<RunReport>& baselines);
 
 }  // namespace loco::runtime
