@@ -30,3 +30,7 @@ for prompt in "The jury said" "She looked at him and"; do
   echo "--- sample: $prompt"
   build/loco generate --checkpoint "$run" --prompt "$prompt" --max-new-tokens 60 --temperature 0.8 --top-k 40 --seed 1
 done
+# The claim, in the last lines: this run against one worker alone with the same per-worker budget
+# and against DDP, both measured on this machine by bench/sweep.sh (docs/benchmarks.md).
+echo "--- the main job against its baselines (measured by bench/sweep.sh; docs/benchmarks.md)"
+build/loco report "$run" --baseline bench/results/main-baselines.json

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The main job's sweep: what makes DiLoCo work on the main job's own budget (configs/brown.toml: 4
+# workers, batch 8 x 128 tokens each, 500 inner steps), against one worker alone and DDP.
+#
+#   bench/sweep.sh [OUT] [NAME...]    OUT defaults to runs/sweep; with NAMEs, only those runs.
+# Finished runs are kept and skipped, so an interrupted sweep continues where it stopped. Each run
+# takes about 8 minutes on 2 CPU cores (the single worker about 2.5). Results: docs/benchmarks.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/sweep}
+shift || true
+only=("$@")
+steps=500
+config=configs/brown.toml
+loco=${LOCO:-build/loco}
+source bench/common.sh
+prepare
+
+wanted() { [ ${#only[@]} -eq 0 ] || [[ " ${only[*]} " == *" $1 "* ]]; }
+
+# One worker alone, the same per-worker budget (batch 8, 500 steps): the bar DiLoCo must clear.
+single() {
+  local name=$1; shift
+  wanted "$name" || return 0
+  if finished "$out/$name"; then echo "bench: $name already done"; return; fi
+  rm -rf "${out:?}/$name"
+  echo "bench: $name (one process $*)"
+  "$loco" train --config "$config" --run.dir="$out/$name" --cluster.workers=1 --sync.algorithm=none "$@" \
+    > "$out/$name.log" 2>&1 || { echo "bench: $name failed, see $out/$name.log"; exit 1; }
+  tail -n 1 "$out/$name.log"
+}
+sweep() { wanted "$1" && run "$@" || true; }
+
+e3m0=(--sync.algorithm=streaming --sync.exchange=e3m0)
+diloco4=(--sync.algorithm=streaming --sync.fragments=1 --sync.overlap_steps=0 --sync.merge_alpha=0 --sync.exchange=e3m0)
+
+single single
+sweep ddp                      --sync.algorithm=ddp
+sweep diloco-h50               --sync.algorithm=diloco --sync.inner_steps=50
+sweep diloco-h50-fedavg        --sync.algorithm=diloco --sync.inner_steps=50 --outer.optimizer=sgd
+sweep streaming-h50            --sync.algorithm=streaming --sync.inner_steps=50
+# 4-bit outer gradients buy about 7.7x fewer bytes per round: H = 10 still sends ~75x less than DDP.
+sweep streaming-e3m0-h10       "${e3m0[@]}" --sync.inner_steps=10
+sweep diloco-e3m0-h10          "${diloco4[@]}" --sync.inner_steps=10
+sweep streaming-e3m0-h10-lr0.4 "${e3m0[@]}" --sync.inner_steps=10 --outer.lr=0.4
+
+# The main job's baselines, kept for scripts/main.sh to compare against.
+if finished "$out/single" && finished "$out/ddp"; then
+  mkdir -p bench/results
+  "$loco" report "$out/single" "$out/ddp" --json > bench/results/main-baselines.json
+fi
+echo
+runs=()
+for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h10 diloco-e3m0-h10 streaming-e3m0-h10-lr0.4; do
+  [ -d "$out/$r" ] && runs+=("$out/$r")
+done
+"$loco" report "${runs[@]}"
