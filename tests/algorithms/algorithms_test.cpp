@@ -70,6 +70,62 @@ TEST_P(DiLoCoWeighting, OuterStepAcrossRanksMatchesTheClosedForm) {
 INSTANTIATE_TEST_SUITE_P(ByTokensAndByShard, DiLoCoWeighting, testing::Values(Weighting::kTokens, Weighting::kShard),
                          [](const auto& info) { return info.param == Weighting::kShard ? "Shard" : "Tokens"; });
 
+// Dropped outer gradients (the DiLoCo paper's experiment), one round of H = 1 for each of 24 seeds
+// on 4 ranks: rank r moves by r + 1; the ranks whose report says weight 0 were dropped, and θ must
+// take Nesterov's first step on the average of the kept ones only (θ stays when all were dropped).
+TEST(DiLoCo, DroppedOuterGradientsLeaveTheAverageOfTheRest) {
+  constexpr int64_t kSize = 4;
+  int64_t drops = 0, partial = 0;
+  for (uint64_t seed = 0; seed < 24; ++seed) {
+    auto store = std::make_shared<comm::MemoryKeyValueStore>();
+    struct Out {
+      std::vector<torch::Tensor> before, after;
+      double weight = -1;
+    };
+    auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+      model::Transformer model(tiny_model(), 5);
+      DiLoCoOptions o;
+      o.inner_steps = 1;
+      o.total_steps = 10;
+      o.drop_probability = 0.5;
+      o.drop_seed = seed;
+      DiLoCo diloco(connect(store, rank, kSize, fmt::format("drop-{}", seed)), o);
+      diloco.on_start(model, 0);
+      Out out;
+      out.before = snapshot(model);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(static_cast<double>(rank + 1));
+      }
+      StepContext context{0, 100, &model};
+      out.weight = diloco.after_step(context).at(0).weight;
+      out.after = snapshot(model);
+      return out;
+    });
+    double kept_sum = 0;
+    int64_t kept = 0;
+    for (size_t r = 0; r < results.size(); ++r) {
+      ASSERT_FALSE(results[r].error) << results[r].message();
+      if (results[r].value->weight == 0) continue;
+      kept_sum += static_cast<double>(r + 1);
+      ++kept;
+    }
+    drops += kSize - kept;
+    partial += kept > 0 && kept < kSize ? 1 : 0;
+    for (const auto& r : results) {
+      if (r.value->weight != 0) EXPECT_DOUBLE_EQ(r.value->weight, 1.0 / static_cast<double>(kept)) << "equal tokens";
+      const double delta = kept == 0 ? 0.0 : -kept_sum / static_cast<double>(kept);
+      for (size_t i = 0; i < r.value->before.size(); ++i) {
+        auto expected = r.value->before[i] - 0.7 * 1.9 * delta;
+        EXPECT_TRUE(torch::allclose(r.value->after[i], expected, 1e-5, 1e-5)) << "seed " << seed << ", parameter " << i;
+      }
+    }
+  }
+  EXPECT_GT(partial, 0);
+  EXPECT_GT(drops, 24 * kSize * 3 / 10) << "about half the outer gradients are dropped";
+  EXPECT_LT(drops, 24 * kSize * 7 / 10);
+}
+
 // Real inner AdamW steps on different data per rank, H = 3 over 8 steps: rounds end at steps 3, 6
 // and 8 (the short final round), and after each every rank holds the same θ, bit for bit.
 TEST(DiLoCo, EveryRankHoldsTheSameParametersAfterEveryRound) {

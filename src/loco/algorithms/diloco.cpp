@@ -27,6 +27,8 @@ StreamingOptions DiLoCoOptions::as_streaming() const {
   o.outer = outer;
   o.weighting = weighting;
   o.shard_tokens = shard_tokens;
+  o.drop_probability = drop_probability;
+  o.drop_seed = drop_seed;
   o.bucket_bytes = bucket_bytes;
   return o;
 }

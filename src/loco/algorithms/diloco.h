@@ -36,6 +36,8 @@ struct DiLoCoOptions {
   optim::OuterOptions outer;
   Weighting weighting = Weighting::kTokens;
   int64_t shard_tokens = 0;         // Weighting::kShard: the tokens of this worker's shard
+  double drop_probability = 0;      // an experiment: see StreamingOptions
+  uint64_t drop_seed = 0;
   int64_t bucket_bytes = 32 << 20;  // outer-gradient bytes per all-reduce
   void validate() const;            // ConfigError
 

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "loco/core/error.h"
+#include "loco/core/hash.h"
 
 namespace loco::algorithms {
 namespace {
@@ -34,6 +35,9 @@ void StreamingOptions::validate() const {
     throw ConfigError("algorithms", fmt::format("sync.merge_alpha must be in [0, 1], got {}", merge_alpha));
   }
   if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
+  if (!(drop_probability >= 0 && drop_probability < 1)) {
+    throw ConfigError("algorithms", fmt::format("sync.drop_probability must be in [0, 1), got {}", drop_probability));
+  }
 
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
@@ -233,26 +237,37 @@ void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   f.reduction = submit(f, plan_ && plan_->has_joiners());
 }
 
+bool StreamingDiLoCo::dropped(size_t index) {
+  if (options_.drop_probability <= 0) return false;
+  const uint64_t key[4] = {options_.drop_seed, index, static_cast<uint64_t>(fragments_[index].round),
+                           static_cast<uint64_t>(elastic_.group().rank())};
+  const double draw = static_cast<double>(hash64(key, sizeof key) >> 11) * 0x1.0p-53;  // uniform in [0, 1)
+  return draw < options_.drop_probability;
+}
+
 std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool tell_joiners) {
   const int64_t index = &f - fragments_.data();
-  return background_.submit([this, &f, tell_joiners, index] {
+  const bool drop = dropped(static_cast<size_t>(index));
+  return background_.submit([this, &f, tell_joiners, index, drop] {
     torch::NoGradGuard no_grad;
     comm::CommStats told;
     if (tell_joiners) {
       auto which = torch::tensor({index}, torch::kInt64);
       told = elastic_.group().broadcast(which, 0);
     }
-    // w_m = s_m / Σ s, from one small all-reduce of (s_m, 1), where s_m is the tokens worker m
-    // trained since this fragment's last sync, or the size of its shard.
-    const double size = static_cast<double>(options_.weighting == Weighting::kShard ? options_.shard_tokens
-                                                                                     : f.pending_tokens);
-    auto control = torch::tensor({size, 1.0}, torch::kFloat64);
+    // w_m = s_m / Σ s, from one small all-reduce of (s_m, 1, kept_m), where s_m is the tokens
+    // worker m trained since this fragment's last sync, or the size of its shard (1 when uniform),
+    // and 0 when its outer gradient is dropped.
+    double size = options_.weighting == Weighting::kShard     ? static_cast<double>(options_.shard_tokens)
+                  : options_.weighting == Weighting::kUniform ? 1.0
+                                                              : static_cast<double>(f.pending_tokens);
+    if (drop) size = 0;
+    auto control = torch::tensor({size, 1.0, drop ? 0.0 : 1.0}, torch::kFloat64);
     comm::CommStats stats = elastic_.group().all_reduce_sum(control);
     const double total_size = control[0].item<double>();
     const int64_t participants = std::llround(control[1].item<double>());
-    const double weight = options_.weighting != Weighting::kUniform && total_size > 0
-                              ? size / total_size
-                              : 1.0 / static_cast<double>(participants);
+    const int64_t kept = std::llround(control[2].item<double>());
+    const double weight = drop ? 0.0 : total_size > 0 ? size / total_size : 1.0 / static_cast<double>(kept);
     auto& result = f.result->views();
     const auto& sent = f.sent->views();
     if (options_.exchange == comm::Encoding::kFp32) {
@@ -269,7 +284,7 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     }
     stats += told;
     stats.participants = participants;
-    return Reduced{stats, participants, weight};
+    return Reduced{stats, participants, weight, kept == 0};
   });
 }
 
@@ -297,8 +312,13 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   f.stall += seconds_since(wait_start);
   const Reduced reduced = *f.arrived;
 
-  if (options_.exchange == comm::Encoding::kFp32) f.outer->step_to_average(f.result->views());
-  else f.outer->step(f.result->views());
+  if (reduced.empty) {
+    // Every outer gradient was dropped: θ_p stays, and so does the outer optimizer's state.
+  } else if (options_.exchange == comm::Encoding::kFp32) {
+    f.outer->step_to_average(f.result->views());
+  } else {
+    f.outer->step(f.result->views());
+  }
   // The merge: θ_{m,p} ← α·θ_{m,p} + (1 − α)·θ̃_p = lerp(θ̃_p, θ_{m,p}, α); α = 0 copies θ̃_p exactly.
   const double alpha = last ? 0.0 : options_.merge_alpha;
   for (size_t i = 0; i < f.local.size(); ++i) {
@@ -385,7 +405,7 @@ SyncReport StreamingDiLoCo::join_round() {
     const int64_t index = which.item<int64_t>();
     LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
     auto& f = fragments_[static_cast<size_t>(index)];
-    auto control = torch::zeros({2}, torch::kFloat64);
+    auto control = torch::zeros({3}, torch::kFloat64);  // as submit() sends it: nothing, not counted
     stats += group.all_reduce_sum(control);
     f.result->flat().zero_();
     if (options_.exchange == comm::Encoding::kFp32) {

@@ -68,6 +68,11 @@ struct StreamingOptions {
   optim::OuterOptions outer;
   Weighting weighting = Weighting::kTokens;
   int64_t shard_tokens = 0;         // kShard: the tokens of this worker's shard (> 0)
+  // An experiment (DiLoCo paper §6.3): each worker's outer gradient is left out of a sync with this
+  // probability, drawn from (drop_seed, fragment, sync, rank); the others' weights renormalize, and
+  // a sync that every worker dropped leaves θ as it was.
+  double drop_probability = 0;
+  uint64_t drop_seed = 0;
   int64_t bucket_bytes = 32 << 20;  // fp32 exchange: bytes per all-reduce
   void validate() const;            // ConfigError naming the bad option
 };
@@ -125,6 +130,7 @@ class StreamingDiLoCo : public SyncStrategy {
     comm::CommStats stats;
     int64_t participants = 0;
     double weight = -1;  // this worker's w_m (-1: not known, e.g. restored from a checkpoint)
+    bool empty = false;  // every worker's outer gradient was dropped: θ stays
   };
   struct Fragment {
     std::vector<FragmentSlice> slices;
@@ -151,6 +157,8 @@ class StreamingDiLoCo : public SyncStrategy {
   // Its reduction on the background thread; `tell_joiners`: rank 0 first broadcasts the fragment's
   // index (elastic rounds with joiners).
   std::future<Reduced> submit(Fragment& fragment, bool tell_joiners = false);
+  // Whether this worker's outer gradient is dropped from fragment `index`'s current sync.
+  bool dropped(size_t index);
   // Elastic: the round of the sync that starts now, and the group it runs in.
   void begin_round(int64_t step, int64_t failed_epoch);
   SyncReport join_round();

@@ -116,6 +116,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"sync.weighting", "DiLoCo: weight of each worker's outer gradient: tokens (processed this round), shard (the size of its shard), uniform, or auto (shard with label or kmeans shards, else tokens)",
        enum_field(c.sync.weighting, {{WeightingChoice::kAuto, "auto"}, {WeightingChoice::kTokens, "tokens"},
                                      {WeightingChoice::kShard, "shard"}, {WeightingChoice::kUniform, "uniform"}})},
+      between(0, 0.99, {"sync.drop_probability", "an experiment (DiLoCo paper, dropped outer gradients): each worker's outer gradient is left out of each sync with this probability, the others' weights renormalized; 0 = off", &c.sync.drop_probability}),
       positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
       at_least(1, {"sync.fragments", "streaming: fragments P, synchronized in turn every sync.inner_steps / P steps (at most the model's blocks)", &c.sync.fragments}),
       {"sync.fragment_pattern", "streaming: strided (block i in fragment i mod P) or sequential (runs of consecutive blocks)",
@@ -375,6 +376,8 @@ algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_
   o.outer = outer_options(config);
   o.weighting = weighting(config);
   o.shard_tokens = shard_tokens;
+  o.drop_probability = config.sync.drop_probability;
+  o.drop_seed = static_cast<uint64_t>(config.train.seed);
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   return o;
 }
@@ -391,6 +394,8 @@ algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t 
   o.outer = outer_options(config);
   o.weighting = weighting(config);
   o.shard_tokens = shard_tokens;
+  o.drop_probability = config.sync.drop_probability;
+  o.drop_seed = static_cast<uint64_t>(config.train.seed);
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   return o;
 }

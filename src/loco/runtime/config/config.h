@@ -74,6 +74,7 @@ struct SyncSection {
   double round_seconds = 0;          // elastic DiLoCo: > 0 ends each round by time, not after H steps
   double round_grace_s = 5;          // ... and leaves out a worker this late at the round's end
   WeightingChoice weighting = WeightingChoice::kAuto;
+  double drop_probability = 0;       // an experiment: each outer gradient left out with this probability
   double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
   // Streaming DiLoCo
   int64_t fragments = 4;             // P
