@@ -190,7 +190,7 @@ void check_tokenizer(const loco::data::Dataset& dataset, const loco::runtime::Ch
 struct Prepare {
   explicit Prepare(CLI::App& app) {
     cmd = app.add_subcommand("prepare", "Tokenize a corpus into a dataset folder");
-    cmd->add_option("--corpus", options.corpus, "brown, nlp-corpus, a folder of .txt files or a .jsonl file")->required();
+    cmd->add_option("--corpus", options.corpus, "brown, nlp-corpus, a folder of .txt files or a .jsonl file; several joined with + (brown+nlp-corpus)")->required();
     cmd->add_option("--out", options.out, "output dataset folder")->required();
     cmd->add_option("--vocab-size", options.vocab_size, "BPE vocabulary size")->capture_default_str()->check(CLI::Range(16, 1 << 20));
     cmd->add_option("--val-fraction", options.val_fraction, "share of documents held out for validation")

@@ -250,6 +250,18 @@ TEST(LoadCorpus, DispatchesOnTheSpec) {
                                      {"unknown corpus 'browm': expected brown, nlp-corpus, a folder of .txt files or "
                                       "a .jsonl file"}));
   EXPECT_FALSE(fs::exists(tmp / "cache"));  // nothing fetched for a local corpus
+
+  // Several corpora joined with '+', their documents in order; a path with '+' that exists is one.
+  const auto both = load_corpus((tmp / "folder").string() + "+" + (tmp / "c.jsonl").string(), tmp / "cache");
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[0].text, "folder doc");
+  EXPECT_EQ(both[1].text, "jsonl doc");
+  write_text(tmp / "a+b" / "y.txt", "plus doc");
+  EXPECT_EQ(load_corpus((tmp / "a+b").string(), tmp / "cache").at(0).text, "plus doc");
+  EXPECT_TRUE(throws_with<DataError>([&] { load_corpus((tmp / "folder").string() + "+", tmp / "cache"); },
+                                     {"a '+' must join two corpora"}));
+  EXPECT_TRUE(throws_with<DataError>([&] { load_corpus((tmp / "folder").string() + "+browm", tmp / "cache"); },
+                                     {"unknown corpus 'browm'"}));
 }
 
 TEST(FetchNpmPackage, ReusesAnUnpackedPackageWithoutRunningNpm) {

