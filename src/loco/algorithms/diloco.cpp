@@ -22,7 +22,7 @@ StreamingOptions DiLoCoOptions::as_streaming() const {
   o.fragments = 1;
   o.overlap_steps = 0;
   o.merge_alpha = 0;
-  o.exchange = comm::Encoding::kFp32;
+  o.exchange = exchange;
   o.round_seconds = round_seconds;
   o.outer = outer;
   o.weighting = weighting;

@@ -8,7 +8,7 @@
 //   θ_m ← θ                                                 every worker continues from the new θ
 //
 // DiLoCo is Streaming DiLoCo (streaming.h) with one fragment, no overlap (τ = 0), no merge (α = 0)
-// and fp32 outer gradients, and that is how loco runs it: one strategy, one implementation of the
+// and fp32 outer gradients (or encoded ones: `exchange`), and that is how loco runs it: one strategy, one implementation of the
 // rounds, the checkpointed state and the elastic parts. What is DiLoCo's own is time-budgeted
 // rounds (round_seconds), and its name in the run's events.
 //
@@ -37,6 +37,7 @@ struct DiLoCoOptions {
   Weighting weighting = Weighting::kTokens;
   int64_t shard_tokens = 0;         // Weighting::kShard: the tokens of this worker's shard
   double drop_probability = 0;      // an experiment: see StreamingOptions
+  comm::Encoding exchange = comm::Encoding::kFp32;  // outer gradients on the wire (fp32: θ̄ travels)
   uint64_t drop_seed = 0;
   int64_t bucket_bytes = 32 << 20;  // outer-gradient bytes per all-reduce
   void validate() const;            // ConfigError

@@ -137,6 +137,19 @@ TEST(Config, AutoWeightingFollowsTheShardPolicy) {
   EXPECT_EQ(weighting(c), algorithms::Weighting::kShard);
 }
 
+// An encoded exchange is DiLoCo's too (Streaming DiLoCo with one fragment, no overlap, no merge);
+// DDP sends fp32 gradients and ignores it, so a streaming config can be run as DDP as it is.
+TEST(Config, ExchangeAppliesToDiLoCoAndIsIgnoredByDdp) {
+  RunConfig c;
+  c.cluster.workers = 4;
+  apply_override(c, "sync.algorithm=diloco");
+  apply_override(c, "sync.exchange=e3m0");
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(diloco_options(c).as_streaming().exchange, comm::Encoding::kE3M0);
+  apply_override(c, "sync.algorithm=ddp");
+  EXPECT_NO_THROW(validate(c));
+}
+
 TEST(Config, LoadMissingFileNamesIt) {
   expect_error<DataError>([] { load_config("/nonexistent/run.toml", {}); }, "/nonexistent/run.toml");
 }

@@ -123,7 +123,7 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
       at_least(0, {"sync.overlap_steps", "streaming: inner steps tau a fragment's sync overlaps before its result is applied (0 = wait at once)", &c.sync.overlap_steps}),
       between(0, 1, {"sync.merge_alpha", "streaming: share alpha of the local fragment kept when the global one arrives (0 = take the global)", &c.sync.merge_alpha}),
-      {"sync.exchange", "streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4",
+      {"sync.exchange", "diloco and streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4 (ddp sends fp32 gradients and ignores it)",
        enum_field(c.sync.exchange, {{comm::Encoding::kFp32, "fp32"}, {comm::Encoding::kBf16, "bf16"}, {comm::Encoding::kFp8, "fp8"},
                                     {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
       {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
@@ -378,6 +378,7 @@ algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_
   o.shard_tokens = shard_tokens;
   o.drop_probability = config.sync.drop_probability;
   o.drop_seed = static_cast<uint64_t>(config.train.seed);
+  o.exchange = config.sync.exchange;
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   return o;
 }
@@ -439,11 +440,6 @@ void validate(const RunConfig& c) {
   if (c.sync.algorithm == Algorithm::kNone && c.cluster.workers > 1) {
     throw ConfigError("config", fmt::format("cluster.workers = {} needs a sync.algorithm (ddp, diloco, streaming or local), "
                                             "not none", c.cluster.workers));
-  }
-  if (c.sync.exchange != comm::Encoding::kFp32 && c.sync.algorithm != Algorithm::kStreaming) {
-    throw ConfigError("config", fmt::format("sync.exchange = \"{}\" needs sync.algorithm = \"streaming\" (hint: streaming "
-                                            "with sync.fragments = 1, sync.overlap_steps = 0 and sync.merge_alpha = 0 is "
-                                            "DiLoCo with outer gradients encoded)", comm::to_string(c.sync.exchange)));
   }
   if (c.sync.algorithm == Algorithm::kStreaming) {
     if (c.sync.fragments > c.model.layers) {

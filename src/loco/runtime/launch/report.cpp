@@ -23,6 +23,8 @@ RunReport read_run_report(const std::filesystem::path& run) {
   if (config.sync.algorithm == Algorithm::kStreaming) {
     r.algorithm = fmt::format("streaming P={} τ={} α={} {}", config.sync.fragments, config.sync.overlap_steps,
                               config.sync.merge_alpha, comm::to_string(config.sync.exchange));
+  } else if (config.sync.algorithm == Algorithm::kDiLoCo && config.sync.exchange != comm::Encoding::kFp32) {
+    r.algorithm = fmt::format("diloco {}", comm::to_string(config.sync.exchange));
   }
   const bool outer = config.sync.algorithm == Algorithm::kDiLoCo || config.sync.algorithm == Algorithm::kStreaming;
   r.inner_steps = outer ? config.sync.inner_steps : 1;
@@ -184,7 +186,7 @@ std::string report_table(const std::vector<RunReport>& reports) {
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto or_dash = [](double value, auto&& format) { return std::isnan(value) ? std::string("-") : format(value); };
   for (const auto& r : reports) {
-    const bool outer = r.algorithm == "diloco" || r.algorithm.starts_with("streaming");
+    const bool outer = r.algorithm.starts_with("diloco") || r.algorithm.starts_with("streaming");
     out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {:.4f} | {:.1f} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
                        r.finished ? "" : " (unfinished)", r.algorithm, r.workers, outer ? std::to_string(r.inner_steps) : "-",
                        r.steps, r.tokens, r.val_loss, r.val_ppl, r.rounds, metrics::format_bytes(r.bytes_sent),
