@@ -44,8 +44,8 @@ sweep streaming-e3m0-h10       "${e3m0[@]}" --sync.inner_steps=10
 sweep diloco-e3m0-h10          "${diloco4[@]}" --sync.inner_steps=10
 sweep streaming-e3m0-h10-lr0.4 "${e3m0[@]}" --sync.inner_steps=10 --outer.lr=0.4
 sweep streaming-e3m0-h8        "${e3m0[@]}" --sync.inner_steps=8
-sweep streaming-int4-h10       --sync.algorithm=streaming --sync.exchange=int4 --sync.inner_steps=10
-sweep streaming-e3m0-h10-b0.99 "${e3m0[@]}" --sync.inner_steps=10 --optim.beta2=0.99
+sweep streaming-e3m0-h10-lr0.2 "${e3m0[@]}" --sync.inner_steps=10 --outer.lr=0.2
+sweep streaming-e3m0-h10-fedavg "${e3m0[@]}" --sync.inner_steps=10 --outer.optimizer=sgd
 
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
@@ -55,7 +55,7 @@ fi
 echo
 runs=()
 for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h10 diloco-e3m0-h10 \
-         streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-int4-h10 streaming-e3m0-h10-b0.99; do
+         streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-e3m0-h10-lr0.2 streaming-e3m0-h10-fedavg; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"

@@ -38,7 +38,6 @@ void StreamingOptions::validate() const {
   if (!(drop_probability >= 0 && drop_probability < 1)) {
     throw ConfigError("algorithms", fmt::format("sync.drop_probability must be in [0, 1), got {}", drop_probability));
   }
-
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
   }
