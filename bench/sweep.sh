@@ -50,7 +50,8 @@ sweep streaming-e3m0-h10-fedavg "${e3m0[@]}" --sync.inner_steps=10 --outer.optim
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
   mkdir -p bench/results
-  "$loco" report "$out/single" "$out/ddp" --json > bench/results/main-baselines.json
+  "$loco" report "$out/single" "$out/ddp" --json > bench/results/main-baselines.json.new
+  mv bench/results/main-baselines.json.new bench/results/main-baselines.json
 fi
 echo
 runs=()
