@@ -29,23 +29,32 @@ single() {
     > "$out/$name.log" 2>&1 || { echo "bench: $name failed, see $out/$name.log"; exit 1; }
   tail -n 1 "$out/$name.log"
 }
-sweep() { wanted "$1" && run "$@" || true; }
-
+# Every run starts from the settings the main job had before the sweep (DiLoCo, H = 50, Nesterov
+# 0.7 / 0.9, fp32; Streaming's P = 4, tau = 1, alpha = 0.5) and names what it changes, so that the
+# sweep means the same whatever configs/brown.toml now holds.
+before=(--sync.algorithm=diloco --sync.inner_steps=50 --outer.optimizer=nesterov --outer.lr=0 --outer.momentum=-1
+        --sync.exchange=fp32 --sync.fragments=4 --sync.overlap_steps=1 --sync.merge_alpha=0.5)
+sweep() { wanted "$1" && { local name=$1; shift; run "$name" "${before[@]}" "$@"; } || true; }
 e3m0=(--sync.algorithm=streaming --sync.exchange=e3m0)
 diloco4=(--sync.algorithm=streaming --sync.fragments=1 --sync.overlap_steps=0 --sync.merge_alpha=0 --sync.exchange=e3m0)
 
 single single
 sweep ddp                      --sync.algorithm=ddp
-sweep diloco-h50               --sync.algorithm=diloco --sync.inner_steps=50
-sweep diloco-h50-fedavg        --sync.algorithm=diloco --sync.inner_steps=50 --outer.optimizer=sgd
-sweep streaming-h50            --sync.algorithm=streaming --sync.inner_steps=50
+sweep diloco-h50               # the main job before the sweep
+sweep diloco-h50-fedavg        --outer.optimizer=sgd
+sweep streaming-h50            --sync.algorithm=streaming
 # 4-bit outer gradients buy about 7.7x fewer bytes per round: H = 10 still sends ~75x less than DDP.
 sweep streaming-e3m0-h10       "${e3m0[@]}" --sync.inner_steps=10
 sweep diloco-e3m0-h10          "${diloco4[@]}" --sync.inner_steps=10
 sweep streaming-e3m0-h10-lr0.4 "${e3m0[@]}" --sync.inner_steps=10 --outer.lr=0.4
 sweep streaming-e3m0-h8        "${e3m0[@]}" --sync.inner_steps=8
 sweep streaming-e3m0-h10-lr0.2 "${e3m0[@]}" --sync.inner_steps=10 --outer.lr=0.2
-sweep streaming-e3m0-h10-fedavg "${e3m0[@]}" --sync.inner_steps=10 --outer.optimizer=sgd
+sweep streaming-e3m0-h10-fedavg "${e3m0[@]}" --sync.inner_steps=10 --outer.optimizer=sgd   # the main job now
+# The same bytes spent otherwise: 8-bit floats every 20 steps, or 4-bit integers every 10.
+sweep streaming-fp8-h20-fedavg  --sync.algorithm=streaming --sync.exchange=fp8 --sync.inner_steps=20 --outer.optimizer=sgd
+sweep streaming-int4-h10-fedavg --sync.algorithm=streaming --sync.exchange=int4 --sync.inner_steps=10 --outer.optimizer=sgd
+# Plain averaging, extrapolated: the outer step goes past the workers' average.
+sweep streaming-e3m0-h10-sgd1.5 "${e3m0[@]}" --sync.inner_steps=10 --outer.optimizer=sgd --outer.lr=1.5
 
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
@@ -56,7 +65,8 @@ fi
 echo
 runs=()
 for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h10 diloco-e3m0-h10 \
-         streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-e3m0-h10-lr0.2 streaming-e3m0-h10-fedavg; do
+         streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-e3m0-h10-lr0.2 streaming-e3m0-h10-fedavg \
+         streaming-fp8-h20-fedavg streaming-int4-h10-fedavg streaming-e3m0-h10-sgd1.5; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"
