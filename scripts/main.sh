@@ -18,11 +18,21 @@ if [ -d "$run" ] && [ ! -d "$run/workers" ]; then
   rm -rf "$run.single"
   mv "$run" "$run.single"
 fi
+# A run made from another version of configs/brown.toml cannot continue under this one: keep it,
+# out of the way, and start afresh. (The config's hash is kept next to the run folder.)
+config_hash=$(sha256sum configs/brown.toml | cut -d' ' -f1)
+if [ -d "$run" ] && [ "$(cat "$run.config-sha256" 2>/dev/null)" != "$config_hash" ]; then
+  old="$run.$(date +%Y%m%d-%H%M%S)"
+  echo "main: $run was trained from another configs/brown.toml; moving it to $old"
+  mv "$run" "$old"
+fi
 if compgen -G "$run/workers/*/checkpoints/latest" > /dev/null; then
   # A previous main job left a run here: continue it (a finished run just evaluates again).
   build/loco launch --config configs/brown.toml --data.dir="$data" --run.dir="$run" --resume "$@"
 else
   rm -rf "$run"  # nothing saved yet (stopped before its first checkpoint)
+  mkdir -p "$(dirname "$run")"
+  echo "$config_hash" > "$run.config-sha256"
   build/loco launch --config configs/brown.toml --data.dir="$data" --run.dir="$run" "$@"
 fi
 build/loco eval --checkpoint "$run"
