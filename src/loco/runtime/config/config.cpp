@@ -368,10 +368,14 @@ algorithms::Weighting weighting(const RunConfig& config) {
   LOCO_CHECK(false, "unknown weighting");
 }
 
-algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens) {
-  algorithms::DiLoCoOptions o;
+namespace {
+
+// What DiLoCo and Streaming DiLoCo read alike: the rounds' length, the outer step, the weights and
+// the exchange.
+template <typename Options>
+Options outer_round_options(const RunConfig& config, int64_t shard_tokens) {
+  Options o;
   o.inner_steps = config.sync.inner_steps;
-  o.round_seconds = config.sync.round_seconds;
   o.total_steps = config.train.steps;
   o.outer = outer_options(config);
   o.weighting = weighting(config);
@@ -383,21 +387,20 @@ algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_
   return o;
 }
 
+}  // namespace
+
+algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens) {
+  auto o = outer_round_options<algorithms::DiLoCoOptions>(config, shard_tokens);
+  o.round_seconds = config.sync.round_seconds;
+  return o;
+}
+
 algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t shard_tokens) {
-  algorithms::StreamingOptions o;
-  o.inner_steps = config.sync.inner_steps;
-  o.total_steps = config.train.steps;
+  auto o = outer_round_options<algorithms::StreamingOptions>(config, shard_tokens);
   o.fragments = config.sync.fragments;
   o.pattern = config.sync.fragment_pattern;
   o.overlap_steps = config.sync.overlap_steps;
   o.merge_alpha = config.sync.merge_alpha;
-  o.exchange = config.sync.exchange;
-  o.outer = outer_options(config);
-  o.weighting = weighting(config);
-  o.shard_tokens = shard_tokens;
-  o.drop_probability = config.sync.drop_probability;
-  o.drop_seed = static_cast<uint64_t>(config.train.seed);
-  o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   return o;
 }
 
