@@ -8,6 +8,7 @@ packages=(
   libtorch-dev                 # libtorch's C++ frontend, CPU (1.13)
   libgloo-dev                  # headers of Gloo, the collectives under c10d's ProcessGroupGloo
   libcpp-httplib-dev           # the coordinator's HTTP control plane
+  libssl-dev openssl           # its request MACs and TLS (OpenSSL); the tests make throwaway certificates
   libsentencepiece-dev         # tokenizer
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line

@@ -25,6 +25,7 @@
 #include "loco/model/sampling.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/config/config.h"
+#include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
@@ -409,7 +410,9 @@ struct Coordinator {
     cmd = app.add_subcommand("coordinator", "Serve a run's membership and rendezvous to its workers");
     cmd->add_option("--config", config_file, "TOML run config: the reference every worker must match")->required();
     cmd->add_option("--port", port, "port to listen on (default: the config's cluster.port)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
-    cmd->add_option("--bind", bind, "address to listen on")->capture_default_str();
+    cmd->add_option("--bind", bind, "address to listen on (default: 0.0.0.0 when the run has a join token, else 127.0.0.1)");
+    cmd->add_flag("--insecure", insecure, "allow listening on a non-loopback address without a join token: anyone who can "
+                                          "reach the port can then drive the run (a network you trust only)");
     cmd->add_option("--workers", workers, "workers in the run (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
     cmd->add_flag("--resume", resume, "the workers continue from their checkpoints");
     cmd->allow_extras();
@@ -420,7 +423,16 @@ struct Coordinator {
     auto config = loco::runtime::load_config(config_file, overrides);
     install(on_interrupt);
     loco::runtime::CoordinatorOptions options;
-    options.bind = bind;
+    const auto user_token = loco::runtime::join_token(config.cluster);
+    options.bind = !bind.empty() ? bind : user_token.empty() ? "127.0.0.1" : "0.0.0.0";
+    options.insecure = insecure;
+    options.token = loco::runtime::auth::coordinator_token(user_token, config.run.dir, options.bind, insecure);
+    if (user_token.empty() && !options.token.empty()) {
+      fmt::print(stderr, "coordinator: no join token set: workers on this machine sign their requests with the run's "
+                         "generated one, {}/join_token (mode 0600)\n", config.run.dir);
+    }
+    options.tls_cert = config.cluster.tls_cert;
+    options.tls_key = config.cluster.tls_key;
     options.port = port > 0 ? port : config.cluster.port;
     options.config = config;
     options.resume = resume;
@@ -444,9 +456,9 @@ struct Coordinator {
     return 130;
   }
   CLI::App* cmd;
-  std::string config_file, bind = "0.0.0.0";
+  std::string config_file, bind;
   int64_t port = -1, workers = 0;
-  bool resume = false;
+  bool resume = false, insecure = false;
 };
 
 struct Report {

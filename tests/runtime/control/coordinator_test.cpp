@@ -9,6 +9,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/control/coordinator_client.h"
 #include "test_util.h"
@@ -58,7 +59,19 @@ struct Running {
 CoordinatorOptions options_for(const RunConfig& config) {
   CoordinatorOptions o;
   o.config = config;
+  o.token = join_token(config.cluster);
   return o;
+}
+
+// The headers of a request signed with `token`, as CoordinatorClient sends them.
+httplib::Headers signed_headers(const std::string& token, const std::string& method, const std::string& target,
+                                const std::string& body, std::optional<int64_t> time = std::nullopt) {
+  auto s = auth::sign(auth::Key(token), method, target, body);
+  if (time) {
+    s.time = *time;
+    s.mac = auth::mac(auth::Key(token), method, target, s.time, s.nonce, body);
+  }
+  return {{auth::kTimeHeader, std::to_string(s.time)}, {auth::kNonceHeader, s.nonce}, {auth::kMacHeader, s.mac}};
 }
 
 TEST(Coordinator, WorkersJoinStartAndShareTheStore) {
@@ -256,28 +269,132 @@ TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
     lines.push_back(line);
   };
   Running running(options);
-  CoordinatorClient client(running.address(), 5s);
   auto request = join_request(elastic_config(run, 2, secret));
-  request.token = "";
-  expect_error<ConfigError>([&] { client.join(request); }, "presented no join token");
-  request.token = "wrong";
-  expect_error<ConfigError>([&] { client.join(request); }, "presented a wrong join token");
-  request.token = secret;
+  CoordinatorClient unsigned_client(running.address(), 5s), wrong(running.address(), 5s, {"wrong"});
+  expect_error<ConfigError>([&] { unsigned_client.join(request); }, "the request is not signed");
+  expect_error<ConfigError>([&] { wrong.join(request); }, "wrong MAC");
+  CoordinatorClient client(running.address(), 5s, {secret});
   auto joined = client.join(request);
   EXPECT_GE(joined.member, 0);
+  EXPECT_EQ(request.to_json().dump().find(secret), std::string::npos) << "the join request does not carry the token";
   // The worker's own config carries a different token: not a config difference (it is per worker),
   // and never shown.
   auto other = join_request(elastic_config(run, 2, "another"));
-  other.token = secret;
   other.name = "second";
   EXPECT_GE(client.join(other).member, 0);
   std::lock_guard lock(mutex);
   ASSERT_FALSE(lines.empty());
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const auto& l) {
+    return l.find("refused POST /v1/join from 127.0.0.1") != std::string::npos && l.find("not signed") != std::string::npos;
+  })) << "the coordinator logs who tried";
   for (const auto& line : lines) EXPECT_EQ(line.find(secret), std::string::npos) << line;
   EXPECT_EQ(to_toml(elastic_config(run, 2, secret)).find(secret), std::string::npos) << "config.toml never holds it";
   for (const char* file : {"coordinator.json", "metrics.jsonl"}) {
     EXPECT_EQ(read_file(run.path() / file, "test").find(secret), std::string::npos) << file;
   }
+}
+
+// Every request that changes the run needs a signature: a stranger's stop, store writes and
+// removals, a wrong token, a captured request replayed, an altered one and a stale one are refused
+// with 401 and change nothing; the status stays readable from this machine.
+TEST(Coordinator, AStrangerCannotDriveTheRun) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");
+  Running running(options_for(config));
+  CoordinatorClient member(running.address(), 5s, {"tok"});
+  auto store = member.key_value_store();
+  store->set("epoch/0/addr", "10.0.0.1");
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  auto post = [&](const std::string& target, const std::string& body, const httplib::Headers& headers = {}) {
+    auto result = raw.Post(target, headers, body, "application/json");
+    return result ? result->status : -1;
+  };
+  EXPECT_EQ(post("/v1/stop", R"({"reason": "a stranger"})"), 401);
+  EXPECT_EQ(post("/v1/kv/set?key=epoch/0/addr", "6.6.6.6"), 401);
+  EXPECT_EQ(post("/v1/kv/remove?key=epoch/0/addr", ""), 401);
+  EXPECT_EQ(post("/v1/kv/add?key=n&delta=1", ""), 401);
+  EXPECT_EQ(post("/v1/join", join_request(config).to_json().dump()), 401);
+  auto read = raw.Get("/v1/kv/get?key=epoch/0/addr&wait_ms=0");
+  ASSERT_TRUE(read);
+  EXPECT_EQ(read->status, 401) << "the store is not readable without the token either";
+  EXPECT_NE(read->body.find("the request is not signed"), std::string::npos) << read->body;
+  EXPECT_EQ(post("/v1/stop", "{}", signed_headers("wrong", "POST", "/v1/stop", "{}")), 401);
+
+  const std::string add = "/v1/kv/add?key=n&delta=1";
+  const auto captured = signed_headers("tok", "POST", add, "");
+  EXPECT_EQ(post(add, "", captured), 200) << "the member's own request";
+  EXPECT_EQ(post(add, "", captured), 401) << "the same request replayed";
+  EXPECT_EQ(post("/v1/kv/add?key=n&delta=100", "", signed_headers("tok", "POST", add, "")), 401) << "another target";
+  EXPECT_EQ(post("/v1/kv/set?key=epoch/0/addr", "6.6.6.6", signed_headers("tok", "POST", "/v1/kv/set?key=epoch/0/addr", "10.0.0.2")),
+            401) << "another body";
+  EXPECT_EQ(post(add, "", signed_headers("tok", "POST", add, "", auth::unix_now() - 600)), 401) << "signed 10 minutes ago";
+
+  EXPECT_EQ(store->get("epoch/0/addr", 1s), "10.0.0.1");
+  EXPECT_EQ(store->add("n", 0), 1) << "only the member's add was applied";
+  auto state = raw.Get("/v1/state");
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->status, 200) << "the status stays readable from this machine";
+  EXPECT_FALSE(nlohmann::json::parse(state->body)["stopping"].get<bool>());
+  auto page = raw.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+}
+
+// A coordinator without a token listens only on loopback, unless told it is on a trusted network.
+TEST(Coordinator, RefusesToListenBeyondLoopbackWithoutAToken) {
+  auto o = options_for(run_config(1));
+  o.bind = "0.0.0.0";
+  o.port = 0;
+  expect_error<ConfigError>([&] { Coordinator c(o); }, "refusing to listen on 0.0.0.0 without a join token");
+  o.insecure = true;
+  EXPECT_NO_THROW(Coordinator c(o));
+  o.insecure = false;
+  o.token = "tok";
+  EXPECT_NO_THROW(Coordinator c(o));
+  EXPECT_TRUE(auth::is_loopback("127.0.0.3"));
+  EXPECT_TRUE(auth::is_loopback("::1"));
+  EXPECT_FALSE(auth::is_loopback("10.0.0.1"));
+  EXPECT_FALSE(auth::is_loopback("::"));
+}
+
+// A throwaway self-signed certificate for `host` (an IP address), made with the openssl tool.
+std::pair<std::string, std::string> make_certificate(const testing_util::TempDir& dir, const std::string& name,
+                                                     const std::string& host) {
+  const auto cert = (dir.path() / (name + ".pem")).string(), key = (dir.path() / (name + ".key")).string();
+  const auto command = fmt::format("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
+                                   "-subj /CN={0} -addext subjectAltName=IP:{0} -keyout {1} -out {2} 2>/dev/null",
+                                   host, key, cert);
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("openssl could not make a certificate (scripts/setup.sh installs it)");
+  return {cert, key};
+}
+
+// With a certificate, the coordinator speaks HTTPS only; workers verify it against their CA.
+TEST(Coordinator, ServesTlsThatWorkersVerify) {
+  testing_util::TempDir dir;
+  const auto [cert, key] = make_certificate(dir, "coordinator", "127.0.0.1");
+  const auto [other_cert, other_key] = make_certificate(dir, "other", "127.0.0.1");
+  const auto config = run_config(1);
+  auto o = options_for(config);
+  o.token = "tok";
+  o.tls_cert = cert;
+  o.tls_key = key;
+  Running running(o);
+  CoordinatorClient client(running.address(), 5s, {"tok", true, cert});
+  EXPECT_EQ(client.join(join_request(config)).rank, 0);
+  auto store = client.key_value_store();
+  store->set("k", "over TLS");
+  EXPECT_EQ(store->get("k", 1s), "over TLS");
+
+  CoordinatorClient untrusting(running.address(), 5s, {"tok", true, other_cert});
+  untrusting.set_patience(300ms);
+  expect_error<CoordinatorUnreachable>([&] { untrusting.request("GET", "/v1/state", "", 2s); }, "SSLServerVerification");
+  CoordinatorClient plain(running.address(), 5s, {"tok"});
+  plain.set_patience(300ms);
+  expect_error<CoordinatorUnreachable>([&] { plain.request("GET", "/v1/state", "", 2s); }, "did not answer");
+
+  o.tls_key = other_key;  // not the certificate's key
+  expect_error<ConfigError>([&] { Coordinator c(o); }, "cannot load the TLS certificate");
 }
 
 // A coordinator killed and started again on the same run folder takes the membership back from
@@ -287,13 +404,12 @@ TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
   testing_util::TempDir run;
   const auto config = elastic_config(run, 2, "tok");
   auto request = join_request(config);
-  request.token = "tok";
   protocol::JoinReply a, b;
   protocol::RoundReply go;
   std::string run_id;
   {
     Running first(options_for(config));
-    CoordinatorClient client(first.address(), 5s);
+    CoordinatorClient client(first.address(), 5s, {"tok"});
     a = client.join(request);
     request.name = "b";
     b = client.join(request);
@@ -313,7 +429,7 @@ TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
   EXPECT_EQ(state["phase"], "running");
   EXPECT_EQ(state["elastic"]["epoch"], go.epoch);
   EXPECT_EQ(state["elastic"]["convened"]["round"], 1);
-  CoordinatorClient client(second.address(), 5s);
+  CoordinatorClient client(second.address(), 5s, {"tok"});
   EXPECT_TRUE(client.heartbeat({a.member, 5}).member) << "its members are still members";
   // A worker that asks again gets the same answer; the round completes with the new coordinator.
   const auto again = client.round({a.member, 1, -1, 5, {0, 7}});
@@ -335,9 +451,8 @@ TEST(Coordinator, AJoinToAFullElasticRunWaitsForAVacantSlot) {
   config.cluster.heartbeat_s = 0.2;
   config.cluster.dead_after_s = 1;
   Running running(options_for(config));
-  CoordinatorClient client(running.address(), 5s);
+  CoordinatorClient client(running.address(), 5s, {"tok"});
   auto request = join_request(config);
-  request.token = "tok";
   const auto silent = client.join(request);
   request.name = "alive";
   const auto alive = client.join(request);
@@ -348,7 +463,7 @@ TEST(Coordinator, AJoinToAFullElasticRunWaitsForAVacantSlot) {
   // One member keeps sending heartbeats, the other falls silent; the owner's loop (as `loco
   // coordinator` runs it) keeps the coordinator's clock going.
   std::jthread owner([&](std::stop_token stop) {
-    CoordinatorClient beats(running.address(), 5s);
+    CoordinatorClient beats(running.address(), 5s, {"tok"});
     while (!stop.stop_requested()) {
       running.coordinator.wait_for(100ms);
       beats.heartbeat({alive.member, 0});
@@ -372,9 +487,8 @@ TEST(Coordinator, AWaitingWorkerContinuesARunWhoseLastMemberDied) {
   config.cluster.heartbeat_s = 0.2;
   config.cluster.dead_after_s = 1;
   Running running(options_for(config));
-  CoordinatorClient client(running.address(), 5s);
+  CoordinatorClient client(running.address(), 5s, {"tok"});
   auto request = join_request(config);
-  request.token = "tok";
   const auto first = client.join(request);
   ASSERT_EQ(client.wait_for_start(first.rank, nullptr).phase, protocol::Phase::kRunning);
   std::jthread owner([&](std::stop_token stop) {
@@ -406,17 +520,19 @@ TEST(Coordinator, AMalformedStateFileIsNamed) {
 // each gets a 4xx answer, nothing changes, and a good worker is still served.
 TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
   testing_util::TempDir run;
-  const auto config = elastic_config(run, 2, "tok");  // the join seed carries no token: it is refused
+  const auto config = elastic_config(run, 2, "tok");
   Running running(options_for(config));
   httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
   raw.set_read_timeout(5s);
+  auto refused = config;  // its join is refused (the model differs), so that the run stays empty
+  refused.model.layers += 1;
   const std::vector<std::string> paths = {"/v1/join", "/v1/heartbeat", "/v1/round", "/v1/round_done", "/v1/done"};
   const std::vector<std::string> seeds = {
       protocol::RoundRequest{3, 1, -1, 5, {0, 9}}.to_json().dump(),
       protocol::RoundRequest{3, 1, -1, 5, {0, 9}, {{1, {0, 4}}}}.to_json().dump(),
       protocol::RoundDone{3, 1, 1, 5, 0xabc}.to_json().dump(),
       protocol::HeartbeatRequest{3}.to_json().dump(),
-      join_request(config).to_json().dump(),
+      join_request(refused).to_json().dump(),
       R"({"member": 99999999999999999999, "round": -5, "step": 1e300})",
       R"({"member": 0, "round": 1, "failed_epoch": -1, "step": 0, "position": {"epoch": -1, "cursor": "x"}})",
   };
@@ -436,7 +552,8 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
       }
       default: break;  // as is (a member that does not exist)
     }
-    auto result = raw.Post(paths[random() % paths.size()], body, "application/json");
+    const auto& path = paths[random() % paths.size()];
+    auto result = raw.Post(path, signed_headers("tok", "POST", path, body), body, "application/json");
     ASSERT_TRUE(result) << "the coordinator stopped answering after " << i << " requests";
     EXPECT_TRUE(result->status == 400 || result->status == 409 || result->status == 200) << result->status << " " << body;
     if (result->status == 200) {
@@ -455,20 +572,20 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
   std::string many;
   for (int i = 0; i <= 65536; ++i) many += fmt::format(R"({}{{"slot": {}, {}}})", i ? ", " : "", i, position);
   for (const auto& adopted : {fmt::format("[{}]", twice), std::string("7"), fmt::format("[{}]", many)}) {
-    auto result = raw.Post("/v1/round", fmt::format(R"({{"member": 0, "round": 1, "failed_epoch": -1, "step": 0, {}, "adopted": {}}})",
-                                                    position, adopted), "application/json");
+    const auto body = fmt::format(R"({{"member": 0, "round": 1, "failed_epoch": -1, "step": 0, {}, "adopted": {}}})", position,
+                                  adopted);
+    auto result = raw.Post("/v1/round", signed_headers("tok", "POST", "/v1/round", body), body, "application/json");
     ASSERT_TRUE(result);
     EXPECT_EQ(result->status, 400) << adopted.substr(0, 80) << ": " << result->body;
     EXPECT_NE(result->body.find("'adopted'"), std::string::npos) << result->body;
   }
-  auto huge = raw.Post("/v1/round", std::string(5 << 20, '{'), "application/json");
+  const std::string braces(5 << 20, '{');
+  auto huge = raw.Post("/v1/round", signed_headers("tok", "POST", "/v1/round", braces), braces, "application/json");
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);
   EXPECT_EQ(running.coordinator.state()["elastic"]["members"].size(), 0u) << "nothing joined";
-  CoordinatorClient client(running.address(), 5s);
-  auto good = join_request(config);
-  good.token = "tok";
-  EXPECT_GE(client.join(good).member, 0) << "a good worker is still served";
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  EXPECT_GE(client.join(join_request(config)).member, 0) << "a good worker is still served";
 }
 
 TEST(CoordinatorClient, BadAddressesAndUnreachableCoordinators) {

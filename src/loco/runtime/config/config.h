@@ -107,12 +107,17 @@ struct ClusterSection {
   double heartbeat_s = 1;            // seconds between a worker's heartbeats to the coordinator
   double dead_after_s = 10;          // heartbeat silence after which a worker counts as failed
   double coordinator_timeout_s = 60; // a worker's retries of a coordinator that stopped answering
-  // The run's shared secret: a worker must present it to join. "" = the environment's
-  // LOCO_JOIN_TOKEN, if set. Never written to config.toml, checkpoints or logs.
+  // The run's shared secret: every request to the coordinator is signed with it (docs/security.md).
+  // "" = the environment's LOCO_JOIN_TOKEN, if set, else the run folder's generated one. Never
+  // written to config.toml, checkpoints or logs.
   std::string join_token;
+  // TLS for the control plane: the coordinator's certificate and key (PEM), and the CA a worker
+  // verifies the coordinator against ("" = tls_cert itself, for a self-signed certificate).
+  std::string tls_cert, tls_key, tls_ca;
 };
 
-// The join token in effect: cluster.join_token, else $LOCO_JOIN_TOKEN, else "" (no token needed).
+// The join token the user set: cluster.join_token, else $LOCO_JOIN_TOKEN, else "" (the run folder's
+// generated token, auth.h, is resolved by the control plane).
 std::string join_token(const ClusterSection& cluster);
 
 struct CheckpointSection {

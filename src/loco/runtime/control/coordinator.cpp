@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "loco/comm/key_value.h"
+#include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/elastic_run.h"
 #include "loco/runtime/control/fixed_run.h"
 #include "loco/runtime/control/run.h"
@@ -60,12 +61,22 @@ void reply_json(httplib::Response& response, const nlohmann::json& body, int sta
   response.set_content(body.dump(), "application/json");
 }
 
-// Compares secrets in time independent of where they differ.
-bool same_secret(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
-  return diff == 0;
+const std::string* header(const httplib::Request& request, const char* name) {
+  const auto it = request.headers.find(name);
+  return it == request.headers.end() ? nullptr : &it->second;
 }
+
+// Requests that read the status and may come unsigned from this machine.
+bool open_status_read(const httplib::Request& request) {
+  return request.method == "GET" && (request.path == "/" || request.path == "/v1/state") &&
+         auth::is_loopback(request.remote_addr);
+}
+
+// Raised by a handler's authentication check: answered 401.
+class Unauthenticated : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace
 
@@ -84,11 +95,38 @@ struct Coordinator::Impl {
   }
 
   CoordinatorOptions options;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;
   std::thread thread;
   int port = 0;
   comm::MemoryKeyValueStore store;
-  const std::string token = join_token(options.config.cluster);
+  std::optional<auth::Verifier> verifier;  // when the run has a token
+
+  // Refused requests are logged at most once per address every 10 s, with a count of the others,
+  // so that a flood of them cannot flood the log.
+  std::mutex refused_mutex;
+  std::map<std::string, std::pair<Clock::time_point, int64_t>> refused;  // address -> (last logged, since)
+  void log_refused(const httplib::Request& request, const std::string& why) {
+    std::lock_guard lock(refused_mutex);
+    if (refused.size() > 4096) refused.clear();
+    auto& [last, since] = refused[request.remote_addr];
+    ++since;
+    if (Clock::now() - last < std::chrono::seconds(10)) return;
+    log(fmt::format("refused {} {} from {}:{}: {}{}", request.method, request.path, request.remote_addr, request.remote_port,
+                    why, since > 1 ? fmt::format(" ({} refused from this address since the last report)", since) : ""));
+    last = Clock::now();
+    since = 0;
+  }
+
+  // The full check of a request's signature, once its body is in (the pre-routing handler has
+  // refused those without one already).
+  void authenticate(const httplib::Request& request) {
+    if (!verifier || open_status_read(request)) return;
+    if (auto why = verifier->verify(request.method, request.target, request.body, header(request, auth::kTimeHeader),
+                                    header(request, auth::kNonceHeader), header(request, auth::kMacHeader),
+                                    auth::unix_now())) {
+      throw Unauthenticated(*why);
+    }
+  }
 
   mutable std::mutex mutex;
   std::condition_variable changed;
@@ -128,10 +166,6 @@ struct Coordinator::Impl {
     } catch (const ConfigError& e) {
       throw Refusal(fmt::format("{}'s config is invalid: {}", request.name, e.what()));
     }
-    if (!token.empty() && !same_secret(request.token, token)) {
-      throw Refusal(fmt::format("{} presented {} join token (cluster.join_token or LOCO_JOIN_TOKEN must be the run's)",
-                                request.name, request.token.empty() ? "no" : "a wrong"));
-    }
     std::lock_guard lock(mutex);
     run->check_start(Clock::now());
     auto reply = run->join(request, theirs);
@@ -153,7 +187,11 @@ struct Coordinator::Impl {
   httplib::Server::Handler guard(F&& handler) {
     return [this, handler](const httplib::Request& request, httplib::Response& response) {
       try {
+        authenticate(request);
         handler(request, response);
+      } catch (const Unauthenticated& e) {
+        log_refused(request, e.what());
+        reply_json(response, {{"error", e.what()}}, 401);
       } catch (const Full& e) {
         reply_json(response, {{"error", e.what()}}, 503);  // asked again until a slot frees: not logged each time
       } catch (const Refusal& e) {
@@ -173,7 +211,7 @@ struct Coordinator::Impl {
     install_run_routes();
     install_elastic_routes();
     install_store_routes();
-    server.Get("/", guard([this](const auto&, auto& response) {
+    server->Get("/", guard([this](const auto&, auto& response) {
       std::lock_guard lock(mutex);
       std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\n{} workers\n", options.config.run.dir,
                                      status.run_id(), protocol::to_string(status.phase()),
@@ -185,10 +223,10 @@ struct Coordinator::Impl {
 
   // Joining, starting, stopping and ending: every run.
   void install_run_routes() {
-    server.Post("/v1/join", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/join", guard([this](const auto& request, auto& response) {
       reply_json(response, join(protocol::JoinRequest::from_json(body_json(request))).to_json());
     }));
-    server.Post("/v1/start", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/start", guard([this](const auto& request, auto& response) {
       const auto body = body_json(request);
       if (!body.is_object() || !body.contains("rank") || !body["rank"].is_number_integer()) {
         throw ProtocolError("field 'rank' is missing or not an integer");
@@ -200,7 +238,7 @@ struct Coordinator::Impl {
       run->check_start(Clock::now());
       reply_json(response, run->start_reply(rank).to_json());
     }));
-    server.Post("/v1/stop", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/stop", guard([this](const auto& request, auto& response) {
       const auto body = body_json(request);
       const std::string why = body.is_object() && body.contains("reason") && body["reason"].is_string()
                                   ? body["reason"].template get<std::string>().substr(0, 1024)
@@ -210,11 +248,11 @@ struct Coordinator::Impl {
       status.stop(why);
       reply_json(response, {{"stopping", true}});
     }));
-    server.Get("/v1/state", guard([this](const auto&, auto& response) {
+    server->Get("/v1/state", guard([this](const auto&, auto& response) {
       std::lock_guard lock(mutex);
       reply_json(response, state_locked());
     }));
-    server.Post("/v1/done", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/done", guard([this](const auto& request, auto& response) {
       const auto body = protocol::DoneRequest::from_json(body_json(request));
       std::lock_guard lock(mutex);
       run->done(body);
@@ -225,14 +263,14 @@ struct Coordinator::Impl {
 
   // Heartbeats and rounds: elastic runs (ElasticRun, over the MembershipTable).
   void install_elastic_routes() {
-    server.Post("/v1/heartbeat", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/heartbeat", guard([this](const auto& request, auto& response) {
       const auto body = protocol::HeartbeatRequest::from_json(body_json(request));
       std::lock_guard lock(mutex);
       const auto reply = elastic_run().heartbeat(body, Clock::now());
       changed.notify_all();
       reply_json(response, reply.to_json());
     }));
-    server.Post("/v1/round", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/round", guard([this](const auto& request, auto& response) {
       const auto body = protocol::RoundRequest::from_json(body_json(request));
       std::unique_lock lock(mutex);
       auto& run = elastic_run();
@@ -247,7 +285,7 @@ struct Coordinator::Impl {
         changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
       }
     }));
-    server.Post("/v1/round_done", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/round_done", guard([this](const auto& request, auto& response) {
       const auto body = protocol::RoundDone::from_json(body_json(request));
       std::lock_guard lock(mutex);
       const bool accepted = elastic_run().round_done(body, Clock::now());
@@ -258,7 +296,7 @@ struct Coordinator::Impl {
 
   // The rendezvous store through which the workers form their process groups.
   void install_store_routes() {
-    server.Post("/v1/kv/set", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/kv/set", guard([this](const auto& request, auto& response) {
       try {
         store.set(key_param(request), request.body);
       } catch (const Error& e) {
@@ -266,7 +304,7 @@ struct Coordinator::Impl {
       }
       reply_json(response, {{"ok", true}});
     }));
-    server.Get("/v1/kv/get", guard([this](const auto& request, auto& response) {
+    server->Get("/v1/kv/get", guard([this](const auto& request, auto& response) {
       const auto key = key_param(request);
       const auto wait = std::clamp<int64_t>(int_param(request, "wait_ms"), 0, kMaxWait.count());
       auto value = store.get(key, std::chrono::milliseconds(wait));
@@ -276,7 +314,7 @@ struct Coordinator::Impl {
       }
       response.set_content(*value, "application/octet-stream");
     }));
-    server.Post("/v1/kv/add", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/kv/add", guard([this](const auto& request, auto& response) {
       const auto key = key_param(request);
       const int64_t delta = int_param(request, "delta");
       const auto id = request.has_param("request") ? request.get_param_value("request") : std::string();
@@ -295,7 +333,7 @@ struct Coordinator::Impl {
       if (!id.empty()) remember_add(id, value);
       reply_json(response, {{"value", value}});
     }));
-    server.Post("/v1/kv/check", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/kv/check", guard([this](const auto& request, auto& response) {
       const auto body = body_json(request);
       std::vector<std::string> keys;
       try {
@@ -305,15 +343,45 @@ struct Coordinator::Impl {
       }
       reply_json(response, {{"ok", store.check(keys)}});
     }));
-    server.Post("/v1/kv/remove", guard([this](const auto& request, auto& response) {
+    server->Post("/v1/kv/remove", guard([this](const auto& request, auto& response) {
       reply_json(response, {{"removed", store.remove(key_param(request))}});
     }));
-    server.Get("/v1/kv/size", guard([this](const auto&, auto& response) { reply_json(response, {{"size", store.size()}}); }));
+    server->Get("/v1/kv/size", guard([this](const auto&, auto& response) { reply_json(response, {{"size", store.size()}}); }));
   }
 };
 
 Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
-  auto& server = impl_->server;
+  const auto& o = impl_->options;
+  if (o.token.empty() && !o.insecure && !auth::is_loopback(o.bind)) {
+    throw ConfigError("coordinator", fmt::format(
+        "refusing to listen on {} without a join token: anyone who can reach the port could stop the run or rewrite the "
+        "rendezvous its workers connect through; hint: set LOCO_JOIN_TOKEN (or cluster.join_token) on every host, or "
+        "--bind 127.0.0.1, or pass --insecure on a network you trust", o.bind));
+  }
+  if (!o.tls_cert.empty()) {
+    auto tls = std::make_unique<httplib::SSLServer>(o.tls_cert.c_str(), o.tls_key.c_str());
+    if (!tls->is_valid()) {
+      throw ConfigError("coordinator", fmt::format("cannot load the TLS certificate {} and key {} (PEM files, the key "
+                                                   "matching the certificate)", o.tls_cert, o.tls_key));
+    }
+    impl_->server = std::move(tls);
+  } else {
+    impl_->server = std::make_unique<httplib::Server>();
+  }
+  if (!o.token.empty()) impl_->verifier.emplace(o.token);
+  auto& server = *impl_->server;
+  // Requests without a well-formed, fresh signature are refused before their bodies are read.
+  server.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+    auto& impl = *impl_;
+    if (!impl.verifier || open_status_read(request)) return httplib::Server::HandlerResponse::Unhandled;
+    if (auto why = impl.verifier->precheck(header(request, auth::kTimeHeader), header(request, auth::kNonceHeader),
+                                           header(request, auth::kMacHeader), auth::unix_now())) {
+      impl.log_refused(request, *why);
+      reply_json(response, {{"error", *why}}, 401);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   // httplib sets SO_REUSEPORT by default, which would let a second coordinator share the port
   // silently. Plain SO_REUSEADDR makes "already in use" an error, as it should be.
   server.set_socket_options([](socket_t socket) {
@@ -343,16 +411,18 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
 }
 
 Coordinator::~Coordinator() {
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 int64_t Coordinator::port() const { return impl_->port; }
 
 void Coordinator::start() {
-  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
-  impl_->log(fmt::format("listening on {}:{} for {} worker(s) of {}", impl_->options.bind, impl_->port,
-                         impl_->run->workers(), impl_->options.config.run.dir));
+  impl_->thread = std::thread([this] { impl_->server->listen_after_bind(); });
+  const auto& o = impl_->options;
+  impl_->log(fmt::format("listening on {}://{}:{} for {} worker(s) of {}{}", o.tls_cert.empty() ? "http" : "https", o.bind,
+                         impl_->port, impl_->run->workers(), o.config.run.dir,
+                         o.token.empty() ? "; no join token: requests are not authenticated" : "; requests are signed with the join token"));
 }
 
 std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds timeout) {

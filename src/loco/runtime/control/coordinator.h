@@ -16,6 +16,8 @@
 // run (cluster.elastic) opens a new epoch whenever the members taking part in a round change; it
 // keeps its membership in RUN/coordinator.json, so that a coordinator started again on the run
 // carries it on, and resumes from the global checkpoint with --resume.
+// With a token (docs/security.md), every request but the loopback status reads must carry an
+// HMAC of itself keyed by the token (auth.h); others are answered 401 and logged.
 // Every request is bounded: bodies are size-limited, waits are at most 2 s per request (clients
 // poll), and a worker that never joins fails the run after cluster.join_timeout_s, naming it.
 #pragma once
@@ -35,12 +37,19 @@
 namespace loco::runtime {
 
 struct CoordinatorOptions {
-  std::string bind = "0.0.0.0";
+  std::string bind = "127.0.0.1";
   int64_t port = 29500;  // 0 = any free port
   RunConfig config;      // the run's resolved config: the reference every worker must match
   std::optional<protocol::DatasetIdentity> dataset;  // the reference dataset, when known here
   bool resume = false;   // workers continue from their checkpoints
   std::function<void(const std::string&)> log;       // human-readable events; may be empty
+  // The run's join token (auth.h): every request must be signed with it, except GET / and
+  // GET /v1/state from a loopback address. "" = no authentication, allowed only on a loopback
+  // address unless `insecure`.
+  std::string token;
+  bool insecure = false;
+  // TLS (PEM files): when set, the coordinator serves HTTPS only.
+  std::string tls_cert, tls_key;
 };
 
 enum class RunOutcome { kFinished, kStopped, kFailed };
@@ -54,7 +63,8 @@ struct CoordinatorResult {
 class Coordinator {
  public:
   // Binds the port now. Throws ConfigError naming the address when it cannot (in use, or not an
-  // address of this machine).
+  // address of this machine), when the TLS certificate or key cannot be loaded, and when asked to
+  // listen on a non-loopback address without a token and without `insecure`.
   explicit Coordinator(CoordinatorOptions options);
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;

@@ -93,8 +93,18 @@ class HttpKeyValueStore final : public comm::KeyValueStore {
 
 }  // namespace
 
-CoordinatorClient::CoordinatorClient(const std::string& address, std::chrono::milliseconds connect_timeout)
-    : connect_timeout_(connect_timeout) {
+ClientSecurity ClientSecurity::of(const RunConfig& config) {
+  ClientSecurity s;
+  s.token = auth::resolve_token(join_token(config.cluster), config.run.dir);
+  if (s.token.empty() && join_token(config.cluster).empty()) s.token_file = std::filesystem::path(config.run.dir) / "join_token";
+  s.tls_ca = config.cluster.tls_ca.empty() ? config.cluster.tls_cert : config.cluster.tls_ca;
+  s.tls = !s.tls_ca.empty();
+  return s;
+}
+
+CoordinatorClient::CoordinatorClient(const std::string& address, std::chrono::milliseconds connect_timeout,
+                                     ClientSecurity security)
+    : connect_timeout_(connect_timeout), security_(std::move(security)) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
     throw ConfigError("worker", fmt::format("coordinator address '{}' is not HOST:PORT", address));
@@ -108,7 +118,17 @@ CoordinatorClient::CoordinatorClient(const std::string& address, std::chrono::mi
   } catch (const std::exception&) {
     throw ConfigError("worker", fmt::format("coordinator address '{}': the port must be a number in 1..65535", address));
   }
-  client_ = std::make_unique<httplib::Client>(host_, port_);
+  if (!security_.token.empty()) key_.emplace(security_.token);
+  if (security_.tls) {
+    const auto bracketed = host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_;
+    client_ = std::make_unique<httplib::Client>(fmt::format("https://{}:{}", bracketed, port_));
+    client_->set_ca_cert_path(security_.tls_ca.c_str());
+    client_->enable_server_certificate_verification(true);
+  } else {
+    client_ = std::make_unique<httplib::Client>(host_, port_);
+  }
+  if (!client_->is_valid()) throw ConfigError("worker", fmt::format("cannot make a client for the coordinator at {}", address));
+  client_->set_url_encode(false);  // paths are encoded already, and signed as sent
   client_->set_connection_timeout(5s);
   client_->set_write_timeout(10s);
   client_->set_keep_alive(true);
@@ -118,6 +138,31 @@ CoordinatorClient::~CoordinatorClient() = default;
 
 std::string CoordinatorClient::address() const { return fmt::format("{}:{}", host_, port_); }
 
+std::optional<std::pair<int, std::string>> CoordinatorClient::send(const std::string& method, const std::string& path,
+                                                                   const std::string& body, std::string& error) {
+  httplib::Headers headers;
+  if (!key_ && !security_.token_file.empty()) {
+    std::error_code missing;
+    if (std::filesystem::exists(security_.token_file, missing)) {
+      security_.token = auth::resolve_token("", security_.token_file.parent_path());
+      key_.emplace(security_.token);
+    }
+  }
+  if (key_) {
+    const auto s = auth::sign(*key_, method, path, method == "GET" ? std::string_view() : std::string_view(body));
+    headers = {{auth::kTimeHeader, std::to_string(s.time)}, {auth::kNonceHeader, s.nonce}, {auth::kMacHeader, s.mac}};
+  }
+  auto result = method == "GET" ? client_->Get(path, headers) : client_->Post(path, headers, body, "application/json");
+  if (!result) {
+    error = httplib::to_string(result.error());
+    if (security_.tls && result.error() == httplib::Error::SSLServerVerification) {
+      error += fmt::format(" (the coordinator's certificate is not signed by {}, or does not name {})", security_.tls_ca, host_);
+    }
+    return std::nullopt;
+  }
+  return std::pair{result->status, result->body};
+}
+
 std::pair<int, std::string> CoordinatorClient::request(const std::string& method, const std::string& path,
                                                        const std::string& body, std::chrono::milliseconds read_timeout) {
   std::lock_guard lock(mutex_);
@@ -126,9 +171,7 @@ std::pair<int, std::string> CoordinatorClient::request(const std::string& method
   const auto start = Clock::now();
   auto backoff = 200ms;
   for (;;) {
-    auto result = method == "GET" ? client_->Get(path) : client_->Post(path, body, "application/json");
-    if (result) return {result->status, result->body};
-    error = httplib::to_string(result.error());
+    if (auto reply = send(method, path, body, error)) return *reply;
     if (Clock::now() + backoff > start + patience_) break;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
@@ -150,13 +193,17 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
     {
       std::lock_guard lock(mutex_);
       client_->set_read_timeout(30s);
-      auto result = client_->Post("/v1/join", join_request.to_json().dump(), "application/json");
-      if (result) reply = std::pair{result->status, result->body};
-      else last_error = httplib::to_string(result.error());
+      reply = send("POST", "/v1/join", join_request.to_json().dump(), last_error);
     }
     if (reply) {
       if (reply->first == 200) return protocol::JoinReply::from_json(nlohmann::json::parse(reply->second));
       if (reply->first == 409) throw ConfigError("coordinator", fmt::format("refused to join: {}", error_of(reply->second)));
+      if (reply->first == 401) {
+        throw ConfigError("coordinator", fmt::format(
+            "refused to join: {}; hint: every worker needs the run's join token: LOCO_JOIN_TOKEN or cluster.join_token, "
+            "or on the coordinator's machine the run folder's join_token file ({})", error_of(reply->second),
+            key_ ? "this worker has a token, not the run's" : "this worker has none"));
+      }
       if (reply->first == 503) {
         if (Clock::now() + backoff > slot_deadline) {
           throw ConfigError("coordinator", fmt::format("refused to join: {} (waited {:.0f} s for a slot to free; "

@@ -5,12 +5,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "loco/comm/key_value.h"
+#include "loco/runtime/config/config.h"
+#include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/protocol.h"
 
 namespace httplib {
@@ -25,15 +29,31 @@ class CoordinatorUnreachable : public PeerError {
   explicit CoordinatorUnreachable(std::string_view message) : PeerError("coordinator", message) {}
 };
 
+// How a client reaches the coordinator securely (docs/security.md).
+struct ClientSecurity {
+  std::string token;   // signs every request (auth.h); "" = requests are not signed
+  bool tls = false;    // HTTPS, verifying the coordinator's certificate against `tls_ca`
+  std::string tls_ca;  // PEM file of the CA (or the self-signed certificate) to trust
+  // Where the run's generated token appears when a coordinator on this machine makes one
+  // (RUN/join_token): read when `token` is "" and the file exists by the time of a request, so
+  // that a worker started together with its coordinator finds it.
+  std::filesystem::path token_file;
+
+  // From a worker's config: the token it was given, else its run folder's (auth::resolve_token);
+  // TLS when cluster.tls_ca or cluster.tls_cert is set.
+  static ClientSecurity of(const RunConfig& config);
+};
+
 class CoordinatorClient {
  public:
   // `address` is "host:port" (ConfigError when malformed). Nothing is sent yet.
-  CoordinatorClient(const std::string& address, std::chrono::milliseconds connect_timeout);
+  CoordinatorClient(const std::string& address, std::chrono::milliseconds connect_timeout, ClientSecurity security = {});
   ~CoordinatorClient();
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
   std::string address() const;
+  const ClientSecurity& security() const { return security_; }
 
   // Joins the run. Retries while the coordinator cannot be reached, up to the connect timeout
   // (then PeerError: "cannot reach the coordinator at ..."). A refusal throws ConfigError with the
@@ -70,14 +90,21 @@ class CoordinatorClient {
   // restarted coordinator finds them still there.
   void set_patience(std::chrono::milliseconds patience) { patience_ = patience; }
 
-  // Low level, for the key-value store: one request, retried on connection errors for the
-  // patience. Returns (HTTP status, body); throws CoordinatorUnreachable when it stays unreachable.
+  // Low level, for the key-value store: one request, signed when there is a token, retried (signed
+  // anew) on connection errors for the patience. Returns (HTTP status, body); throws
+  // CoordinatorUnreachable when it stays unreachable.
   std::pair<int, std::string> request(const std::string& method, const std::string& path, const std::string& body,
                                       std::chrono::milliseconds read_timeout);
 
  private:
+  // One attempt of a request, signed; null on a connection error (then `error` says which).
+  std::optional<std::pair<int, std::string>> send(const std::string& method, const std::string& path,
+                                                  const std::string& body, std::string& error);
+
   std::string host_;
   int port_ = 0;
+  ClientSecurity security_;
+  std::optional<auth::Key> key_;
   std::chrono::milliseconds connect_timeout_;
   std::chrono::milliseconds patience_{3000};
   std::mutex mutex_;

@@ -131,7 +131,7 @@ nlohmann::json JoinRequest::to_json() const {
   nlohmann::json checkpoints_json = nlohmann::json::array();
   for (const auto& c : checkpoints) checkpoints_json.push_back({{"step", c.step}, {"global_hash", hex64(c.global_hash)}});
   return {{"version", version}, {"name", name}, {"rank", rank}, {"config", config_toml}, {"dataset", dataset.to_json()},
-          {"resume", resume}, {"checkpoints", checkpoints_json}, {"token", token}, {"shards_hash", hex64(shards_hash)}};
+          {"resume", resume}, {"checkpoints", checkpoints_json}, {"shards_hash", hex64(shards_hash)}};
 }
 
 JoinRequest JoinRequest::from_json(const nlohmann::json& json) {
@@ -151,8 +151,6 @@ JoinRequest JoinRequest::from_json(const nlohmann::json& json) {
   const auto checkpoints = field_or<nlohmann::json>(json, "checkpoints", nlohmann::json::array());
   if (!checkpoints.is_array() || checkpoints.size() > 10000) throw ProtocolError("field 'checkpoints' must be a short array");
   for (const auto& c : checkpoints) r.checkpoints.push_back({field<int64_t>(c, "step"), hex_field(c, "global_hash")});
-  r.token = field_or<std::string>(json, "token", "");
-  check_length(r.token, 4096, "token");
   r.shards_hash = json.is_object() && json.contains("shards_hash") ? hex_field(json, "shards_hash") : 0;
   return r;
 }

@@ -18,7 +18,8 @@
 
 namespace loco::runtime::protocol {
 
-constexpr int kVersion = 2;  // 2: tasks in the round plan (RoundReply::tasks), StartReply::task
+constexpr int kVersion = 3;  // 2: tasks in the round plan (RoundReply::tasks), StartReply::task;
+                             // 3: signed requests (auth.h), no token in JoinRequest
 
 // A request that breaks the protocol (answered with HTTP 400).
 class ProtocolError : public Error {
@@ -110,7 +111,6 @@ struct JoinRequest {
   DatasetIdentity dataset;
   bool resume = false;
   std::vector<CheckpointInfo> checkpoints;  // when resuming (the rank must then be given)
-  std::string token;         // the run's join token (never logged)
   uint64_t shards_hash = 0;  // elastic: hash of the worker's division of the data into slots
 
   nlohmann::json to_json() const;

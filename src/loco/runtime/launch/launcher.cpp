@@ -16,6 +16,7 @@
 #include <optional>
 #include <utility>
 
+#include "loco/runtime/control/auth.h"
 #include "loco/metrics/progress.h"
 #include "loco/runtime/worker/worker.h"
 
@@ -209,6 +210,11 @@ class Launch {
   CoordinatorOptions coordinator_options() {
     CoordinatorOptions o;
     o.bind = "127.0.0.1";
+    // Its workers find the token where this one does (the config, the environment, or the run
+    // folder's generated one), so that the control plane is authenticated on one machine too.
+    o.token = auth::coordinator_token(join_token(config_.cluster), config_.run.dir, o.bind, false);
+    o.tls_cert = config_.cluster.tls_cert;
+    o.tls_key = config_.cluster.tls_key;
     o.port = options_.port;
     o.config = config_;
     o.resume = options_.resume;

@@ -45,7 +45,7 @@ ElasticSession::~ElasticSession() {
 
 void ElasticSession::heartbeat_loop() {
   // A connection of its own: the main thread's long polls must not delay a heartbeat.
-  CoordinatorClient channel(client_.address(), seconds(config_.cluster.connect_timeout_s));
+  CoordinatorClient channel(client_.address(), seconds(config_.cluster.connect_timeout_s), client_.security());
   const auto interval = seconds(config_.cluster.heartbeat_s);
   std::unique_lock lock(mutex_);
   while (!quit_) {

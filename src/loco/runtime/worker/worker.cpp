@@ -211,7 +211,7 @@ namespace {
 TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& options, const data::Dataset& dataset,
                                 const std::function<void(const std::string&)>& say) {
   const auto assignment = assign_shards(config, dataset, config.cluster.workers);
-  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s), ClientSecurity::of(config));
   client.set_patience(seconds(config.cluster.coordinator_timeout_s));  // a restarted coordinator finds it waiting
   // Its peers reach it at this address; the name carries it, so that the coordinator's events say
   // which host a member is on even where host names repeat (containers).
@@ -226,7 +226,6 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     request.config_toml = to_toml(config);
     request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
     request.resume = options.resume;  // the coordinator decides: it resumes the run or not
-    request.token = join_token(config.cluster);
     request.shards_hash = assignment_hash(assignment);
     const auto joined = restarted ? *std::exchange(restarted, std::nullopt)
                                   : client.join(request, seconds(config.cluster.join_timeout_s), say);
@@ -311,7 +310,6 @@ protocol::JoinRequest fixed_join_request(const RunConfig& config, const WorkerOp
   request.config_toml = to_toml(config);
   request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
   request.resume = options.resume;
-  request.token = join_token(config.cluster);
   if (options.resume && options.rank < 0) {
     throw ConfigError("worker", "--resume needs this worker's rank: pass --rank (or set RANK or SLURM_PROCID)");
   }
@@ -393,7 +391,7 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
   if (config.cluster.elastic) return run_elastic_worker(config, options, dataset, say);
 
   // A fixed worker's life: join, wait for everyone, run its one task (the whole run), report it.
-  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s));
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s), ClientSecurity::of(config));
   const auto joined = client.join(fixed_join_request(config, options, dataset));
   const int64_t rank = joined.rank;
   say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, joined.world_size, client.address(),

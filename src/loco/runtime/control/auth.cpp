@@ -1,0 +1,199 @@
+#include "loco/runtime/control/auth.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "loco/core/error.h"
+
+namespace loco::runtime::auth {
+namespace {
+
+constexpr size_t kNonceHex = 32;
+constexpr size_t kMacHex = 64;
+constexpr size_t kMaxTokenBytes = 4096;
+
+std::string hex(const unsigned char* data, size_t size) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * size, '0');
+  for (size_t i = 0; i < size; ++i) {
+    out[2 * i] = kDigits[data[i] >> 4];
+    out[2 * i + 1] = kDigits[data[i] & 15];
+  }
+  return out;
+}
+
+std::string hmac_sha256(std::string_view key, std::string_view message) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+           message.size(), out, &size) == nullptr) {
+    throw InternalError("auth", "HMAC-SHA256 failed in OpenSSL");
+  }
+  return std::string(reinterpret_cast<const char*>(out), size);
+}
+
+std::string random_hex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) {
+    throw Error("auth", "OpenSSL's random generator failed (RAND_bytes)");
+  }
+  return hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+}
+
+bool lower_hex(const std::string& text, size_t size) {
+  if (text.size() != size) return false;
+  for (char c : text) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+std::optional<int64_t> parse_time(const std::string& text) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + (c - '0');
+  }
+  return value;
+}
+
+// A token file holds the token on its first line; surrounding whitespace is not part of it.
+std::string read_token_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("auth", fmt::format("cannot read the run's join token {}: {}", path.string(), std::strerror(errno)));
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty() || token.size() > kMaxTokenBytes) {
+    throw ConfigError("auth", fmt::format("{} does not hold a join token (empty, or over {} bytes); hint: remove it and "
+                                          "start the coordinator again to generate a new one", path.string(), kMaxTokenBytes));
+  }
+  return token;
+}
+
+}  // namespace
+
+Key::Key(std::string_view token) : bytes_(hmac_sha256(token, "loco control plane v1")) {}
+
+std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
+                std::string_view body) {
+  std::string message = fmt::format("loco-v1\n{}\n{}\n{}\n{}\n", method, target, time, nonce);
+  message.append(body);
+  const auto digest = hmac_sha256(key.bytes(), message);
+  return hex(reinterpret_cast<const unsigned char*>(digest.data()), digest.size());
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view body) {
+  Signature s;
+  s.time = unix_now();
+  s.nonce = random_hex(kNonceHex / 2);
+  s.mac = mac(key, method, target, s.time, s.nonce, body);
+  return s;
+}
+
+Verifier::Verifier(std::string_view token, size_t max_nonces) : key_(token), max_nonces_(max_nonces) {}
+
+std::optional<std::string> Verifier::precheck(const std::string* time, const std::string* nonce, const std::string* mac,
+                                              int64_t now) const {
+  if (time == nullptr || nonce == nullptr || mac == nullptr) {
+    return "the request is not signed (the run has a join token: set LOCO_JOIN_TOKEN or cluster.join_token to it)";
+  }
+  const auto t = parse_time(*time);
+  if (!t || !lower_hex(*nonce, kNonceHex) || !lower_hex(*mac, kMacHex)) return "the request's signature headers are malformed";
+  const int64_t skew = *t - now;
+  if (skew > kWindow.count() || skew < -kWindow.count()) {
+    return fmt::format("the request's timestamp is {} s {} the coordinator's clock (at most {} s either way: a stale or "
+                       "replayed request, or clocks out of sync; hint: run NTP on both hosts)",
+                       skew < 0 ? -skew : skew, skew < 0 ? "behind" : "ahead of", kWindow.count());
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> Verifier::verify(std::string_view method, std::string_view target, std::string_view body,
+                                            const std::string* time, const std::string* nonce,
+                                            const std::string* mac_hex, int64_t now) {
+  if (auto why = precheck(time, nonce, mac_hex, now)) return why;
+  const auto expected = mac(key_, method, target, *parse_time(*time), *nonce, body);
+  if (CRYPTO_memcmp(expected.data(), mac_hex->data(), kMacHex) != 0) {
+    return "wrong MAC (a different join token, or the request was altered)";
+  }
+  std::lock_guard lock(mutex_);
+  while (!order_.empty() && order_.front().first < now - 2 * kWindow.count()) {
+    seen_.erase(order_.front().second);
+    order_.pop_front();
+  }
+  if (seen_.count(*nonce) != 0) return "a replayed request (its nonce was seen already)";
+  if (seen_.size() >= max_nonces_) return "too many requests within the window; ask again";
+  seen_.insert(*nonce);
+  order_.emplace_back(now, *nonce);
+  return std::nullopt;
+}
+
+std::string resolve_token(const std::string& configured, const std::filesystem::path& run_dir) {
+  if (!configured.empty()) return configured;
+  const auto path = run_dir / "join_token";
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return "";
+  return read_token_file(path);
+}
+
+std::string generated_token(const std::filesystem::path& run_dir) {
+  const auto path = run_dir / "join_token";
+  std::error_code error;
+  std::filesystem::create_directories(run_dir, error);
+  if (error) throw ConfigError("auth", fmt::format("cannot create the run folder {}: {}", run_dir.string(), error.message()));
+  if (std::filesystem::exists(path, error)) return read_token_file(path);
+  // Written whole to a private temporary file, then linked into place: a reader never sees a
+  // partial token, and of two coordinators starting at once the second reads the first's.
+  const std::string token = random_hex(32);
+  const auto temporary = run_dir / fmt::format(".join_token.{}", ::getpid());
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const std::string line = token + "\n";
+  const bool written = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  const int saved = errno;
+  if (fd >= 0) ::close(fd);
+  const bool linked = written && ::link(temporary.c_str(), path.c_str()) == 0;
+  const int link_error = errno;
+  std::filesystem::remove(temporary, error);
+  if (linked) return token;
+  if (written && link_error == EEXIST) return read_token_file(path);
+  throw ConfigError("auth", fmt::format("cannot write the run's join token {}: {}", path.string(),
+                                        std::strerror(written ? link_error : saved)));
+}
+
+std::string coordinator_token(const std::string& configured, const std::filesystem::path& run_dir, std::string_view bind,
+                              bool insecure) {
+  if (!configured.empty()) return configured;
+  if (insecure || !is_loopback(bind)) return "";
+  return generated_token(run_dir);
+}
+
+bool is_loopback(std::string_view address) {
+  if (address == "localhost") return true;
+  const std::string text(address);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) return v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace loco::runtime::auth

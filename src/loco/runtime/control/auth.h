@@ -1,0 +1,103 @@
+// Authentication of the control plane (docs/security.md). Every request a worker sends to the
+// coordinator carries an HMAC-SHA256 over its method, target (path and query), body, a timestamp
+// and a nonce, keyed by a key derived from the run's join token; the token itself never crosses
+// the wire. The coordinator refuses a missing or wrong MAC, a timestamp outside the window, and a
+// nonce it has seen, so a captured request cannot be replayed. OpenSSL provides HMAC, SHA-256 and
+// the random nonces.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+
+namespace loco::runtime::auth {
+
+// The request headers that carry a signature.
+inline constexpr const char* kTimeHeader = "X-Loco-Time";    // Unix time in seconds, decimal
+inline constexpr const char* kNonceHeader = "X-Loco-Nonce";  // 32 lowercase hex digits, fresh per request
+inline constexpr const char* kMacHeader = "X-Loco-Mac";      // 64 lowercase hex digits
+
+// How far a request's timestamp may be from the coordinator's clock (either way). Nonces are
+// remembered this long, so a replay is refused inside the window and stale outside it.
+inline constexpr std::chrono::seconds kWindow{120};
+
+// The MAC key: HMAC-SHA256(token, "loco control plane v1"), so that the token is never used
+// directly and a MAC does not reveal it.
+class Key {
+ public:
+  explicit Key(std::string_view token);
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+struct Signature {
+  int64_t time = 0;    // Unix seconds
+  std::string nonce;   // 32 hex digits
+  std::string mac;     // 64 hex digits
+};
+
+// The MAC of one request: HMAC-SHA256(key, "loco-v1\n" method "\n" target "\n" time "\n" nonce
+// "\n" body), in lowercase hex.
+std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
+                std::string_view body);
+
+// Signs a request now, with a fresh random nonce.
+Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view body);
+
+// Seconds since the Unix epoch, from the system clock.
+int64_t unix_now();
+
+// The coordinator's side: checks signatures and remembers the nonces of accepted requests for the
+// window. Thread-safe. Holds at most `max_nonces` (requests accepted within one window); beyond
+// that a valid request is refused until old nonces expire, which only members (who hold the key)
+// can cause.
+class Verifier {
+ public:
+  explicit Verifier(std::string_view token, size_t max_nonces = 1'000'000);
+
+  // Cheap checks before the body is read: the headers are present, well formed and the time is
+  // within the window. Returns why not, or nullopt.
+  std::optional<std::string> precheck(const std::string* time, const std::string* nonce, const std::string* mac,
+                                      int64_t now) const;
+  // The full check once the body is in: precheck, the MAC, and that the nonce is new (then it is
+  // remembered). Returns why the request is refused, or nullopt when it is authentic.
+  std::optional<std::string> verify(std::string_view method, std::string_view target, std::string_view body,
+                                    const std::string* time, const std::string* nonce, const std::string* mac,
+                                    int64_t now);
+
+ private:
+  Key key_;
+  size_t max_nonces_;
+  std::mutex mutex_;
+  std::unordered_set<std::string> seen_;
+  std::deque<std::pair<int64_t, std::string>> order_;  // (time accepted, nonce), oldest first
+};
+
+// The join token in effect for a process of the run in `run_dir`: cluster.join_token, else
+// $LOCO_JOIN_TOKEN (the `configured` one), else the run's generated token in RUN_DIR/join_token,
+// else "". Throws ConfigError when the file exists but cannot be read or is malformed.
+std::string resolve_token(const std::string& configured, const std::filesystem::path& run_dir);
+
+// The run's generated token: RUN_DIR/join_token if it exists, else a new random one written there
+// (mode 0600, created exclusively so that two coordinators starting at once agree). Throws
+// ConfigError when the file cannot be written.
+std::string generated_token(const std::filesystem::path& run_dir);
+
+// The token a coordinator listening on `bind` serves with: `configured` (the user's) if set; else,
+// on a loopback address and unless `insecure`, the run's generated token (generated_token); else ""
+// (no authentication, which the coordinator refuses on other addresses unless `insecure`).
+std::string coordinator_token(const std::string& configured, const std::filesystem::path& run_dir, std::string_view bind,
+                              bool insecure);
+
+// Whether `address` (an IPv4 or IPv6 literal, or "localhost") is a loopback address.
+bool is_loopback(std::string_view address);
+
+}  // namespace loco::runtime::auth
