@@ -9,6 +9,7 @@ packages=(
   libgloo-dev                  # headers of Gloo, the collectives under c10d's ProcessGroupGloo
   libcpp-httplib-dev           # the coordinator's HTTP control plane
   libssl-dev openssl           # its request MACs and TLS (OpenSSL); the tests make throwaway certificates
+  libboost-dev                 # Beast and Asio (header-only): the coordinator's event-driven HTTP server
   libsentencepiece-dev         # tokenizer
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line

@@ -5,7 +5,14 @@
 // must be within 5% of the same seed's run without failures, and no process may be left behind.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -734,6 +741,125 @@ TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
   const auto completed = events("streaming", "round_complete");
   ASSERT_FALSE(completed.empty());
   EXPECT_EQ(completed.back()["step"], 800);
+}
+
+// A TCP connection to 127.0.0.1:port, or -1.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Misbehaving clients on the coordinator's port while an elastic run trains: hundreds of idle
+// connections, connections that send their headers a byte at a time, and a flood of unsigned and
+// wrongly signed requests. No member is declared dead for it, and the run completes.
+TEST_F(ChaosTest, MisbehavingClientsDoNotStarveTheMembers) {
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = std::min<rlim_t>(files.rlim_max, 8192);
+  ::setrlimit(RLIMIT_NOFILE, &files);
+  const int port = testing_util::free_port();
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  for (auto& a : common("abuse")) args.push_back(a);
+  for (const char* a : {"--cluster.workers=3", "--train.steps=300"}) args.push_back(a);
+  Child launcher(args, log("abuse"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  ASSERT_TRUE(wait_for_rounds(client, 2, Clock::now() + 120s)) << read_file(log("abuse"), "test");
+
+  std::atomic<bool> quit = false;
+  std::atomic<int64_t> idle_open = 0, slow_open = 0, flood_answers = 0, flood_401 = 0;
+  std::vector<std::thread> abusers;
+  // 600 idle connections, each opened again when the server closes it.
+  abusers.emplace_back([&] {
+    std::vector<int> fds;
+    while (!quit) {
+      while (!quit && fds.size() < 600) {
+        const int fd = connect_to(port);
+        if (fd < 0) break;
+        fds.push_back(fd);
+      }
+      idle_open = std::max<int64_t>(idle_open, static_cast<int64_t>(fds.size()));
+      std::this_thread::sleep_for(200ms);
+      // Drop those the server closed (they read as end of file) and open others.
+      std::erase_if(fds, [](int fd) {
+        char byte;
+        const auto n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+          ::close(fd);
+          return true;
+        }
+        return false;
+      });
+    }
+    for (int fd : fds) ::close(fd);
+  });
+  // 100 slow clients: a heartbeat's headers, one byte every 200 ms.
+  abusers.emplace_back([&] {
+    const std::string request = "POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: 20\r\nX-Padding: " + std::string(400, 'p') + "\r\n\r\n";
+    std::vector<std::pair<int, size_t>> slow;  // (fd, bytes sent)
+    while (!quit) {
+      while (slow.size() < 100) {
+        const int fd = connect_to(port);
+        if (fd < 0) break;
+        slow.emplace_back(fd, 0);
+      }
+      slow_open = std::max<int64_t>(slow_open, static_cast<int64_t>(slow.size()));
+      for (auto& [fd, sent] : slow) {
+        if (::send(fd, request.data() + sent % request.size(), 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) {
+          ++sent;
+        } else {
+          ::close(fd);
+          fd = -1;
+        }
+      }
+      std::erase_if(slow, [](const auto& c) { return c.first < 0; });
+      std::this_thread::sleep_for(200ms);
+    }
+    for (auto& [fd, sent] : slow) ::close(fd);
+  });
+  // A flood: 4 threads sending unsigned and wrongly signed requests as fast as they are answered.
+  for (int t = 0; t < 4; ++t) {
+    abusers.emplace_back([&, t] {
+      runtime::CoordinatorClient stranger(fmt::format("127.0.0.1:{}", port), 5s,
+                                          t % 2 == 0 ? runtime::ClientSecurity{} : runtime::ClientSecurity{"not the token"});
+      stranger.set_patience(1s);
+      while (!quit) {
+        try {
+          auto [status, body] = stranger.request("POST", t < 2 ? "/v1/stop" : "/v1/kv/set?key=epoch/0/0", "{}", 5s);
+          ++flood_answers;
+          if (status == 401) ++flood_401;
+        } catch (const std::exception&) {
+        }
+      }
+    });
+  }
+  const auto output_deadline = Clock::now() + 300s;
+  int status = -1;
+  while (Clock::now() < output_deadline && (status = launcher.wait(0s)) < 0) std::this_thread::sleep_for(100ms);
+  quit = true;
+  for (auto& t : abusers) t.join();
+  const auto output = read_file(log("abuse"), "test");
+  ASSERT_EQ(status, 0) << output;
+  std::printf("abuse: up to %ld idle and %ld slow connections held; %ld flood requests answered, %ld of them 401\n",
+              static_cast<long>(idle_open.load()), static_cast<long>(slow_open.load()), static_cast<long>(flood_answers.load()),
+              static_cast<long>(flood_401.load()));
+  EXPECT_GE(idle_open.load(), 500) << "the idle connections were held open";
+  EXPECT_GT(flood_answers.load(), 100);
+  EXPECT_EQ(flood_401.load(), flood_answers.load()) << "every stranger's request was refused";
+  EXPECT_TRUE(events("abuse", "failure").empty()) << "no member was declared dead: " << output;
+  EXPECT_EQ(output.find("stopping"), std::string::npos) << output;
+  const auto completed = events("abuse", "round_complete");
+  ASSERT_FALSE(completed.empty());
+  EXPECT_EQ(completed.back()["step"], 300);
 }
 
 }  // namespace

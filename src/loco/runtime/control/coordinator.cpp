@@ -1,12 +1,8 @@
 #include "loco/runtime/control/coordinator.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
-#include <sys/socket.h>
 
-#include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -15,6 +11,7 @@
 #include "loco/comm/key_value.h"
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/elastic_run.h"
+#include "loco/runtime/control/http_server.h"
 #include "loco/runtime/control/fixed_run.h"
 #include "loco/runtime/control/run.h"
 
@@ -28,7 +25,7 @@ using protocol::ProtocolError;
 constexpr auto kMaxWait = std::chrono::milliseconds(2000);  // longest a request is held
 constexpr size_t kMaxKeyBytes = 512;
 
-nlohmann::json body_json(const httplib::Request& request) {
+nlohmann::json body_json(const HttpRequest& request) {
   try {
     return nlohmann::json::parse(request.body);
   } catch (const nlohmann::json::exception&) {
@@ -36,18 +33,18 @@ nlohmann::json body_json(const httplib::Request& request) {
   }
 }
 
-std::string key_param(const httplib::Request& request) {
+std::string key_param(const HttpRequest& request) {
   if (!request.has_param("key")) throw ProtocolError("parameter 'key' is missing");
-  auto key = request.get_param_value("key");
+  auto key = request.param("key");
   if (key.empty() || key.size() > kMaxKeyBytes) throw ProtocolError("parameter 'key' must have 1 to 512 bytes");
   return key;
 }
 
-int64_t int_param(const httplib::Request& request, const char* name) {
+int64_t int_param(const HttpRequest& request, const char* name) {
   if (!request.has_param(name)) throw ProtocolError(fmt::format("parameter '{}' is missing", name));
   try {
     size_t used = 0;
-    const auto text = request.get_param_value(name);
+    const auto text = request.param(name);
     const int64_t value = std::stoll(text, &used);
     if (used != text.size()) throw std::invalid_argument(text);
     return value;
@@ -56,18 +53,13 @@ int64_t int_param(const httplib::Request& request, const char* name) {
   }
 }
 
-void reply_json(httplib::Response& response, const nlohmann::json& body, int status = 200) {
+void reply_json(HttpResponse& response, const nlohmann::json& body, int status = 200) {
   response.status = status;
   response.set_content(body.dump(), "application/json");
 }
 
-const std::string* header(const httplib::Request& request, const char* name) {
-  const auto it = request.headers.find(name);
-  return it == request.headers.end() ? nullptr : &it->second;
-}
-
 // Requests that read the status and may come unsigned from this machine.
-bool open_status_read(const httplib::Request& request) {
+bool open_status_read(const HttpRequest& request) {
   return request.method == "GET" && (request.path == "/" || request.path == "/v1/state") &&
          auth::is_loopback(request.remote_addr);
 }
@@ -95,9 +87,7 @@ struct Coordinator::Impl {
   }
 
   CoordinatorOptions options;
-  std::unique_ptr<httplib::Server> server;
-  std::thread thread;
-  int port = 0;
+  std::unique_ptr<HttpServer> server;
   comm::MemoryKeyValueStore store;
   std::optional<auth::Verifier> verifier;  // when the run has a token
 
@@ -105,7 +95,7 @@ struct Coordinator::Impl {
   // so that a flood of them cannot flood the log.
   std::mutex refused_mutex;
   std::map<std::string, std::pair<Clock::time_point, int64_t>> refused;  // address -> (last logged, since)
-  void log_refused(const httplib::Request& request, const std::string& why) {
+  void log_refused(const HttpRequest& request, const std::string& why) {
     std::lock_guard lock(refused_mutex);
     if (refused.size() > 4096) refused.clear();
     auto& [last, since] = refused[request.remote_addr];
@@ -119,10 +109,10 @@ struct Coordinator::Impl {
 
   // The full check of a request's signature, once its body is in (the pre-routing handler has
   // refused those without one already).
-  void authenticate(const httplib::Request& request) {
+  void authenticate(const HttpRequest& request) {
     if (!verifier || open_status_read(request)) return;
-    if (auto why = verifier->verify(request.method, request.target, request.body, header(request, auth::kTimeHeader),
-                                    header(request, auth::kNonceHeader), header(request, auth::kMacHeader),
+    if (auto why = verifier->verify(request.method, request.target, request.body, request.header(auth::kTimeHeader),
+                                    request.header(auth::kNonceHeader), request.header(auth::kMacHeader),
                                     auth::unix_now())) {
       throw Unauthenticated(*why);
     }
@@ -184,8 +174,8 @@ struct Coordinator::Impl {
   // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409); any other
   // exception is logged and answered 500. The coordinator keeps serving the others either way.
   template <class F>
-  httplib::Server::Handler guard(F&& handler) {
-    return [this, handler](const httplib::Request& request, httplib::Response& response) {
+  HttpServer::Handler guard(F&& handler) {
+    return [this, handler](const HttpRequest& request, HttpResponse& response) {
       try {
         authenticate(request);
         handler(request, response);
@@ -211,7 +201,7 @@ struct Coordinator::Impl {
     install_run_routes();
     install_elastic_routes();
     install_store_routes();
-    server->Get("/", guard([this](const auto&, auto& response) {
+    server->route("GET", "/", guard([this](const auto&, auto& response) {
       std::lock_guard lock(mutex);
       std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\n{} workers\n", options.config.run.dir,
                                      status.run_id(), protocol::to_string(status.phase()),
@@ -223,10 +213,10 @@ struct Coordinator::Impl {
 
   // Joining, starting, stopping and ending: every run.
   void install_run_routes() {
-    server->Post("/v1/join", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/join", guard([this](const auto& request, auto& response) {
       reply_json(response, join(protocol::JoinRequest::from_json(body_json(request))).to_json());
     }));
-    server->Post("/v1/start", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/start", guard([this](const auto& request, auto& response) {
       const auto body = body_json(request);
       if (!body.is_object() || !body.contains("rank") || !body["rank"].is_number_integer()) {
         throw ProtocolError("field 'rank' is missing or not an integer");
@@ -238,7 +228,7 @@ struct Coordinator::Impl {
       run->check_start(Clock::now());
       reply_json(response, run->start_reply(rank).to_json());
     }));
-    server->Post("/v1/stop", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/stop", guard([this](const auto& request, auto& response) {
       const auto body = body_json(request);
       const std::string why = body.is_object() && body.contains("reason") && body["reason"].is_string()
                                   ? body["reason"].template get<std::string>().substr(0, 1024)
@@ -248,11 +238,11 @@ struct Coordinator::Impl {
       status.stop(why);
       reply_json(response, {{"stopping", true}});
     }));
-    server->Get("/v1/state", guard([this](const auto&, auto& response) {
+    server->route("GET", "/v1/state", guard([this](const auto&, auto& response) {
       std::lock_guard lock(mutex);
       reply_json(response, state_locked());
     }));
-    server->Post("/v1/done", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/done", guard([this](const auto& request, auto& response) {
       const auto body = protocol::DoneRequest::from_json(body_json(request));
       std::lock_guard lock(mutex);
       run->done(body);
@@ -263,14 +253,14 @@ struct Coordinator::Impl {
 
   // Heartbeats and rounds: elastic runs (ElasticRun, over the MembershipTable).
   void install_elastic_routes() {
-    server->Post("/v1/heartbeat", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/heartbeat", guard([this](const auto& request, auto& response) {
       const auto body = protocol::HeartbeatRequest::from_json(body_json(request));
       std::lock_guard lock(mutex);
       const auto reply = elastic_run().heartbeat(body, Clock::now());
       changed.notify_all();
       reply_json(response, reply.to_json());
     }));
-    server->Post("/v1/round", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/round", guard([this](const auto& request, auto& response) {
       const auto body = protocol::RoundRequest::from_json(body_json(request));
       std::unique_lock lock(mutex);
       auto& run = elastic_run();
@@ -285,7 +275,7 @@ struct Coordinator::Impl {
         changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(200)));
       }
     }));
-    server->Post("/v1/round_done", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/round_done", guard([this](const auto& request, auto& response) {
       const auto body = protocol::RoundDone::from_json(body_json(request));
       std::lock_guard lock(mutex);
       const bool accepted = elastic_run().round_done(body, Clock::now());
@@ -296,7 +286,7 @@ struct Coordinator::Impl {
 
   // The rendezvous store through which the workers form their process groups.
   void install_store_routes() {
-    server->Post("/v1/kv/set", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/kv/set", guard([this](const auto& request, auto& response) {
       try {
         store.set(key_param(request), request.body);
       } catch (const Error& e) {
@@ -304,7 +294,7 @@ struct Coordinator::Impl {
       }
       reply_json(response, {{"ok", true}});
     }));
-    server->Get("/v1/kv/get", guard([this](const auto& request, auto& response) {
+    server->route("GET", "/v1/kv/get", guard([this](const auto& request, auto& response) {
       const auto key = key_param(request);
       const auto wait = std::clamp<int64_t>(int_param(request, "wait_ms"), 0, kMaxWait.count());
       auto value = store.get(key, std::chrono::milliseconds(wait));
@@ -314,10 +304,10 @@ struct Coordinator::Impl {
       }
       response.set_content(*value, "application/octet-stream");
     }));
-    server->Post("/v1/kv/add", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/kv/add", guard([this](const auto& request, auto& response) {
       const auto key = key_param(request);
       const int64_t delta = int_param(request, "delta");
-      const auto id = request.has_param("request") ? request.get_param_value("request") : std::string();
+      const auto id = request.param("request");
       if (id.size() > 64) throw ProtocolError("parameter 'request' must have at most 64 bytes");
       std::lock_guard lock(added_mutex);
       if (auto it = added.find(id); !id.empty() && it != added.end()) {
@@ -333,7 +323,7 @@ struct Coordinator::Impl {
       if (!id.empty()) remember_add(id, value);
       reply_json(response, {{"value", value}});
     }));
-    server->Post("/v1/kv/check", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/kv/check", guard([this](const auto& request, auto& response) {
       const auto body = body_json(request);
       std::vector<std::string> keys;
       try {
@@ -343,10 +333,10 @@ struct Coordinator::Impl {
       }
       reply_json(response, {{"ok", store.check(keys)}});
     }));
-    server->Post("/v1/kv/remove", guard([this](const auto& request, auto& response) {
+    server->route("POST", "/v1/kv/remove", guard([this](const auto& request, auto& response) {
       reply_json(response, {{"removed", store.remove(key_param(request))}});
     }));
-    server->Get("/v1/kv/size", guard([this](const auto&, auto& response) { reply_json(response, {{"size", store.size()}}); }));
+    server->route("GET", "/v1/kv/size", guard([this](const auto&, auto& response) { reply_json(response, {{"size", store.size()}}); }));
   }
 };
 
@@ -358,70 +348,38 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
         "rendezvous its workers connect through; hint: set LOCO_JOIN_TOKEN (or cluster.join_token) on every host, or "
         "--bind 127.0.0.1, or pass --insecure on a network you trust", o.bind));
   }
-  if (!o.tls_cert.empty()) {
-    auto tls = std::make_unique<httplib::SSLServer>(o.tls_cert.c_str(), o.tls_key.c_str());
-    if (!tls->is_valid()) {
-      throw ConfigError("coordinator", fmt::format("cannot load the TLS certificate {} and key {} (PEM files, the key "
-                                                   "matching the certificate)", o.tls_cert, o.tls_key));
-    }
-    impl_->server = std::move(tls);
-  } else {
-    impl_->server = std::make_unique<httplib::Server>();
-  }
+  HttpServerOptions http;
+  http.bind = o.bind;
+  http.port = o.port;
+  http.tls_cert = o.tls_cert;
+  http.tls_key = o.tls_key;
+  http.handler_threads = static_cast<size_t>(std::max<int64_t>(8, 2 * impl_->run->workers() + 4));
+  impl_->server = std::make_unique<HttpServer>(http);
   if (!o.token.empty()) impl_->verifier.emplace(o.token);
-  auto& server = *impl_->server;
   // Requests without a well-formed, fresh signature are refused before their bodies are read.
-  server.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+  impl_->server->set_gate([this](const HttpRequest& request) -> std::optional<HttpResponse> {
     auto& impl = *impl_;
-    if (!impl.verifier || open_status_read(request)) return httplib::Server::HandlerResponse::Unhandled;
-    if (auto why = impl.verifier->precheck(header(request, auth::kTimeHeader), header(request, auth::kNonceHeader),
-                                           header(request, auth::kMacHeader), auth::unix_now())) {
-      impl.log_refused(request, *why);
-      reply_json(response, {{"error", *why}}, 401);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    if (!impl.verifier || open_status_read(request)) return std::nullopt;
+    auto why = impl.verifier->precheck(request.header(auth::kTimeHeader), request.header(auth::kNonceHeader),
+                                       request.header(auth::kMacHeader), auth::unix_now());
+    if (!why) return std::nullopt;
+    impl.log_refused(request, *why);
+    HttpResponse refusal;
+    reply_json(refusal, {{"error", *why}}, 401);
+    return refusal;
   });
-  // httplib sets SO_REUSEPORT by default, which would let a second coordinator share the port
-  // silently. Plain SO_REUSEADDR makes "already in use" an error, as it should be.
-  server.set_socket_options([](socket_t socket) {
-    int yes = 1;
-    ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  server.set_read_timeout(std::chrono::seconds(10));
-  server.set_write_timeout(std::chrono::seconds(10));
-  server.set_payload_max_length(4 << 20);
-  const size_t threads = static_cast<size_t>(std::max<int64_t>(8, 2 * impl_->run->workers() + 4));
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl_->install_routes();
-  const auto& bind = impl_->options.bind;
-  const int64_t port = impl_->options.port;
-  errno = 0;
-  if (port == 0) {
-    impl_->port = server.bind_to_any_port(bind);
-  } else {
-    impl_->port = server.bind_to_port(bind, static_cast<int>(port)) ? static_cast<int>(port) : -1;
-  }
-  if (impl_->port <= 0) {
-    const int error = errno;
-    throw ConfigError("coordinator", fmt::format("cannot listen on {}:{}: {}; hint: choose another --port (cluster.port) or "
-                                                 "stop what holds it", bind, port,
-                                                 error != 0 ? std::strerror(error) : "the address is in use or not this machine's"));
-  }
 }
 
-Coordinator::~Coordinator() {
-  impl_->server->stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+Coordinator::~Coordinator() { impl_->server->stop(); }
 
-int64_t Coordinator::port() const { return impl_->port; }
+int64_t Coordinator::port() const { return impl_->server->port(); }
 
 void Coordinator::start() {
-  impl_->thread = std::thread([this] { impl_->server->listen_after_bind(); });
+  impl_->server->start();
   const auto& o = impl_->options;
   impl_->log(fmt::format("listening on {}://{}:{} for {} worker(s) of {}{}", o.tls_cert.empty() ? "http" : "https", o.bind,
-                         impl_->port, impl_->run->workers(), o.config.run.dir,
+                         impl_->server->port(), impl_->run->workers(), o.config.run.dir,
                          o.token.empty() ? "; no join token: requests are not authenticated" : "; requests are signed with the join token"));
 }
 
@@ -430,6 +388,7 @@ std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     if (!impl_->status.ended()) {
+      if (impl_->elastic != nullptr) impl_->elastic->hold_off(impl_->server->behind(), Clock::now());
       impl_->run->check_start(Clock::now());
       impl_->run->check_end(Clock::now());
       impl_->changed.notify_all();

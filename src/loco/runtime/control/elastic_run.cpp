@@ -199,6 +199,21 @@ void ElasticRun::fail(const std::string& why) {
   log("run failed: " + why);
 }
 
+void ElasticRun::hold_off(std::chrono::milliseconds behind, Clock::time_point now) {
+  constexpr std::chrono::milliseconds kBehind{500};
+  if (behind < kBehind) {
+    if (holding_off_) log("request handling caught up");
+    holding_off_ = false;
+    return;
+  }
+  if (!holding_off_) {
+    log(fmt::format("request handling is {:.1f} s behind: members' silence is not held against them until it catches up",
+                    std::chrono::duration<double>(behind).count()));
+  }
+  holding_off_ = true;
+  table_.forgive(now);
+}
+
 void ElasticRun::start(const std::string& why) {
   table_.start(Clock::now());
   status_.enter(Phase::kRunning);

@@ -43,6 +43,9 @@ class ElasticRun final : public Run {
   void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now);
   // Ends the run as failed, and saves that.
   void fail(const std::string& why);
+  // The coordinator's request handling is `behind` (HttpServer::behind): members' heartbeats may be
+  // waiting unread, so none is declared dead for its silence meanwhile (logged once per episode).
+  void hold_off(std::chrono::milliseconds behind, Clock::time_point now);
 
  private:
   void restore_live_state();
@@ -75,6 +78,7 @@ class ElasticRun final : public Run {
   const fs::path state_file_;
   std::string saved_state_;                     // what state_file_ holds
   bool state_write_failed_ = false;
+  bool holding_off_ = false;  // hold_off: within an episode of request handling behind
   const Clock::time_point created_ = Clock::now();
 };
 

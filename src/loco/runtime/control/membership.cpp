@@ -154,6 +154,12 @@ void MembershipTable::declare_failed(int64_t id, const std::string& how, Clock::
   fail_member(id, how, 0.0, now);
 }
 
+void MembershipTable::forgive(Clock::time_point now) {
+  for (auto& [id, m] : members_) {
+    if (m.state != State::kGone) touch(m, id, std::max(m.last_seen, now));
+  }
+}
+
 void MembershipTable::expire(Clock::time_point now) {
   // The coordinator itself was not running (frozen, or its machine stalled) for a while: the
   // members' silence is its own, so they get a fresh allowance rather than being declared failed.
@@ -375,7 +381,10 @@ void MembershipTable::take_claims(Convened& convened, const std::vector<int64_t>
   }
   for (int64_t id : active) {
     for (const auto& [slot, position] : members_.at(id).arrival->adopted) {
-      const bool owner_trained = std::any_of(active.begin(), active.end(), [&](int64_t a) { return members_.at(a).slot == slot; });
+      // A copy for the lambda: clang before 16 cannot capture a structured binding.
+      const int64_t adopted_slot = slot;
+      const bool owner_trained = std::any_of(active.begin(), active.end(),
+                                             [&](int64_t a) { return members_.at(a).slot == adopted_slot; });
       const auto* task = tasks_.held(id, slot, round_);
       if (task == nullptr || owner_trained) continue;
       convened.slots[static_cast<size_t>(slot)].position = position;

@@ -93,6 +93,9 @@ class MembershipTable {
   // called often (the coordinator does, every 200 ms or so): after a gap longer than dead_after / 2
   // since the last call, every member's silence is forgiven once (the coordinator was stalled).
   void expire(Clock::time_point now);
+  // The coordinator could not read its members in time (its request handling fell behind): every
+  // member's silence so far is forgiven, as after a stall of its own.
+  void forgive(Clock::time_point now);
 
   // Whether `member` ever joined.
   bool known(int64_t member) const { return members_.count(member) > 0; }

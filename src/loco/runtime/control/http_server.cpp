@@ -1,0 +1,518 @@
+#include "loco/runtime/control/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>  // the query-string parser, the one cpp-httplib's own server uses
+#include <openssl/ssl.h>
+#include <strings.h>
+#include <sys/resource.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "loco/core/error.h"
+
+namespace loco::runtime {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// The process's open-file limit, raised to its hard limit (at most 65536) so that many
+// connections fit; returns the soft limit in effect.
+size_t raise_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  const rlim_t wanted = std::min<rlim_t>(limit.rlim_max, 65536);
+  if (limit.rlim_cur < wanted) {
+    limit.rlim_cur = wanted;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return static_cast<size_t>(limit.rlim_cur);
+}
+
+const char* reason_of(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "";
+  }
+}
+
+// A fixed set of handler threads taking requests in arrival order; knows how long the oldest
+// waiting request has waited.
+class HandlerPool {
+ public:
+  void start(size_t threads) {
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.emplace_back(Clock::now(), std::move(task));
+    }
+    wake_.notify_one();
+  }
+  Clock::duration oldest_wait() const {
+    std::lock_guard lock(mutex_);
+    return queue_.empty() ? Clock::duration::zero() : Clock::now() - queue_.front().first;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return quit_ || !queue_.empty(); });
+        if (quit_) return;
+        task = std::move(queue_.front().second);
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::pair<Clock::time_point, std::function<void()>>> queue_;
+  std::vector<std::thread> threads_;
+  bool quit_ = false;
+};
+
+// What the server needs to know of a connection to make room for another.
+struct Connection {
+  virtual ~Connection() = default;
+  virtual void close() = 0;
+  bool waiting = true;  // waiting for a request's headers (evictable), not in a handler or a write
+  Clock::time_point waiting_since = Clock::now();
+};
+
+}  // namespace
+
+bool HttpRequest::Caseless::operator()(const std::string& a, const std::string& b) const {
+  return ::strcasecmp(a.c_str(), b.c_str()) < 0;
+}
+
+std::string HttpRequest::param(const std::string& name) const {
+  const auto it = params.find(name);
+  return it == params.end() ? std::string() : it->second;
+}
+
+const std::string* HttpRequest::header(const std::string& name) const {
+  const auto it = headers.find(name);
+  return it == headers.end() ? nullptr : &it->second;
+}
+
+struct HttpServer::Impl {
+  explicit Impl(HttpServerOptions o) : options(std::move(o)) {}
+
+  HttpServerOptions options;
+  std::map<std::pair<std::string, std::string>, Handler> routes;  // (method, path)
+  Gate gate;
+  std::optional<asio::ssl::context> tls;
+  HandlerPool pool;
+  std::thread io_thread;
+  std::atomic<int64_t> tick_due{0};  // when the I/O thread's next tick is due (steady clock, ns)
+  std::atomic<int64_t> evicted{0}, timed_out{0}, refused_at_gate{0};
+  size_t max_connections = 0;
+  int port = 0;
+
+  // Open connections, by id: touched on the I/O thread, and where a connection is destroyed.
+  mutable std::mutex connections_mutex;
+  std::map<uint64_t, std::weak_ptr<Connection>> connections;
+  uint64_t next_id = 0;
+
+  // Declared last: destroyed first, with the connections its pending handlers still hold.
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer tick{io}, retry{io};
+
+  HttpResponse handle(const HttpRequest& request) const {
+    HttpResponse response;
+    const auto it = routes.find({request.method, request.path});
+    if (it != routes.end()) {
+      it->second(request, response);
+      return response;
+    }
+    const bool known = std::any_of(routes.begin(), routes.end(), [&](const auto& r) { return r.first.second == request.path; });
+    response.status = known ? 405 : 404;
+    response.set_content(fmt::format("{{\"error\": \"{} {}\"}}", known ? "no such method for" : "no such path", request.path),
+                         "application/json");
+    return response;
+  }
+
+  void forget(uint64_t id) {
+    std::lock_guard lock(connections_mutex);
+    connections.erase(id);
+  }
+
+  // At the limit: closes the connection that has waited longest for a request. False when every
+  // connection is busy (then the new one is refused).
+  bool make_room() {
+    std::shared_ptr<Connection> oldest;
+    {
+      std::lock_guard lock(connections_mutex);
+      if (connections.size() < max_connections) return true;
+      for (const auto& [id, weak] : connections) {
+        auto c = weak.lock();
+        if (c && c->waiting && (!oldest || c->waiting_since < oldest->waiting_since)) oldest = c;
+      }
+    }
+    if (!oldest) return false;
+    oldest->close();
+    ++evicted;
+    return true;
+  }
+
+  void accept();
+  void on_accept(tcp::socket socket);
+  void start_tick();
+};
+
+namespace {
+
+// One connection: TLS handshake (when TLS), then requests one after another, each read with
+// deadlines, gated, handled on the pool and answered; everything but the handler on the I/O thread.
+template <class Stream>
+class Session final : public Connection, public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  Session(HttpServer::Impl& server, uint64_t id, Stream stream, std::string address, int port)
+      : server_(server), id_(id), stream_(std::move(stream)), address_(std::move(address)), port_(port) {}
+  ~Session() override { server_.forget(id_); }
+
+  void start() {
+    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
+      read_header();
+    } else {
+      lowest().expires_after(server_.options.header_deadline);
+      stream_.async_handshake(asio::ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+        if (ec) return self->fail(ec);
+        self->read_header();
+      });
+    }
+  }
+
+  void close() override {
+    beast::error_code ignored;
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest().socket().close(ignored);
+  }
+
+ private:
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
+  void read_header() {
+    waiting = true;
+    waiting_since = Clock::now();
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(server_.options.max_header_bytes));
+    parser_->body_limit(server_.options.max_body_bytes);
+    // One deadline for the whole of the headers, however slowly they trickle in.
+    lowest().expires_after(server_.options.header_deadline);
+    http::async_read_header(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      self->on_header(ec);
+    });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec == http::error::header_limit) return refuse(431, "the request's headers are too large");
+    if (ec == http::error::body_limit) return too_large();  // its Content-Length says so already
+    if (ec) return fail(ec);
+    waiting = false;
+    const auto& message = parser_->get();
+    request_ = HttpRequest{};
+    request_.method = std::string(message.method_string());
+    request_.target = std::string(message.target());
+    const auto query = request_.target.find('?');
+    request_.path = request_.target.substr(0, query);
+    if (query != std::string::npos) httplib::detail::parse_query_text(request_.target.substr(query + 1), request_.params);
+    for (const auto& field : message) request_.headers.emplace(std::string(field.name_string()), std::string(field.value()));
+    request_.remote_addr = address_;
+    request_.remote_port = port_;
+    if (server_.gate) {
+      if (auto refusal = server_.gate(request_)) {
+        ++server_.refused_at_gate;
+        return write(std::move(*refusal), true);
+      }
+    }
+    if (parser_->is_done()) return dispatch();
+    lowest().expires_after(server_.options.body_deadline);
+    http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      self->on_body(ec);
+    });
+  }
+
+  void on_body(beast::error_code ec) {
+    if (ec == http::error::body_limit) return too_large();
+    if (ec) return fail(ec);
+    request_.body = std::move(parser_->get().body());
+    dispatch();
+  }
+
+  // The handler runs on the pool; its answer is written from the I/O thread.
+  void dispatch() {
+    lowest().expires_never();
+    const bool close_after = !parser_->get().keep_alive();
+    server_.pool.enqueue([self = this->shared_from_this(), request = std::move(request_), close_after]() mutable {
+      HttpResponse response;
+      try {
+        response = self->server_.handle(request);
+      } catch (const std::exception& e) {
+        response.status = 500;
+        response.set_content(json_error(e.what()), "application/json");
+      }
+      asio::post(self->server_.io, [self, response = std::move(response), close_after]() mutable {
+        self->write(std::move(response), close_after);
+      });
+    });
+  }
+
+  // An error text as a JSON object, {"error": "..."}.
+  static std::string json_error(const std::string& what) {
+    std::string escaped;
+    for (char c : what) {
+      if (c == '"' || c == '\\') escaped += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) escaped += c;
+    }
+    return "{\"error\": \"" + escaped + "\"}";
+  }
+
+  void too_large() { refuse(413, fmt::format("the body is over {} bytes", server_.options.max_body_bytes)); }
+
+  void refuse(int status, const std::string& why) {
+    HttpResponse response;
+    response.status = status;
+    response.set_content(json_error(why), "application/json");
+    write(std::move(response), true);
+  }
+
+  void write(HttpResponse response, bool close_after) {
+    waiting = false;
+    response_.emplace(static_cast<http::status>(response.status), 11);
+    response_->reason(reason_of(response.status));
+    response_->set(http::field::content_type, response.content_type);
+    response_->keep_alive(!close_after);
+    response_->body() = std::move(response.body);
+    response_->prepare_payload();
+    lowest().expires_after(server_.options.write_deadline);
+    http::async_write(stream_, *response_, [self = this->shared_from_this(), close_after](beast::error_code ec, size_t) {
+      if (ec) return self->fail(ec);
+      if (close_after) return self->linger();
+      self->read_header();
+    });
+  }
+
+  // A close after refusing a request whose body may still be on its way: stop sending, then read
+  // and drop what comes for a short while, so that the peer reads the answer rather than a reset.
+  void linger() {
+    beast::error_code ignored;
+    lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    lowest().expires_after(std::chrono::seconds(2));
+    drain(8 << 20);
+  }
+  void drain(size_t budget) {
+    lowest().async_read_some(asio::buffer(discard_), [self = this->shared_from_this(), budget](beast::error_code ec, size_t n) {
+      if (ec || n >= budget) return self->close();
+      self->drain(budget - n);
+    });
+  }
+
+  void fail(beast::error_code ec) {
+    if (ec == beast::error::timeout) ++server_.timed_out;
+    close();
+  }
+
+  HttpServer::Impl& server_;
+  const uint64_t id_;
+  Stream stream_;
+  std::string address_;
+  int port_;
+  beast::flat_buffer buffer_;
+  std::array<char, 16384> discard_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<http::response<http::string_body>> response_;
+  HttpRequest request_;
+};
+
+}  // namespace
+
+void HttpServer::Impl::accept() {
+  acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+    if (!acceptor.is_open()) return;
+    if (ec) {
+      // Out of file descriptors, say: try again shortly rather than spin.
+      retry.expires_after(std::chrono::milliseconds(50));
+      retry.async_wait([this](beast::error_code wait_error) {
+        if (!wait_error) accept();
+      });
+      return;
+    }
+    on_accept(std::move(socket));
+    accept();
+  });
+}
+
+void HttpServer::Impl::on_accept(tcp::socket socket) {
+  if (!make_room()) return;  // every connection is busy: this one is closed as it goes
+  beast::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  if (ec) return;
+  std::shared_ptr<Connection> connection;
+  const uint64_t id = next_id++;
+  auto address = remote.address().to_string();
+  if (tls) {
+    auto session = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
+        *this, id, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), std::move(address), remote.port());
+    connection = session;
+    {
+      std::lock_guard lock(connections_mutex);
+      connections.emplace(id, connection);
+    }
+    session->start();
+  } else {
+    auto session = std::make_shared<Session<beast::tcp_stream>>(*this, id, beast::tcp_stream(std::move(socket)), std::move(address),
+                                                                remote.port());
+    connection = session;
+    {
+      std::lock_guard lock(connections_mutex);
+      connections.emplace(id, connection);
+    }
+    session->start();
+  }
+}
+
+// Every 100 ms: how late the I/O thread is in running a timer is how far it is behind.
+void HttpServer::Impl::start_tick() {
+  const auto due = Clock::now() + std::chrono::milliseconds(100);
+  tick_due = due.time_since_epoch().count();
+  tick.expires_at(due);
+  tick.async_wait([this](beast::error_code ec) {
+    if (!ec) start_tick();
+  });
+}
+
+HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  auto& o = impl_->options;
+  const size_t files = raise_file_limit();
+  impl_->max_connections = std::max<size_t>(16, std::min(o.max_connections, files > 512 ? files - 256 : files / 2));
+  if (!o.tls_cert.empty()) {
+    try {
+      impl_->tls.emplace(asio::ssl::context::tls_server);
+      impl_->tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                              asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
+      impl_->tls->use_certificate_chain_file(o.tls_cert);
+      impl_->tls->use_private_key_file(o.tls_key, asio::ssl::context::pem);
+      if (SSL_CTX_check_private_key(impl_->tls->native_handle()) != 1) throw std::runtime_error("the key is not the certificate's");
+    } catch (const std::exception& e) {
+      throw ConfigError("coordinator", fmt::format("cannot load the TLS certificate {} and key {} (PEM files, the key "
+                                                   "matching the certificate): {}", o.tls_cert, o.tls_key, e.what()));
+    }
+  }
+  beast::error_code ec;
+  tcp::resolver resolver(impl_->io);
+  const auto found = resolver.resolve(o.bind, std::to_string(o.port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  auto& acceptor = impl_->acceptor;
+  if (!ec && found.empty()) ec = asio::error::host_not_found;
+  if (!ec) {
+    const auto endpoint = found.begin()->endpoint();
+    acceptor.open(endpoint.protocol(), ec);
+    // Plain SO_REUSEADDR (no SO_REUSEPORT): a second coordinator on the port is an error.
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(endpoint, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (!ec) impl_->port = acceptor.local_endpoint(ec).port();
+  }
+  if (ec) {
+    throw ConfigError("coordinator", fmt::format("cannot listen on {}:{}: {}; hint: choose another --port (cluster.port) or "
+                                                 "stop what holds it", o.bind, o.port, ec.message()));
+  }
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::route(const std::string& method, const std::string& path, Handler handler) {
+  impl_->routes[{method, path}] = std::move(handler);
+}
+
+void HttpServer::set_gate(Gate gate) { impl_->gate = std::move(gate); }
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::start() {
+  impl_->pool.start(std::max<size_t>(1, impl_->options.handler_threads));
+  impl_->accept();
+  impl_->start_tick();
+  impl_->io_thread = std::thread([impl = impl_.get()] { impl->io.run(); });
+}
+
+void HttpServer::stop() {
+  if (!impl_->io_thread.joinable()) return;
+  asio::post(impl_->io, [impl = impl_.get()] {
+    beast::error_code ignored;
+    impl->acceptor.close(ignored);
+    impl->tick.cancel();
+    impl->retry.cancel();
+    std::vector<std::shared_ptr<Connection>> open;
+    {
+      std::lock_guard lock(impl->connections_mutex);
+      for (const auto& [id, weak] : impl->connections) {
+        if (auto c = weak.lock()) open.push_back(c);
+      }
+    }
+    for (auto& c : open) c->close();
+  });
+  impl_->pool.stop();  // a handler waits at most its own bound
+  impl_->io.stop();
+  impl_->io_thread.join();
+}
+
+std::chrono::milliseconds HttpServer::behind() const {
+  const auto queued = std::chrono::duration_cast<std::chrono::milliseconds>(impl_->pool.oldest_wait());
+  const auto due = Clock::time_point(Clock::duration(impl_->tick_due.load()));
+  const auto late = impl_->tick_due.load() == 0 ? Clock::duration::zero() : std::max(Clock::duration::zero(), Clock::now() - due);
+  return std::max(queued, std::chrono::duration_cast<std::chrono::milliseconds>(late));
+}
+
+HttpServer::Counts HttpServer::counts() const {
+  Counts c;
+  {
+    std::lock_guard lock(impl_->connections_mutex);
+    c.open = static_cast<int64_t>(impl_->connections.size());
+  }
+  c.evicted = impl_->evicted;
+  c.timed_out = impl_->timed_out;
+  c.refused_at_gate = impl_->refused_at_gate;
+  return c;
+}
+
+}  // namespace loco::runtime

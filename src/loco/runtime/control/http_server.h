@@ -1,0 +1,104 @@
+// The coordinator's HTTP/1.1 server, built so that its availability does not depend on its clients
+// (docs/security.md): connections are served by one event-driven I/O thread (Boost.Beast over
+// Asio), so an idle or slow connection holds no thread; every request has deadlines for its
+// headers, its body and its answer; a gate refuses a request on its headers alone, before its body
+// is read; complete requests run on a fixed pool of handler threads. When the connection table is
+// full, the connection that has waited longest for a request is closed to make room (a worker's
+// client reconnects). Optional TLS through Asio's OpenSSL streams.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace loco::runtime {
+
+struct HttpRequest {
+  struct Caseless {
+    bool operator()(const std::string& a, const std::string& b) const;
+  };
+  std::string method;  // "GET", "POST", ...
+  std::string target;  // as sent: the path and the query
+  std::string path;    // the target up to '?'
+  std::multimap<std::string, std::string> params;          // the query, percent-decoded
+  std::map<std::string, std::string, Caseless> headers;    // names compared without case
+  std::string body;    // empty at the gate (not read yet)
+  std::string remote_addr;
+  int remote_port = 0;
+
+  bool has_param(const std::string& name) const { return params.count(name) > 0; }
+  // The first value of `name`, or "".
+  std::string param(const std::string& name) const;
+  // The header's value, or null.
+  const std::string* header(const std::string& name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string body;
+  std::string content_type = "text/plain";
+  void set_content(std::string content, std::string type) {
+    body = std::move(content);
+    content_type = std::move(type);
+  }
+};
+
+struct HttpServerOptions {
+  std::string bind = "127.0.0.1";
+  int64_t port = 0;                     // 0 = any free port
+  std::string tls_cert, tls_key;        // PEM files: HTTPS only when set
+  size_t handler_threads = 8;           // requests handled at once (a handler may wait up to its own bound)
+  std::chrono::milliseconds header_deadline{5000};  // a request's headers (and the TLS handshake) must arrive whole within this
+  std::chrono::milliseconds body_deadline{10000};   // then its body
+  std::chrono::milliseconds write_deadline{10000};  // the answer must be taken within this
+  size_t max_header_bytes = 16 << 10;   // larger: 431, and the connection is closed
+  size_t max_body_bytes = 4 << 20;      // larger: 413, and the connection is closed
+  size_t max_connections = 4096;        // open at once (fewer when the process may not open that many files)
+};
+
+class HttpServer {
+ public:
+  using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;
+  // Looks at a request before its body is read (`body` is empty): an answer refuses it (the
+  // connection is then closed), nullopt lets it through. Runs on the I/O thread: keep it cheap.
+  using Gate = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
+
+  // Binds now. Throws ConfigError naming the address when it cannot, or when the TLS certificate
+  // or key cannot be loaded.
+  explicit HttpServer(HttpServerOptions options);
+  ~HttpServer();  // stops
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Routes are exact paths; register them before start(). Unknown paths get 404, known paths
+  // with another method 405.
+  void route(const std::string& method, const std::string& path, Handler handler);
+  void set_gate(Gate gate);
+  int port() const;
+  // Starts the I/O thread and the handler threads.
+  void start();
+  void stop();
+
+  // How far request handling is behind: the longest a complete request has been waiting for a
+  // handler thread, or the I/O thread's lag behind its 100 ms tick, whichever is larger. A
+  // coordinator that is behind holds off declaring members dead.
+  std::chrono::milliseconds behind() const;
+
+  // Connections open now, and refused or closed by the server since the start (over a limit, past
+  // a deadline, evicted).
+  struct Counts {
+    int64_t open = 0, evicted = 0, timed_out = 0, refused_at_gate = 0;
+  };
+  Counts counts() const;
+
+  struct Impl;  // (public only so that the connection types in the .cpp can name it)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loco::runtime
