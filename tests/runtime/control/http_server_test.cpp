@@ -1,0 +1,142 @@
+// The coordinator's HTTP server on its own (http_server.h): routes, deadlines that a slow client
+// cannot stretch, the gate, a full connection table making room, and knowing when it is behind.
+#include "loco/runtime/control/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace loco::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return -1;
+  return fd;
+}
+
+// Whether the server has closed `fd` (end of file, or a reset), waiting at most `patience`.
+bool closed_within(int fd, std::chrono::milliseconds patience) {
+  timeval timeout{0, static_cast<suseconds_t>(patience.count() * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char buffer[256];
+  const auto n = ::recv(fd, buffer, sizeof buffer, 0);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+HttpServerOptions fast_options() {
+  HttpServerOptions o;
+  o.header_deadline = 300ms;
+  o.handler_threads = 2;
+  return o;
+}
+
+TEST(HttpServer, RoutesGateAndErrors) {
+  HttpServer server(fast_options());
+  server.route("POST", "/echo", [](const HttpRequest& request, HttpResponse& response) {
+    response.set_content(request.param("word") + ":" + request.body, "text/plain");
+  });
+  server.set_gate([](const HttpRequest& request) -> std::optional<HttpResponse> {
+    if (request.header("x-pass") != nullptr) return std::nullopt;  // names compare without case
+    HttpResponse refusal;
+    refusal.status = 401;
+    refusal.set_content("no", "text/plain");
+    return refusal;
+  });
+  server.start();
+  httplib::Client client("127.0.0.1", server.port());
+  const httplib::Headers pass = {{"X-Pass", "1"}};
+  auto ok = client.Post("/echo?word=h%C3%A9llo", pass, "body", "text/plain");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->body, "h\xC3\xA9llo:body") << "the query is decoded";
+  auto refused = client.Post("/echo", "body", "text/plain");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_EQ(client.Get("/echo", pass)->status, 405);
+  EXPECT_EQ(client.Get("/nowhere", pass)->status, 404);
+  EXPECT_EQ(server.counts().refused_at_gate, 1);
+}
+
+// Headers sent a byte at a time are cut off at the deadline, however steadily they come.
+TEST(HttpServer, ASlowClientIsCutOffAtTheHeaderDeadline) {
+  HttpServer server(fast_options());
+  server.start();
+  const int fd = connect_to(server.port());
+  ASSERT_GE(fd, 0);
+  const std::string request = "GET / HTTP/1.1\r\nX-Slow: " + std::string(1000, 's');
+  const auto start = Clock::now();
+  bool cut = false;
+  for (char c : request) {
+    if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1 || closed_within(fd, 50ms)) {
+      cut = true;
+      break;
+    }
+  }
+  const auto took = Clock::now() - start;
+  ::close(fd);
+  EXPECT_TRUE(cut);
+  EXPECT_LT(took, 3s) << "the deadline is 300 ms";
+  EXPECT_GE(server.counts().timed_out, 1);
+}
+
+// A full table of idle connections makes room for a new client: the one idle longest is closed.
+TEST(HttpServer, AFullConnectionTableMakesRoom) {
+  auto options = fast_options();
+  options.header_deadline = 30s;  // the idle ones would otherwise be closed by their deadline
+  options.max_connections = 16;
+  HttpServer server(options);
+  server.route("GET", "/", [](const HttpRequest&, HttpResponse& response) { response.set_content("here", "text/plain"); });
+  server.start();
+  std::vector<int> idle;
+  for (int i = 0; i < 16; ++i) {
+    idle.push_back(connect_to(server.port()));
+    ASSERT_GE(idle.back(), 0);
+  }
+  std::this_thread::sleep_for(100ms);
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(5s);
+  auto answer = client.Get("/");
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->body, "here");
+  EXPECT_GE(server.counts().evicted, 1);
+  EXPECT_TRUE(closed_within(idle.front(), 1000ms)) << "the oldest idle connection made room";
+  for (int fd : idle) ::close(fd);
+}
+
+// Requests waiting for a busy handler pool show as the server being behind.
+TEST(HttpServer, KnowsWhenItIsBehind) {
+  auto options = fast_options();
+  options.handler_threads = 1;
+  HttpServer server(options);
+  server.route("GET", "/slow", [](const HttpRequest&, HttpResponse&) { std::this_thread::sleep_for(1500ms); });
+  server.start();
+  EXPECT_LT(server.behind(), 200ms);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&] {
+      httplib::Client client("127.0.0.1", server.port());
+      client.set_read_timeout(10s);
+      client.Get("/slow");
+    });
+  }
+  std::this_thread::sleep_for(1200ms);
+  EXPECT_GT(server.behind(), 500ms) << "the second request has waited for the only handler thread";
+  for (auto& t : clients) t.join();
+  EXPECT_LT(server.behind(), 200ms);
+}
+
+}  // namespace
+}  // namespace loco::runtime
