@@ -17,6 +17,7 @@ packages=(
   libfmt-dev libspdlog-dev     # formatting, logging
   libxxhash-dev                # checksums
   libgtest-dev                 # tests
+  clang libclang-rt-14-dev     # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
   libopenblas0-openmp          # a fast BLAS for libtorch (the default reference BLAS is ~20x slower)
 )
 

@@ -216,6 +216,14 @@ TEST(ReadJsonl, TextAndOptionalLabel) {
   EXPECT_EQ(docs[2].name, "line 4");
 }
 
+TEST(ReadJsonl, ParsesTextInMemoryNamingTheGivenSourceInErrors) {
+  const auto docs = parse_jsonl("{\"text\": \"a\"}\n{\"text\": \"b\", \"label\": \"x\"}", "mem.jsonl");
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[1].text, "b");
+  EXPECT_EQ(docs[1].label, "x");
+  EXPECT_TRUE(throws_with<DataError>([&] { parse_jsonl("\n{\"text\": 1}", "mem.jsonl"); }, {"mem.jsonl:2", "not a string"}));
+}
+
 TEST(ReadJsonl, ErrorsNameFileAndLine) {
   TempDir tmp;
   const fs::path file = tmp / "c.jsonl";

@@ -55,6 +55,20 @@ TEST(Shard, RoundTripUint16) {
   EXPECT_EQ(header.token_count, info.token_count);
 }
 
+// decode_shard is read_shard on bytes in memory (fuzz/shard_fuzzer feeds it): same checks, the
+// given name in its errors.
+TEST(Shard, DecodingBytesInMemoryMatchesReadingTheFile) {
+  TempDir tmp;
+  const fs::path file = tmp / "a.tok";
+  const std::vector<int32_t> tokens = ramp(100, 4096);
+  write_shard(file, tokens, 4096, kTokenizerHash);
+  const std::string bytes = read_text(file);
+  ShardInfo info;
+  EXPECT_EQ(decode_shard(bytes, "mem.tok", &info), tokens);
+  EXPECT_EQ(info.token_count, 100u);
+  EXPECT_TRUE(throws_with<DataError>([&] { decode_shard(bytes.substr(0, 70), "mem.tok"); }, {"mem.tok", "truncated"}));
+}
+
 TEST(Shard, RoundTripUint32) {
   TempDir tmp;
   const fs::path file = tmp / "b.tok";

@@ -325,14 +325,15 @@ std::vector<Document> read_text_folder(const fs::path& dir) {
   return documents;
 }
 
-std::vector<Document> read_jsonl(const fs::path& file) {
-  std::string raw = read_file(file, kModule);
+std::vector<Document> read_jsonl(const fs::path& file) { return parse_jsonl(read_file(file, kModule), file.string()); }
+
+std::vector<Document> parse_jsonl(std::string_view text, const std::string& file) {
   std::vector<Document> documents;
-  auto lines = split_lines(raw);
+  auto lines = split_lines(text);
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string_view line = lines[i];
     if (trim(line).empty()) continue;
-    std::string where = fmt::format("{}:{}", file.string(), i + 1);
+    std::string where = fmt::format("{}:{}", file, i + 1);
     check_utf8(line, where);
     nlohmann::json object;
     try {
@@ -351,7 +352,7 @@ std::vector<Document> read_jsonl(const fs::path& file) {
     }
     documents.push_back(Document{fmt::format("line {}", i + 1), text->get<std::string>(), std::move(label)});
   }
-  if (documents.empty()) fail(fmt::format("{}: no documents (expected one JSON object per line)", file.string()));
+  if (documents.empty()) fail(fmt::format("{}: no documents (expected one JSON object per line)", file));
   return documents;
 }
 

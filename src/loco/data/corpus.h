@@ -41,6 +41,8 @@ std::vector<Document> read_brown(const fs::path& package_dir);
 std::vector<Document> read_nlp_corpus(const fs::path& package_dir);
 std::vector<Document> read_text_folder(const fs::path& dir);
 std::vector<Document> read_jsonl(const fs::path& file);
+// The JSONL reader on text already in memory; `file` only names it in errors ("FILE:LINE: ...").
+std::vector<Document> parse_jsonl(std::string_view text, const std::string& file);
 
 // "The/at jury/nn said/vbd ``/`` no/at ./." -> "The jury said \"no.": drops the tags and joins the
 // words with English spacing (no space before , . ; : ! ? ' n't 's, quotes `` '' become ").

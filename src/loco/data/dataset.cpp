@@ -67,9 +67,9 @@ std::string encode_docs(const std::vector<DocumentEntry>& docs) {
   return buf;
 }
 
-// Reads a document index and checks its own integrity (magic, version, size, checksum).
-std::vector<DocumentEntry> read_docs(const fs::path& file) {
-  const std::string bytes = read_file(file, kModule);
+}  // namespace
+
+std::vector<DocumentEntry> decode_document_index(std::string_view bytes, const fs::path& file) {
   if (bytes.size() < kDocsHeaderBytes) {
     fail(file, fmt::format("truncated: {} bytes, shorter than the {}-byte header", bytes.size(), kDocsHeaderBytes));
   }
@@ -107,6 +107,10 @@ std::vector<DocumentEntry> read_docs(const fs::path& file) {
   }
   return docs;
 }
+
+namespace {
+
+std::vector<DocumentEntry> read_docs(const fs::path& file) { return decode_document_index(read_file(file, kModule), file); }
 
 // ---- manifest -----------------------------------------------------------------------------------
 
@@ -182,6 +186,8 @@ struct ParsedManifest {
   std::vector<uint64_t> train_label_documents, val_label_documents;  // per label
 };
 
+ParsedManifest parse_manifest_text(const std::string& text, const fs::path& file);
+
 ParsedManifest parse_manifest(const fs::path& dir) {
   const fs::path file = dir / kManifestFile;
   std::error_code ec;
@@ -190,7 +196,10 @@ ParsedManifest parse_manifest(const fs::path& dir) {
          "no such file: the folder is not a prepared dataset, or its preparation did not finish. "
          "hint: run loco prepare");
   }
-  const std::string text = read_file(file, kModule);
+  return parse_manifest_text(read_file(file, kModule), file);
+}
+
+ParsedManifest parse_manifest_text(const std::string& text, const fs::path& file) {
   json root;
   try {
     root = json::parse(text);
@@ -565,6 +574,7 @@ Manifest prepare_dataset(const PrepareOptions& options) {
 }
 
 Manifest read_manifest(const fs::path& dir) { return parse_manifest(dir).manifest; }
+Manifest decode_manifest(const std::string& text, const fs::path& file) { return parse_manifest_text(text, file).manifest; }
 
 Dataset::Dataset(fs::path dir, Manifest manifest, Tokenizer tokenizer, Split train, Split val)
     : dir_(std::move(dir)),

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loco/data/tokenizer.h"
@@ -88,6 +89,14 @@ class Dataset {
   Split train_, val_;
 };
 
+// DIR/manifest.json, parsed and checked (fields, types, ranges, shard names, label counts).
+// Throws DataError naming the file and the field.
 Manifest read_manifest(const fs::path& dir);
+// The same on the text of a manifest; `file` only names it in errors.
+Manifest decode_manifest(const std::string& text, const fs::path& file);
+
+// A document index (train.docs / val.docs, docs/data-format.md) from its bytes, checked on its own
+// (magic, version, size, checksum; not yet against the shards). Throws DataError naming `file`.
+std::vector<DocumentEntry> decode_document_index(std::string_view bytes, const fs::path& file);
 
 }  // namespace loco::data

@@ -100,7 +100,10 @@ void write_shard(const fs::path& path, std::span<const int32_t> tokens, uint32_t
 }
 
 std::vector<int32_t> read_shard(const fs::path& path, ShardInfo* info_out) {
-  const std::string bytes = read_file(path, kModule);
+  return decode_shard(read_file(path, kModule), path, info_out);
+}
+
+std::vector<int32_t> decode_shard(std::string_view bytes, const fs::path& path, ShardInfo* info_out) {
   ShardInfo info = parse_header(bytes, path);
   auto fail = [&](const std::string& problem) {
     throw DataError(kModule, fmt::format("{}: {}", path.string(), problem));

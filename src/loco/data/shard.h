@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace loco::data {
@@ -39,6 +40,8 @@ void write_shard(const fs::path& path, std::span<const int32_t> tokens, uint32_t
 // Reads and verifies a shard: magic, version, dtype, size against the token count (truncation),
 // checksum (corruption), token ids < vocab_size. Throws DataError naming the file and the problem.
 std::vector<int32_t> read_shard(const fs::path& path, ShardInfo* info = nullptr);
+// The same checks on a shard's bytes already in memory; `path` only names it in errors.
+std::vector<int32_t> decode_shard(std::string_view bytes, const fs::path& path, ShardInfo* info = nullptr);
 
 // Reads only the header (no payload verification).
 ShardInfo read_shard_info(const fs::path& path);

@@ -76,6 +76,16 @@ TEST(Config, OverridesAreTypedAndValidated) {
   expect_error<ConfigError>([&] { validate(c); }, "train.steps must be >= 1");
 }
 
+// Found by fuzz/config_fuzzer: an override of bytes that are not UTF-8 was taken, and the saved
+// config.toml then read back as another config (its writer drops what TOML cannot hold).
+TEST(Config, StringOverridesMustBeUtf8SoTheSavedConfigReadsBack) {
+  RunConfig c;
+  expect_error<ConfigError>([&] { apply_override(c, "data.dir=\xC2"); }, "data.dir expects UTF-8 text");
+  apply_override(c, "data.dir=donn\xC3\xA9" "es");
+  EXPECT_EQ(c.data.dir, "donn\xC3\xA9" "es");
+  EXPECT_EQ(differences(c, parse_config(to_toml(c), "saved")), std::vector<std::string>{});
+}
+
 TEST(Config, ElasticRunsNameWhatTheyCannotDo) {
   RunConfig c;
   apply_override(c, "cluster.workers=4");

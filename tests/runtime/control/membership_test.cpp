@@ -249,6 +249,47 @@ TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAga
   for (const auto& task : again_go.tasks) EXPECT_NE(task.shard, 2) << "a's answer no longer lists slot 2";
 }
 
+// Found by fuzz/coordinator_state_fuzzer: RUN/coordinator.json's numbers went through nlohmann's
+// unchecked float-to-integer cast (and, found in review, a deeply nested value through a recursive
+// copy). Both are a malformed file: std::invalid_argument, which the coordinator reports as a
+// DataError naming it.
+TEST_F(MembershipTest, ASavedTableWithFloatsOrDeepNestingIsMalformed) {
+  const int64_t a = join("a");
+  join("b");
+  table.start(now);
+  arrive(a, 1, 10, 4);
+  const auto saved = table.save();
+  MembershipTable loaded{MembershipOptions{3, 1, 10s, 100}};
+  loaded.load(saved, now);  // the original loads
+  for (const char* key : {"round", "next_id", "epoch"}) {
+    auto bad = saved;
+    bad[key] = 1e300;
+    try {
+      loaded.load(bad, now);
+      ADD_FAILURE() << key << " = 1e300 was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("a saved number is not an integer"), std::string::npos) << e.what();
+    }
+  }
+  auto bad = saved;
+  bad["slots"][0][1] = -1;  // an epoch
+  EXPECT_THROW(loaded.load(bad, now), std::invalid_argument);
+  bad = saved;
+  bad["tasks"]["totals"][0] = 0.5;
+  EXPECT_THROW(loaded.load(bad, now), std::invalid_argument);
+  bad = saved;
+  bad["rounds_missed"] = {0, 1e300, 0};
+  EXPECT_THROW(loaded.load(bad, now), std::invalid_argument);
+  bad = saved;
+  bad["convened"] = nlohmann::json::parse(std::string(100000, '[') + std::string(100000, ']'));
+  try {
+    loaded.load(bad, now);
+    ADD_FAILURE() << "a deeply nested table was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(MembershipTest, AnArrivalReadingASlotTheRunDoesNotHaveIsRefused) {
   const int64_t a = join("a");
   table.start(now);

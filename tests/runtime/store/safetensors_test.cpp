@@ -75,6 +75,29 @@ TEST(Safetensors, HostileHeadersAreRejected) {
   expect_error<DataError>([&] { decode_safetensors(make(R"([1,2])", 0), "f"); }, "not a JSON object");
 }
 
+// fuzz/safetensors_fuzzer found dimensions given as floats going through an unchecked
+// float-to-integer cast (undefined behaviour); reviewing the same lines, a shape whose byte count
+// wraps around 2^64 matched an empty byte range, and torch::empty was asked for 2^62 x 4 floats.
+TEST(Safetensors, ShapesThatOverflowOrAreNotIntegersAreRejected) {
+  auto make = [](const std::string& header, size_t data_bytes) {
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    return out + header + std::string(data_bytes, '\0');
+  };
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0), "f"); },
+                          "more bytes than a file can hold");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]}})", 0), "f"); },
+                          "more bytes than a file can hold");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[1e300],"data_offsets":[0,4]}})", 4), "f"); },
+                          "shape that is not a list of non-negative integers");
+  expect_error<DataError>([&] { decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}})", 4), "f"); },
+                          "data_offsets that is not a list");
+  // An empty tensor of a large shape is still fine.
+  const auto empty = decode_safetensors(make(R"({"x":{"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]}})", 0), "f");
+  ASSERT_EQ(empty.tensors.size(), 1u);
+  EXPECT_EQ(empty.tensors[0].second.numel(), 0);
+}
+
 TEST(Safetensors, DuplicateNamesAreABug) {
   EXPECT_THROW(encode_safetensors({{"x", torch::ones({1})}, {"x", torch::ones({1})}}), InternalError);
 }

@@ -16,6 +16,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/data/corpus.h"
 
 namespace loco::runtime {
 namespace {
@@ -245,6 +246,12 @@ void set_from_text(Field& f, const std::string& text) {
           else if (text == "false" || text == "0") *v = false;
           else throw bad("true or false");
         } else if constexpr (std::is_same_v<T, std::string*>) {
+          // TOML is UTF-8: the saved config.toml could not hold anything else (toml++ refuses it).
+          try {
+            data::check_utf8(text, f.key);
+          } catch (const DataError&) {
+            throw bad("UTF-8 text");
+          }
           *v = text;
         } else {
           if (std::find(v.names.begin(), v.names.end(), text) == v.names.end()) {

@@ -26,11 +26,17 @@ constexpr auto kMaxWait = std::chrono::milliseconds(2000);  // longest a request
 constexpr size_t kMaxKeyBytes = 512;
 
 nlohmann::json body_json(const HttpRequest& request) {
+  nlohmann::json body;
   try {
-    return nlohmann::json::parse(request.body);
+    body = nlohmann::json::parse(request.body);
   } catch (const nlohmann::json::exception&) {
     throw ProtocolError("the request body is not valid JSON");
   }
+  // Handlers may copy or dump what they read, which recurses once per level of nesting.
+  if (protocol::nested_deeper_than(body, protocol::kMaxJsonDepth)) {
+    throw ProtocolError(fmt::format("the request body nests deeper than {} levels", protocol::kMaxJsonDepth));
+  }
+  return body;
 }
 
 std::string key_param(const HttpRequest& request) {

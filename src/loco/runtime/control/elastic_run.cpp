@@ -60,6 +60,10 @@ void ElasticRun::restore_live_state() {
   nlohmann::json saved;
   try {
     saved = nlohmann::json::parse(read_file(state_file_, "coordinator"));
+    // (Before anything copies or dumps it: both recurse, one call per level.)
+    if (protocol::nested_deeper_than(saved, protocol::kMaxJsonDepth)) {
+      throw ProtocolError(fmt::format("malformed: nested deeper than {} levels", protocol::kMaxJsonDepth));
+    }
     const auto was = protocol::parse_phase(saved.at("phase").get<std::string>());
     if (was == Phase::kFinished || was == Phase::kFailed) {
       throw ConfigError("coordinator", fmt::format("{} holds a {} run ({}); pass --resume to continue it from its "

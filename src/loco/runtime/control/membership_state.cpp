@@ -23,12 +23,18 @@ nlohmann::json slots_json(const std::vector<protocol::SlotInfo>& slots) {
   return out;
 }
 
+// Integers of the saved state: a float or an out-of-range number is malformed, not converted
+// (nlohmann's own conversion of them is unchecked).
+int64_t integer(const nlohmann::json& value) { return protocol::get_integer<int64_t>(value, "a saved number"); }
+uint64_t unsigned_integer(const nlohmann::json& value) { return protocol::get_integer<uint64_t>(value, "a saved position"); }
+std::vector<int64_t> integers(const nlohmann::json& value) { return protocol::get_integers<int64_t>(value, "a saved list"); }
+
 std::vector<protocol::SlotInfo> slots_from(const nlohmann::json& json) {
   std::vector<protocol::SlotInfo> out;
   for (const auto& s : json) {
     protocol::SlotInfo slot;
-    slot.owner = s.at(0).get<int64_t>();
-    slot.position = {s.at(1).get<uint64_t>(), s.at(2).get<uint64_t>()};
+    slot.owner = integer(s.at(0));
+    slot.position = {unsigned_integer(s.at(1)), unsigned_integer(s.at(2))};
     out.push_back(slot);
   }
   return out;
@@ -70,56 +76,60 @@ nlohmann::json MembershipTable::save() const {
 }
 
 void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
+  // The saved table nests four levels; a deeper one would be copied recursively below.
+  if (protocol::nested_deeper_than(saved, protocol::kMaxJsonDepth)) {
+    throw std::invalid_argument(fmt::format("malformed: nested deeper than {} levels", protocol::kMaxJsonDepth));
+  }
   try {
     members_.clear();
     for (const auto& j : saved.at("members")) {
       Member m;
       m.name = j.at("name").get<std::string>();
-      m.slot = j.at("slot").get<int64_t>();
+      m.slot = integer(j.at("slot"));
       const auto state = j.at("state").get<std::string>();
       m.state = state == "active" ? State::kActive : state == "joining" ? State::kJoining : State::kGone;
-      m.synced_step = m.step = j.at("synced_step").get<int64_t>();
+      m.synced_step = m.step = integer(j.at("synced_step"));
       m.last_seen = now;
       if (m.slot < 0 || m.slot >= static_cast<int64_t>(slots_.size())) throw std::out_of_range("a member's slot");
-      members_.emplace(j.at("id").get<int64_t>(), std::move(m));
+      members_.emplace(integer(j.at("id")), std::move(m));
     }
     auto slots = slots_from(saved.at("slots"));
     if (slots.size() != slots_.size()) {
       throw std::invalid_argument(fmt::format("it has {} slots, the run {}", slots.size(), slots_.size()));
     }
     slots_ = std::move(slots);
-    next_id_ = saved.at("next_id").get<int64_t>();
+    next_id_ = integer(saved.at("next_id"));
     started_ = saved.at("started").get<bool>();
     complete_ = saved.at("complete").get<bool>();
-    round_ = saved.at("round").get<int64_t>();
-    round_step_ = saved.at("round_step").get<int64_t>();
-    rounds_missed_ = saved.value("rounds_missed", std::vector<int64_t>(slots_.size(), 0));
+    round_ = integer(saved.at("round"));
+    round_step_ = integer(saved.at("round_step"));
+    rounds_missed_ = saved.contains("rounds_missed") ? integers(saved.at("rounds_missed")) : std::vector<int64_t>(slots_.size(), 0);
     if (rounds_missed_.size() != slots_.size()) throw std::out_of_range("rounds_missed");
-    epoch_ = saved.at("epoch").get<int64_t>();
-    epoch_members_ = saved.at("epoch_members").get<std::vector<int64_t>>();
+    epoch_ = integer(saved.at("epoch"));
+    epoch_members_ = integers(saved.at("epoch_members"));
     epoch_broken_ = saved.at("epoch_broken").get<bool>();
     tasks_.load(saved.at("tasks"));
     for (const auto& [id, m] : members_) {
       if (m.state != State::kGone) tasks_.renew(id, now + 2 * options_.dead_after);  // a fresh allowance, as for the members
     }
     last_hash_.reset();
-    if (saved.contains("last_hash")) last_hash_ = saved.at("last_hash").get<uint64_t>();
+    if (saved.contains("last_hash")) last_hash_ = unsigned_integer(saved.at("last_hash"));
     convened_.reset();
     if (saved.contains("convened")) {
       const auto& c = saved.at("convened");
       Convened convened;
-      convened.round = c.at("round").get<int64_t>();
-      convened.epoch = c.at("epoch").get<int64_t>();
-      convened.step = c.at("step").get<int64_t>();
-      convened.contributors = c.at("contributors").get<int64_t>();
-      convened.participants = c.at("participants").get<std::vector<int64_t>>();
+      convened.round = integer(c.at("round"));
+      convened.epoch = integer(c.at("epoch"));
+      convened.step = integer(c.at("step"));
+      convened.contributors = integer(c.at("contributors"));
+      convened.participants = integers(c.at("participants"));
       convened.slots = slots_from(c.at("slots"));
-      convened.done = c.at("done").get<std::vector<int64_t>>();
+      convened.done = integers(c.at("done"));
       for (const auto& a : c.value("adopted", nlohmann::json::array())) {
-        convened.adopted[a.at("slot").get<int64_t>()] = a.at("member").get<int64_t>();
+        convened.adopted[integer(a.at("slot"))] = integer(a.at("member"));
       }
-      convened.issued = c.at("issued").get<std::vector<int64_t>>();
-      for (const auto& r : c.at("reports")) convened.reports[r.at(0).get<int64_t>()] = {r.at(1).get<uint64_t>(), r.at(2).get<uint64_t>()};
+      convened.issued = integers(c.at("issued"));
+      for (const auto& r : c.at("reports")) convened.reports[integer(r.at(0))] = {unsigned_integer(r.at(1)), unsigned_integer(r.at(2))};
       // The members still in that round get their answer again when they ask.
       for (size_t r = 0; r < convened.participants.size(); ++r) {
         auto it = members_.find(convened.participants[r]);
@@ -131,6 +141,8 @@ void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
       convened_ = std::move(convened);
     }
   } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(fmt::format("malformed: {}", e.what()));
+  } catch (const protocol::ProtocolError& e) {
     throw std::invalid_argument(fmt::format("malformed: {}", e.what()));
   } catch (const std::out_of_range& e) {
     throw std::invalid_argument(fmt::format("inconsistent: {} is out of range", e.what()));

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <array>
+#include <cmath>
 
 #include "loco/core/hash.h"
 
@@ -12,16 +13,32 @@ namespace {
 // No run has more slots than this: a longer list in a request is hostile or corrupt.
 constexpr size_t kMaxSlots = 65536;
 
-// Typed access to a field of a JSON object from the network.
+template <class T>
+constexpr bool kIsInteger = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+// Typed access to a field of a JSON object from the network. Integers, alone or in a list, go
+// through get_integer: nlohmann's own conversion of a float or negative number is unchecked.
 template <class T>
 T field(const nlohmann::json& json, const char* name) {
   if (!json.is_object()) throw ProtocolError("the request body is not a JSON object");
   auto it = json.find(name);
   if (it == json.end()) throw ProtocolError(fmt::format("field '{}' is missing", name));
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw ProtocolError(fmt::format("field '{}' has the wrong type", name));
+  const std::string what = fmt::format("field '{}'", name);
+  if constexpr (kIsInteger<T>) {
+    return get_integer<T>(*it, what);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    return get_integers<int64_t>(*it, what);
+  } else {
+    if constexpr (std::is_same_v<T, nlohmann::json>) {
+      if (nested_deeper_than(*it, kMaxJsonDepth)) {
+        throw ProtocolError(fmt::format("field '{}' nests deeper than {} levels", name, kMaxJsonDepth));
+      }
+    }
+    try {
+      return it->get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw ProtocolError(fmt::format("field '{}' has the wrong type", name));
+    }
   }
 }
 
@@ -61,6 +78,18 @@ constexpr std::array<std::string_view, 3> kScopeNames = {"model", "fragment", "p
 constexpr std::array<std::string_view, 2> kReportNames = {"run", "round"};
 
 }  // namespace
+
+bool nested_deeper_than(const nlohmann::json& value, size_t limit) {
+  std::vector<std::pair<const nlohmann::json*, size_t>> todo = {{&value, 0}};
+  while (!todo.empty()) {
+    const auto [node, depth] = todo.back();
+    todo.pop_back();
+    if (!node->is_structured()) continue;
+    if (depth >= limit) return true;
+    for (const auto& child : *node) todo.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
 
 bool legal_transition(Phase from, Phase to) {
   switch (from) {
@@ -189,7 +218,7 @@ Task Task::from_json(const nlohmann::json& json) {
   t.from = position_from(json, "from");
   t.steps = nonnegative(json, "steps");
   t.seconds = field<double>(json, "seconds");
-  if (!(t.seconds >= 0)) throw ProtocolError("field 'seconds' must be >= 0");
+  if (!(t.seconds >= 0) || !std::isfinite(t.seconds)) throw ProtocolError("field 'seconds' must be finite and >= 0");
   t.report = parse_name<TaskReport>(kReportNames, field<std::string>(json, "report"), "report");
   return t;
 }

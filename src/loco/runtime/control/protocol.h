@@ -10,6 +10,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "loco/core/error.h"
@@ -26,6 +28,39 @@ class ProtocolError : public Error {
  public:
   explicit ProtocolError(std::string_view message) : Error("protocol", message) {}
 };
+
+// How deep a message's JSON may nest arrays and objects (a summary's metrics are two levels).
+constexpr size_t kMaxJsonDepth = 32;
+// Whether `value` nests arrays and objects deeper than `limit` levels, found without recursion:
+// nlohmann copies, compares and dumps a value recursively, one call per level, so a few hundred
+// kilobytes of '[' would overflow the stack of whoever copies them.
+bool nested_deeper_than(const nlohmann::json& value, size_t limit);
+
+// `value` as the integer type T, for what comes off the network or out of a state file.
+// nlohmann's get<T>() converts a float with a static_cast (undefined behaviour beyond T's range)
+// and wraps a negative number into an unsigned type; this accepts only a JSON integer that T
+// holds. Throws ProtocolError naming `what`.
+template <class T>
+T get_integer(const nlohmann::json& value, std::string_view what) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  const auto checked = [&](auto v) {
+    if (!std::in_range<T>(v)) throw ProtocolError(fmt::format("{} is out of range, got {}", what, v));
+    return static_cast<T>(v);
+  };
+  if (value.is_number_unsigned()) return checked(value.get<uint64_t>());
+  if (value.is_number_integer()) return checked(value.get<int64_t>());
+  throw ProtocolError(fmt::format("{} is not an integer", what));
+}
+
+// A JSON list of integers (get_integer for each).
+template <class T>
+std::vector<T> get_integers(const nlohmann::json& value, std::string_view what) {
+  if (!value.is_array()) throw ProtocolError(fmt::format("{} is not a list", what));
+  std::vector<T> out;
+  out.reserve(value.size());
+  for (const auto& v : value) out.push_back(get_integer<T>(v, what));
+  return out;
+}
 
 // The phase of a run, as the coordinator holds it. Its legal transitions:
 //   kWaiting -> kRunning    every worker joined (elastic: the slots filled, or the quorum at the join deadline)

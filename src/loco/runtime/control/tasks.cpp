@@ -180,6 +180,15 @@ nlohmann::json TaskTable::save() const {
           {"totals", {totals_.issued, totals_.reissued, totals_.done}}};
 }
 
+namespace {
+
+// Integers of the saved task table: a float or an out-of-range number is malformed, not converted
+// (nlohmann's own conversion of them is unchecked).
+int64_t integer(const nlohmann::json& value) { return protocol::get_integer<int64_t>(value, "a saved number"); }
+uint64_t unsigned_integer(const nlohmann::json& value) { return protocol::get_integer<uint64_t>(value, "a saved position"); }
+
+}  // namespace
+
 void TaskTable::load(const nlohmann::json& saved) {
   try {
     std::map<int64_t, TaskRecord> tasks;
@@ -187,21 +196,21 @@ void TaskTable::load(const nlohmann::json& saved) {
       TaskRecord r;
       r.task = protocol::Task::from_json(t.at("task"));
       r.state = state_from(t.at("state").get<std::string>());
-      r.holder = t.at("holder").get<int64_t>();
-      r.issued = t.at("issued").get<int64_t>();
-      r.end = {t.at("end").at(0).get<uint64_t>(), t.at("end").at(1).get<uint64_t>()};
-      if (r.task.id >= saved.at("next_id").get<int64_t>() || !tasks.emplace(r.task.id, r).second) {
+      r.holder = integer(t.at("holder"));
+      r.issued = integer(t.at("issued"));
+      r.end = {unsigned_integer(t.at("end").at(0)), unsigned_integer(t.at("end").at(1))};
+      if (r.task.id >= integer(saved.at("next_id")) || !tasks.emplace(r.task.id, r).second) {
         throw std::invalid_argument(fmt::format("task {} is out of order or repeated", r.task.id));
       }
     }
     tasks_ = std::move(tasks);
-    next_id_ = saved.at("next_id").get<int64_t>();
+    next_id_ = integer(saved.at("next_id"));
     const auto& totals = saved.at("totals");
-    totals_ = {totals.at(0).get<int64_t>(), totals.at(1).get<int64_t>(), totals.at(2).get<int64_t>()};
+    totals_ = {integer(totals.at(0)), integer(totals.at(1)), integer(totals.at(2))};
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(fmt::format("malformed task table: {}", e.what()));
   } catch (const protocol::ProtocolError& e) {
-    throw std::invalid_argument(fmt::format("malformed task: {}", e.what()));
+    throw std::invalid_argument(fmt::format("malformed task table: {}", e.what()));
   }
 }
 

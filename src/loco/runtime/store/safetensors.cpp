@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "loco/core/error.h"
@@ -99,17 +101,29 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
       const std::string dtype = entry.at("dtype").get<std::string>();
       auto it = std::find_if(dtype_table().begin(), dtype_table().end(), [&](const auto& p) { return p.second == dtype; });
       if (it == dtype_table().end()) throw fail(fmt::format("tensor '{}' has unsupported dtype '{}'", name, dtype));
-      auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      // Only non-negative JSON integers: nlohmann's get<> converts a float with an unchecked cast.
+      // (Arguments, not captures: clang before 16 cannot capture a structured binding.)
+      const auto naturals = [&fail](const nlohmann::json& list, const std::string& tensor, const char* key) {
+        if (!list.is_array() || !std::all_of(list.begin(), list.end(), [](const auto& v) { return v.is_number_unsigned(); })) {
+          throw fail(fmt::format("tensor '{}' has a {} that is not a list of non-negative integers", tensor, key));
+        }
+        return list.get<std::vector<uint64_t>>();
+      };
+      const auto dims = naturals(entry.at("shape"), name, "shape");
+      const auto offsets = naturals(entry.at("data_offsets"), name, "data_offsets");
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data.size()) {
         throw fail(fmt::format("tensor '{}' has data_offsets outside the {} data bytes (truncated?)", name, data.size()));
       }
-      uint64_t numel = 1;
-      for (int64_t d : shape) {
-        if (d < 0) throw fail(fmt::format("tensor '{}' has a negative dimension", name));
-        numel *= static_cast<uint64_t>(d);
+      // The byte count must not wrap around: a shape of 2^62 x 4 floats would "fit" in 0 bytes,
+      // and torch::empty would then be asked for the whole shape.
+      uint64_t expected = c10::elementSize(it->first);
+      std::vector<int64_t> shape;
+      for (uint64_t d : dims) {
+        if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || __builtin_mul_overflow(expected, d, &expected)) {
+          throw fail(fmt::format("tensor '{}' has a shape of more bytes than a file can hold", name));
+        }
+        shape.push_back(static_cast<int64_t>(d));
       }
-      const uint64_t expected = numel * c10::elementSize(it->first);
       if (offsets[1] - offsets[0] != expected) {
         throw fail(fmt::format("tensor '{}' has {} bytes, its shape needs {}", name, offsets[1] - offsets[0], expected));
       }
