@@ -67,6 +67,7 @@ class HandlerPool {
   void start(size_t threads) {
     for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
   }
+  // Answers what is queued (each handler is bounded), then stops.
   void stop() {
     {
       std::lock_guard lock(mutex_);
@@ -95,7 +96,7 @@ class HandlerPool {
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return quit_ || !queue_.empty(); });
-        if (quit_) return;
+        if (queue_.empty()) return;  // quit, with every request taken in answered
         task = std::move(queue_.front().second);
         queue_.pop_front();
       }
@@ -144,6 +145,7 @@ struct HttpServer::Impl {
   std::thread io_thread;
   std::atomic<int64_t> tick_due{0};  // when the I/O thread's next tick is due (steady clock, ns)
   std::atomic<int64_t> evicted{0}, timed_out{0}, refused_at_gate{0};
+  std::atomic<int64_t> answering{0};  // requests taken in and not yet answered (handled and written)
   size_t max_connections = 0;
   int port = 0;
 
@@ -282,6 +284,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   // The handler runs on the pool; its answer is written from the I/O thread.
   void dispatch() {
     lowest().expires_never();
+    ++server_.answering;
     const bool close_after = !parser_->get().keep_alive();
     server_.pool.enqueue([self = this->shared_from_this(), request = std::move(request_), close_after]() mutable {
       HttpResponse response;
@@ -292,7 +295,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
         response.set_content(json_error(e.what()), "application/json");
       }
       asio::post(self->server_.io, [self, response = std::move(response), close_after]() mutable {
-        self->write(std::move(response), close_after);
+        self->write(std::move(response), close_after, true);
       });
     });
   }
@@ -316,7 +319,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     write(std::move(response), true);
   }
 
-  void write(HttpResponse response, bool close_after) {
+  void write(HttpResponse response, bool close_after, bool answer = false) {
     waiting = false;
     response_.emplace(static_cast<http::status>(response.status), 11);
     response_->reason(reason_of(response.status));
@@ -325,7 +328,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     response_->body() = std::move(response.body);
     response_->prepare_payload();
     lowest().expires_after(server_.options.write_deadline);
-    http::async_write(stream_, *response_, [self = this->shared_from_this(), close_after](beast::error_code ec, size_t) {
+    http::async_write(stream_, *response_, [self = this->shared_from_this(), close_after, answer](beast::error_code ec, size_t) {
+      if (answer) --self->server_.answering;
       if (ec) return self->fail(ec);
       if (close_after) return self->linger();
       self->read_header();
@@ -477,9 +481,16 @@ void HttpServer::start() {
 
 void HttpServer::stop() {
   if (!impl_->io_thread.joinable()) return;
+  // Gracefully: no new connections; the requests already taken in are handled and their answers
+  // written (a worker waiting in a long poll learns how the run ended), for at most 2 s more.
   asio::post(impl_->io, [impl = impl_.get()] {
     beast::error_code ignored;
     impl->acceptor.close(ignored);
+  });
+  impl_->pool.stop();
+  const auto grace = Clock::now() + std::chrono::seconds(2);
+  while (impl_->answering.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  asio::post(impl_->io, [impl = impl_.get()] {
     impl->tick.cancel();
     impl->retry.cancel();
     std::vector<std::shared_ptr<Connection>> open;
@@ -491,7 +502,6 @@ void HttpServer::stop() {
     }
     for (auto& c : open) c->close();
   });
-  impl_->pool.stop();  // a handler waits at most its own bound
   impl_->io.stop();
   impl_->io_thread.join();
 }
