@@ -40,7 +40,7 @@ run diloco-h50-drop  --sync.inner_steps=50 --sync.drop_probability=0.5
 run_m diloco-m1-h50 1 --sync.inner_steps=50
 run_m diloco-m2-h50 2 --sync.inner_steps=50
 run_m diloco-m8-h50 8 --sync.inner_steps=50
-run streaming-e3m0-h50 --sync.algorithm=streaming --sync.exchange=e3m0 --sync.inner_steps=50
+run streaming-e3m0-h50 --sync.algorithm=streaming --sync.fragments=2 --sync.exchange=e3m0 --sync.inner_steps=50
 # One worker alone with the per-worker budget of M = 4 (a quarter of the tokens), as the paper's
 # baseline; and one worker with all the tokens, DDP's batch, no communication: DDP's own ceiling.
 if ! finished "$out/single"; then
