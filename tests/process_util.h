@@ -106,6 +106,21 @@ inline int free_port() {
   return ntohs(address.sin_port);
 }
 
+// A TCP connection to 127.0.0.1:port (blocking), or -1.
+inline int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Processes whose command line mentions `fragment` (to prove that none outlives a run).
 inline std::vector<pid_t> processes_mentioning(const std::string& fragment) {
   std::vector<pid_t> out;

@@ -5,8 +5,6 @@
 // must be within 5% of the same seed's run without failures, and no process may be left behind.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -743,21 +741,6 @@ TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
   EXPECT_EQ(completed.back()["step"], 800);
 }
 
-// A TCP connection to 127.0.0.1:port, or -1.
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Misbehaving clients on the coordinator's port while an elastic run trains: hundreds of idle
 // connections, connections that send their headers a byte at a time, and a flood of unsigned and
 // wrongly signed requests. No member is declared dead for it, and the run completes.
@@ -782,7 +765,7 @@ TEST_F(ChaosTest, MisbehavingClientsDoNotStarveTheMembers) {
     std::vector<int> fds;
     while (!quit) {
       while (!quit && fds.size() < 600) {
-        const int fd = connect_to(port);
+        const int fd = testing_util::connect_loopback(port);
         if (fd < 0) break;
         fds.push_back(fd);
       }
@@ -808,7 +791,7 @@ TEST_F(ChaosTest, MisbehavingClientsDoNotStarveTheMembers) {
     std::vector<std::pair<int, size_t>> slow;  // (fd, bytes sent)
     while (!quit) {
       while (slow.size() < 100) {
-        const int fd = connect_to(port);
+        const int fd = testing_util::connect_loopback(port);
         if (fd < 0) break;
         slow.emplace_back(fd, 0);
       }

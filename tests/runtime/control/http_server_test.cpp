@@ -2,30 +2,20 @@
 // cannot stretch, the gate, a full connection table making room, and knowing when it is behind.
 #include "loco/runtime/control/http_server.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <thread>
+
+#include "process_util.h"
 
 namespace loco::runtime {
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return -1;
-  return fd;
-}
 
 // Whether the server has closed `fd` (end of file, or a reset), waiting at most `patience`.
 bool closed_within(int fd, std::chrono::milliseconds patience) {
@@ -74,7 +64,7 @@ TEST(HttpServer, RoutesGateAndErrors) {
 TEST(HttpServer, ASlowClientIsCutOffAtTheHeaderDeadline) {
   HttpServer server(fast_options());
   server.start();
-  const int fd = connect_to(server.port());
+  const int fd = testing_util::connect_loopback(server.port());
   ASSERT_GE(fd, 0);
   const std::string request = "GET / HTTP/1.1\r\nX-Slow: " + std::string(1000, 's');
   const auto start = Clock::now();
@@ -102,7 +92,7 @@ TEST(HttpServer, AFullConnectionTableMakesRoom) {
   server.start();
   std::vector<int> idle;
   for (int i = 0; i < 16; ++i) {
-    idle.push_back(connect_to(server.port()));
+    idle.push_back(testing_util::connect_loopback(server.port()));
     ASSERT_GE(idle.back(), 0);
   }
   std::this_thread::sleep_for(100ms);
