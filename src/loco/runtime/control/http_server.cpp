@@ -391,27 +391,21 @@ void HttpServer::Impl::on_accept(tcp::socket socket) {
   beast::error_code ec;
   const auto remote = socket.remote_endpoint(ec);
   if (ec) return;
-  std::shared_ptr<Connection> connection;
   const uint64_t id = next_id++;
+  auto begin = [&](auto session) {
+    {
+      std::lock_guard lock(connections_mutex);
+      connections.emplace(id, session);
+    }
+    session->start();
+  };
   auto address = remote.address().to_string();
   if (tls) {
-    auto session = std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
-        *this, id, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), std::move(address), remote.port());
-    connection = session;
-    {
-      std::lock_guard lock(connections_mutex);
-      connections.emplace(id, connection);
-    }
-    session->start();
+    begin(std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
+        *this, id, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), std::move(address), remote.port()));
   } else {
-    auto session = std::make_shared<Session<beast::tcp_stream>>(*this, id, beast::tcp_stream(std::move(socket)), std::move(address),
-                                                                remote.port());
-    connection = session;
-    {
-      std::lock_guard lock(connections_mutex);
-      connections.emplace(id, connection);
-    }
-    session->start();
+    begin(std::make_shared<Session<beast::tcp_stream>>(*this, id, beast::tcp_stream(std::move(socket)), std::move(address),
+                                                       remote.port()));
   }
 }
 
