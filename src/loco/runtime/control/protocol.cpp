@@ -80,13 +80,13 @@ constexpr std::array<std::string_view, 2> kReportNames = {"run", "round"};
 }  // namespace
 
 bool nested_deeper_than(const nlohmann::json& value, size_t limit) {
-  std::vector<std::pair<const nlohmann::json*, size_t>> todo = {{&value, 0}};
-  while (!todo.empty()) {
-    const auto [node, depth] = todo.back();
-    todo.pop_back();
+  std::vector<std::pair<const nlohmann::json*, size_t>> pending = {{&value, 0}};
+  while (!pending.empty()) {
+    const auto [node, depth] = pending.back();
+    pending.pop_back();
     if (!node->is_structured()) continue;
     if (depth >= limit) return true;
-    for (const auto& child : *node) todo.emplace_back(&child, depth + 1);
+    for (const auto& child : *node) pending.emplace_back(&child, depth + 1);
   }
   return false;
 }
