@@ -73,14 +73,15 @@ struct Variant {
 
 const char* algorithm_name(ReduceAlgorithm algorithm, Encoding encoding, int64_t ranks) {
   if (encoding == Encoding::kFp32) return "gloo";
-  if (algorithm == ReduceAlgorithm::kAuto) algorithm = ranks > 2 ? ReduceAlgorithm::kRing : ReduceAlgorithm::kGather;
-  return algorithm == ReduceAlgorithm::kRing ? "ring" : "gather";
+  if (algorithm == ReduceAlgorithm::kAuto) algorithm = ranks > 2 ? ReduceAlgorithm::kScatter : ReduceAlgorithm::kGather;
+  return loco::comm::to_string(algorithm);
 }
 
 void bench_all_reduce(int64_t values, int64_t ranks, int rounds) {
   std::vector<Variant> variants;
   for (auto encoding : kEncodings) variants.push_back({encoding, ReduceAlgorithm::kAuto});
   variants.push_back({Encoding::kE3M0, ReduceAlgorithm::kGather});
+  variants.push_back({Encoding::kE3M0, ReduceAlgorithm::kScatter});
   variants.push_back({Encoding::kE3M0, ReduceAlgorithm::kRing});
 
   // times[v][round] on rank 0 (the slowest rank decides when an all-reduce is over; every rank

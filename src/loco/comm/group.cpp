@@ -158,6 +158,16 @@ CommStats Group::recv(torch::Tensor& tensor, int64_t peer, int64_t tag) {
   });
 }
 
+const char* to_string(ReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case ReduceAlgorithm::kAuto: return "auto";
+    case ReduceAlgorithm::kGather: return "gather";
+    case ReduceAlgorithm::kScatter: return "scatter";
+    case ReduceAlgorithm::kRing: return "ring";
+  }
+  return "?";
+}
+
 CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& options) {
   LOCO_CHECK(tensor.scalar_type() == torch::kFloat32, "an encoded all-reduce takes fp32, got {}",
              c10::toString(tensor.scalar_type()));
@@ -179,11 +189,16 @@ CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& opti
   if (size() == 1) {
     flat.copy_(decode(encode(flat, options.encoding), options.encoding, flat.numel()));
   } else {
-    // The ring needs a whole block per chunk; a tensor of fewer blocks than ranks is gathered.
-    const bool ring_fits = (flat.numel() + kEncodingBlock - 1) / kEncodingBlock >= size();
-    const bool ring = ring_fits && (options.algorithm == ReduceAlgorithm::kRing ||
-                                    (options.algorithm == ReduceAlgorithm::kAuto && size() > 2));
-    stats += ring ? reduce_ring(flat, options.encoding) : reduce_gather(flat, options.encoding);
+    // Scatter and ring need a whole block per chunk; a tensor of fewer blocks than ranks is gathered.
+    const bool chunks_fit = (flat.numel() + kEncodingBlock - 1) / kEncodingBlock >= size();
+    auto algorithm = options.algorithm;
+    if (algorithm == ReduceAlgorithm::kAuto) algorithm = size() > 2 ? ReduceAlgorithm::kScatter : ReduceAlgorithm::kGather;
+    if (!chunks_fit) algorithm = ReduceAlgorithm::kGather;
+    switch (algorithm) {
+      case ReduceAlgorithm::kScatter: stats += reduce_scatter(flat, options.encoding); break;
+      case ReduceAlgorithm::kRing: stats += reduce_ring(flat, options.encoding); break;
+      default: stats += reduce_gather(flat, options.encoding); break;
+    }
   }
   staged.write_back();
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -198,16 +213,76 @@ CommStats Group::reduce_gather(torch::Tensor& flat, Encoding encoding) {
   return stats;
 }
 
-CommStats Group::reduce_ring(torch::Tensor& flat, Encoding encoding) {
-  // Chunk c is a whole number of blocks, so encoding a chunk is encoding its blocks.
-  const int64_t m = size(), r = rank(), n = flat.numel();
-  const int64_t blocks = (n + kEncodingBlock - 1) / kEncodingBlock;
-  auto chunk = [&](int64_t c) {
+namespace {
+
+// Chunk c (taken modulo M) of a flat tensor cut into M runs of whole encoding blocks, so that
+// encoding a chunk is encoding its blocks.
+struct Chunks {
+  torch::Tensor flat;
+  int64_t m;
+  torch::Tensor operator()(int64_t c) const {
+    const int64_t n = flat.numel(), blocks = (n + kEncodingBlock - 1) / kEncodingBlock;
     c = ((c % m) + m) % m;
     const int64_t begin = std::min(n, c * blocks / m * kEncodingBlock);
     const int64_t end = std::min(n, (c + 1) * blocks / m * kEncodingBlock);
     return flat.narrow(0, begin, end - begin);
-  };
+  }
+};
+
+torch::Tensor encoded_buffer(Encoding encoding, const torch::Tensor& values) {
+  return torch::empty({encoded_bytes(encoding, values.numel())}, torch::kUInt8);
+}
+
+// The all-gather that ends both reduce-scatters: this rank holds chunk `owned`'s reduced sum,
+// encoded; the encoded sums travel around the ring unchanged, and every rank, the owner
+// included, takes the decoded bytes as the result, so all hold the same values.
+CommStats ring_all_gather(Group& group, const Chunks& chunk, int64_t owned, torch::Tensor outgoing, Encoding encoding) {
+  const int64_t m = group.size(), r = group.rank();
+  chunk(owned).copy_(decode(outgoing, encoding, chunk(owned).numel()));
+  CommStats stats;
+  for (int64_t k = 0; k < m - 1; ++k) {
+    auto target = chunk(owned - k - 1);
+    auto incoming = encoded_buffer(encoding, target);
+    stats += group.send_recv(outgoing, (r + 1) % m, incoming, (r + m - 1) % m, m + k);
+    target.copy_(decode(incoming, encoding, target.numel()));
+    outgoing = incoming;
+  }
+  return stats;
+}
+
+}  // namespace
+
+CommStats Group::reduce_scatter(torch::Tensor& flat, Encoding encoding) {
+  const int64_t m = size(), r = rank();
+  const Chunks chunk{flat, m};
+  CommStats stats;
+  // All-to-all in M − 1 rounds: in round k this rank sends its encoded chunk r + k to that chunk's
+  // owner and receives its own chunk r from rank r − k, both in flight at once (each round pairs
+  // the ranks off, so no one waits on a rank that is itself waiting).
+  std::vector<torch::Tensor> received(static_cast<size_t>(m));
+  for (int64_t k = 1; k < m; ++k) {
+    const int64_t to = (r + k) % m, from = (r + m - k) % m;
+    auto& incoming = received[static_cast<size_t>(from)] = encoded_buffer(encoding, chunk(r));
+    stats += send_recv(encode(chunk(to), encoding), to, incoming, from, k);
+  }
+  // The owner's sum, in fp32 and rank order, with its own values as they are; encoded once.
+  auto mine = chunk(r);
+  auto sum = torch::zeros_like(mine);
+  for (int64_t q = 0; q < m; ++q) {
+    if (q == r) {
+      sum.add_(mine);
+    } else {
+      decode_add(received[static_cast<size_t>(q)], encoding, sum);
+    }
+  }
+  stats += ring_all_gather(*this, chunk, r, encode(sum, encoding), encoding);
+  stats.participants = m;
+  return stats;
+}
+
+CommStats Group::reduce_ring(torch::Tensor& flat, Encoding encoding) {
+  const int64_t m = size(), r = rank();
+  const Chunks chunk{flat, m};
   const int64_t next = (r + 1) % m, previous = (r + m - 1) % m;
   CommStats stats;
   // Reduce-scatter: at hop k, send the running sum of chunk r − k, receive that of chunk r − k − 1
@@ -215,21 +290,12 @@ CommStats Group::reduce_ring(torch::Tensor& flat, Encoding encoding) {
   auto outgoing = encode(chunk(r), encoding);
   for (int64_t k = 0; k < m - 1; ++k) {
     auto target = chunk(r - k - 1);
-    auto incoming = torch::empty({encoded_bytes(encoding, target.numel())}, torch::kUInt8);
+    auto incoming = encoded_buffer(encoding, target);
     stats += send_recv(outgoing, next, incoming, previous, k);
     decode_add(incoming, encoding, target);
     outgoing = encode(target, encoding);
   }
-  // All-gather: the owner's encoded sum travels around the ring unchanged; every rank, the owner
-  // included, takes the decoded bytes as the result, so all hold the same values.
-  chunk(r + 1).copy_(decode(outgoing, encoding, chunk(r + 1).numel()));
-  for (int64_t k = 0; k < m - 1; ++k) {
-    auto target = chunk(r - k);
-    auto incoming = torch::empty({encoded_bytes(encoding, target.numel())}, torch::kUInt8);
-    stats += send_recv(outgoing, next, incoming, previous, m + k);
-    target.copy_(decode(incoming, encoding, target.numel()));
-    outgoing = incoming;
-  }
+  stats += ring_all_gather(*this, chunk, r + 1, outgoing, encoding);
   stats.participants = m;
   return stats;
 }

@@ -59,18 +59,24 @@ struct GroupOptions {
 
 // How an all-reduce puts values on the wire (PCCL's pattern: quantization is an option of the
 // operation). With an encoding other than fp32, each rank's values are encoded before they are
-// sent and received values are decoded and accumulated in fp32, by one of two algorithms:
-//   kGather  every rank all-gathers every rank's encoded tensor and sums the decoded tensors in
-//            rank order: (M − 1) · E bytes sent per rank for an encoded size E; exact sum of the
-//            decoded inputs.
-//   kRing    ring reduce-scatter with decode-add-encode at every hop, then a ring all-gather of
-//            the reduced chunks: 2 (M − 1) / M · E bytes per rank; a partial sum is re-encoded at
-//            each hop, so the error grows with M.
-//   kAuto    the one that sends fewer bytes for this M: kRing when M > 2 (at M = 2 both send E,
-//            and kGather is the exact one).
-// Either way every rank ends with bit-identical values (they all decode the same bytes, in the
-// same order).
-enum class ReduceAlgorithm { kAuto, kGather, kRing };
+// sent and received values are decoded and accumulated in fp32, by one of three algorithms (E is
+// the encoded size of the whole tensor):
+//   kGather   every rank all-gathers every rank's encoded tensor and sums the decoded tensors in
+//             rank order: (M − 1) · E bytes sent per rank; each input is quantized once.
+//   kScatter  the tensor is cut into M chunks of whole blocks; each rank encodes each of its
+//             chunks once and sends it to the chunk's owner (an all-to-all); the owner sums the
+//             decoded chunks and its own fp32 values in rank order, encodes the sum once, and an
+//             all-gather hands it round: 2 (M − 1) / M · E bytes per rank, and every value is
+//             quantized at most twice, whatever M is (Streaming DiLoCo's "quantize what is sent,
+//             accumulate in fp32").
+//   kRing     ring reduce-scatter with decode-add-encode at every hop, then a ring all-gather:
+//             the bytes of kScatter, but a partial sum is re-encoded at each of up to M − 1 hops,
+//             so the error grows with M. Kept to measure that against (loco-bench-comm).
+//   kAuto     kScatter when M > 2; kGather at M = 2 (both send E, and kGather quantizes once).
+// Every algorithm ends with bit-identical values on every rank (they all decode the same bytes,
+// in the same order). A tensor of fewer blocks than ranks is always gathered.
+enum class ReduceAlgorithm { kAuto, kGather, kScatter, kRing };
+const char* to_string(ReduceAlgorithm algorithm);
 struct ReduceOptions {
   Encoding encoding = Encoding::kFp32;
   ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;
@@ -137,6 +143,7 @@ class Group {
   template <class F>
   CommStats timed(F&& operation);
   CommStats reduce_gather(torch::Tensor& flat, Encoding encoding);
+  CommStats reduce_scatter(torch::Tensor& flat, Encoding encoding);
   CommStats reduce_ring(torch::Tensor& flat, Encoding encoding);
 
   std::shared_ptr<GroupImpl> impl_;
