@@ -10,6 +10,7 @@ packages=(
   libcpp-httplib-dev           # the coordinator's HTTP control plane
   libssl-dev openssl           # its request MACs and TLS (OpenSSL); the tests make throwaway certificates
   libboost-dev                 # Beast and Asio (header-only): the coordinator's event-driven HTTP server
+  libhwy-dev                   # Google Highway: the wire codecs' vector kernels
   libsentencepiece-dev         # tokenizer
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line

@@ -3,48 +3,19 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <array>
-#include <bit>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "loco/comm/codec_kernels.h"
 #include "loco/core/error.h"
 
 namespace loco::comm {
 namespace {
 
-// A scaled format: the non-negative levels a value's fraction of its block scale rounds to
-// (ascending, from 0 to 1), and the bits of one code (sign bit included). A value's code is the
-// number of midpoints between levels below its fraction (nearest level, ties toward zero); to find
-// it without a search per value, `first_code[k]` holds the code of the smallest float whose bits
-// shifted right by kTableShift are k, and the encoder steps up from there (each table entry spans
-// a factor of 1 + 1/16, so a step or two at most).
-struct Scaled {
-  std::vector<float> levels;
-  int bits = 8;
-  std::vector<float> midpoints;
-  std::vector<uint8_t> first_code;
-
-  static constexpr int kTableShift = 19;  // keeps the exponent and 4 mantissa bits of a float in [0, 1]
-
-  Scaled(std::vector<float> levels_in, int bits_in) : levels(std::move(levels_in)), bits(bits_in) {
-    for (size_t i = 0; i + 1 < levels.size(); ++i) midpoints.push_back((levels[i] + levels[i + 1]) / 2);
-    const uint32_t last = std::bit_cast<uint32_t>(1.0f) >> kTableShift;
-    for (uint32_t k = 0; k <= last; ++k) {
-      const float low = std::bit_cast<float>(k << kTableShift);
-      first_code.push_back(static_cast<uint8_t>(std::lower_bound(midpoints.begin(), midpoints.end(), low) - midpoints.begin()));
-    }
-  }
-
-  // The code of a fraction r in [0, 1]: the number of midpoints strictly below r.
-  uint32_t code_of(float r) const {
-    uint32_t code = first_code[std::bit_cast<uint32_t>(r) >> kTableShift];
-    while (code < midpoints.size() && midpoints[code] < r) ++code;
-    return code;
-  }
-};
+using kernels::ScaledFormat;
 
 std::vector<float> fp8_e4m3_levels() {
   // Codes 0..126 of E4M3 (127 is NaN): exponent e = code >> 3 (bias 7), mantissa m = code & 7;
@@ -64,11 +35,13 @@ std::vector<float> integer_levels(int largest) {
   return out;
 }
 
-const Scaled* scaled_format(Encoding encoding) {
-  static const Scaled fp8{fp8_e4m3_levels(), 8};
-  static const Scaled e3m0{{0.f, 0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.f}, 4};
-  static const Scaled int8{integer_levels(127), 8};
-  static const Scaled int4{integer_levels(7), 4};
+}  // namespace
+
+const ScaledFormat* kernels::scaled_format(Encoding encoding) {
+  static const ScaledFormat fp8{fp8_e4m3_levels(), 8};
+  static const ScaledFormat e3m0{{0.f, 0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.f}, 4};
+  static const ScaledFormat int8{integer_levels(127), 8};
+  static const ScaledFormat int4{integer_levels(7), 4};
   switch (encoding) {
     case Encoding::kFp8: return &fp8;
     case Encoding::kE3M0: return &e3m0;
@@ -77,6 +50,10 @@ const Scaled* scaled_format(Encoding encoding) {
     default: return nullptr;
   }
 }
+
+namespace {
+
+using kernels::scaled_format;
 
 int64_t blocks_of(int64_t count) { return (count + kEncodingBlock - 1) / kEncodingBlock; }
 
@@ -93,65 +70,33 @@ void check_finite(const torch::Tensor& flat) {
                                       "outer.lr)", flat[index].item<float>(), index, flat.numel()));
 }
 
-int64_t encoded_bytes_scaled(const Scaled& format, int64_t count) {
+int64_t encoded_bytes_scaled(const ScaledFormat& format, int64_t count) {
   return 4 * blocks_of(count) + (format.bits == 8 ? count : (count + 1) / 2);
 }
 
 // Blocks per task of at::parallel_for: the codecs are memory-bound beyond a few hundred KB.
 constexpr int64_t kBlocksPerTask = 64;
 
-torch::Tensor encode_scaled(const torch::Tensor& flat, const Scaled& format) {
+torch::Tensor encode_scaled(const torch::Tensor& flat, const ScaledFormat& format) {
   const int64_t count = flat.numel(), blocks = blocks_of(count);
   auto encoded = torch::empty({encoded_bytes_scaled(format, count)}, torch::kUInt8);
   const float* in = flat.data_ptr<float>();
   uint8_t* scales = encoded.data_ptr<uint8_t>();
   uint8_t* codes = scales + 4 * blocks;
-  const uint32_t sign_bit = 1u << (format.bits - 1);
+  std::atomic<bool> finite = true;
   at::parallel_for(0, blocks, kBlocksPerTask, [&](int64_t first, int64_t last) {
-    std::array<uint8_t, kEncodingBlock> block_codes{};
-    for (int64_t b = first; b < last; ++b) {
-      const int64_t begin = b * kEncodingBlock, n = std::min(kEncodingBlock, count - begin);
-      const float* x = in + begin;
-      float scale = 0;
-      for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(x[i]));
-      std::memcpy(scales + 4 * b, &scale, 4);
-      // |x| <= s, so the correctly rounded |x| / s is in [0, 1]; a zero block divides 0 by the tiny.
-      const float divisor = std::max(scale, std::numeric_limits<float>::denorm_min());
-      for (int64_t i = 0; i < n; ++i) {
-        const uint32_t code = format.code_of(std::fabs(x[i]) / divisor);
-        block_codes[static_cast<size_t>(i)] = static_cast<uint8_t>(x[i] < 0 && code > 0 ? code | sign_bit : code);
-      }
-      if (format.bits == 8) {
-        std::memcpy(codes + begin, block_codes.data(), static_cast<size_t>(n));
-      } else {  // two codes a byte, the first in the low nibble; a block starts on a byte
-        for (int64_t i = 0; i < n; i += 2) {
-          const uint8_t high = i + 1 < n ? block_codes[static_cast<size_t>(i + 1)] : 0;
-          codes[(begin + i) / 2] = static_cast<uint8_t>(block_codes[static_cast<size_t>(i)] | (high << 4));
-        }
-      }
-    }
+    if (!kernels::encode_blocks(format, in, count, first, last, scales, codes)) finite = false;
   });
+  if (!finite) check_finite(flat);  // throws, naming the first value that is not
   return encoded;
 }
 
 // out[i] += decode(encoded)[i] for `count` values.
-void decode_add_scaled(const torch::Tensor& encoded, const Scaled& format, int64_t count, float* out) {
-  const int64_t blocks = blocks_of(count);
+void decode_add_scaled(const torch::Tensor& encoded, const ScaledFormat& format, int64_t count, float* out) {
   const uint8_t* scales = encoded.data_ptr<uint8_t>();
-  const uint8_t* codes = scales + 4 * blocks;
-  const uint32_t sign_bit = 1u << (format.bits - 1);
-  const float* levels = format.levels.data();
-  at::parallel_for(0, blocks, kBlocksPerTask, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      const int64_t begin = b * kEncodingBlock, end = std::min(begin + kEncodingBlock, count);
-      float scale;
-      std::memcpy(&scale, scales + 4 * b, 4);
-      for (int64_t i = begin; i < end; ++i) {
-        const uint32_t code = format.bits == 8 ? codes[i] : (codes[i / 2] >> (4 * (i % 2))) & 0xF;
-        const float value = levels[code & (sign_bit - 1)] * scale;
-        out[i] += code & sign_bit ? -value : value;
-      }
-    }
+  const uint8_t* codes = scales + 4 * blocks_of(count);
+  at::parallel_for(0, blocks_of(count), kBlocksPerTask, [&](int64_t first, int64_t last) {
+    kernels::decode_add_blocks(format, scales, codes, count, first, last, out);
   });
 }
 
@@ -199,6 +144,7 @@ int64_t encoded_bytes(Encoding encoding, int64_t count) {
 
 torch::Tensor encode(const torch::Tensor& values, Encoding encoding) {
   auto flat = values.detach().to(torch::kCPU, torch::kFloat32).contiguous().view({-1});
+  if (scaled_format(encoding) != nullptr) return encode_scaled(flat, *scaled_format(encoding));  // checks as it goes
   check_finite(flat);
   switch (encoding) {
     case Encoding::kFp32: return as_bytes(flat.clone());
@@ -208,8 +154,9 @@ torch::Tensor encode(const torch::Tensor& values, Encoding encoding) {
       const double largest = static_cast<double>(std::numeric_limits<c10::BFloat16>::max());
       return as_bytes(flat.clamp(-largest, largest).to(torch::kBFloat16));
     }
-    default: return encode_scaled(flat, *scaled_format(encoding));
+    default: break;
   }
+  throw InternalError("comm", fmt::format("encode: no encoder for encoding {}", static_cast<int>(encoding)));
 }
 
 namespace {

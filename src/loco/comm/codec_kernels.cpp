@@ -1,0 +1,239 @@
+// Encode and decode of whole blocks of the scaled wire formats (codec_kernels.h), once per Highway
+// target: foreach_target.h includes this file again for each instruction set, and
+// HWY_DYNAMIC_DISPATCH calls the best one the CPU supports.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "loco/comm/codec_kernels.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "loco/comm/codec_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace loco::comm::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using Df = hn::ScalableTag<float>;
+using Di = hn::RebindToSigned<Df>;
+using D8 = hn::Rebind<uint8_t, Di>;  // one byte per lane of Di
+using Vf = hn::Vec<Df>;
+using Vi = hn::Vec<Di>;
+
+// A format with at most this many midpoints finds codes by comparing with each of them.
+constexpr size_t kFewMidpoints = 15;
+
+// The codes (sign included) of the values x of a block whose divisor is max(s, denormal min).
+HWY_INLINE Vi codes_of(const ScaledFormat& format, Vf x, Vf divisor) {
+  const Df df;
+  const Di di;
+  const Vf r = hn::Div(hn::Abs(x), divisor);  // in [0, 1], as the reference divides
+  Vi code = hn::Zero(di);
+  const auto& midpoints = format.midpoints;
+  if (midpoints.size() <= kFewMidpoints) {
+    // code = how many midpoints are strictly below r (a true mask lane is −1).
+    for (const float m : midpoints) code = hn::Sub(code, hn::BitCast(di, hn::VecFromMask(df, hn::Lt(hn::Set(df, m), r))));
+  } else {
+    // Start from the table entry of r's exponent and leading mantissa bits, then step up while
+    // the next midpoint is below r, every lane until none moves.
+    const int32_t last = static_cast<int32_t>(midpoints.size());
+    // (NaN and Inf, which the caller refuses, would index past the table: the index is clamped.)
+    const Vi entry = hn::Min(hn::ShiftRight<ScaledFormat::kTableShift>(hn::BitCast(di, r)),
+                             hn::Set(di, static_cast<int32_t>(format.first_code.size()) - 1));
+    code = hn::GatherIndex(di, format.first_code.data(), entry);
+    for (;;) {
+      const Vi at = hn::Min(code, hn::Set(di, last - 1));
+      const Vi below = hn::BitCast(di, hn::VecFromMask(df, hn::Lt(hn::GatherIndex(df, midpoints.data(), at), r)));
+      const Vi step = hn::And(below, hn::VecFromMask(di, hn::Lt(code, hn::Set(di, last))));
+      if (hn::AllFalse(di, hn::Ne(step, hn::Zero(di)))) break;
+      code = hn::Sub(code, step);
+    }
+  }
+  // The sign bit for negative values whose code is not zero (−0 and values that round to 0 stay 0).
+  const Vi negative = hn::And(hn::BitCast(di, hn::VecFromMask(df, hn::Lt(x, hn::Zero(df)))),
+                              hn::VecFromMask(di, hn::Gt(code, hn::Zero(di))));
+  return hn::Or(code, hn::And(negative, hn::Set(di, int32_t{1} << (format.bits - 1))));
+}
+
+// levels[code without sign] · scale, negated when the sign bit is set.
+HWY_INLINE Vf values_of(const ScaledFormat& format, Vi code, Vf scale) {
+  const Df df;
+  const Di di;
+  const int32_t sign_bit = int32_t{1} << (format.bits - 1);
+  const Vf value = hn::Mul(hn::GatherIndex(df, format.levels.data(), hn::And(code, hn::Set(di, sign_bit - 1))), scale);
+  const auto negative = hn::RebindMask(df, hn::Ne(hn::And(code, hn::Set(di, sign_bit)), hn::Zero(di)));
+  return hn::IfThenElse(negative, hn::Neg(value), value);
+}
+
+bool EncodeBlocks(const ScaledFormat& format, const float* HWY_RESTRICT in, int64_t first, int64_t last,
+                  uint8_t* HWY_RESTRICT scales, uint8_t* HWY_RESTRICT codes) {
+  const Df df;
+  const D8 d8;
+  const size_t n = hn::Lanes(df);
+  auto bad = hn::FirstN(df, 0);  // lanes that have seen NaN or Inf: none yet
+  for (int64_t b = first; b < last; ++b) {
+    const float* x = in + b * kBlock;
+    Vf largest = hn::Zero(df);
+    for (size_t i = 0; i < kBlock; i += n) {
+      const Vf v = hn::LoadU(df, x + i);
+      bad = hn::Or(bad, hn::Not(hn::IsFinite(v)));
+      largest = hn::Max(largest, hn::Abs(v));
+    }
+    const float scale = hn::GetLane(hn::MaxOfLanes(df, largest));
+    std::memcpy(scales + 4 * b, &scale, 4);
+    const Vf divisor = hn::Set(df, std::max(scale, std::numeric_limits<float>::denorm_min()));
+    if (format.bits == 8) {
+      uint8_t* out = codes + b * kBlock;
+      for (size_t i = 0; i < kBlock; i += n) hn::StoreU(hn::DemoteTo(d8, codes_of(format, hn::LoadU(df, x + i), divisor)), d8, out + i);
+    } else {
+      uint8_t* out = codes + b * kBlock / 2;
+      for (size_t i = 0; i < kBlock; i += 2 * n) {
+        Vf even, odd;
+        hn::LoadInterleaved2(df, x + i, even, odd);
+        const Vi packed = hn::Or(codes_of(format, even, divisor), hn::ShiftLeft<4>(codes_of(format, odd, divisor)));
+        hn::StoreU(hn::DemoteTo(d8, packed), d8, out + i / 2);
+      }
+    }
+  }
+  return hn::AllFalse(df, bad);
+}
+
+void DecodeAddBlocks(const ScaledFormat& format, const uint8_t* HWY_RESTRICT scales, const uint8_t* HWY_RESTRICT codes,
+                     int64_t first, int64_t last, float* HWY_RESTRICT out) {
+  const Df df;
+  const Di di;
+  const D8 d8;
+  const size_t n = hn::Lanes(df);
+  for (int64_t b = first; b < last; ++b) {
+    float scale_value;
+    std::memcpy(&scale_value, scales + 4 * b, 4);
+    const Vf scale = hn::Set(df, scale_value);
+    float* o = out + b * kBlock;
+    if (format.bits == 8) {
+      const uint8_t* in = codes + b * kBlock;
+      for (size_t i = 0; i < kBlock; i += n) {
+        const Vi code = hn::PromoteTo(di, hn::LoadU(d8, in + i));
+        hn::StoreU(hn::Add(hn::LoadU(df, o + i), values_of(format, code, scale)), df, o + i);
+      }
+    } else {
+      const uint8_t* in = codes + b * kBlock / 2;
+      for (size_t i = 0; i < kBlock; i += 2 * n) {
+        const Vi bytes = hn::PromoteTo(di, hn::LoadU(d8, in + i / 2));
+        Vf even, odd;
+        hn::LoadInterleaved2(df, o + i, even, odd);
+        even = hn::Add(even, values_of(format, hn::And(bytes, hn::Set(di, 0xF)), scale));
+        odd = hn::Add(odd, values_of(format, hn::ShiftRight<4>(bytes), scale));
+        hn::StoreInterleaved2(even, odd, df, o + i);
+      }
+    }
+  }
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace loco::comm::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace loco::comm::kernels {
+
+HWY_EXPORT(EncodeBlocks);
+HWY_EXPORT(DecodeAddBlocks);
+HWY_EXPORT(TargetName);
+
+ScaledFormat::ScaledFormat(std::vector<float> levels_in, int bits_in) : levels(std::move(levels_in)), bits(bits_in) {
+  for (size_t i = 0; i + 1 < levels.size(); ++i) midpoints.push_back((levels[i] + levels[i + 1]) / 2);
+  const uint32_t last = std::bit_cast<uint32_t>(1.0f) >> kTableShift;
+  for (uint32_t k = 0; k <= last; ++k) {
+    const float low = std::bit_cast<float>(k << kTableShift);
+    first_code.push_back(static_cast<int32_t>(std::lower_bound(midpoints.begin(), midpoints.end(), low) - midpoints.begin()));
+  }
+}
+
+uint32_t ScaledFormat::code_of(float r) const {
+  auto code = static_cast<uint32_t>(first_code[std::bit_cast<uint32_t>(r) >> kTableShift]);
+  while (code < midpoints.size() && midpoints[code] < r) ++code;
+  return code;
+}
+
+namespace {
+
+bool whole(int64_t b, int64_t count) { return (b + 1) * kBlock <= count; }
+
+// The reference: one value at a time. False when a value is NaN or Inf.
+bool encode_block_scalar(const ScaledFormat& format, const float* in, int64_t count, int64_t b, uint8_t* scales,
+                         uint8_t* codes) {
+  const int64_t begin = b * kBlock, n = std::min(kBlock, count - begin);
+  const float* x = in + begin;
+  const uint32_t sign_bit = 1u << (format.bits - 1);
+  float scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return false;
+    scale = std::max(scale, std::fabs(x[i]));
+  }
+  std::memcpy(scales + 4 * b, &scale, 4);
+  // |x| <= s, so the correctly rounded |x| / s is in [0, 1]; a zero block divides 0 by the tiny.
+  const float divisor = std::max(scale, std::numeric_limits<float>::denorm_min());
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t magnitude = format.code_of(std::fabs(x[i]) / divisor);
+    const auto code = static_cast<uint8_t>(x[i] < 0 && magnitude > 0 ? magnitude | sign_bit : magnitude);
+    if (format.bits == 8) {
+      codes[begin + i] = code;
+    } else if (i % 2 == 0) {  // two codes a byte, the first in the low nibble; a block starts on a byte
+      codes[(begin + i) / 2] = code;
+    } else {
+      codes[(begin + i) / 2] = static_cast<uint8_t>(codes[(begin + i) / 2] | (code << 4));
+    }
+  }
+  return true;
+}
+
+void decode_add_block_scalar(const ScaledFormat& format, const uint8_t* scales, const uint8_t* codes, int64_t count,
+                             int64_t b, float* out) {
+  const int64_t begin = b * kBlock, end = std::min(begin + kBlock, count);
+  const uint32_t sign_bit = 1u << (format.bits - 1);
+  float scale;
+  std::memcpy(&scale, scales + 4 * b, 4);
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t code = format.bits == 8 ? codes[i] : (codes[i / 2] >> (4 * (i % 2))) & 0xF;
+    const float value = format.levels[code & (sign_bit - 1)] * scale;
+    out[i] += code & sign_bit ? -value : value;
+  }
+}
+
+}  // namespace
+
+bool encode_blocks(const ScaledFormat& format, const float* in, int64_t count, int64_t first, int64_t last,
+                   uint8_t* scales, uint8_t* codes, Path path) {
+  int64_t vector_last = first;
+  bool finite = true;
+  if (path == Path::kBest) {
+    vector_last = last;
+    while (vector_last > first && !whole(vector_last - 1, count)) --vector_last;
+    finite = HWY_DYNAMIC_DISPATCH(EncodeBlocks)(format, in, first, vector_last, scales, codes);
+  }
+  for (int64_t b = vector_last; b < last && finite; ++b) finite = encode_block_scalar(format, in, count, b, scales, codes);
+  return finite;
+}
+
+void decode_add_blocks(const ScaledFormat& format, const uint8_t* scales, const uint8_t* codes, int64_t count,
+                       int64_t first, int64_t last, float* out, Path path) {
+  int64_t vector_last = first;
+  if (path == Path::kBest) {
+    vector_last = last;
+    while (vector_last > first && !whole(vector_last - 1, count)) --vector_last;
+    HWY_DYNAMIC_DISPATCH(DecodeAddBlocks)(format, scales, codes, first, vector_last, out);
+  }
+  for (int64_t b = vector_last; b < last; ++b) decode_add_block_scalar(format, scales, codes, count, b, out);
+}
+
+const char* vector_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace loco::comm::kernels
+#endif  // HWY_ONCE
