@@ -154,6 +154,34 @@ TEST(EncodingTest, VectorCodecsMatchTheScalarReferenceByteForByte) {
   std::printf("checked on %zu targets, the best here %s\n", targets.size(), kernels::vector_target());
 }
 
+// The formats whose vector encoder guesses a code and settles it with the two midpoints around
+// the guess (int8, fp8) are right only if the guess is never off by more than one: checked for
+// every fp32 value in [0, 1], each in a block whose scale is 1 so that it is its own fraction.
+TEST(EncodingTest, GuessedCodesAreExactForEveryFractionInZeroToOne) {
+  constexpr int64_t kBlocks = 4096, kPerBlock = kernels::kBlock - 1;
+  std::vector<float> values(static_cast<size_t>(kBlocks * kernels::kBlock));
+  std::vector<uint8_t> best(static_cast<size_t>(kBlocks * (4 + kernels::kBlock))), reference(best.size());
+  for (auto encoding : {Encoding::kFp8, Encoding::kInt8}) {
+    const auto& format = *kernels::scaled_format(encoding);
+    ASSERT_NE(format.guess, kernels::ScaledFormat::Guess::kTable) << to_string(encoding);
+    for (uint64_t bits = 0; bits <= 0x3F800000u;) {
+      for (int64_t b = 0; b < kBlocks; ++b) {
+        float* block = values.data() + b * kernels::kBlock;
+        block[0] = 1.0f;
+        for (int64_t i = 1; i <= kPerBlock; ++i, ++bits) {
+          const auto pattern = static_cast<uint32_t>(std::min<uint64_t>(bits, 0x3F800000u));
+          std::memcpy(block + i, &pattern, 4);
+        }
+      }
+      const int64_t count = kBlocks * kernels::kBlock;
+      kernels::encode_blocks(format, values.data(), count, 0, kBlocks, best.data(), best.data() + 4 * kBlocks);
+      kernels::encode_blocks(format, values.data(), count, 0, kBlocks, reference.data(), reference.data() + 4 * kBlocks,
+                             kernels::Path::kScalar);
+      ASSERT_EQ(best, reference) << to_string(encoding) << ", fractions below bit pattern " << bits;
+    }
+  }
+}
+
 TEST(EncodingTest, NanAndInfAreRefusedWithTheirIndex) {
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     auto x = torch::ones({600});

@@ -38,11 +38,11 @@ HWY_INLINE Vi codes_of(const ScaledFormat& format, Vf x, Vf divisor) {
   if (midpoints.size() <= kFewMidpoints) {
     // code = how many midpoints are strictly below r (a true mask lane is −1).
     for (const float m : midpoints) code = hn::Sub(code, hn::BitCast(di, hn::VecFromMask(df, hn::Lt(hn::Set(df, m), r))));
-  } else {
+  } else if (format.guess == ScaledFormat::Guess::kTable) {
     // Start from the table entry of r's exponent and leading mantissa bits, then step up while
     // the next midpoint is below r, every lane until none moves.
-    const int32_t last = static_cast<int32_t>(midpoints.size());
     // (NaN and Inf, which the caller refuses, would index past the table: the index is clamped.)
+    const int32_t last = static_cast<int32_t>(midpoints.size());
     const Vi entry = hn::Min(hn::ShiftRight<ScaledFormat::kTableShift>(hn::BitCast(di, r)),
                              hn::Set(di, static_cast<int32_t>(format.first_code.size()) - 1));
     code = hn::GatherIndex(di, format.first_code.data(), entry);
@@ -53,6 +53,29 @@ HWY_INLINE Vi codes_of(const ScaledFormat& format, Vf x, Vf divisor) {
       if (hn::AllFalse(di, hn::Ne(step, hn::Zero(di)))) break;
       code = hn::Sub(code, step);
     }
+  } else {
+    // A guess within one of the code, then the two midpoints around it settle it: down when the
+    // midpoint below is not below r, up when the one above is.
+    const int32_t last = static_cast<int32_t>(midpoints.size());
+    if (format.guess == ScaledFormat::Guess::kUniform) {
+      code = hn::ConvertTo(di, hn::Add(hn::Mul(r, hn::Set(df, static_cast<float>(last))), hn::Set(df, 0.5f)));
+    } else {  // kE4M3: exponent e = E − 120 and the top 3 mantissa bits; below 2^-6, m · 2^-9
+      const Vf v = hn::Mul(r, hn::Set(df, 448.0f));
+      const Vi bits = hn::BitCast(di, v);
+      const Vi exponent = hn::ShiftRight<23>(bits);
+      const Vi normal = hn::Or(hn::ShiftLeft<3>(hn::Sub(exponent, hn::Set(di, 120))),
+                               hn::And(hn::ShiftRight<20>(bits), hn::Set(di, 7)));
+      const Vi subnormal = hn::ConvertTo(di, hn::Mul(v, hn::Set(df, 512.0f)));
+      code = hn::IfThenElse(hn::Gt(exponent, hn::Set(di, 120)), normal, subnormal);
+    }
+    code = hn::Min(hn::Max(code, hn::Zero(di)), hn::Set(di, last));  // also tames NaN and Inf
+    const Vi one = hn::Set(di, 1);
+    const Vf below = hn::GatherIndex(df, midpoints.data(), hn::Max(hn::Sub(code, one), hn::Zero(di)));
+    const auto down = hn::And(hn::Gt(code, hn::Zero(di)), hn::RebindMask(di, hn::Ge(below, r)));
+    code = hn::IfThenElse(down, hn::Sub(code, one), code);
+    const Vf above = hn::GatherIndex(df, midpoints.data(), hn::Min(code, hn::Set(di, last - 1)));
+    const auto up = hn::And(hn::Lt(code, hn::Set(di, last)), hn::RebindMask(di, hn::Lt(above, r)));
+    code = hn::IfThenElse(up, hn::Add(code, one), code);
   }
   // The sign bit for negative values whose code is not zero (−0 and values that round to 0 stay 0).
   const Vi negative = hn::And(hn::BitCast(di, hn::VecFromMask(df, hn::Lt(x, hn::Zero(df)))),
@@ -147,7 +170,8 @@ HWY_EXPORT(EncodeBlocks);
 HWY_EXPORT(DecodeAddBlocks);
 HWY_EXPORT(TargetName);
 
-ScaledFormat::ScaledFormat(std::vector<float> levels_in, int bits_in) : levels(std::move(levels_in)), bits(bits_in) {
+ScaledFormat::ScaledFormat(std::vector<float> levels_in, int bits_in, Guess guess_in)
+    : levels(std::move(levels_in)), bits(bits_in), guess(guess_in) {
   for (size_t i = 0; i + 1 < levels.size(); ++i) midpoints.push_back((levels[i] + levels[i + 1]) / 2);
   const uint32_t last = std::bit_cast<uint32_t>(1.0f) >> kTableShift;
   for (uint32_t k = 0; k <= last; ++k) {

@@ -30,14 +30,24 @@ inline constexpr int64_t kBlock = 256;  // = kEncodingBlock
 // code of the smallest float whose bits shifted right by kTableShift are k: a code search starts
 // there and steps up (each entry spans a factor of 1 + 1/128: a step at most for every format).
 struct ScaledFormat {
+  // How the vector encoder of a format with many levels guesses a code to within one, before it
+  // settles the code by comparing with the two midpoints around the guess (formats of up to 16
+  // levels compare with every midpoint instead).
+  enum class Guess {
+    kTable,    // first_code[] of the fraction's bits (a gather, then steps)
+    kUniform,  // levels k / L: round(r · L)
+    kE4M3,     // levels E4M3 / 448: the E4M3 code of r · 448 with its mantissa cut to 3 bits
+  };
+
   std::vector<float> levels;
   int bits = 8;
+  Guess guess = Guess::kTable;
   std::vector<float> midpoints;
   std::vector<int32_t> first_code;
 
   static constexpr int kTableShift = 16;  // keeps the exponent and 7 mantissa bits of a float in [0, 1]
 
-  ScaledFormat(std::vector<float> levels, int bits);
+  ScaledFormat(std::vector<float> levels, int bits, Guess guess = Guess::kTable);
 
   // The code of a fraction r in [0, 1] (no sign): the number of midpoints strictly below r.
   uint32_t code_of(float r) const;

@@ -38,9 +38,9 @@ std::vector<float> integer_levels(int largest) {
 }  // namespace
 
 const ScaledFormat* kernels::scaled_format(Encoding encoding) {
-  static const ScaledFormat fp8{fp8_e4m3_levels(), 8};
+  static const ScaledFormat fp8{fp8_e4m3_levels(), 8, ScaledFormat::Guess::kE4M3};
   static const ScaledFormat e3m0{{0.f, 0x1p-6f, 0x1p-5f, 0x1p-4f, 0x1p-3f, 0x1p-2f, 0x1p-1f, 1.f}, 4};
-  static const ScaledFormat int8{integer_levels(127), 8};
+  static const ScaledFormat int8{integer_levels(127), 8, ScaledFormat::Guess::kUniform};
   static const ScaledFormat int4{integer_levels(7), 4};
   switch (encoding) {
     case Encoding::kFp8: return &fp8;
