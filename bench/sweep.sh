@@ -56,6 +56,20 @@ sweep streaming-int4-h10-fedavg --sync.algorithm=streaming --sync.exchange=int4 
 # Plain averaging, extrapolated: the outer step goes past the workers' average.
 sweep streaming-e3m0-h10-sgd1.5 "${e3m0[@]}" --sync.inner_steps=10 --outer.optimizer=sgd --outer.lr=1.5
 
+# From the main job as it is now (configs/brown.toml: Streaming, e3m0, H = 10, FedAvg), one change
+# each; the wire is the quantize-once scatter (the runs above used the re-encoding ring).
+tune() { wanted "$1" && { local name=$1; shift; run "$name" "$@"; } || true; }
+tune main                       # the main job itself, on the scatter
+tune main-tau0                  --sync.overlap_steps=0
+tune main-alpha0.25             --sync.merge_alpha=0.25
+tune main-alpha0.75             --sync.merge_alpha=0.75
+tune main-p2                    --sync.fragments=2
+tune main-p1                    --sync.fragments=1
+tune main-beta2-0.99            --optim.beta2=0.99
+tune main-qknorm-zloss          --model.qk_norm=true --train.z_loss=1e-4
+# The same tokens in half the steps: batch 16 per worker, 250 steps, H = 5 (the same 50 syncs).
+tune main-b16                   --train.batch_size=16 --train.steps=250 --sync.inner_steps=5
+
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
   mkdir -p bench/results
@@ -66,7 +80,8 @@ echo
 runs=()
 for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h10 diloco-e3m0-h10 \
          streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-e3m0-h10-lr0.2 streaming-e3m0-h10-fedavg \
-         streaming-fp8-h20-fedavg streaming-int4-h10-fedavg streaming-e3m0-h10-sgd1.5; do
+         streaming-fp8-h20-fedavg streaming-int4-h10-fedavg streaming-e3m0-h10-sgd1.5 \
+         main main-tau0 main-alpha0.25 main-alpha0.75 main-p2 main-p1 main-beta2-0.99 main-qknorm-zloss main-b16; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"

@@ -37,6 +37,39 @@ TEST(OuterOptimizer, NesterovMatchesItsClosedForm) {
 }
 
 // SGD with lr 1 and no momentum is FedAvg: θ becomes the mean of the workers' parameters.
+// With a momentum warm-up of 2 steps, Nesterov's μ is 0.45 at the first outer step and 0.9 from
+// the second on; the closed form with those μ, and a restored state continuing the ramp.
+TEST(OuterOptimizer, MomentumWarmupRampsMuLinearly) {
+  const double eta = 0.7, mu = 0.9;
+  auto options = options_of(OuterKind::kNesterov, eta, mu);
+  options.momentum_warmup = 2;
+  auto theta = torch::tensor({1.0f});
+  OuterOptimizer outer({"w"}, {theta}, options);
+  const double d[] = {0.5, 0.1, -0.3};
+  double expected = 1.0, v = 0;
+  auto closed_form = [&](int t) {  // outer step t + 1
+    const double mu_t = mu * std::min(1.0, (t + 1) / 2.0);
+    v = mu_t * v + d[t];
+    expected -= eta * (d[t] + mu_t * v);
+  };
+  for (int t = 0; t < 2; ++t) {
+    outer.step({torch::tensor({static_cast<float>(d[t])})});
+    closed_form(t);
+    EXPECT_NEAR(theta[0].item<double>(), expected, 1e-6) << "step " << t + 1;
+  }
+  // Resumed from the state after two steps, the ramp goes on where it was.
+  auto copy = theta.clone();
+  OuterOptimizer resumed({"w"}, {copy}, options);
+  resumed.load_state(outer.state());
+  outer.step({torch::tensor({static_cast<float>(d[2])})});
+  resumed.step({torch::tensor({static_cast<float>(d[2])})});
+  closed_form(2);
+  EXPECT_NEAR(theta[0].item<double>(), expected, 1e-6) << "step 3";
+  EXPECT_TRUE(torch::equal(theta, copy));
+  options.momentum_warmup = -1;
+  EXPECT_THROW(options.validate(), ConfigError);
+}
+
 TEST(OuterOptimizer, SgdWithLrOneIsFederatedAveraging) {
   auto theta = torch::tensor({0.5f, -1.0f, 3.0f});
   auto worker_a = torch::tensor({0.75f, -0.5f, 2.0f}), worker_b = torch::tensor({0.25f, -1.0f, 5.0f});

@@ -26,6 +26,7 @@ void OuterOptions::validate() const {
   require(momentum >= 0 && momentum < 1, fmt::format("the outer momentum must be in [0, 1), got {}", momentum));
   require(beta2 >= 0 && beta2 < 1, fmt::format("the outer beta2 must be in [0, 1), got {}", beta2));
   require(eps > 0, fmt::format("the outer eps must be > 0, got {}", eps));
+  require(momentum_warmup >= 0, fmt::format("the outer momentum warm-up must be >= 0 steps, got {}", momentum_warmup));
 }
 
 OuterOptions default_outer_options(OuterKind kind) {
@@ -60,7 +61,11 @@ void OuterOptimizer::update(const std::vector<torch::Tensor>* outer_gradients, c
   LOCO_CHECK(given.size() == parameters_.size(), "{} tensors for {} parameters", given.size(), parameters_.size());
   torch::NoGradGuard no_grad;
   ++steps_;
-  const double lr = options_.lr, mu = options_.momentum;
+  const double lr = options_.lr;
+  double mu = options_.momentum;
+  if (options_.kind != OuterKind::kAdam && options_.momentum_warmup > 0) {
+    mu *= std::min(1.0, static_cast<double>(steps_) / static_cast<double>(options_.momentum_warmup));
+  }
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto& theta = parameters_[i];
     LOCO_CHECK(given[i].sizes().equals(theta.sizes()), "outer step: '{}' has the wrong shape", names_[i]);

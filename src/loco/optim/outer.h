@@ -31,6 +31,10 @@ struct OuterOptions {
   // mostly smaller than that, so Adam then acts as momentum SGD with rate η/ε on small Δ and as
   // sign descent of size η on large ones.
   double eps = 0.1;
+  // nesterov and sgd: the momentum of outer step t (from 1) is μ · min(1, t / momentum_warmup), so
+  // that the first rounds' outer gradients are not amplified up to 1 / (1 − μ) times before the
+  // momentum has seen any; 0 = μ from the first step.
+  int64_t momentum_warmup = 0;
   // Throws ConfigError("[optim] ...") naming the bad option.
   void validate() const;
 };

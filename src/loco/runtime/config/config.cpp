@@ -133,6 +133,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, sgd 0, adam 0.9)", &c.outer.momentum}),
       between(0, 0.999999, {"outer.beta2", "adam outer optimizer: beta2", &c.outer.beta2}),
       positive({"outer.eps", "adam outer optimizer: epsilon (0.1: the DiLoCo paper found outer Adam stable only with a large one)", &c.outer.eps}),
+      at_least(0, {"outer.momentum_warmup", "outer steps over which the momentum (nesterov, sgd) rises linearly from 0 to outer.momentum; 0 = off", &c.outer.momentum_warmup}),
       at_least(1, {"cluster.workers", "worker processes (replicas) in the run", &c.cluster.workers}),
       between(0, 65535, {"cluster.port", "port of `loco coordinator` (`loco launch` picks a free one unless --port is given)", &c.cluster.port}),
       {"cluster.host", "address other workers use to reach this one; \"\" = the local address that reaches the coordinator", &c.cluster.host},
@@ -357,6 +358,7 @@ optim::OuterOptions outer_options(const RunConfig& config) {
   if (config.outer.momentum >= 0) o.momentum = config.outer.momentum;
   o.beta2 = config.outer.beta2;
   o.eps = config.outer.eps;
+  o.momentum_warmup = config.outer.momentum_warmup;
   return o;
 }
 

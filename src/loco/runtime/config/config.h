@@ -92,6 +92,7 @@ struct OuterSection {
   double momentum = -1;
   double beta2 = 0.95;
   double eps = 0.1;  // the DiLoCo paper's stable value for outer Adam
+  int64_t momentum_warmup = 0;  // outer steps over which the momentum rises from 0 (0 = off)
 };
 
 struct ClusterSection {
