@@ -67,6 +67,10 @@ tune main-p2                    --sync.fragments=2
 tune main-p1                    --sync.fragments=1
 tune main-beta2-0.99            --optim.beta2=0.99
 tune main-qknorm-zloss          --model.qk_norm=true --train.z_loss=1e-4
+# Nesterov (η 0.4, the best Nesterov above) with and without its momentum ramped up over the
+# first 10 outer steps of each fragment (of 50).
+tune main-nesterov0.4           --outer.optimizer=nesterov --outer.lr=0.4
+tune main-nesterov0.4-warmup10  --outer.optimizer=nesterov --outer.lr=0.4 --outer.momentum_warmup=10
 # The same tokens in half the steps: batch 16 per worker, 250 steps, H = 5 (the same 50 syncs).
 tune main-b16                   --train.batch_size=16 --train.steps=250 --sync.inner_steps=5
 
@@ -81,7 +85,8 @@ runs=()
 for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h10 diloco-e3m0-h10 \
          streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-e3m0-h10-lr0.2 streaming-e3m0-h10-fedavg \
          streaming-fp8-h20-fedavg streaming-int4-h10-fedavg streaming-e3m0-h10-sgd1.5 \
-         main main-tau0 main-alpha0.25 main-alpha0.75 main-p2 main-p1 main-beta2-0.99 main-qknorm-zloss main-b16; do
+         main main-tau0 main-alpha0.25 main-alpha0.75 main-p2 main-p1 main-beta2-0.99 main-qknorm-zloss main-b16 \
+         main-nesterov0.4 main-nesterov0.4-warmup10; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"
