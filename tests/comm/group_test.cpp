@@ -155,7 +155,7 @@ TEST(GroupTest, ReportedBytesMatchTheKernelsTcpCounters) {
     step([&] { out.all_gather = group.all_gather(big, gathered); });
     step([&] { out.broadcast = group.broadcast(big, 1); });
     auto values = torch::randn({2'000'000});
-    step([&] { out.encoded = group.all_reduce_sum(values, ReduceOptions{Encoding::kE3M0, ReduceAlgorithm::kRing}); });
+    step([&] { out.encoded = group.all_reduce_sum(values, ReduceOptions{Encoding::kE3M0, ReduceAlgorithm::kScatter}); });
     step([] {});
     return out;
   });
@@ -287,6 +287,51 @@ TEST(GroupTest, ScatterErrorDoesNotGrowWithTheRanks) {
       EXPECT_GT(ring, scatter[8] * 1.3);
     }
   }
+}
+
+// A tensor large enough that each chunk travels in several pieces, over three connections per
+// pair of ranks: the result is, bit for bit on every rank, the scatter's closed form: for each
+// chunk, the owner's fp32 values plus the decoded encodings of the others' in rank order, that
+// sum encoded once and decoded.
+TEST(GroupTest, ScatterInPiecesOverSeveralConnectionsIsItsClosedForm) {
+  constexpr int64_t kSize = 3, kCount = 3'000'000 + 77;  // chunks of ~1M values: 4 pieces each
+  const auto encoding = Encoding::kE3M0;
+  std::vector<torch::Tensor> inputs;
+  for (int64_t rank = 0; rank < kSize; ++rank) {
+    torch::manual_seed(static_cast<uint64_t>(40 + rank));
+    inputs.push_back(torch::randn({kCount}));
+  }
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  auto results = run_ranks<std::pair<torch::Tensor, CommStats>>(kSize, [&](int64_t rank) {
+    auto o = options(rank, kSize, 30s);
+    o.connections = 3;
+    auto group = Group::connect(store, o);
+    auto t = inputs[static_cast<size_t>(rank)].clone();
+    auto stats = group.all_reduce_sum(t, ReduceOptions{encoding, ReduceAlgorithm::kScatter});
+    return std::pair{t, stats};
+  });
+  expect_all_ok(results);
+  auto expected = torch::empty({kCount});
+  const int64_t blocks = (kCount + kEncodingBlock - 1) / kEncodingBlock;
+  for (int64_t c = 0; c < kSize; ++c) {
+    const int64_t begin = std::min(kCount, c * blocks / kSize * kEncodingBlock);
+    const int64_t end = std::min(kCount, (c + 1) * blocks / kSize * kEncodingBlock);
+    auto sum = torch::zeros({end - begin});
+    for (int64_t q = 0; q < kSize; ++q) {
+      auto part = inputs[static_cast<size_t>(q)].narrow(0, begin, end - begin);
+      if (q == c) {
+        sum.add_(part);
+      } else {
+        decode_add(encode(part, encoding), encoding, sum);
+      }
+    }
+    expected.narrow(0, begin, end - begin).copy_(decode(encode(sum, encoding), encoding, end - begin));
+  }
+  for (int64_t r = 0; r < kSize; ++r) {
+    EXPECT_TRUE(torch::equal(results[static_cast<size_t>(r)].value->first, expected)) << "rank " << r;
+  }
+  const double whole = static_cast<double>(encoded_bytes(encoding, kCount));
+  EXPECT_NEAR(static_cast<double>(results[0].value->second.bytes_sent), 2.0 * (kSize - 1) / kSize * whole, whole * 0.01);
 }
 
 TEST(GroupTest, EncodedAllReduceRefusesNanOnEveryRank) {

@@ -146,9 +146,11 @@ class GlooGroup final : public GroupImpl {
     // thread of its own, which is left to finish by itself when the hook says so.
     auto abandoned = options.abort ? std::make_shared<std::atomic<bool>>(false) : nullptr;
     auto connect = [store = std::move(store), prefix, rank = options.rank, size = options.size, host = options.host,
-                    timeout = options.timeout, abandoned] {
+                    timeout = options.timeout, connections = options.connections, abandoned] {
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+      for (int64_t c = 0; c < connections; ++c) {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+      }
       auto adapter = c10::make_intrusive<StoreAdapter>(store, prefix + "/gloo", timeout, abandoned);
       return c10::make_intrusive<c10d::ProcessGroupGloo>(adapter, static_cast<int>(rank), static_cast<int>(size), gloo_options);
     };
@@ -254,6 +256,13 @@ class GlooGroup final : public GroupImpl {
     return {bytes_of(out), bytes_of(in), 0, size()};
   }
 
+  std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    return post(tensor, peer, tag, true);
+  }
+  std::unique_ptr<Posted> post_recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    return post(tensor, peer, tag, false);
+  }
+
   CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override {
     std::vector<at::Tensor> buffer{tensor};
     run(fmt::format("recv from rank {}", peer), bytes_of(tensor),
@@ -293,6 +302,45 @@ class GlooGroup final : public GroupImpl {
       const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
       throw PeerError("comm", fmt::format("{} of {} bytes in group '{}' (rank {} of {}) failed after {:.1f} s: {}", what,
                                           bytes, options_.prefix, rank(), size(), elapsed, first_line(e.what())));
+    }
+  }
+
+  // A posted send or receive: the Work holds the tensor until it completes.
+  class GlooPosted final : public Posted {
+   public:
+    GlooPosted(GlooGroup& group, c10::intrusive_ptr<c10d::Work> work, int64_t bytes, int64_t peer, bool sending)
+        : group_(group), work_(std::move(work)), bytes_(bytes), peer_(peer), sending_(sending) {}
+    CommStats wait() override {
+      try {
+        group_.wait_for(work_, begin_ + group_.options_.timeout);
+      } catch (const std::exception& e) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - begin_).count();
+        throw PeerError("comm", fmt::format("{} {} bytes {} rank {} in group '{}' (rank {} of {}) failed after {:.1f} s: {}",
+                                            sending_ ? "sending" : "receiving", bytes_, sending_ ? "to" : "from", peer_,
+                                            group_.options_.prefix, group_.rank(), group_.size(), elapsed,
+                                            first_line(e.what())));
+      }
+      return sending_ ? CommStats{bytes_, 0, 0, 2} : CommStats{0, bytes_, 0, 2};
+    }
+
+   private:
+    GlooGroup& group_;
+    c10::intrusive_ptr<c10d::Work> work_;
+    int64_t bytes_, peer_;
+    bool sending_;
+    Clock::time_point begin_ = Clock::now();
+  };
+
+  std::unique_ptr<Posted> post(const torch::Tensor& tensor, int64_t peer, int64_t tag, bool sending) {
+    std::vector<at::Tensor> buffer{tensor};
+    try {
+      auto work = sending ? group_->send(buffer, static_cast<int>(peer), static_cast<int>(tag))
+                          : group_->recv(buffer, static_cast<int>(peer), static_cast<int>(tag));
+      return std::make_unique<GlooPosted>(*this, std::move(work), bytes_of(tensor), peer, sending);
+    } catch (const std::exception& e) {
+      throw PeerError("comm", fmt::format("posting a {} of {} bytes {} rank {} in group '{}' failed: {}",
+                                          sending ? "send" : "receive", bytes_of(tensor), sending ? "to" : "from", peer,
+                                          options_.prefix, first_line(e.what())));
     }
   }
 

@@ -30,6 +30,12 @@ class SingleGroup final : public GroupImpl {
   CommStats send_recv(const torch::Tensor&, int64_t, torch::Tensor&, int64_t, int64_t) override {
     throw InternalError("comm", "send_recv in a group of one rank: there is no peer");
   }
+  std::unique_ptr<Posted> post_send(const torch::Tensor&, int64_t, int64_t) override {
+    throw InternalError("comm", "post_send in a group of one rank: there is no peer");
+  }
+  std::unique_ptr<Posted> post_recv(torch::Tensor&, int64_t, int64_t) override {
+    throw InternalError("comm", "post_recv in a group of one rank: there is no peer");
+  }
 };
 
 // Backends take contiguous CPU tensors. A tensor that is neither is staged through a contiguous
@@ -80,6 +86,9 @@ void GroupOptions::validate() const {
   if (rank < 0 || rank >= size) throw ConfigError("comm", fmt::format("rank {} is outside [0, {})", rank, size));
   if (timeout.count() <= 0) throw ConfigError("comm", "the group timeout must be positive");
   if (host.empty()) throw ConfigError("comm", "the group's listen host must not be empty");
+  if (connections < 1 || connections > 64) {
+    throw ConfigError("comm", fmt::format("connections per peer must be in [1, 64], got {}", connections));
+  }
 }
 
 Group::Group(std::shared_ptr<GroupImpl> impl) : impl_(std::move(impl)) { LOCO_CHECK(impl_ != nullptr, "null group"); }
@@ -92,8 +101,8 @@ Group Group::connect(std::shared_ptr<KeyValueStore> store, const GroupOptions& o
   return Group(connect_gloo(std::move(store), options));
 }
 
-GroupFactory::GroupFactory(std::shared_ptr<KeyValueStore> store, std::string host, Duration timeout)
-    : store_(std::move(store)), host_(std::move(host)), timeout_(timeout) {}
+GroupFactory::GroupFactory(std::shared_ptr<KeyValueStore> store, std::string host, Duration timeout, int64_t connections)
+    : store_(std::move(store)), host_(std::move(host)), timeout_(timeout), connections_(connections) {}
 
 GroupFactory GroupFactory::local() { return GroupFactory(nullptr, "127.0.0.1", std::chrono::seconds(60)); }
 
@@ -105,6 +114,7 @@ Group GroupFactory::make(int64_t epoch, int64_t rank, int64_t size, std::functio
   options.size = size;
   options.host = host_;
   options.timeout = timeout_;
+  options.connections = connections_;
   options.prefix = fmt::format("epoch/{}", epoch);
   options.abort = std::move(abort);
   return Group::connect(store_, options);
@@ -229,6 +239,10 @@ struct Chunks {
   }
 };
 
+// The scatter sends a chunk in pieces of this many values (1 MB of fp32; whole blocks), so that
+// encoding, sending and decoding overlap and the pieces spread over the connections.
+constexpr int64_t kScatterPiece = 1024 * kEncodingBlock;
+
 torch::Tensor encoded_buffer(Encoding encoding, const torch::Tensor& values) {
   return torch::empty({encoded_bytes(encoding, values.numel())}, torch::kUInt8);
 }
@@ -256,26 +270,87 @@ CommStats Group::reduce_scatter(torch::Tensor& flat, Encoding encoding) {
   const int64_t m = size(), r = rank();
   const Chunks chunk{flat, m};
   CommStats stats;
-  // All-to-all in M − 1 rounds: in round k this rank sends its encoded chunk r + k to that chunk's
-  // owner and receives its own chunk r from rank r − k, both in flight at once (each round pairs
-  // the ranks off, so no one waits on a rank that is itself waiting).
-  std::vector<torch::Tensor> received(static_cast<size_t>(m));
+  auto finish = [&](std::unique_ptr<Posted>& posted) {
+    const auto moved = posted->wait();
+    counters_->bytes_sent += moved.bytes_sent;  // as each piece completes, for readers of bytes_sent()
+    stats += moved;
+    posted.reset();
+  };
+  // Every message is a piece of a chunk; piece p of a chunk travels with tag p in the all-to-all
+  // and kGatherTags + p in the all-gather, so that the pieces spread over the connections.
+  auto pieces = [](const torch::Tensor& values) {
+    std::vector<torch::Tensor> out;
+    for (int64_t begin = 0; begin < values.numel(); begin += kScatterPiece) {
+      out.push_back(values.narrow(0, begin, std::min(kScatterPiece, values.numel() - begin)));
+    }
+    return out;
+  };
+  constexpr int64_t kGatherTags = int64_t{1} << 20;
+  const auto mine = pieces(chunk(r));
+
+  // All-to-all: every receive is posted first, then each piece of each chunk is encoded once and
+  // sent to the chunk's owner while the next one is encoded (the peer's receive is already
+  // posted, so nothing waits on an order).
+  std::vector<std::vector<torch::Tensor>> incoming(static_cast<size_t>(m));
+  std::vector<std::vector<std::unique_ptr<Posted>>> receiving(static_cast<size_t>(m));
   for (int64_t k = 1; k < m; ++k) {
-    const int64_t to = (r + k) % m, from = (r + m - k) % m;
-    auto& incoming = received[static_cast<size_t>(from)] = encoded_buffer(encoding, chunk(r));
-    stats += send_recv(encode(chunk(to), encoding), to, incoming, from, k);
-  }
-  // The owner's sum, in fp32 and rank order, with its own values as they are; encoded once.
-  auto mine = chunk(r);
-  auto sum = torch::zeros_like(mine);
-  for (int64_t q = 0; q < m; ++q) {
-    if (q == r) {
-      sum.add_(mine);
-    } else {
-      decode_add(received[static_cast<size_t>(q)], encoding, sum);
+    const int64_t from = (r + m - k) % m;
+    for (size_t p = 0; p < mine.size(); ++p) {
+      auto& buffer = incoming[static_cast<size_t>(from)].emplace_back(encoded_buffer(encoding, mine[p]));
+      receiving[static_cast<size_t>(from)].push_back(impl_->post_recv(buffer, from, static_cast<int64_t>(p)));
     }
   }
-  stats += ring_all_gather(*this, chunk, r, encode(sum, encoding), encoding);
+  std::vector<std::unique_ptr<Posted>> sending;
+  for (int64_t k = 1; k < m; ++k) {
+    const int64_t to = (r + k) % m;
+    const auto theirs = pieces(chunk(to));
+    for (size_t p = 0; p < theirs.size(); ++p) sending.push_back(impl_->post_send(encode(theirs[p], encoding), to, static_cast<int64_t>(p)));
+  }
+  // The owner's sum, in fp32 and rank order, with its own values as they are; each piece is
+  // decoded as soon as it has arrived.
+  auto sum = torch::zeros_like(chunk(r));
+  const auto sums = pieces(sum);
+  for (int64_t q = 0; q < m; ++q) {
+    for (size_t p = 0; p < mine.size(); ++p) {
+      if (q == r) {
+        sums[p].add_(mine[p]);
+        continue;
+      }
+      finish(receiving[static_cast<size_t>(q)][p]);
+      auto target = sums[p];
+      decode_add(incoming[static_cast<size_t>(q)][p], encoding, target);
+    }
+  }
+  for (auto& posted : sending) finish(posted);
+  sending.clear();
+
+  // All-gather, direct: each owner encodes its sum once and sends it to every other rank; every
+  // rank, the owner included, takes the decoded bytes as the result, so all hold the same values.
+  std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>> results(static_cast<size_t>(m));  // (target, bytes)
+  std::vector<std::vector<std::unique_ptr<Posted>>> gathering(static_cast<size_t>(m));
+  for (int64_t k = 1; k < m; ++k) {
+    const int64_t from = (r + m - k) % m;
+    const auto targets = pieces(chunk(from));
+    for (size_t p = 0; p < targets.size(); ++p) {
+      auto& [target, buffer] = results[static_cast<size_t>(from)].emplace_back(targets[p], encoded_buffer(encoding, targets[p]));
+      gathering[static_cast<size_t>(from)].push_back(impl_->post_recv(buffer, from, kGatherTags + static_cast<int64_t>(p)));
+    }
+  }
+  for (size_t p = 0; p < sums.size(); ++p) {
+    auto encoded = encode(sums[p], encoding);
+    for (int64_t k = 1; k < m; ++k) sending.push_back(impl_->post_send(encoded, (r + k) % m, kGatherTags + static_cast<int64_t>(p)));
+    mine[p].copy_(decode(encoded, encoding, mine[p].numel()));
+  }
+  for (int64_t k = 1; k < m; ++k) {
+    const int64_t from = (r + m - k) % m;
+    auto& posted = gathering[static_cast<size_t>(from)];
+    for (size_t p = 0; p < posted.size(); ++p) {
+      finish(posted[p]);
+      auto& [target, buffer] = results[static_cast<size_t>(from)][p];
+      target.copy_(decode(buffer, encoding, target.numel()));
+    }
+  }
+  for (auto& posted : sending) finish(posted);
   stats.participants = m;
   return stats;
 }

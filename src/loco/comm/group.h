@@ -51,6 +51,10 @@ struct GroupOptions {
   std::string host = "127.0.0.1";
   Duration timeout = std::chrono::seconds(60);  // rendezvous and every operation
   std::string prefix = "group";                 // namespace of this group's keys in the store
+  // TCP connections between each pair of ranks (Gloo devices, each a full mesh). Point-to-point
+  // messages spread over them by tag, so that the pieces of an encoded all-reduce travel side by
+  // side: one TCP stream over a long link is bound by its window and round trip, several are not.
+  int64_t connections = 1;
   // Asked about every 100 ms while the rendezvous or an operation waits: true abandons the wait
   // with PeerError (elastic runs: the coordinator says a member of this group failed). Empty: never.
   std::function<bool()> abort;
@@ -82,6 +86,16 @@ struct ReduceOptions {
   ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;
 };
 
+// A send or receive that was posted and moves in the background. wait() blocks until it is done
+// (bounded by the group's timeout from when it was posted, and its abort hook) and returns what
+// it moved, or throws PeerError. A tensor given to a posted operation must not be touched until
+// then.
+class Posted {
+ public:
+  virtual ~Posted() = default;
+  virtual CommStats wait() = 0;
+};
+
 // A backend. Implemented by gloo_group.cpp and the single-rank stand-in; users hold a Group.
 // Implementations take CPU tensors that are contiguous (Group ensures it) and report bytes.
 class GroupImpl {
@@ -97,6 +111,9 @@ class GroupImpl {
   virtual CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
   // Sends `out` to `to` while receiving `in` from `from` (a ring hop: both are in flight at once).
   virtual CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) = 0;
+  // Posts a send or a receive and returns at once (see Posted).
+  virtual std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
+  virtual std::unique_ptr<Posted> post_recv(torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
 };
 
 class Group {
@@ -158,7 +175,7 @@ class Group {
 // round.
 class GroupFactory {
  public:
-  GroupFactory(std::shared_ptr<KeyValueStore> store, std::string host, Duration timeout);
+  GroupFactory(std::shared_ptr<KeyValueStore> store, std::string host, Duration timeout, int64_t connections = 1);
   static GroupFactory local();
 
   // Blocks until the `size` ranks of `epoch` have met (see Group::connect); throws PeerError when
@@ -169,6 +186,7 @@ class GroupFactory {
   std::shared_ptr<KeyValueStore> store_;
   std::string host_;
   Duration timeout_;
+  int64_t connections_ = 1;
 };
 
 // The Gloo backend (gloo_group.cpp): exposed for Group::connect and tests.

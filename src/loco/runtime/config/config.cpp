@@ -138,6 +138,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       between(0, 65535, {"cluster.port", "port of `loco coordinator` (`loco launch` picks a free one unless --port is given)", &c.cluster.port}),
       {"cluster.host", "address other workers use to reach this one; \"\" = the local address that reaches the coordinator", &c.cluster.host},
       positive({"cluster.timeout_s", "seconds any collective, and the forming of a group, may take before it fails", &c.cluster.timeout_s}),
+      between(1, 64, {"cluster.connections", "TCP connections between each pair of workers; the encoded all-reduce spreads its pieces over them (a long, fast link needs several: one TCP stream is bound by its window and round trip)", &c.cluster.connections}),
       positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join (elastic: also how long a worker "
                 "waits for a vacant slot in a full run)", &c.cluster.join_timeout_s}),
       positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),

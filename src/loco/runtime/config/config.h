@@ -100,6 +100,7 @@ struct ClusterSection {
   int64_t port = 29500;              // `loco coordinator`'s port (`loco launch` picks a free one)
   std::string host;                  // address peers use to reach this worker; "" = the one that reaches the coordinator
   double timeout_s = 120;            // bound on every collective and on forming a group
+  int64_t connections = 1;           // TCP connections between each pair of workers (long links: several)
   double join_timeout_s = 300;       // the coordinator waits this long for all workers to join
   double connect_timeout_s = 60;     // a worker retries reaching the coordinator this long
   // Elastic membership (DiLoCo): workers may fail, be replaced and join during the run.

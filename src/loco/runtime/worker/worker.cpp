@@ -166,7 +166,7 @@ TrainOptions worker_train_options(const WorkerOptions& options, std::optional<in
 comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client) {
   // Peers dial this worker at the address that reaches the coordinator, unless cluster.host says.
   const std::string host = config.cluster.host.empty() ? client.local_address() : config.cluster.host;
-  return comm::GroupFactory(client.key_value_store(), host, seconds(config.cluster.timeout_s));
+  return comm::GroupFactory(client.key_value_store(), host, seconds(config.cluster.timeout_s), config.cluster.connections);
 }
 
 std::string host_name() {
