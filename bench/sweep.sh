@@ -73,6 +73,13 @@ tune main-nesterov0.4           --outer.optimizer=nesterov --outer.lr=0.4
 tune main-nesterov0.4-warmup10  --outer.optimizer=nesterov --outer.lr=0.4 --outer.momentum_warmup=10
 # The same tokens in half the steps: batch 16 per worker, 250 steps, H = 5 (the same 50 syncs).
 tune main-b16                   --train.batch_size=16 --train.steps=250 --sync.inner_steps=5
+# The warmed-up Nesterov with the other changes that helped on their own: beta2 0.99 (it did not
+# add up: worse together), alpha 0.25, a longer warm-up, a larger eta.
+warm=(--outer.optimizer=nesterov --outer.lr=0.4 --outer.momentum_warmup=10)
+tune main-nesterov0.4-warmup10-beta2-0.99  "${warm[@]}" --optim.beta2=0.99
+tune main-nesterov0.4-warmup10-alpha0.25   "${warm[@]}" --sync.merge_alpha=0.25
+tune main-nesterov0.4-warmup20             "${warm[@]}" --outer.momentum_warmup=20
+tune main-nesterov0.6-warmup10             "${warm[@]}" --outer.lr=0.6
 
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
@@ -86,7 +93,8 @@ for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h1
          streaming-e3m0-h10-lr0.4 streaming-e3m0-h8 streaming-e3m0-h10-lr0.2 streaming-e3m0-h10-fedavg \
          streaming-fp8-h20-fedavg streaming-int4-h10-fedavg streaming-e3m0-h10-sgd1.5 \
          main main-tau0 main-alpha0.25 main-alpha0.75 main-p2 main-p1 main-beta2-0.99 main-qknorm-zloss main-b16 \
-         main-nesterov0.4 main-nesterov0.4-warmup10; do
+         main-nesterov0.4 main-nesterov0.4-warmup10 main-nesterov0.4-warmup10-beta2-0.99 \
+         main-nesterov0.4-warmup10-alpha0.25 main-nesterov0.4-warmup20 main-nesterov0.6-warmup10; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"

@@ -28,17 +28,32 @@ using Vi = hn::Vec<Di>;
 // A format with at most this many midpoints finds codes by comparing with each of them.
 constexpr size_t kFewMidpoints = 15;
 
+// How a format's codes are found: compared with every midpoint, searched from a table entry, or
+// guessed (ScaledFormat::Guess). A template argument, so that each encode loop holds one.
+enum class Search { kFew, kTable, kUniform, kE4M3 };
+
+Search search_of(const ScaledFormat& format) {
+  if (format.midpoints.size() <= kFewMidpoints) return Search::kFew;
+  switch (format.guess) {
+    case ScaledFormat::Guess::kUniform: return Search::kUniform;
+    case ScaledFormat::Guess::kE4M3: return Search::kE4M3;
+    case ScaledFormat::Guess::kTable: break;
+  }
+  return Search::kTable;
+}
+
 // The codes (sign included) of the values x of a block whose divisor is max(s, denormal min).
+template <Search kSearch>
 HWY_INLINE Vi codes_of(const ScaledFormat& format, Vf x, Vf divisor) {
   const Df df;
   const Di di;
   const Vf r = hn::Div(hn::Abs(x), divisor);  // in [0, 1], as the reference divides
   Vi code = hn::Zero(di);
   const auto& midpoints = format.midpoints;
-  if (midpoints.size() <= kFewMidpoints) {
+  if constexpr (kSearch == Search::kFew) {
     // code = how many midpoints are strictly below r (a true mask lane is −1).
     for (const float m : midpoints) code = hn::Sub(code, hn::BitCast(di, hn::VecFromMask(df, hn::Lt(hn::Set(df, m), r))));
-  } else if (format.guess == ScaledFormat::Guess::kTable) {
+  } else if constexpr (kSearch == Search::kTable) {
     // Start from the table entry of r's exponent and leading mantissa bits, then step up while
     // the next midpoint is below r, every lane until none moves.
     // (NaN and Inf, which the caller refuses, would index past the table: the index is clamped.)
@@ -54,28 +69,44 @@ HWY_INLINE Vi codes_of(const ScaledFormat& format, Vf x, Vf divisor) {
       code = hn::Sub(code, step);
     }
   } else {
-    // A guess within one of the code, then the two midpoints around it settle it: down when the
-    // midpoint below is not below r, up when the one above is.
+    // A guess: r's position in units of the levels' spacing, rounded. Away from the midpoints the
+    // guess is the code (the float error of r and of the table's midpoints is below 2^-15 of a
+    // spacing); a lane within 2^-10 of a spacing of a midpoint may be off by one, and when any lane
+    // is, the two midpoints around the guess settle it from the table: down when the midpoint
+    // below is not below r, up when the one above is. Both are gathered from the guess at once
+    // (after a step down, the midpoint above is the one below, which is not below r).
     const int32_t last = static_cast<int32_t>(midpoints.size());
-    if (format.guess == ScaledFormat::Guess::kUniform) {
-      code = hn::ConvertTo(di, hn::Add(hn::Mul(r, hn::Set(df, static_cast<float>(last))), hn::Set(df, 0.5f)));
-    } else {  // kE4M3: exponent e = E − 120 and the top 3 mantissa bits; below 2^-6, m · 2^-9
+    const Vf half = hn::Set(df, 0.5f), band = hn::Set(df, 1.0f / 1024);
+    // t's fraction within 2^-10 of one half.
+    auto near_half = [&](Vf t) { return hn::Lt(hn::Abs(hn::Sub(hn::Sub(t, hn::Trunc(t)), half)), band); };
+    hn::Mask<Df> near;
+    if constexpr (kSearch == Search::kUniform) {
+      const Vf t = hn::Mul(r, hn::Set(df, static_cast<float>(last)));
+      code = hn::ConvertTo(di, hn::Add(t, half));
+      near = near_half(t);
+    } else {  // kE4M3: exponent e = E − 120, the top 3 mantissa bits and the next one to round; below 2^-6, m · 2^-9
       const Vf v = hn::Mul(r, hn::Set(df, 448.0f));
       const Vi bits = hn::BitCast(di, v);
       const Vi exponent = hn::ShiftRight<23>(bits);
-      const Vi normal = hn::Or(hn::ShiftLeft<3>(hn::Sub(exponent, hn::Set(di, 120))),
-                               hn::And(hn::ShiftRight<20>(bits), hn::Set(di, 7)));
-      const Vi subnormal = hn::ConvertTo(di, hn::Mul(v, hn::Set(df, 512.0f)));
-      code = hn::IfThenElse(hn::Gt(exponent, hn::Set(di, 120)), normal, subnormal);
+      const Vi doubled = hn::Or(hn::ShiftLeft<4>(hn::Sub(exponent, hn::Set(di, 120))), hn::And(hn::ShiftRight<19>(bits), hn::Set(di, 15)));
+      const Vi normal = hn::ShiftRight<1>(hn::Add(doubled, hn::Set(di, 1)));
+      const Vf units = hn::Mul(v, hn::Set(df, 512.0f));
+      const auto is_normal = hn::Gt(exponent, hn::Set(di, 120));
+      code = hn::IfThenElse(is_normal, normal, hn::ConvertTo(di, hn::Add(units, half)));
+      // A normal value is near a midpoint when the mantissa bits below the top 3 are near 1000…0.
+      const Vi from_half = hn::Abs(hn::Sub(hn::And(bits, hn::Set(di, 0xFFFFF)), hn::Set(di, 0x80000)));
+      const auto near_normal = hn::RebindMask(df, hn::And(is_normal, hn::Lt(from_half, hn::Set(di, 0x400))));
+      near = hn::Or(near_normal, hn::AndNot(hn::RebindMask(df, is_normal), near_half(units)));
     }
     code = hn::Min(hn::Max(code, hn::Zero(di)), hn::Set(di, last));  // also tames NaN and Inf
-    const Vi one = hn::Set(di, 1);
-    const Vf below = hn::GatherIndex(df, midpoints.data(), hn::Max(hn::Sub(code, one), hn::Zero(di)));
-    const auto down = hn::And(hn::Gt(code, hn::Zero(di)), hn::RebindMask(di, hn::Ge(below, r)));
-    code = hn::IfThenElse(down, hn::Sub(code, one), code);
-    const Vf above = hn::GatherIndex(df, midpoints.data(), hn::Min(code, hn::Set(di, last - 1)));
-    const auto up = hn::And(hn::Lt(code, hn::Set(di, last)), hn::RebindMask(di, hn::Lt(above, r)));
-    code = hn::IfThenElse(up, hn::Add(code, one), code);
+    if (!hn::AllFalse(df, near)) {
+      const Vi one = hn::Set(di, 1);
+      const Vf below = hn::GatherIndex(df, midpoints.data(), hn::Max(hn::Sub(code, one), hn::Zero(di)));
+      const Vf above = hn::GatherIndex(df, midpoints.data(), hn::Min(code, hn::Set(di, last - 1)));
+      const auto down = hn::And(hn::Gt(code, hn::Zero(di)), hn::RebindMask(di, hn::Ge(below, r)));
+      const auto up = hn::And(hn::Lt(code, hn::Set(di, last)), hn::RebindMask(di, hn::Lt(above, r)));
+      code = hn::IfThenElse(down, hn::Sub(code, one), hn::IfThenElse(up, hn::Add(code, one), code));
+    }
   }
   // The sign bit for negative values whose code is not zero (−0 and values that round to 0 stay 0).
   const Vi negative = hn::And(hn::BitCast(di, hn::VecFromMask(df, hn::Lt(x, hn::Zero(df)))),
@@ -93,8 +124,9 @@ HWY_INLINE Vf values_of(const ScaledFormat& format, Vi code, Vf scale) {
   return hn::IfThenElse(negative, hn::Neg(value), value);
 }
 
-bool EncodeBlocks(const ScaledFormat& format, const float* HWY_RESTRICT in, int64_t first, int64_t last,
-                  uint8_t* HWY_RESTRICT scales, uint8_t* HWY_RESTRICT codes) {
+template <Search kSearch>
+bool encode_with(const ScaledFormat& format, const float* HWY_RESTRICT in, int64_t first, int64_t last,
+                 uint8_t* HWY_RESTRICT scales, uint8_t* HWY_RESTRICT codes) {
   const Df df;
   const D8 d8;
   const size_t n = hn::Lanes(df);
@@ -112,18 +144,29 @@ bool EncodeBlocks(const ScaledFormat& format, const float* HWY_RESTRICT in, int6
     const Vf divisor = hn::Set(df, std::max(scale, std::numeric_limits<float>::denorm_min()));
     if (format.bits == 8) {
       uint8_t* out = codes + b * kBlock;
-      for (size_t i = 0; i < kBlock; i += n) hn::StoreU(hn::DemoteTo(d8, codes_of(format, hn::LoadU(df, x + i), divisor)), d8, out + i);
+      for (size_t i = 0; i < kBlock; i += n) hn::StoreU(hn::DemoteTo(d8, codes_of<kSearch>(format, hn::LoadU(df, x + i), divisor)), d8, out + i);
     } else {
       uint8_t* out = codes + b * kBlock / 2;
       for (size_t i = 0; i < kBlock; i += 2 * n) {
         Vf even, odd;
         hn::LoadInterleaved2(df, x + i, even, odd);
-        const Vi packed = hn::Or(codes_of(format, even, divisor), hn::ShiftLeft<4>(codes_of(format, odd, divisor)));
+        const Vi packed = hn::Or(codes_of<kSearch>(format, even, divisor), hn::ShiftLeft<4>(codes_of<kSearch>(format, odd, divisor)));
         hn::StoreU(hn::DemoteTo(d8, packed), d8, out + i / 2);
       }
     }
   }
   return hn::AllFalse(df, bad);
+}
+
+bool EncodeBlocks(const ScaledFormat& format, const float* HWY_RESTRICT in, int64_t first, int64_t last,
+                  uint8_t* HWY_RESTRICT scales, uint8_t* HWY_RESTRICT codes) {
+  switch (search_of(format)) {
+    case Search::kFew: return encode_with<Search::kFew>(format, in, first, last, scales, codes);
+    case Search::kTable: return encode_with<Search::kTable>(format, in, first, last, scales, codes);
+    case Search::kUniform: return encode_with<Search::kUniform>(format, in, first, last, scales, codes);
+    case Search::kE4M3: return encode_with<Search::kE4M3>(format, in, first, last, scales, codes);
+  }
+  return false;
 }
 
 void DecodeAddBlocks(const ScaledFormat& format, const uint8_t* HWY_RESTRICT scales, const uint8_t* HWY_RESTRICT codes,
