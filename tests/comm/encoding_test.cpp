@@ -197,6 +197,29 @@ TEST(EncodingTest, NanAndInfAreRefusedWithTheirIndex) {
   }
 }
 
+// The all-reduce's collective check counts NaN and Inf with a vector pass: every position, in the
+// vector body and the scalar tail, and every kind of non-finite value is counted, finite extremes
+// (the largest float, denormals, -0) are not.
+TEST(EncodingTest, NotFiniteValuesAreCountedWherever) {
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (int64_t count : {0, 1, 15, 16, 17, 131}) {
+    std::vector<float> x(static_cast<size_t>(count), 1.0f);
+    if (count >= 3) x[0] = std::numeric_limits<float>::max(), x[1] = -0.0f, x[2] = std::numeric_limits<float>::denorm_min();
+    EXPECT_EQ(kernels::count_not_finite(x.data(), count), 0);
+    for (int64_t i = 0; i < count; ++i) {
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf}) {
+        auto y = x;
+        y[static_cast<size_t>(i)] = bad;
+        ASSERT_EQ(kernels::count_not_finite(y.data(), count), 1) << "count " << count << " index " << i << " " << bad;
+      }
+    }
+    if (count > 0) {
+      std::vector<float> all(static_cast<size_t>(count), std::numeric_limits<float>::quiet_NaN());
+      EXPECT_EQ(kernels::count_not_finite(all.data(), count), count);
+    }
+  }
+}
+
 TEST(EncodingTest, SizesAndNames) {
   for (int64_t n : {1, 2, 255, 256, 257, 1001}) {
     for (auto e : kAll) {

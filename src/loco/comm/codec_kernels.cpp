@@ -200,6 +200,17 @@ void DecodeAddBlocks(const ScaledFormat& format, const uint8_t* HWY_RESTRICT sca
   }
 }
 
+int64_t CountNotFinite(const float* HWY_RESTRICT in, int64_t count) {
+  const Df df;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t not_finite = 0, i = 0;
+  for (; i + lanes <= count; i += lanes) {
+    not_finite += static_cast<int64_t>(hn::CountTrue(df, hn::Not(hn::IsFinite(hn::LoadU(df, in + i)))));
+  }
+  for (; i < count; ++i) not_finite += std::isfinite(in[i]) ? 0 : 1;
+  return not_finite;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -211,6 +222,7 @@ namespace loco::comm::kernels {
 
 HWY_EXPORT(EncodeBlocks);
 HWY_EXPORT(DecodeAddBlocks);
+HWY_EXPORT(CountNotFinite);
 HWY_EXPORT(TargetName);
 
 ScaledFormat::ScaledFormat(std::vector<float> levels_in, int bits_in, Guess guess_in)
@@ -299,6 +311,8 @@ void decode_add_blocks(const ScaledFormat& format, const uint8_t* scales, const 
   }
   for (int64_t b = vector_last; b < last; ++b) decode_add_block_scalar(format, scales, codes, count, b, out);
 }
+
+int64_t count_not_finite(const float* in, int64_t count) { return HWY_DYNAMIC_DISPATCH(CountNotFinite)(in, count); }
 
 const char* vector_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

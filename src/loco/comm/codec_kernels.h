@@ -72,6 +72,9 @@ bool encode_blocks(const ScaledFormat& format, const float* in, int64_t count, i
 void decode_add_blocks(const ScaledFormat& format, const uint8_t* scales, const uint8_t* codes, int64_t count,
                        int64_t first, int64_t last, float* out, Path path = Path::kBest);
 
+// How many of the `count` values at `in` are NaN or Inf: one vector pass, no temporaries.
+int64_t count_not_finite(const float* in, int64_t count);
+
 // The name of the vector target kBest runs on this CPU ("AVX3", "AVX2", ...), for benchmarks.
 const char* vector_target();
 

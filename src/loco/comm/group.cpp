@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "loco/comm/codec_kernels.h"
 #include "loco/core/error.h"
 
 namespace loco::comm {
@@ -187,14 +188,16 @@ CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& opti
   auto flat = staged.staged.view({-1});
   // One number first: how many values are not finite, on all ranks together. Every rank then
   // refuses alike, instead of one rank refusing to encode while the others wait for its bytes.
-  auto not_finite = torch::logical_not(torch::isfinite(flat)).sum().to(torch::kFloat64).view({1});
+  // (One vector pass: torch's isfinite makes several passes and temporaries, and cost more than
+  // the whole encoded exchange.)
+  const int64_t mine = kernels::count_not_finite(flat.data_ptr<float>(), flat.numel());
+  auto not_finite = torch::full({1}, static_cast<double>(mine), torch::kFloat64);
   CommStats stats = all_reduce_sum(not_finite);
   if (not_finite.item<double>() > 0) {
     throw DataError("comm", fmt::format("all-reduce in {}: {} value(s) are NaN or Inf across the group ({} on this rank); "
                                         "they have no encoding (an outer gradient that is not finite means training "
                                         "diverged; hint: lower optim.lr or outer.lr)", to_string(options.encoding),
-                                        static_cast<int64_t>(not_finite.item<double>()),
-                                        torch::logical_not(torch::isfinite(flat)).sum().item<int64_t>()));
+                                        static_cast<int64_t>(not_finite.item<double>()), mine));
   }
   if (size() == 1) {
     flat.copy_(decode(encode(flat, options.encoding), options.encoding, flat.numel()));
