@@ -80,6 +80,12 @@ tune main-nesterov0.4-warmup10-beta2-0.99  "${warm[@]}" --optim.beta2=0.99
 tune main-nesterov0.4-warmup10-alpha0.25   "${warm[@]}" --sync.merge_alpha=0.25
 tune main-nesterov0.4-warmup20             "${warm[@]}" --outer.momentum_warmup=20
 tune main-nesterov0.6-warmup10             "${warm[@]}" --outer.lr=0.6
+# The best pair (warm-up Nesterov with alpha 0.25) with the third change that helped alone (tau 0),
+# and with a longer warm-up or a larger eta.
+best=("${warm[@]}" --sync.merge_alpha=0.25)
+tune main-nesterov0.4-warmup10-alpha0.25-tau0   "${best[@]}" --sync.overlap_steps=0
+tune main-nesterov0.4-warmup20-alpha0.25        "${best[@]}" --outer.momentum_warmup=20
+tune main-nesterov0.6-warmup10-alpha0.25        "${best[@]}" --outer.lr=0.6
 
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
@@ -94,7 +100,8 @@ for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h1
          streaming-fp8-h20-fedavg streaming-int4-h10-fedavg streaming-e3m0-h10-sgd1.5 \
          main main-tau0 main-alpha0.25 main-alpha0.75 main-p2 main-p1 main-beta2-0.99 main-qknorm-zloss main-b16 \
          main-nesterov0.4 main-nesterov0.4-warmup10 main-nesterov0.4-warmup10-beta2-0.99 \
-         main-nesterov0.4-warmup10-alpha0.25 main-nesterov0.4-warmup20 main-nesterov0.6-warmup10; do
+         main-nesterov0.4-warmup10-alpha0.25 main-nesterov0.4-warmup20 main-nesterov0.6-warmup10 \
+         main-nesterov0.4-warmup10-alpha0.25-tau0 main-nesterov0.4-warmup20-alpha0.25 main-nesterov0.6-warmup10-alpha0.25; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"

@@ -1,6 +1,6 @@
 // loco: train language models across poorly connected machines. This file only parses the command
 // line and calls the runtime; see docs/architecture.md. Subcommands: prepare, train, launch, worker,
-// coordinator, eval, generate, report, config. Exit status: 0 done, 1 bad input or environment, 2 a peer or
+// coordinator, eval, generate, report, config, plan. Exit status: 0 done, 1 bad input or environment, 2 a peer or
 // the coordinator failed, 3 a bug, 130 interrupted (state saved).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -21,6 +21,7 @@
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
 #include "loco/metrics/progress.h"
+#include "loco/model/paths.h"
 #include "loco/model/precision.h"
 #include "loco/model/sampling.h"
 #include "loco/runtime/store/checkpoint.h"
@@ -224,6 +225,7 @@ struct Train {
   }
   int run() {
     auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    loco::runtime::check_trainable(config);
     if (config.cluster.workers > 1) {
       throw loco::ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` "
                                                  "(or `loco coordinator` and `loco worker`)", config.cluster.workers));
@@ -334,6 +336,7 @@ struct Launch {
     auto overrides = collect_overrides(cmd->remaining());
     if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
     auto config = loco::runtime::load_config(config_file, overrides);
+    loco::runtime::check_trainable(config);
     install(on_launch_interrupt);
     loco::runtime::LaunchOptions options;
     options.config_file = config_file;
@@ -383,6 +386,7 @@ struct Worker {
       coordinator = fmt::format("{}:{}", *env.master_addr, *env.master_port);
     }
     auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    loco::runtime::check_trainable(config);
     if (env.world_size && *env.world_size != config.cluster.workers) {
       throw loco::ConfigError("cli", fmt::format("WORLD_SIZE (or SLURM_NTASKS) is {} but cluster.workers is {}; hint: pass "
                                                  "--cluster.workers={}", *env.world_size, config.cluster.workers, *env.world_size));
@@ -421,6 +425,7 @@ struct Coordinator {
     auto overrides = collect_overrides(cmd->remaining());
     if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
     auto config = loco::runtime::load_config(config_file, overrides);
+    loco::runtime::check_trainable(config);
     install(on_interrupt);
     loco::runtime::CoordinatorOptions options;
     const auto user_token = loco::runtime::join_token(config.cluster);
@@ -493,6 +498,29 @@ struct Report {
   bool json = false;
 };
 
+struct Plan {
+  explicit Plan(CLI::App& app) {
+    cmd = app.add_subcommand("plan", "Print a DiPaCo config's levels, modules and paths with their parameter counts");
+    cmd->add_option("--config", config_file, "TOML run config with dipaco.levels")->required();
+    cmd->allow_extras();
+  }
+  int run() {
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    auto options = loco::runtime::path_options(config);
+    if (!options.enabled()) {
+      throw loco::ConfigError("cli", fmt::format("plan: {} sets no dipaco.levels (a dense model has one path); "
+                                                 "e.g. --dipaco.levels=2:2,2:2", config_file));
+    }
+    if (config.model.vocab_size == 0) {  // the dataset's, as training would take it
+      config.model.vocab_size = loco::data::read_manifest(config.data.dir).vocab_size;
+    }
+    fmt::print("{}", loco::model::PathPlan(config.model, options).describe());
+    return 0;
+  }
+  CLI::App* cmd;
+  std::string config_file;
+};
+
 struct Config {
   explicit Config(CLI::App& app) {
     cmd = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
@@ -554,6 +582,7 @@ int main(int argc, char** argv) {
   Coordinator coordinator(app);
   Report report(app);
   Config config(app);
+  Plan plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -569,6 +598,7 @@ int main(int argc, char** argv) {
     if (coordinator.cmd->parsed()) return coordinator.run();
     if (report.cmd->parsed()) return report.run();
     if (config.cmd->parsed()) return config.run();
+    if (plan.cmd->parsed()) return plan.run();
     return 0;
   });
 }

@@ -172,5 +172,31 @@ TEST_F(CliTest, BadInputGetsClearErrors) {
   EXPECT_NE(no_command.status, 0);
 }
 
+// DiPaCo's plan: `loco plan` prints the modules and paths of a config's levels (the vocabulary
+// taken from the dataset, as training would), and the training commands refuse dipaco.levels,
+// which this version plans but does not train, writing nothing.
+TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
+  const std::string data_dir = "--data.dir=" + data().string();
+  auto plan = run_command({LOCO_BINARY, "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2,1:3"}, log("plan"));
+  EXPECT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("6 paths, 6 modules"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("| 2 | blocks 1 | chosen | 3 |"), std::string::npos) << plan.output;
+
+  auto dense = run_command({LOCO_BINARY, "plan", "--config", config().string(), data_dir}, log("plan-dense"));
+  EXPECT_EQ(dense.status, 1);
+  EXPECT_NE(dense.output.find("sets no dipaco.levels"), std::string::npos) << dense.output;
+
+  auto misfit = run_command({LOCO_BINARY, "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2"}, log("plan-misfit"));
+  EXPECT_EQ(misfit.status, 1);
+  EXPECT_NE(misfit.output.find("spans 1 blocks but the model has 2"), std::string::npos) << misfit.output;
+
+  auto args = train_args("dipaco");
+  args.push_back("--dipaco.levels=1:2,1:2");
+  auto train = run_command(args, log("plan-train"));
+  EXPECT_EQ(train.status, 1);
+  EXPECT_NE(train.output.find("DiPaCo training is not in this version yet"), std::string::npos) << train.output;
+  EXPECT_FALSE(fs::exists(dir_->path() / "dipaco"));
+}
+
 }  // namespace
 }  // namespace loco

@@ -160,6 +160,20 @@ TEST(Config, ExchangeAppliesToDiLoCoAndIsIgnoredByDdp) {
   EXPECT_NO_THROW(validate(c));
 }
 
+TEST(Config, DipacoLevelsParseValidateAndRoundTrip) {
+  auto c = parse_config("[model]\nlayers = 4\n[dipaco]\nlevels = \"2:2, 2:path\"\nembed = \"path\"\n", "t.toml");
+  const auto options = path_options(c);
+  ASSERT_EQ(options.levels.size(), 2u);
+  EXPECT_TRUE(options.levels[1].path_specific);
+  EXPECT_TRUE(options.embed_path_specific);
+  EXPECT_EQ(path_options(parse_config(to_toml(c), "again")).levels, options.levels);
+  expect_error<ConfigError>([&] { check_trainable(c); }, "DiPaCo training is not in this version yet");
+  EXPECT_NO_THROW(check_trainable(parse_config("", "dense.toml")));
+  expect_error<ConfigError>([] { parse_config("[model]\nlayers = 4\n[dipaco]\nlevels = \"3:2\"\n", "t.toml"); },
+                            "spans 3 blocks but the model has 4");
+  expect_error<ConfigError>([] { parse_config("[dipaco]\nembed = \"each\"\n", "t.toml"); }, "dipaco.embed");
+}
+
 TEST(Config, LoadMissingFileNamesIt) {
   expect_error<DataError>([] { load_config("/nonexistent/run.toml", {}); }, "/nonexistent/run.toml");
 }

@@ -151,6 +151,9 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"cluster.tls_cert", "coordinator: its TLS certificate (PEM); set with cluster.tls_key, it serves HTTPS only; \"\" = plain HTTP", &c.cluster.tls_cert},
       {"cluster.tls_key", "coordinator: the private key (PEM) of cluster.tls_cert", &c.cluster.tls_key},
       {"cluster.tls_ca", "worker: reach the coordinator over HTTPS and verify its certificate against this CA (PEM); \"\" = cluster.tls_cert if set (self-signed), else plain HTTP", &c.cluster.tls_ca},
+      {"dipaco.levels", "DiPaCo: the modular model's levels in block order, each BLOCKS:MODULES (MODULES a count, 1 = shared by every path, or path = path-specific), e.g. \"2:2,2:2\" (4 paths); \"\" = a dense model. `loco plan` prints the plan; training it is not in this version yet", &c.dipaco.levels},
+      {"dipaco.embed", "DiPaCo: the embeddings and final norm: shared by every path, or path (one copy per path)",
+       enum_field(c.dipaco.embed_path_specific, {{false, "shared"}, {true, "path"}})},
   };
 }
 
@@ -438,6 +441,21 @@ void apply_override(RunConfig& config, const std::string& assignment) {
   set_from_text(field, assignment.substr(eq + 1));
 }
 
+model::PathOptions path_options(const RunConfig& config) {
+  model::PathOptions options;
+  options.levels = model::PathOptions::parse_levels(config.dipaco.levels);
+  options.embed_path_specific = config.dipaco.embed_path_specific;
+  return options;
+}
+
+void check_trainable(const RunConfig& config) {
+  if (path_options(config).enabled()) {
+    throw ConfigError("config", fmt::format("dipaco.levels = \"{}\": DiPaCo training is not in this version yet; "
+                                            "`loco plan --config FILE` shows the plan (docs/dipaco.md). Hint: leave "
+                                            "dipaco.levels empty to train a dense model", config.dipaco.levels));
+  }
+}
+
 void validate(const RunConfig& c) {
   auto fields = fields_of(const_cast<RunConfig&>(c));
   for (const auto& f : fields) {
@@ -467,6 +485,7 @@ void validate(const RunConfig& c) {
     }
     streaming_options(c).validate();
   }
+  path_options(c).validate(c.model.layers);
   if (c.sync.bucket_mb * 1e6 < 4) throw ConfigError("config", "sync.bucket_mb must hold at least one number");
   if (c.cluster.workers > 1 && c.checkpoint.keep < 2) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "

@@ -14,6 +14,7 @@
 
 #include "loco/algorithms/diloco.h"
 #include "loco/algorithms/streaming.h"
+#include "loco/model/paths.h"
 #include "loco/model/transformer.h"
 #include "loco/optim/adamw.h"
 #include "loco/optim/outer.h"
@@ -127,6 +128,13 @@ struct CheckpointSection {
   int64_t keep = 2;          // most recent checkpoints kept
 };
 
+// DiPaCo's modular model (model/paths.h, docs/dipaco.md). This version plans it (`loco plan`);
+// training it is still to come, and the training commands refuse a config that sets it.
+struct DipacoSection {
+  std::string levels;            // "" = a dense model; "2:2,2:2": one BLOCKS:MODULES per level
+  bool embed_path_specific = false;  // dipaco.embed: "shared" or "path"
+};
+
 struct RunConfig {
   RunSection run;
   DataSection data;
@@ -143,6 +151,7 @@ struct RunConfig {
   SyncSection sync;
   OuterSection outer;
   ClusterSection cluster;
+  DipacoSection dipaco;
 };
 
 // The outer optimizer's options, with outer.lr = 0 / outer.momentum = -1 resolved to the defaults.
@@ -155,6 +164,12 @@ algorithms::Weighting weighting(const RunConfig& config);
 // `shard_tokens` tokens (needed when weighting by shard size).
 algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens = 0);
 algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t shard_tokens = 0);
+
+// DiPaCo's levels, modules and paths as the config sets them (levels empty: a dense model).
+model::PathOptions path_options(const RunConfig& config);
+// Throws ConfigError for what this version can plan but not yet train (dipaco.levels), so that a
+// training command never silently trains something other than what the config asks for.
+void check_trainable(const RunConfig& config);
 
 // Keys that may differ between the processes of one run (paths, devices, threads, logging, and
 // the settings of one process only: ports, addresses, its own timeouts); every other key must be
