@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "loco/core/error.h"
@@ -174,6 +175,25 @@ int64_t PathPlan::find(const std::string& name) const {
   }
   throw DataError("dipaco", fmt::format("no module named '{}' in this plan (levels \"{}\", {} modules)", name,
                                         PathOptions::format_levels(options_.levels), modules_.size()));
+}
+
+std::string PathPlan::fingerprint() const {
+  return fmt::format("levels={};embed={};vocab={};context={};layers={};width={};heads={};mlp_ratio={};norm={};"
+                     "position={};mlp={};qk_norm={}",
+                     PathOptions::format_levels(options_.levels), options_.embed_path_specific ? "path" : "shared",
+                     model_.vocab_size, model_.context, model_.layers, model_.width, model_.heads, model_.mlp_ratio,
+                     to_string(model_.norm), to_string(model_.position), to_string(model_.mlp), model_.qk_norm);
+}
+
+ParameterGroup module_parameters(const Transformer& path_model, const Module& module) {
+  ParameterGroup out{module.name, {}, {}};
+  for (auto& group : path_model->parameter_groups()) {
+    if (std::find(module.groups.begin(), module.groups.end(), group.name) == module.groups.end()) continue;
+    out.names.insert(out.names.end(), group.names.begin(), group.names.end());
+    out.parameters.insert(out.parameters.end(), group.parameters.begin(), group.parameters.end());
+  }
+  LOCO_CHECK(!out.names.empty(), "module {} holds no parameter of this model", module.name);
+  return out;
 }
 
 std::string PathPlan::describe() const {

@@ -78,6 +78,9 @@ class PathPlan {
   int64_t total_parameters() const { return total_parameters_; }  // every module once
   // A Markdown table of the levels and their modules with counts, for `loco plan`.
   std::string describe() const;
+  // What a module file records to be matched with its plan: the levels, the embed level's kind
+  // and the base model's shape. A module saved under another plan or model is refused.
+  std::string fingerprint() const;
 
  private:
   ModelOptions model_;
@@ -87,5 +90,9 @@ class PathPlan {
   std::vector<std::vector<int64_t>> path_modules_;
   int64_t path_parameters_ = 0, total_parameters_ = 0;
 };
+
+// The parameters of `module` in a path model (a Transformer of the plan's base shape): its groups'
+// names and live tensors, in the model's order. Loading a path is copying each of its modules in.
+ParameterGroup module_parameters(const Transformer& path_model, const Module& module);
 
 }  // namespace loco::model

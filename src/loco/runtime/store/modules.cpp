@@ -1,0 +1,77 @@
+#include "loco/runtime/store/modules.h"
+
+#include <fmt/format.h>
+
+#include "loco/core/error.h"
+
+namespace loco::runtime {
+namespace {
+
+constexpr const char* kParam = "param.";
+constexpr const char* kOuter = "outer.";
+
+bool safe_name(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name == "." || name == "..") return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::filesystem::path module_file(const std::filesystem::path& run_dir, const std::string& module, int64_t version) {
+  if (!safe_name(module)) {
+    throw DataError("dipaco", fmt::format("module name '{}' is not a safe file name (letters, digits, '.', '_', '-')", module));
+  }
+  if (version < 0) throw DataError("dipaco", fmt::format("module {}: version {} is negative", module, version));
+  return run_dir / "modules" / module / fmt::format("v{}.safetensors", version);
+}
+
+void save_module(const std::filesystem::path& run_dir, const ModuleVersion& module) {
+  const auto path = module_file(run_dir, module.module, module.version);
+  NamedTensors tensors;
+  for (const auto& [name, tensor] : module.parameters) tensors.emplace_back(kParam + name, tensor);
+  for (const auto& [name, tensor] : module.outer_state) tensors.emplace_back(kOuter + name, tensor);
+  std::filesystem::create_directories(path.parent_path());
+  save_safetensors(path, tensors, {{"loco.module", module.module},
+                                   {"loco.module_version", std::to_string(module.version)},
+                                   {"loco.plan", module.plan}});
+}
+
+ModuleVersion load_module(const std::filesystem::path& run_dir, const std::string& module, int64_t version,
+                          const std::string& plan) {
+  const auto path = module_file(run_dir, module, version);
+  if (!std::filesystem::exists(path)) {
+    throw DataError("dipaco", fmt::format("{}: module {} version {} was never saved (missing file)", path.string(), module, version));
+  }
+  auto file = load_safetensors(path);
+  auto meta = [&](const char* key) {
+    auto it = file.metadata.find(key);
+    if (it == file.metadata.end()) throw DataError("dipaco", fmt::format("{}: not a module file (no {} in its metadata)", path.string(), key));
+    return it->second;
+  };
+  if (meta("loco.module") != module || meta("loco.module_version") != std::to_string(version)) {
+    throw DataError("dipaco", fmt::format("{}: holds module {} version {}, not {} version {}", path.string(), meta("loco.module"),
+                                          meta("loco.module_version"), module, version));
+  }
+  if (meta("loco.plan") != plan) {
+    throw DataError("dipaco", fmt::format("{}: module of another plan or model ({}), this run's is {}", path.string(),
+                                          meta("loco.plan"), plan));
+  }
+  ModuleVersion out{module, version, plan, {}, {}};
+  for (auto& [name, tensor] : file.tensors) {
+    if (name.starts_with(kParam)) {
+      out.parameters.emplace_back(name.substr(std::string(kParam).size()), std::move(tensor));
+    } else if (name.starts_with(kOuter)) {
+      out.outer_state.emplace_back(name.substr(std::string(kOuter).size()), std::move(tensor));
+    } else {
+      throw DataError("dipaco", fmt::format("{}: tensor '{}' is neither a parameter nor outer state", path.string(), name));
+    }
+  }
+  if (out.parameters.empty()) throw DataError("dipaco", fmt::format("{}: a module file without parameters", path.string()));
+  return out;
+}
+
+}  // namespace loco::runtime
