@@ -1,0 +1,126 @@
+#include "loco/data/routing.h"
+
+#include <fmt/format.h>
+
+#include "loco/core/error.h"
+#include "loco/data/sharding.h"
+
+namespace loco::data {
+namespace {
+
+// Each point to a centre, every centre taking floor(N/k) or ceil(N/k) points: first every centre
+// fills up to floor(N/k) from the closest (point, centre) pairs overall, then the N mod k points
+// left go, closest pairs first, to centres still below ceil(N/k). Ties break by index, so the
+// result is deterministic.
+std::vector<int64_t> assign_balanced(const torch::Tensor& x, const torch::Tensor& centres) {
+  const int64_t n = x.size(0), k = centres.size(0);
+  const auto distances = torch::cdist(x, centres).contiguous();  // (N, k)
+  const auto order = std::get<1>(distances.view({-1}).sort(/*stable=*/true, 0, false)).contiguous();
+  const auto* pairs = order.data_ptr<int64_t>();
+  std::vector<int64_t> out(static_cast<size_t>(n), -1), size(static_cast<size_t>(k), 0);
+  int64_t left = n;
+  for (const int64_t capacity : {n / k, (n + k - 1) / k}) {
+    for (int64_t i = 0; i < n * k && left > 0; ++i) {
+      const int64_t point = pairs[i] / k, centre = pairs[i] % k;
+      if (out[static_cast<size_t>(point)] >= 0 || size[static_cast<size_t>(centre)] >= capacity) continue;
+      out[static_cast<size_t>(point)] = centre;
+      ++size[static_cast<size_t>(centre)];
+      --left;
+    }
+  }
+  return out;
+}
+
+torch::Tensor means_of(const torch::Tensor& x, const std::vector<int64_t>& assignment, int64_t k) {
+  auto centres = torch::zeros({k, x.size(1)});
+  auto counts = torch::zeros({k, 1});
+  auto index = torch::tensor(assignment, torch::kInt64);
+  centres.index_add_(0, index, x);
+  counts.index_add_(0, index, torch::ones({x.size(0), 1}));
+  return centres / counts.clamp_min(1);
+}
+
+KMeansRouter fit_part(const torch::Tensor& x, int64_t k, uint64_t seed, int64_t iterations) {
+  // Plain k-means (k-means++ and Lloyd) places the centres; balanced assignments then replace its
+  // Lloyd steps until no point moves.
+  auto centres = means_of(x, kmeans(x, k, seed), k);
+  std::vector<int64_t> assignment;
+  for (int64_t it = 0; it < iterations; ++it) {
+    auto next = assign_balanced(x, centres);
+    if (next == assignment) break;
+    assignment = std::move(next);
+    centres = means_of(x, assignment, k);
+  }
+  return KMeansRouter{k, {centres}, assignment};
+}
+
+void check_points(const torch::Tensor& points, int64_t needed, const char* what) {
+  if (points.dim() != 2 || points.scalar_type() != torch::kFloat32) {
+    throw DataError("route", fmt::format("{}: features must be (N, D) float32, got {} of {}", what,
+                                         c10::str(points.sizes()), c10::toString(points.scalar_type())));
+  }
+  if (points.size(0) < needed) {
+    throw DataError("route", fmt::format("{}: {} documents for {} paths: every path needs at least one document; hint: "
+                                         "fewer modules per level, or more documents", what, points.size(0), needed));
+  }
+}
+
+}  // namespace
+
+int64_t KMeansRouter::paths() const {
+  int64_t p = 1;
+  for (size_t i = 0; i < centres.size(); ++i) p *= k;
+  return p;
+}
+
+std::vector<int64_t> KMeansRouter::route(const torch::Tensor& features) const {
+  int64_t width = 0;
+  for (const auto& c : centres) width += c.size(1);
+  if (features.dim() != 2 || features.size(1) != width) {
+    throw DataError("route", fmt::format("features of shape {} for a router fitted on width {} (another model?)",
+                                         c10::str(features.sizes()), width));
+  }
+  std::vector<int64_t> out(static_cast<size_t>(features.size(0)), 0);
+  int64_t offset = 0;
+  for (const auto& c : centres) {
+    auto nearest = torch::cdist(features.narrow(1, offset, c.size(1)).to(torch::kFloat32).contiguous(), c).argmin(1);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = out[i] * k + nearest[static_cast<int64_t>(i)].item<int64_t>();
+    offset += c.size(1);
+  }
+  return out;
+}
+
+KMeansRouter fit_balanced_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations) {
+  check_points(points, k, "k-means routing");
+  return fit_part(points.contiguous(), k, seed, iterations);
+}
+
+KMeansRouter fit_product_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations) {
+  check_points(points, k * k, "product k-means routing");
+  if (points.size(1) < 2) throw DataError("route", "product k-means routing: features need at least 2 values to halve");
+  const int64_t half = points.size(1) / 2;
+  const auto a = fit_part(points.narrow(1, 0, half).contiguous(), k, seed, iterations);
+  const auto b = fit_part(points.narrow(1, half, points.size(1) - half).contiguous(), k, seed + 1, iterations);
+  KMeansRouter router{k, {a.centres[0], b.centres[0]}, {}};
+  const int64_t n = points.size(0), paths = k * k;
+  std::vector<int64_t> members(static_cast<size_t>(paths), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    router.assignment.push_back(a.assignment[static_cast<size_t>(i)] * k + b.assignment[static_cast<size_t>(i)]);
+    ++members[static_cast<size_t>(router.assignment.back())];
+  }
+  // A pair of clusters no document fell into takes the nearest document of a path that can spare one.
+  const auto da = torch::cdist(points.narrow(1, 0, half).contiguous(), a.centres[0]);            // (N, k)
+  const auto db = torch::cdist(points.narrow(1, half, points.size(1) - half).contiguous(), b.centres[0]);
+  for (int64_t p = 0; p < paths; ++p) {
+    if (members[static_cast<size_t>(p)] > 0) continue;
+    const auto spare = torch::tensor(members, torch::kInt64).index_select(0, torch::tensor(router.assignment, torch::kInt64)) >= 2;
+    const auto cost = (da.select(1, p / k) + db.select(1, p % k)).masked_fill(spare.logical_not(), INFINITY);
+    const int64_t chosen = cost.argmin().item<int64_t>();
+    --members[static_cast<size_t>(router.assignment[static_cast<size_t>(chosen)])];
+    router.assignment[static_cast<size_t>(chosen)] = p;
+    members[static_cast<size_t>(p)] = 1;
+  }
+  return router;
+}
+
+}  // namespace loco::data

@@ -1,0 +1,42 @@
+// DiPaCo's routing of documents to paths (Douillard et al. 2024, arXiv 2403.10616, section 2.2;
+// ALGORITHMS.md "DiPaCo"), decided before training from a feature per document (the runtime's:
+// the mean of the initial model's last hidden states over the document's first tokens).
+//
+//   k-means          k centres; every path gets between floor(N/k) and ceil(N/k) documents
+//                    (balanced: no path is empty, none swallows the corpus)
+//   product k-means  the feature's two halves clustered separately, k centres each: k² paths, path
+//                    = a · k + b for the halves' clusters a and b; a path no document fell into
+//                    takes the document nearest to it from a path that has more than one
+//
+// Both are deterministic for a seed. A fitted router keeps its centres, so documents it never saw
+// (validation, a prompt) are routed to the path of their nearest centre (or pair of centres).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace loco::data {
+
+struct KMeansRouter {
+  int64_t k = 0;
+  // One (k, D_part) float32 tensor per part of the feature: one part for k-means, the two halves
+  // (the first floor(D / 2) values, then the rest) for product k-means.
+  std::vector<torch::Tensor> centres;
+  // The fitted documents' paths, in [0, paths()), in the order of the points given to fit.
+  std::vector<int64_t> assignment;
+
+  int64_t paths() const;
+  // The path of each row of `features` (M, D) float32: the nearest centre of each part, the parts
+  // read as digits of base k, the first most significant. Throws DataError on a width mismatch
+  // (features of another model).
+  std::vector<int64_t> route(const torch::Tensor& features) const;
+};
+
+// points (N, D) float32, N >= k >= 1 (DataError otherwise, naming both).
+KMeansRouter fit_balanced_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations = 50);
+// points (N, D) float32 with D >= 2, N >= k² (DataError otherwise).
+KMeansRouter fit_product_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations = 50);
+
+}  // namespace loco::data

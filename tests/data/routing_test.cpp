@@ -1,0 +1,112 @@
+// DiPaCo's routing: balanced k-means leaves no path empty and none over ceil(N/k), finds clusters
+// that are there, is deterministic for a seed and routes unseen documents to their cluster's path;
+// product k-means pairs the halves' clusters into k² paths and fills the pairs no document chose.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "loco/core/error.h"
+#include "loco/data/routing.h"
+#include "test_util.h"
+
+namespace loco::data {
+namespace {
+
+using testing_util::expect_error;
+
+// `sizes[c]` points around centre c · 10 (in every coordinate of `width`), noise 0.1.
+torch::Tensor blobs(const std::vector<int64_t>& sizes, int64_t width, uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> parts;
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    parts.push_back(torch::randn({sizes[c], width}) * 0.1 + static_cast<double>(c) * 10.0);
+  }
+  return torch::cat(parts);
+}
+
+std::vector<int64_t> counts(const std::vector<int64_t>& assignment, int64_t paths) {
+  std::vector<int64_t> out(static_cast<size_t>(paths), 0);
+  for (auto p : assignment) ++out.at(static_cast<size_t>(p));
+  return out;
+}
+
+TEST(RoutingTest, BalancedKMeansFindsEqualClustersAndRoutesNewDocumentsToThem) {
+  const auto points = blobs({25, 25, 25, 25}, 8, 1);
+  const auto router = fit_balanced_kmeans(points, 4, 7);
+  EXPECT_EQ(router.paths(), 4);
+  EXPECT_EQ(counts(router.assignment, 4), (std::vector<int64_t>{25, 25, 25, 25}));
+  // Each blob is one path, and routing the fitted points again gives their paths.
+  for (int64_t c = 0; c < 4; ++c) {
+    std::set<int64_t> paths(router.assignment.begin() + c * 25, router.assignment.begin() + (c + 1) * 25);
+    EXPECT_EQ(paths.size(), 1u) << "blob " << c;
+  }
+  EXPECT_EQ(router.route(points), router.assignment);
+  const auto unseen = blobs({1, 1, 1, 1}, 8, 99);
+  const auto routed = router.route(unseen);
+  for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(routed[static_cast<size_t>(c)], router.assignment[static_cast<size_t>(c * 25)]);
+  // Deterministic for a seed.
+  EXPECT_EQ(fit_balanced_kmeans(points, 4, 7).assignment, router.assignment);
+}
+
+TEST(RoutingTest, BalancedKMeansBoundsEveryPathOnSkewedData) {
+  // One blob holds 70% of the documents: plain k-means would give it most of a corpus.
+  const auto points = blobs({70, 20, 7, 3}, 6, 2);
+  for (int64_t k : {2, 3, 4, 7}) {
+    const auto sizes = counts(fit_balanced_kmeans(points, k, 3).assignment, k);
+    for (auto s : sizes) {
+      EXPECT_GE(s, 100 / k) << "k " << k;
+      EXPECT_LE(s, (100 + k - 1) / k) << "k " << k;
+    }
+  }
+}
+
+TEST(RoutingTest, ProductKMeansPairsTheHalvesClusters) {
+  // First half in one of 3 clusters, second half in one of 3, independently: 9 pairs, 10 each.
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> rows;
+  std::vector<std::pair<int64_t, int64_t>> truth;
+  for (int64_t a = 0; a < 3; ++a) {
+    for (int64_t b = 0; b < 3; ++b) {
+      for (int r = 0; r < 10; ++r) {
+        rows.push_back(torch::cat({torch::randn({4}) * 0.1 + a * 10.0, torch::randn({4}) * 0.1 + b * 10.0}));
+        truth.emplace_back(a, b);
+      }
+    }
+  }
+  const auto points = torch::stack(rows);
+  const auto router = fit_product_kmeans(points, 3, 11);
+  EXPECT_EQ(router.paths(), 9);
+  EXPECT_EQ(counts(router.assignment, 9), std::vector<int64_t>(9, 10));
+  std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> path_of_pair;
+  for (size_t i = 0; i < truth.size(); ++i) path_of_pair[truth[i]].insert(router.assignment[i]);
+  std::set<int64_t> distinct;
+  for (const auto& [pair, paths] : path_of_pair) {
+    EXPECT_EQ(paths.size(), 1u);
+    distinct.insert(*paths.begin());
+  }
+  EXPECT_EQ(distinct.size(), 9u) << "each pair of clusters is its own path";
+  EXPECT_EQ(router.route(points), router.assignment);
+}
+
+TEST(RoutingTest, ProductKMeansFillsPairsNoDocumentChose) {
+  // Halves always agree (cluster 0 with 0, 1 with 1): pairs (0, 1) and (1, 0) are never chosen.
+  torch::manual_seed(6);
+  std::vector<torch::Tensor> rows;
+  for (int64_t a = 0; a < 2; ++a) {
+    for (int r = 0; r < 20; ++r) rows.push_back(torch::randn({4}) * 0.1 + a * 10.0);
+  }
+  const auto router = fit_product_kmeans(torch::stack(rows), 2, 1);
+  for (auto s : counts(router.assignment, 4)) EXPECT_GE(s, 1);
+}
+
+TEST(RoutingTest, TooFewDocumentsOrFeaturesOfAnotherWidthAreRefused) {
+  expect_error<DataError>([] { fit_balanced_kmeans(torch::randn({3, 4}), 4, 1); }, "3 documents for 4 paths");
+  expect_error<DataError>([] { fit_product_kmeans(torch::randn({8, 4}), 3, 1); }, "8 documents for 9 paths");
+  expect_error<DataError>([] { fit_balanced_kmeans(torch::randn({8}), 2, 1); }, "must be (N, D) float32");
+  const auto router = fit_balanced_kmeans(torch::randn({8, 4}), 2, 1);
+  expect_error<DataError>([&] { router.route(torch::randn({2, 5})); }, "fitted on width 4 (another model?)");
+}
+
+}  // namespace
+}  // namespace loco::data
