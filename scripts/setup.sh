@@ -11,6 +11,7 @@ packages=(
   libssl-dev openssl           # its request MACs and TLS (OpenSSL); the tests make throwaway certificates
   libboost-dev                 # Beast and Asio (header-only): the coordinator's event-driven HTTP server
   libhwy-dev                   # Google Highway: the wire codecs' vector kernels
+  libsqlite3-dev               # DiPaCo's registry of module versions and reports
   libsentencepiece-dev         # tokenizer
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line
