@@ -12,6 +12,7 @@ packages=(
   libboost-dev                 # Beast and Asio (header-only): the coordinator's event-driven HTTP server
   libhwy-dev                   # Google Highway: the wire codecs' vector kernels
   libsqlite3-dev               # DiPaCo's registry of module versions and reports
+  libpq-dev postgresql         # ... on a PostgreSQL server (the tests start a throwaway one)
   libsentencepiece-dev         # tokenizer
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line

@@ -6,7 +6,7 @@
 // A real database: SQLite in the run folder by default (RUN/dipaco.sqlite: WAL journal, so a
 // reader never waits for a writer and a crash mid-write loses nothing committed). Every operation
 // is one transaction, and every wait for a lock is bounded (`busy_timeout`, then a DataError naming
-// the file). PostgreSQL, for runs across machines, is to implement the same interface.
+// the file). PostgreSQL, for runs across machines, implements the same interface on a server.
 //
 // Not thread-safe: one Registry per thread; several processes may open the same file.
 #pragma once
@@ -54,5 +54,12 @@ class Registry {
 // had within `busy_timeout`.
 std::unique_ptr<Registry> open_sqlite_registry(const std::filesystem::path& file,
                                                std::chrono::milliseconds busy_timeout = std::chrono::seconds(10));
+
+// Connects to the PostgreSQL registry a connection string names ("host=... port=... dbname=...
+// user=... password=..." or "postgresql://..."), creating its tables if needed; `timeout` bounds
+// the connection and every statement. Throws DataError for an unreachable server, a wrong
+// password or a database that is not a loco registry; messages never show the password.
+std::unique_ptr<Registry> open_postgres_registry(const std::string& conninfo,
+                                                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace loco::runtime
