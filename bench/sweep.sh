@@ -86,6 +86,9 @@ best=("${warm[@]}" --sync.merge_alpha=0.25)
 tune main-nesterov0.4-warmup10-alpha0.25-tau0   "${best[@]}" --sync.overlap_steps=0
 tune main-nesterov0.4-warmup20-alpha0.25        "${best[@]}" --outer.momentum_warmup=20
 tune main-nesterov0.6-warmup10-alpha0.25        "${best[@]}" --outer.lr=0.6
+# The three together, and a yet longer warm-up.
+tune main-nesterov0.4-warmup20-alpha0.25-tau0   "${best[@]}" --outer.momentum_warmup=20 --sync.overlap_steps=0
+tune main-nesterov0.4-warmup30-alpha0.25        "${best[@]}" --outer.momentum_warmup=30
 
 # The main job's baselines, kept for scripts/main.sh to compare against.
 if finished "$out/single" && finished "$out/ddp"; then
@@ -101,7 +104,8 @@ for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h1
          main main-tau0 main-alpha0.25 main-alpha0.75 main-p2 main-p1 main-beta2-0.99 main-qknorm-zloss main-b16 \
          main-nesterov0.4 main-nesterov0.4-warmup10 main-nesterov0.4-warmup10-beta2-0.99 \
          main-nesterov0.4-warmup10-alpha0.25 main-nesterov0.4-warmup20 main-nesterov0.6-warmup10 \
-         main-nesterov0.4-warmup10-alpha0.25-tau0 main-nesterov0.4-warmup20-alpha0.25 main-nesterov0.6-warmup10-alpha0.25; do
+         main-nesterov0.4-warmup10-alpha0.25-tau0 main-nesterov0.4-warmup20-alpha0.25 main-nesterov0.6-warmup10-alpha0.25 \
+         main-nesterov0.4-warmup20-alpha0.25-tau0 main-nesterov0.4-warmup30-alpha0.25; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
 "$loco" report "${runs[@]}"
