@@ -73,8 +73,8 @@ tune main-nesterov0.4           --outer.optimizer=nesterov --outer.lr=0.4
 tune main-nesterov0.4-warmup10  --outer.optimizer=nesterov --outer.lr=0.4 --outer.momentum_warmup=10
 # The same tokens in half the steps: batch 16 per worker, 250 steps, H = 5 (the same 50 syncs).
 tune main-b16                   --train.batch_size=16 --train.steps=250 --sync.inner_steps=5
-# The warmed-up Nesterov with the other changes that helped on their own: beta2 0.99 (it did not
-# add up: worse together), alpha 0.25, a longer warm-up, a larger eta.
+# The warmed-up Nesterov with the other changes that helped on their own: beta2 0.99, alpha 0.25,
+# a longer warm-up, a larger eta.
 warm=(--outer.optimizer=nesterov --outer.lr=0.4 --outer.momentum_warmup=10)
 tune main-nesterov0.4-warmup10-beta2-0.99  "${warm[@]}" --optim.beta2=0.99
 tune main-nesterov0.4-warmup10-alpha0.25   "${warm[@]}" --sync.merge_alpha=0.25
