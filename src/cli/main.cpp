@@ -1,6 +1,6 @@
 // loco: train language models across poorly connected machines. This file only parses the command
 // line and calls the runtime; see docs/architecture.md. Subcommands: prepare, train, launch, worker,
-// coordinator, eval, generate, report, config, plan. Exit status: 0 done, 1 bad input or environment, 2 a peer or
+// coordinator, eval, generate, report, config, plan, route. Exit status: 0 done, 1 bad input or environment, 2 a peer or
 // the coordinator failed, 3 a bug, 130 interrupted (state saved).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <numeric>
 
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
@@ -30,6 +31,7 @@
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
+#include "loco/runtime/worker/route.h"
 #include "loco/runtime/worker/trainer.h"
 #include "loco/runtime/worker/worker.h"
 
@@ -521,6 +523,25 @@ struct Plan {
   std::string config_file;
 };
 
+struct Route {
+  explicit Route(CLI::App& app) {
+    cmd = app.add_subcommand("route", "DiPaCo: route the training documents to paths (k-means over the initial model's "
+                                      "features) into RUN/routing/, and show the paths against the corpus's labels");
+    cmd->add_option("--config", config_file, "TOML run config with dipaco.levels")->required();
+    cmd->allow_extras();
+  }
+  int run() {
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    const auto summary = loco::runtime::route_documents(config);
+    fmt::print("{}\nrouted {} training documents to {} paths ({}); written to {}\n", summary.table,
+               std::accumulate(summary.documents.begin(), summary.documents.end(), int64_t{0}), summary.documents.size(),
+               config.dipaco.product_routing ? "product k-means" : "balanced k-means", summary.dir.string());
+    return 0;
+  }
+  CLI::App* cmd;
+  std::string config_file;
+};
+
 struct Config {
   explicit Config(CLI::App& app) {
     cmd = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
@@ -583,6 +604,7 @@ int main(int argc, char** argv) {
   Report report(app);
   Config config(app);
   Plan plan(app);
+  Route route(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -599,6 +621,7 @@ int main(int argc, char** argv) {
     if (report.cmd->parsed()) return report.run();
     if (config.cmd->parsed()) return config.run();
     if (plan.cmd->parsed()) return plan.run();
+    if (route.cmd->parsed()) return route.run();
     return 0;
   });
 }

@@ -198,5 +198,40 @@ TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
   EXPECT_FALSE(fs::exists(dir_->path() / "dipaco"));
 }
 
+// DiPaCo's routing of the training documents: every path gets documents, balanced, the folder is
+// written whole, a second routing refuses rather than overwrite, and product routing needs a square.
+TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
+  const std::string data_dir = "--data.dir=" + data().string();
+  const std::string run_dir = "--run.dir=" + (dir_->path() / "routed").string();
+  std::vector<std::string> args{LOCO_BINARY, "route", "--config", config().string(), data_dir, run_dir, "--dipaco.levels=1:2,1:2"};
+  auto routed = run_command(args, log("route"));
+  ASSERT_EQ(routed.status, 0) << routed.output;
+  EXPECT_NE(routed.output.find("to 4 paths (balanced k-means)"), std::string::npos) << routed.output;
+  const auto paths = nlohmann::json::parse(read_file(dir_->path() / "routed" / "routing" / "paths.json", "test"));
+  std::vector<int64_t> seen;
+  size_t smallest = SIZE_MAX, largest = 0;
+  for (const auto& p : paths["paths"]) {
+    const auto docs = p["documents"].get<std::vector<int64_t>>();
+    seen.insert(seen.end(), docs.begin(), docs.end());
+    smallest = std::min(smallest, docs.size()), largest = std::max(largest, docs.size());
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_TRUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end()) << "a document routed twice";
+  EXPECT_GE(smallest, 1u);
+  EXPECT_LE(largest - smallest, 1u) << "balanced: path sizes differ by at most one";
+  EXPECT_TRUE(fs::exists(dir_->path() / "routed" / "routing" / "router.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_->path() / "routed" / "routing" / "clusters.md"));
+
+  auto again = run_command(args, log("route-again"));
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.output.find("already holds a routing"), std::string::npos) << again.output;
+
+  auto product = run_command({LOCO_BINARY, "route", "--config", config().string(), data_dir,
+                              "--run.dir=" + (dir_->path() / "routed-product").string(), "--dipaco.levels=1:2,1:3",
+                              "--dipaco.routing=product"}, log("route-product"));
+  EXPECT_EQ(product.status, 1);
+  EXPECT_NE(product.output.find("makes 6"), std::string::npos) << product.output;
+}
+
 }  // namespace
 }  // namespace loco

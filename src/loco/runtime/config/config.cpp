@@ -154,6 +154,8 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"dipaco.levels", "DiPaCo: the modular model's levels in block order, each BLOCKS:MODULES (MODULES a count, 1 = shared by every path, or path = path-specific), e.g. \"2:2,2:2\" (4 paths); \"\" = a dense model. `loco plan` prints the plan; training it is not in this version yet", &c.dipaco.levels},
       {"dipaco.embed", "DiPaCo: the embeddings and final norm: shared by every path, or path (one copy per path)",
        enum_field(c.dipaco.embed_path_specific, {{false, "shared"}, {true, "path"}})},
+      {"dipaco.routing", "DiPaCo: how `loco route` assigns documents to paths: kmeans (balanced k-means, k = paths) or product (product k-means over the feature's halves; paths must be a square k*k)",
+       enum_field(c.dipaco.product_routing, {{false, "kmeans"}, {true, "product"}})},
   };
 }
 

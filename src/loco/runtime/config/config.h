@@ -133,6 +133,7 @@ struct CheckpointSection {
 struct DipacoSection {
   std::string levels;            // "" = a dense model; "2:2,2:2": one BLOCKS:MODULES per level
   bool embed_path_specific = false;  // dipaco.embed: "shared" or "path"
+  bool product_routing = false;      // dipaco.routing: "kmeans" (balanced) or "product" (P = k²)
 };
 
 struct RunConfig {

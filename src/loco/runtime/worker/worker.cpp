@@ -20,8 +20,8 @@ namespace {
 
 std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); }
 
-// Document embeddings for k-means shards: the initial model's mean final hidden state over each
-// document's first data.route_tokens tokens (DiPaCo's routing features). (N documents, width).
+}  // namespace
+
 torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset) {
   RunConfig resolved = config;
   resolved.model.vocab_size = dataset.manifest().vocab_size;
@@ -41,6 +41,8 @@ torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& data
   }
   return torch::stack(rows);
 }
+
+namespace {
 
 uint64_t assignment_hash(const data::ShardAssignment& a) {
   Hasher hasher;

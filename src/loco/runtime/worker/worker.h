@@ -35,6 +35,11 @@ TrainSummary run_worker(const RunConfig& config, const WorkerOptions& options);
 // label; for kmeans, documents are embedded by the initial model (train.seed, or train.init_from).
 data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset& dataset, int64_t workers);
 
+// Each training document's routing feature: the initial model's (train.seed, or train.init_from)
+// mean final hidden state over the document's first data.route_tokens tokens, as DiPaCo routes
+// and data.shard = "kmeans" clusters. (N documents, width) float32.
+torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset);
+
 // This machine's host name.
 std::string host_name();
 // How the worker process `pid` of this machine names itself when it joins: "host:pid", or in an
