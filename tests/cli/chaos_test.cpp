@@ -521,7 +521,7 @@ TEST_F(ChaosTest, TimeBudgetedRoundsDoNotWaitForASlowWorker) {
   const int port = testing_util::free_port();
   std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
   for (auto& a : common("budget")) args.push_back(a);
-  for (const char* a : {"--cluster.workers=3", "--train.steps=1200", "--sync.round_seconds=0.3", "--sync.round_grace_s=1"}) {
+  for (const char* a : {"--cluster.workers=3", "--train.steps=3000", "--sync.round_seconds=0.3", "--sync.round_grace_s=1"}) {
     args.push_back(a);
   }
   Child launcher(args, log("budget"));
