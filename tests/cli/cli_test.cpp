@@ -51,6 +51,12 @@ every = 50
     return {LOCO_BINARY, "train", "--config", config().string(), "--data.dir=" + data().string(),
             "--run.dir", (dir_->path() / run).string()};
   }
+  // Runs a command that must fail as bad input: exit status 1 and a message containing `fragment`.
+  static void expect_refused(const std::vector<std::string>& argv, const std::string& name, const std::string& fragment) {
+    const auto result = run_command(argv, log(name));
+    EXPECT_EQ(result.status, 1) << result.output;
+    EXPECT_NE(result.output.find(fragment), std::string::npos) << result.output;
+  }
   static std::vector<double> losses(const std::string& run) {
     std::vector<double> out;
     std::ifstream in(dir_->path() / run / "metrics.jsonl");
@@ -134,12 +140,8 @@ TEST_F(CliTest, DatasetWithAnotherTokenizerIsRefused) {
                                "--vocab-size", "300"}, log("other-prepare"));
   ASSERT_EQ(prepared.status, 0) << prepared.output;
   const auto run = (dir_->path() / "for-mismatch").string();
-  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run, "--data", other}, log("mismatch-eval"));
-  EXPECT_EQ(eval.status, 1);
-  EXPECT_NE(eval.output.find("was trained with tokenizer"), std::string::npos) << eval.output;
-  auto gen = run_command({LOCO_BINARY, "generate", "--checkpoint", run, "--data", other}, log("mismatch-gen"));
-  EXPECT_EQ(gen.status, 1);
-  EXPECT_NE(gen.output.find("does not match the checkpoint"), std::string::npos) << gen.output;
+  expect_refused({LOCO_BINARY, "eval", "--checkpoint", run, "--data", other}, "mismatch-eval", "was trained with tokenizer");
+  expect_refused({LOCO_BINARY, "generate", "--checkpoint", run, "--data", other}, "mismatch-gen", "does not match the checkpoint");
 }
 
 TEST_F(CliTest, ConfigurationDocsListEveryKey) {
@@ -152,21 +154,15 @@ TEST_F(CliTest, ConfigurationDocsListEveryKey) {
 }
 
 TEST_F(CliTest, BadInputGetsClearErrors) {
-  auto unknown_corpus = run_command({LOCO_BINARY, "prepare", "--corpus", "no-such-corpus", "--out",
-                                     (dir_->path() / "x").string()}, log("bad1"));
-  EXPECT_EQ(unknown_corpus.status, 1);
-  EXPECT_NE(unknown_corpus.output.find("unknown corpus 'no-such-corpus'"), std::string::npos) << unknown_corpus.output;
+  expect_refused({LOCO_BINARY, "prepare", "--corpus", "no-such-corpus", "--out", (dir_->path() / "x").string()}, "bad1",
+                 "unknown corpus 'no-such-corpus'");
 
   auto args = train_args("bad-key");
   args.push_back("--train.stpes=3");
-  auto bad_key = run_command(args, log("bad2"));
-  EXPECT_EQ(bad_key.status, 1);
-  EXPECT_NE(bad_key.output.find("did you mean 'train.steps'"), std::string::npos) << bad_key.output;
+  expect_refused(args, "bad2", "did you mean 'train.steps'");
   EXPECT_FALSE(fs::exists(dir_->path() / "bad-key")) << "nothing may be written for an invalid config";
 
-  auto missing = run_command({LOCO_BINARY, "eval", "--checkpoint", (dir_->path() / "nothing-here").string()}, log("bad3"));
-  EXPECT_EQ(missing.status, 1);
-  EXPECT_NE(missing.output.find("nothing-here"), std::string::npos) << missing.output;
+  expect_refused({LOCO_BINARY, "eval", "--checkpoint", (dir_->path() / "nothing-here").string()}, "bad3", "nothing-here");
 
   auto no_command = run_command({LOCO_BINARY}, log("bad4"));
   EXPECT_NE(no_command.status, 0);
@@ -182,19 +178,14 @@ TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
   EXPECT_NE(plan.output.find("6 paths, 6 modules"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("| 2 | blocks 1 | chosen | 3 |"), std::string::npos) << plan.output;
 
-  auto dense = run_command({LOCO_BINARY, "plan", "--config", config().string(), data_dir}, log("plan-dense"));
-  EXPECT_EQ(dense.status, 1);
-  EXPECT_NE(dense.output.find("sets no dipaco.levels"), std::string::npos) << dense.output;
+  expect_refused({LOCO_BINARY, "plan", "--config", config().string(), data_dir}, "plan-dense", "sets no dipaco.levels");
 
-  auto misfit = run_command({LOCO_BINARY, "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2"}, log("plan-misfit"));
-  EXPECT_EQ(misfit.status, 1);
-  EXPECT_NE(misfit.output.find("spans 1 blocks but the model has 2"), std::string::npos) << misfit.output;
+  expect_refused({LOCO_BINARY, "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2"}, "plan-misfit",
+                 "spans 1 blocks but the model has 2");
 
   auto args = train_args("dipaco");
   args.push_back("--dipaco.levels=1:2,1:2");
-  auto train = run_command(args, log("plan-train"));
-  EXPECT_EQ(train.status, 1);
-  EXPECT_NE(train.output.find("DiPaCo training is not in this version yet"), std::string::npos) << train.output;
+  expect_refused(args, "plan-train", "DiPaCo training is not in this version yet");
   EXPECT_FALSE(fs::exists(dir_->path() / "dipaco"));
 }
 
@@ -222,15 +213,12 @@ TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
   EXPECT_TRUE(fs::exists(dir_->path() / "routed" / "routing" / "router.safetensors"));
   EXPECT_TRUE(fs::exists(dir_->path() / "routed" / "routing" / "clusters.md"));
 
-  auto again = run_command(args, log("route-again"));
-  EXPECT_EQ(again.status, 1);
-  EXPECT_NE(again.output.find("already holds a routing"), std::string::npos) << again.output;
+  expect_refused(args, "route-again", "already holds a routing");
 
-  auto product = run_command({LOCO_BINARY, "route", "--config", config().string(), data_dir,
-                              "--run.dir=" + (dir_->path() / "routed-product").string(), "--dipaco.levels=1:2,1:3",
-                              "--dipaco.routing=product"}, log("route-product"));
-  EXPECT_EQ(product.status, 1);
-  EXPECT_NE(product.output.find("makes 6"), std::string::npos) << product.output;
+  expect_refused({LOCO_BINARY, "route", "--config", config().string(), data_dir,
+                  "--run.dir=" + (dir_->path() / "routed-product").string(), "--dipaco.levels=1:2,1:3",
+                  "--dipaco.routing=product"},
+                 "route-product", "makes 6");
 }
 
 }  // namespace
