@@ -5,7 +5,10 @@
 // own bad inputs (a file that is not a registry; a wrong password, no server) are named.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <fstream>
+#include <set>
 
 #include "loco/core/error.h"
 #include "loco/runtime/store/registry.h"
@@ -91,6 +94,109 @@ TEST_P(RegistryTest, TwoConnectionsSeeEachOthersCommits) {
   EXPECT_EQ(b->latest_version("embed"), 0);
   b->record_report({"embed", 0, 1, 2.0, "r"});
   expect_error<DataError>([&] { a->record_report({"embed", 0, 1, 2.0, "r"}); }, "already reported");
+}
+
+// The 2x2 example's layout: a shared embed, level 1's modules (paths 0, 1 | 2, 3) and level 2's
+// (paths 0, 2 | 1, 3).
+RunLayout two_by_two(int64_t phases) {
+  return {"plan-2x2", phases,
+          {{"L1.M0", "L2.M0", "embed"}, {"L1.M0", "L2.M1", "embed"}, {"L1.M1", "L2.M0", "embed"}, {"L1.M1", "L2.M1", "embed"}}};
+}
+
+std::vector<ModuleReport> path_reports(const RunLayout& layout, int64_t path, int64_t phase) {
+  std::vector<ModuleReport> out;
+  for (const auto& m : layout.path_modules.at(static_cast<size_t>(path))) {
+    out.push_back({m, phase, path, 100.0 + static_cast<double>(path), fmt::format("reports/{}/{}/{}", m, phase, path)});
+  }
+  return out;
+}
+
+void publish_initial(Registry& registry) {
+  for (const char* m : {"embed", "L1.M0", "L1.M1", "L2.M0", "L2.M1"}) registry.publish_module(m, 0, fmt::format("{}/v0", m));
+}
+
+TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
+  auto registry = open();
+  const auto layout = two_by_two(2);
+  expect_error<DataError>([&] { registry->start(layout); }, "has no version 0");
+  EXPECT_FALSE(registry->layout().has_value());  // the refused start left nothing
+  publish_initial(*registry);
+  registry->start(layout);
+  registry->start(layout);  // a resumed launch: nothing changes
+  expect_error<DataError>([&] { registry->start(two_by_two(3)); }, "a run's shape cannot change");
+  EXPECT_EQ(registry->layout()->path_modules, layout.path_modules);
+  EXPECT_FALSE(registry->finished());
+
+  // Phase 0: one task per path, by path.
+  for (int64_t p = 0; p < 4; ++p) {
+    auto task = registry->lease(fmt::format("w{}", p % 2), 1000.0, 60.0);
+    ASSERT_TRUE(task.has_value());
+    EXPECT_EQ(*task, (TaskKey{TaskKey::Kind::kPath, p, "", 0}));
+  }
+  EXPECT_FALSE(registry->lease("w0", 1000.0, 60.0).has_value());  // nothing else is due
+  EXPECT_TRUE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w0", 1010.0, 60.0));
+  EXPECT_FALSE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w1", 1010.0, 60.0));  // not its task
+  expect_error<LeaseLost>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w1", path_reports(layout, 0, 0)); },
+                          "w1 no longer holds path 0 phase 0");
+  // A report that leaves out a module is refused whole.
+  auto partial = path_reports(layout, 0, 0);
+  partial.pop_back();
+  expect_error<DataError>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", partial); }, "must report each");
+  EXPECT_TRUE(registry->reports("L1.M0", 0).empty());
+
+  registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", path_reports(layout, 0, 0));
+  registry->complete_path({TaskKey::Kind::kPath, 1, "", 0}, "w1", path_reports(layout, 1, 0));
+  // L1.M0 has both of its paths' reports: its outer step is due; embed waits for all four.
+  auto step = registry->lease("w0", 1020.0, 60.0);
+  ASSERT_TRUE(step.has_value());
+  EXPECT_EQ(*step, (TaskKey{TaskKey::Kind::kStep, -1, "L1.M0", 0}));
+  EXPECT_FALSE(registry->lease("w1", 1020.0, 60.0).has_value());
+
+  // Path 2's lease runs out (its worker died): the next worker to ask takes it again.
+  auto again = registry->lease("w9", 1070.0, 60.0);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, (TaskKey{TaskKey::Kind::kPath, 2, "", 0}));
+  auto path3 = registry->lease("w1", 1070.0, 60.0);  // path 3's lease ran out too
+  ASSERT_TRUE(path3.has_value());
+  EXPECT_EQ(*path3, (TaskKey{TaskKey::Kind::kPath, 3, "", 0}));
+  expect_error<LeaseLost>([&] { registry->complete_path(*again, "w0", path_reports(layout, 2, 0)); }, "its lease ran out");
+  registry->complete_path(*again, "w9", path_reports(layout, 2, 0));
+  for (const auto& row : registry->tasks()) {
+    if (row.key == *again) EXPECT_EQ(row.leases, 2);
+  }
+  registry->complete_path(*path3, "w1", path_reports(layout, 3, 0));
+
+  // Every module's step of phase 0; a path's next task is issued once all its modules are at v1.
+  registry->complete_step(*step, "w0", "L1.M0/v1");
+  std::set<std::string> stepped = {"L1.M0"};
+  std::vector<TaskKey> phase1;
+  while (auto task = registry->lease("w0", 1080.0, 60.0)) {
+    if (task->kind == TaskKey::Kind::kPath) {
+      phase1.push_back(*task);
+      // Only paths whose modules have all stepped.
+      for (const auto& m : layout.path_modules[static_cast<size_t>(task->path)]) EXPECT_TRUE(stepped.count(m)) << m;
+      continue;
+    }
+    EXPECT_EQ(task->phase, 0);
+    registry->complete_step(*task, "w0", fmt::format("{}/v1", task->module));
+    stepped.insert(task->module);
+  }
+  EXPECT_EQ(stepped.size(), 5u);
+  ASSERT_EQ(phase1.size(), 4u);
+  EXPECT_EQ(registry->latest_version("embed"), 1);
+  EXPECT_EQ(registry->reports("embed", 0).size(), 4u);
+
+  // The last phase: the modules take their last step, and no phase 2 is issued.
+  auto other = open();  // what one connection did, another continues
+  for (const auto& task : phase1) other->complete_path(task, "w0", path_reports(layout, task.path, 1));
+  while (auto task = other->lease("w1", 1090.0, 60.0)) {
+    ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
+    EXPECT_FALSE(other->finished());
+    other->complete_step(*task, "w1", fmt::format("{}/v2", task->module));
+  }
+  EXPECT_TRUE(other->finished());
+  EXPECT_EQ(other->latest_version("L2.M1"), 2);
+  for (const auto& row : other->tasks()) EXPECT_EQ(row.state, "done") << describe(row.key);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("sqlite", "postgres"),

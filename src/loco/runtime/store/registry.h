@@ -1,14 +1,20 @@
-// DiPaCo's registry (docs/dipaco.md, "Where state lives"): which versions of each module exist and
-// in which file, and which paths reported which outer gradient for a module in a phase. The module
-// files themselves are modules.h's; the registry only points at them, and only after they are
-// complete (a file is published after save_module returned).
+// DiPaCo's registry (docs/dipaco.md, "Where state lives" and "Training as tasks"): the run's task
+// queue and its module metadata, in a real database. It records which versions of each module exist
+// and in which file, which paths reported which outer gradient for a module in a phase, and the
+// tasks: each phase, one task per path (train it H inner steps from its modules' versions of that
+// phase) and, once every path through a module has reported, one task to take the module's outer
+// step. The module files themselves are modules.h's; the registry only points at them, and only
+// after they are complete.
 //
-// A real database: SQLite in the run folder by default (RUN/dipaco.sqlite: WAL journal, so a
-// reader never waits for a writer and a crash mid-write loses nothing committed). Every operation
-// is one transaction, and every wait for a lock is bounded (`busy_timeout`, then a DataError naming
-// the file). PostgreSQL, for runs across machines, implements the same interface on a server.
+// Tasks are leased: a worker holds a task until its lease runs out (it renews it while it works).
+// A worker that dies loses only its lease, and its task goes to the next worker that asks. Every
+// change that moves the run on is one transaction: a path's reports, its task's completion and the
+// step tasks that completion makes due commit together; a module's new version, its step task's
+// completion and the path tasks of the next phase that become due commit together. So a worker
+// killed at any instant leaves the run consistent, and a restarted database loses nothing.
 //
-// Not thread-safe: one Registry per thread; several processes may open the same file.
+// SQLite in the run folder by default (RUN/dipaco.sqlite); PostgreSQL for runs across machines.
+// Not thread-safe: one Registry per thread; several processes may open the same database.
 #pragma once
 
 #include <chrono>
@@ -19,7 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "loco/core/error.h"
+
 namespace loco::runtime {
+
+namespace sql {
+class Connection;
+}
 
 struct ModuleReport {
   std::string module;
@@ -29,28 +41,96 @@ struct ModuleReport {
   std::string file;   // its outer gradient, relative to the run folder
 };
 
+// What a task is: train path `path` in `phase`, or take module `module`'s outer step of `phase`
+// (from version phase to phase + 1).
+struct TaskKey {
+  enum class Kind { kPath, kStep };
+  Kind kind = Kind::kPath;
+  int64_t path = -1;   // kPath
+  std::string module;  // kStep
+  int64_t phase = 0;
+  bool operator==(const TaskKey&) const = default;
+};
+std::string describe(const TaskKey& task);
+
+struct TaskRow {
+  TaskKey key;
+  std::string state;   // "open", "leased", "done"
+  std::string holder;  // the worker that leases it or did it
+  double lease_until = 0;  // unix seconds
+  int64_t leases = 0;      // times leased (more than once: issued again after a lease ran out)
+};
+
+// The run's shape, given once when the run starts.
+struct RunLayout {
+  std::string plan;                                   // PathPlan::fingerprint()
+  int64_t phases = 0;                                 // outer steps of every module
+  std::vector<std::vector<std::string>> path_modules; // per path, its modules
+};
+
+// A task this worker no longer holds (its lease ran out and another worker took it, or it is done):
+// its result must be dropped.
+class LeaseLost : public DataError {
+ public:
+  using DataError::DataError;
+};
+
 class Registry {
  public:
-  virtual ~Registry() = default;
+  explicit Registry(std::unique_ptr<sql::Connection> connection);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
 
   // Records that `module` has `version`, held by `file` (relative to the run folder). Publishing
   // the same (module, version, file) again does nothing (a retried request); another file for a
   // version already published is refused with DataError (two writers disagree).
-  virtual void publish_module(const std::string& module, int64_t version, const std::string& file) = 0;
+  void publish_module(const std::string& module, int64_t version, const std::string& file);
   // The highest published version of `module`, or nothing when none is.
-  virtual std::optional<int64_t> latest_version(const std::string& module) = 0;
+  std::optional<int64_t> latest_version(const std::string& module);
   // The file of a published version; DataError naming the module when it was never published.
-  virtual std::string module_file(const std::string& module, int64_t version) = 0;
+  std::string module_file(const std::string& module, int64_t version);
 
   // Records one path's report for a module's phase. A second report of the same (module, phase,
   // path) is refused with DataError: nothing is trained twice into a module.
-  virtual void record_report(const ModuleReport& report) = 0;
+  void record_report(const ModuleReport& report);
   // The reports of a module's phase, by path.
-  virtual std::vector<ModuleReport> reports(const std::string& module, int64_t phase) = 0;
+  std::vector<ModuleReport> reports(const std::string& module, int64_t phase);
+
+  // Starts the run: records its layout and issues phase 0's path tasks. The modules' version 0
+  // must be published first. Doing it again with the same layout does nothing (a resumed launch);
+  // another plan or number of phases is refused with DataError.
+  void start(const RunLayout& layout);
+  // The layout of a started run, or nothing.
+  std::optional<RunLayout> layout();
+
+  // Leases the next task to `worker` until now_s + lease_s: step tasks first (they unblock the next
+  // phase), then paths by phase and number; an open task, or one whose lease ran out. Nothing when
+  // no task is due now.
+  std::optional<TaskKey> lease(const std::string& worker, double now_s, double lease_s);
+  // Extends the lease; false when `worker` no longer holds the task.
+  bool renew(const TaskKey& task, const std::string& worker, double now_s, double lease_s);
+  // A path task's end: its reports (one per module of the path), the task done, and the step tasks
+  // of the modules every path has now reported for, in one transaction. Throws LeaseLost when
+  // `worker` does not hold the task.
+  void complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports);
+  // A step task's end: the module's version phase + 1 in `file`, the task done, and the next
+  // phase's tasks of the paths whose modules are all at that version now, in one transaction.
+  // Throws LeaseLost when `worker` does not hold the task.
+  void complete_step(const TaskKey& task, const std::string& worker, const std::string& file);
+
+  std::vector<TaskRow> tasks();
+  // Every module has taken the run's last outer step.
+  bool finished();
+
+ private:
+  void check_held(const TaskKey& task, const std::string& worker);
+  void insert_report(const ModuleReport& report);
+  std::unique_ptr<sql::Connection> db_;
 };
 
 // Opens (creating if needed) the SQLite registry at `file`. Throws DataError naming the file when it
-// is not a loco registry (another database, a corrupt file, a newer schema), or when a lock is not
+// is not a loco registry (another database, a corrupt file, another schema), or when a lock is not
 // had within `busy_timeout`.
 std::unique_ptr<Registry> open_sqlite_registry(const std::filesystem::path& file,
                                                std::chrono::milliseconds busy_timeout = std::chrono::seconds(10));

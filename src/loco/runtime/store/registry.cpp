@@ -1,0 +1,307 @@
+// The registry (registry.h) over sql.h, the same statements on SQLite and PostgreSQL. Tables:
+//   loco_schema(version)                                   1 row: the schema's version
+//   modules(module, version, file)                         primary key (module, version)
+//   reports(module, phase, path, weight, file)             primary key (module, phase, path)
+//   run_layout(key, value)                                 "plan", "phases"
+//   path_modules(path, module)                             the plan: which modules each path has
+//   tasks(kind, path, module, phase, state, holder, lease_until, leases)
+//                                                          primary key (kind, path, module, phase);
+//                                                          a path task has module '', a step task path -1
+#include "loco/runtime/store/registry.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "loco/runtime/store/sql.h"
+
+namespace loco::runtime {
+namespace {
+
+constexpr int64_t kSchema = 2;
+
+const char* kind_name(TaskKey::Kind kind) { return kind == TaskKey::Kind::kPath ? "path" : "step"; }
+
+// The task's primary key as statement parameters $1..$4.
+std::vector<sql::Value> key_params(const TaskKey& task) {
+  const bool path = task.kind == TaskKey::Kind::kPath;
+  return {std::string(kind_name(task.kind)), path ? task.path : int64_t{-1}, path ? std::string() : task.module, task.phase};
+}
+
+constexpr const char* kKeyMatch = "kind = $1 AND path = $2 AND module = $3 AND phase = $4";
+
+TaskKey key_from(const sql::Rows& rows, size_t row) {
+  TaskKey key;
+  key.kind = rows.text(row, 0) == "path" ? TaskKey::Kind::kPath : TaskKey::Kind::kStep;
+  key.path = rows.integer(row, 1);
+  key.module = rows.text(row, 2);
+  key.phase = rows.integer(row, 3);
+  return key;
+}
+
+}  // namespace
+
+std::string describe(const TaskKey& task) {
+  return task.kind == TaskKey::Kind::kPath ? fmt::format("path {} phase {}", task.path, task.phase)
+                                           : fmt::format("outer step of {} phase {}", task.module, task.phase);
+}
+
+Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(connection)) {
+  db_->write([&] {
+    db_->query("CREATE TABLE IF NOT EXISTS loco_schema (version BIGINT NOT NULL)");
+    auto schema = db_->query("SELECT version FROM loco_schema");
+    if (schema.empty()) {
+      db_->query("INSERT INTO loco_schema (version) VALUES ($1)", {kSchema});
+    } else if (schema.integer(0, 0) != kSchema) {
+      throw DataError("registry", fmt::format("{}: registry schema {} is not this version's ({}): another loco wrote it",
+                                              db_->where(), schema.integer(0, 0), kSchema));
+    }
+    db_->query("CREATE TABLE IF NOT EXISTS modules (module TEXT NOT NULL, version BIGINT NOT NULL, file TEXT NOT NULL, "
+               "PRIMARY KEY (module, version))");
+    db_->query("CREATE TABLE IF NOT EXISTS reports (module TEXT NOT NULL, phase BIGINT NOT NULL, path BIGINT NOT NULL, "
+               "weight DOUBLE PRECISION NOT NULL, file TEXT NOT NULL, PRIMARY KEY (module, phase, path))");
+    db_->query("CREATE TABLE IF NOT EXISTS run_layout (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
+    db_->query("CREATE TABLE IF NOT EXISTS path_modules (path BIGINT NOT NULL, module TEXT NOT NULL, "
+               "PRIMARY KEY (path, module))");
+    db_->query("CREATE TABLE IF NOT EXISTS tasks (kind TEXT NOT NULL, path BIGINT NOT NULL, module TEXT NOT NULL, "
+               "phase BIGINT NOT NULL, state TEXT NOT NULL, holder TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, "
+               "leases BIGINT NOT NULL, PRIMARY KEY (kind, path, module, phase))");
+  });
+}
+
+Registry::~Registry() = default;
+
+void Registry::publish_module(const std::string& module, int64_t version, const std::string& file) {
+  db_->write([&] {
+    auto existing = db_->query("SELECT file FROM modules WHERE module = $1 AND version = $2", {module, version});
+    if (!existing.empty()) {
+      if (existing.text(0, 0) == file) return;
+      throw DataError("registry", fmt::format("{}: module {} version {} is already published as {}, not {}", db_->where(),
+                                              module, version, existing.text(0, 0), file));
+    }
+    db_->query("INSERT INTO modules (module, version, file) VALUES ($1, $2, $3)", {module, version, file});
+  });
+}
+
+std::optional<int64_t> Registry::latest_version(const std::string& module) {
+  auto latest = db_->query("SELECT MAX(version) FROM modules WHERE module = $1", {module});
+  if (latest.empty() || latest.is_null(0, 0)) return std::nullopt;
+  return latest.integer(0, 0);
+}
+
+std::string Registry::module_file(const std::string& module, int64_t version) {
+  auto file = db_->query("SELECT file FROM modules WHERE module = $1 AND version = $2", {module, version});
+  if (file.empty()) {
+    throw DataError("registry", fmt::format("{}: module {} version {} was never published", db_->where(), module, version));
+  }
+  return file.text(0, 0);
+}
+
+void Registry::insert_report(const ModuleReport& report) {
+  auto existing = db_->query("SELECT 1 FROM reports WHERE module = $1 AND phase = $2 AND path = $3",
+                             {report.module, report.phase, report.path});
+  if (!existing.empty()) {
+    throw DataError("registry", fmt::format("{}: path {} already reported for module {} in phase {}: its work would count "
+                                            "twice", db_->where(), report.path, report.module, report.phase));
+  }
+  db_->query("INSERT INTO reports (module, phase, path, weight, file) VALUES ($1, $2, $3, $4, $5)",
+             {report.module, report.phase, report.path, report.weight, report.file});
+}
+
+void Registry::record_report(const ModuleReport& report) {
+  db_->write([&] { insert_report(report); });
+}
+
+std::vector<ModuleReport> Registry::reports(const std::string& module, int64_t phase) {
+  auto rows = db_->query("SELECT path, weight, file FROM reports WHERE module = $1 AND phase = $2 ORDER BY path", {module, phase});
+  std::vector<ModuleReport> out;
+  for (size_t i = 0; i < rows.size(); ++i) out.push_back({module, phase, rows.integer(i, 0), rows.real(i, 1), rows.text(i, 2)});
+  return out;
+}
+
+void Registry::start(const RunLayout& layout) {
+  db_->write([&] {
+    auto existing = db_->query("SELECT key, value FROM run_layout ORDER BY key");
+    if (!existing.empty()) {
+      std::map<std::string, std::string> saved;
+      for (size_t i = 0; i < existing.size(); ++i) saved[existing.text(i, 0)] = existing.text(i, 1);
+      if (saved["plan"] != layout.plan || saved["phases"] != std::to_string(layout.phases)) {
+        throw DataError("registry", fmt::format("{}: the run was started with plan {} and {} phases, not plan {} and {} phases: "
+                                                "a run's shape cannot change", db_->where(), saved["plan"], saved["phases"],
+                                                layout.plan, layout.phases));
+      }
+      return;
+    }
+    if (layout.phases < 1 || layout.path_modules.empty()) {
+      throw DataError("registry", fmt::format("{}: a run needs at least one phase and one path", db_->where()));
+    }
+    std::set<std::string> modules;
+    for (size_t p = 0; p < layout.path_modules.size(); ++p) {
+      for (const auto& module : layout.path_modules[p]) {
+        db_->query("INSERT INTO path_modules (path, module) VALUES ($1, $2)", {static_cast<int64_t>(p), module});
+        modules.insert(module);
+      }
+    }
+    for (const auto& module : modules) {
+      if (db_->query("SELECT 1 FROM modules WHERE module = $1 AND version = 0", {module}).empty()) {
+        throw DataError("registry", fmt::format("{}: module {} has no version 0: publish every module's initial copy before "
+                                                "the run starts", db_->where(), module));
+      }
+    }
+    db_->query("INSERT INTO run_layout (key, value) VALUES ('plan', $1)", {layout.plan});
+    db_->query("INSERT INTO run_layout (key, value) VALUES ('phases', $1)", {std::to_string(layout.phases)});
+    for (size_t p = 0; p < layout.path_modules.size(); ++p) {
+      db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+                 "VALUES ('path', $1, '', 0, 'open', '', 0, 0)", {static_cast<int64_t>(p)});
+    }
+  });
+}
+
+std::optional<RunLayout> Registry::layout() {
+  auto rows = db_->query("SELECT key, value FROM run_layout");
+  if (rows.empty()) return std::nullopt;
+  RunLayout layout;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows.text(i, 0) == "plan") layout.plan = rows.text(i, 1);
+    if (rows.text(i, 0) == "phases") layout.phases = rows.integer(i, 1);
+  }
+  auto modules = db_->query("SELECT path, module FROM path_modules ORDER BY path, module");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const auto path = static_cast<size_t>(modules.integer(i, 0));
+    if (layout.path_modules.size() <= path) layout.path_modules.resize(path + 1);
+    layout.path_modules[path].push_back(modules.text(i, 1));
+  }
+  return layout;
+}
+
+std::optional<TaskKey> Registry::lease(const std::string& worker, double now_s, double lease_s) {
+  return db_->write([&]() -> std::optional<TaskKey> {
+    // 'step' sorts after 'path': DESC takes the outer steps first.
+    auto due = db_->query("SELECT kind, path, module, phase FROM tasks WHERE state = 'open' OR (state = 'leased' AND "
+                          "lease_until < $1) ORDER BY kind DESC, phase, path, module LIMIT 1", {now_s});
+    if (due.empty()) return std::nullopt;
+    const auto key = key_from(due, 0);
+    auto params = key_params(key);
+    params.insert(params.end(), {worker, now_s + lease_s});
+    db_->query(std::string("UPDATE tasks SET state = 'leased', holder = $5, lease_until = $6, leases = leases + 1 WHERE ") +
+                   kKeyMatch, params);
+    return key;
+  });
+}
+
+bool Registry::renew(const TaskKey& task, const std::string& worker, double now_s, double lease_s) {
+  return db_->write([&] {
+    auto params = key_params(task);
+    params.emplace_back(worker);
+    const std::string held_by = std::string(kKeyMatch) + " AND state = 'leased' AND holder = $5";
+    if (db_->query("SELECT 1 FROM tasks WHERE " + held_by, params).empty()) return false;
+    params.emplace_back(now_s + lease_s);
+    db_->query("UPDATE tasks SET lease_until = $6 WHERE " + held_by, params);
+    return true;
+  });
+}
+
+void Registry::check_held(const TaskKey& task, const std::string& worker) {
+  auto params = key_params(task);
+  auto row = db_->query(std::string("SELECT state, holder FROM tasks WHERE ") + kKeyMatch, params);
+  if (row.empty()) throw DataError("registry", fmt::format("{}: there is no task {}", db_->where(), describe(task)));
+  if (row.text(0, 0) != "leased" || row.text(0, 1) != worker) {
+    throw LeaseLost("registry", fmt::format("{}: {} no longer holds {}: it is {} by {} (its lease ran out)", db_->where(),
+                                            worker, describe(task), row.text(0, 0), row.text(0, 1)));
+  }
+}
+
+void Registry::complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports) {
+  LOCO_CHECK(task.kind == TaskKey::Kind::kPath, "complete_path of {}", describe(task));
+  db_->write([&] {
+    check_held(task, worker);
+    auto modules = db_->query("SELECT module FROM path_modules WHERE path = $1 ORDER BY module", {task.path});
+    std::set<std::string> expected, reported;
+    for (size_t i = 0; i < modules.size(); ++i) expected.insert(modules.text(i, 0));
+    for (const auto& report : reports) {
+      if (report.path != task.path || report.phase != task.phase || !reported.insert(report.module).second) {
+        throw DataError("registry", fmt::format("{}: {} reports path {} phase {} module {}", db_->where(), describe(task),
+                                                report.path, report.phase, report.module));
+      }
+      insert_report(report);
+    }
+    if (reported != expected) {
+      throw DataError("registry", fmt::format("{}: {} must report each of its {} modules once, got {}", db_->where(),
+                                              describe(task), expected.size(), reports.size()));
+    }
+    db_->query(std::string("UPDATE tasks SET state = 'done' WHERE ") + kKeyMatch, key_params(task));
+    for (const auto& module : expected) {
+      auto counts = db_->query("SELECT (SELECT COUNT(*) FROM reports WHERE module = $1 AND phase = $2), "
+                               "(SELECT COUNT(*) FROM path_modules WHERE module = $1)", {module, task.phase});
+      if (counts.integer(0, 0) < counts.integer(0, 1)) continue;
+      db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+                 "VALUES ('step', -1, $1, $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {module, task.phase});
+    }
+  });
+}
+
+void Registry::complete_step(const TaskKey& task, const std::string& worker, const std::string& file) {
+  LOCO_CHECK(task.kind == TaskKey::Kind::kStep, "complete_step of {}", describe(task));
+  db_->write([&] {
+    check_held(task, worker);
+    const int64_t version = task.phase + 1;
+    auto existing = db_->query("SELECT file FROM modules WHERE module = $1 AND version = $2", {task.module, version});
+    if (!existing.empty() && existing.text(0, 0) != file) {
+      throw DataError("registry", fmt::format("{}: module {} version {} is already published as {}, not {}", db_->where(),
+                                              task.module, version, existing.text(0, 0), file));
+    }
+    if (existing.empty()) db_->query("INSERT INTO modules (module, version, file) VALUES ($1, $2, $3)", {task.module, version, file});
+    db_->query(std::string("UPDATE tasks SET state = 'done' WHERE ") + kKeyMatch, key_params(task));
+    auto phases = db_->query("SELECT value FROM run_layout WHERE key = 'phases'");
+    if (phases.empty() || version >= phases.integer(0, 0)) return;  // the module's last step
+    // The paths through this module whose every module is now at `version` train the next phase.
+    auto ready = db_->query("SELECT p.path FROM path_modules p LEFT JOIN (SELECT module, MAX(version) AS v FROM modules "
+                            "GROUP BY module) m ON m.module = p.module WHERE p.path IN (SELECT path FROM path_modules "
+                            "WHERE module = $1) GROUP BY p.path HAVING MIN(COALESCE(m.v, -1)) >= $2 ORDER BY p.path",
+                            {task.module, version});
+    for (size_t i = 0; i < ready.size(); ++i) {
+      db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+                 "VALUES ('path', $1, '', $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {ready.integer(i, 0), version});
+    }
+  });
+}
+
+std::vector<TaskRow> Registry::tasks() {
+  auto rows = db_->query("SELECT kind, path, module, phase, state, holder, lease_until, leases FROM tasks "
+                         "ORDER BY phase, kind, path, module");
+  std::vector<TaskRow> out;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    out.push_back({key_from(rows, i), rows.text(i, 4), rows.text(i, 5), rows.real(i, 6), rows.integer(i, 7)});
+  }
+  return out;
+}
+
+bool Registry::finished() {
+  auto rows = db_->query("SELECT (SELECT value FROM run_layout WHERE key = 'phases'), "
+                         "(SELECT COUNT(DISTINCT module) FROM path_modules)");
+  if (rows.is_null(0, 0)) return false;
+  const int64_t phases = rows.integer(0, 0);
+  auto done = db_->query("SELECT COUNT(DISTINCT module) FROM modules WHERE version = $1 AND module IN "
+                         "(SELECT module FROM path_modules)", {phases});
+  return done.integer(0, 0) == rows.integer(0, 1);
+}
+
+std::unique_ptr<Registry> open_sqlite_registry(const std::filesystem::path& file, std::chrono::milliseconds busy_timeout) {
+  try {
+    return std::make_unique<Registry>(sql::open_sqlite(file, busy_timeout));
+  } catch (const DataError& e) {
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) throw;  // "cannot open the registry": the folder is missing, or unreadable
+    // A file that is not a database at all reads as "file is not a database": say what it is for.
+    const std::string message = e.what();
+    throw DataError("registry", fmt::format("{} (is {} a loco registry? it is RUN/dipaco.sqlite)",
+                                            message.substr(message.find(' ') + 1), file.string()));
+  }
+}
+
+std::unique_ptr<Registry> open_postgres_registry(const std::string& conninfo, std::chrono::milliseconds timeout) {
+  return std::make_unique<Registry>(sql::open_postgres(conninfo, timeout));
+}
+
+}  // namespace loco::runtime
