@@ -29,8 +29,10 @@
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
+#include "loco/runtime/launch/dipaco_launch.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
+#include "loco/runtime/worker/dipaco_worker.h"
 #include "loco/runtime/worker/route.h"
 #include "loco/runtime/worker/trainer.h"
 #include "loco/runtime/worker/worker.h"
@@ -338,7 +340,8 @@ struct Launch {
     auto overrides = collect_overrides(cmd->remaining());
     if (workers > 0) overrides.push_back(fmt::format("cluster.workers={}", workers));
     auto config = loco::runtime::load_config(config_file, overrides);
-    loco::runtime::check_trainable(config);
+    const bool dipaco = loco::runtime::path_options(config).enabled();
+    if (!dipaco) loco::runtime::check_trainable(config);
     install(on_launch_interrupt);
     loco::runtime::LaunchOptions options;
     options.config_file = config_file;
@@ -349,6 +352,7 @@ struct Launch {
     options.executable = fs::read_symlink("/proc/self/exe");
     options.interactive = loco::metrics::Progress::is_terminal(stderr);
     options.interrupts = &g_interrupts;
+    if (dipaco) return run_dipaco(config, options);
     auto result = loco::runtime::launch(config, options);
     print_launch_summary(config, result);
     switch (result.outcome) {
@@ -360,6 +364,28 @@ struct Launch {
       case loco::runtime::RunOutcome::kFailed: break;
     }
     fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n", result.message);
+    return 1;
+  }
+  int run_dipaco(const loco::runtime::RunConfig& config, const loco::runtime::LaunchOptions& options) {
+    auto result = loco::runtime::launch_dipaco(config, options);
+    if (result.outcome == loco::runtime::RunOutcome::kFinished) {
+      fmt::print("\n| path | validation documents | tokens scored | val_loss |\n|---|---|---|---|\n");
+      for (const auto& p : result.evaluation.paths) {
+        fmt::print("| {} | {} | {} | {} |\n", p.path, p.documents, p.tokens,
+                   std::isfinite(p.loss) ? fmt::format("{:.4f}", p.loss) : "(too few tokens)");
+      }
+      fmt::print("\nDiPaCo {}: val_loss {:.4f} over {} tokens, each document scored by the one path it is routed to; "
+                 "{} task(s) issued again after a worker died or stopped; {} in all\n",
+                 config.dipaco.levels, result.evaluation.loss, result.evaluation.tokens, result.reissued,
+                 loco::metrics::format_duration(result.wall_s));
+      return 0;
+    }
+    if (result.outcome == loco::runtime::RunOutcome::kStopped) {
+      fmt::print("stopped ({}); the registry keeps every completed task; continue with: loco launch --config {} --resume\n",
+                 result.message, config_file);
+      return 130;
+    }
+    fmt::print(stderr, "error: [launch] {}; continue with --resume\n", result.message);
     return 1;
   }
   CLI::App* cmd;
@@ -409,6 +435,40 @@ struct Worker {
   std::string coordinator, config_file, progress = "auto";
   int64_t rank = -1;
   bool resume = false;
+};
+
+struct PathWorker {
+  explicit PathWorker(CLI::App& app) {
+    cmd = app.add_subcommand("path-worker", "One worker of a DiPaCo run: leases path and outer-step tasks from the run's "
+                                            "registry until the run is finished (`loco launch` starts these)");
+    cmd->add_option("--config", config_file, "TOML run config with dipaco.levels (the run's)")->required();
+    cmd->add_option("--name", name, "this worker's name in the registry (default: host:pid)");
+    cmd->add_option("--tasks", tasks, "return after this many tasks (default: until the run is finished)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+    cmd->allow_extras();
+  }
+  int run() {
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    if (!loco::runtime::path_options(config).enabled()) {
+      throw loco::ConfigError("cli", fmt::format("path-worker: {} sets no dipaco.levels; hint: `loco worker` trains a dense "
+                                                 "model", config_file));
+    }
+    install(on_interrupt);
+    loco::runtime::DipacoWorkerOptions options;
+    options.name = name;
+    options.stop = &g_stop;
+    options.max_tasks = tasks;
+    auto summary = loco::runtime::run_dipaco_worker(config, options);
+    fmt::print(stderr, "{} path task(s) ({} inner steps, {} tokens), {} outer step(s), {} dropped; read {}, wrote {}; busy "
+                       "{:.0f}% of {}\n", summary.path_tasks, summary.inner_steps, summary.tokens, summary.step_tasks,
+               summary.lost_tasks, loco::metrics::format_bytes(static_cast<double>(summary.bytes_read)),
+               loco::metrics::format_bytes(static_cast<double>(summary.bytes_written)),
+               100 * summary.busy_s / std::max(summary.wall_s, 1e-9), loco::metrics::format_duration(summary.wall_s));
+    return summary.interrupted ? 130 : 0;
+  }
+  CLI::App* cmd;
+  std::string config_file, name;
+  int64_t tasks = -1;
 };
 
 struct Coordinator {
@@ -600,6 +660,7 @@ int main(int argc, char** argv) {
   Generate generate(app);
   Launch launch(app);
   Worker worker(app);
+  PathWorker path_worker(app);
   Coordinator coordinator(app);
   Report report(app);
   Config config(app);
@@ -617,6 +678,7 @@ int main(int argc, char** argv) {
     if (generate.cmd->parsed()) return generate.run();
     if (launch.cmd->parsed()) return launch.run();
     if (worker.cmd->parsed()) return worker.run();
+    if (path_worker.cmd->parsed()) return path_worker.run();
     if (coordinator.cmd->parsed()) return coordinator.run();
     if (report.cmd->parsed()) return report.run();
     if (config.cmd->parsed()) return config.run();

@@ -185,7 +185,7 @@ TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
 
   auto args = train_args("dipaco");
   args.push_back("--dipaco.levels=1:2,1:2");
-  expect_refused(args, "plan-train", "DiPaCo training is not in this version yet");
+  expect_refused(args, "plan-train", "a DiPaCo run trains its paths as tasks");
   EXPECT_FALSE(fs::exists(dir_->path() / "dipaco"));
 }
 

@@ -45,6 +45,9 @@ class ModuleState {
   // One outer step from one phase's reports: θ_m ← OuterOpt(θ_m, Δ_m); the version goes up by one.
   void step(const std::vector<PathReport>& reports);
 
+  // Restores the outer optimizer's state (and so the version) saved with the module.
+  void load_optimizer_state(const std::vector<std::pair<std::string, torch::Tensor>>& state) { optimizer_.load_state(state); }
+
   const std::string& name() const { return name_; }
   int64_t version() const { return optimizer_.steps(); }
   const std::vector<torch::Tensor>& parameters() const { return parameters_; }

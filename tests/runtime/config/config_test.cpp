@@ -167,7 +167,7 @@ TEST(Config, DipacoLevelsParseValidateAndRoundTrip) {
   EXPECT_TRUE(options.levels[1].path_specific);
   EXPECT_TRUE(options.embed_path_specific);
   EXPECT_EQ(path_options(parse_config(to_toml(c), "again")).levels, options.levels);
-  expect_error<ConfigError>([&] { check_trainable(c); }, "DiPaCo training is not in this version yet");
+  expect_error<ConfigError>([&] { check_trainable(c); }, "start it with `loco launch --config FILE`");
   EXPECT_NO_THROW(check_trainable(parse_config("", "dense.toml")));
   expect_error<ConfigError>([] { parse_config("[model]\nlayers = 4\n[dipaco]\nlevels = \"3:2\"\n", "t.toml"); },
                             "spans 3 blocks but the model has 4");

@@ -42,12 +42,17 @@ class PostgresServer {
     ok_ = run(as_server_user({(bin / "initdb").string(), "-D", data.string(), "-U", "loco", "--pwfile",
                               (dir_.path() / "pw").string(), "-A", "scram-sha-256", "--no-sync", "-E", "UTF8"}),
               "initdb") &&
-          run(as_server_user({(bin / "pg_ctl").string(), "-D", data.string(), "-l", (dir_.path() / "server.log").string(),
-                              "-w", "-t", "60", "-o",
-                              "-h 127.0.0.1 -p " + std::to_string(port_) + " -k '' -c fsync=off",
-                              "start"}),
-              "pg_ctl start");
+          start(bin);
     bin_ = bin;
+  }
+  // Crashes the server (pg_ctl stop -m immediate: no shutdown checkpoint, recovery at the next
+  // start) and starts it again on the same port. Returns whether it is up again.
+  bool crash_and_restart() {
+    ok_ = run(as_server_user({(bin_ / "pg_ctl").string(), "-D", (dir_.path() / "data").string(), "-m", "immediate", "-w",
+                              "-t", "30", "stop"}),
+              "pg_ctl crash") &&
+          start(bin_);
+    return ok_;
   }
   ~PostgresServer() {
     if (!bin_.empty()) {
@@ -78,6 +83,12 @@ class PostgresServer {
   }
 
  private:
+  bool start(const std::filesystem::path& bin) {
+    return run(as_server_user({(bin / "pg_ctl").string(), "-D", (dir_.path() / "data").string(), "-l",
+                               (dir_.path() / "server.log").string(), "-w", "-t", "60", "-o",
+                               "-h 127.0.0.1 -p " + std::to_string(port_) + " -k '' -c fsync=off", "start"}),
+               "pg_ctl start");
+  }
   static std::filesystem::path server_bin() {
     std::vector<std::filesystem::path> found;
     std::error_code ec;

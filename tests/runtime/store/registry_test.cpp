@@ -136,16 +136,16 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   EXPECT_FALSE(registry->lease("w0", 1000.0, 60.0).has_value());  // nothing else is due
   EXPECT_TRUE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w0", 1010.0, 60.0));
   EXPECT_FALSE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w1", 1010.0, 60.0));  // not its task
-  expect_error<LeaseLost>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w1", path_reports(layout, 0, 0)); },
+  expect_error<LeaseLost>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w1", path_reports(layout, 0, 0), "inner"); },
                           "w1 no longer holds path 0 phase 0");
   // A report that leaves out a module is refused whole.
   auto partial = path_reports(layout, 0, 0);
   partial.pop_back();
-  expect_error<DataError>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", partial); }, "must report each");
+  expect_error<DataError>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", partial, "inner"); }, "must report each");
   EXPECT_TRUE(registry->reports("L1.M0", 0).empty());
 
-  registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", path_reports(layout, 0, 0));
-  registry->complete_path({TaskKey::Kind::kPath, 1, "", 0}, "w1", path_reports(layout, 1, 0));
+  registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", path_reports(layout, 0, 0), "inner");
+  registry->complete_path({TaskKey::Kind::kPath, 1, "", 0}, "w1", path_reports(layout, 1, 0), "inner");
   // L1.M0 has both of its paths' reports: its outer step is due; embed waits for all four.
   auto step = registry->lease("w0", 1020.0, 60.0);
   ASSERT_TRUE(step.has_value());
@@ -159,12 +159,12 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   auto path3 = registry->lease("w1", 1070.0, 60.0);  // path 3's lease ran out too
   ASSERT_TRUE(path3.has_value());
   EXPECT_EQ(*path3, (TaskKey{TaskKey::Kind::kPath, 3, "", 0}));
-  expect_error<LeaseLost>([&] { registry->complete_path(*again, "w0", path_reports(layout, 2, 0)); }, "its lease ran out");
-  registry->complete_path(*again, "w9", path_reports(layout, 2, 0));
+  expect_error<LeaseLost>([&] { registry->complete_path(*again, "w0", path_reports(layout, 2, 0), "inner"); }, "its lease ran out");
+  registry->complete_path(*again, "w9", path_reports(layout, 2, 0), "inner");
   for (const auto& row : registry->tasks()) {
     if (row.key == *again) EXPECT_EQ(row.leases, 2);
   }
-  registry->complete_path(*path3, "w1", path_reports(layout, 3, 0));
+  registry->complete_path(*path3, "w1", path_reports(layout, 3, 0), "inner");
 
   // Every module's step of phase 0; a path's next task is issued once all its modules are at v1.
   registry->complete_step(*step, "w0", "L1.M0/v1");
@@ -188,7 +188,7 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
 
   // The last phase: the modules take their last step, and no phase 2 is issued.
   auto other = open();  // what one connection did, another continues
-  for (const auto& task : phase1) other->complete_path(task, "w0", path_reports(layout, task.path, 1));
+  for (const auto& task : phase1) other->complete_path(task, "w0", path_reports(layout, task.path, 1), "inner");
   while (auto task = other->lease("w1", 1090.0, 60.0)) {
     ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
     EXPECT_FALSE(other->finished());

@@ -151,11 +151,13 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"cluster.tls_cert", "coordinator: its TLS certificate (PEM); set with cluster.tls_key, it serves HTTPS only; \"\" = plain HTTP", &c.cluster.tls_cert},
       {"cluster.tls_key", "coordinator: the private key (PEM) of cluster.tls_cert", &c.cluster.tls_key},
       {"cluster.tls_ca", "worker: reach the coordinator over HTTPS and verify its certificate against this CA (PEM); \"\" = cluster.tls_cert if set (self-signed), else plain HTTP", &c.cluster.tls_ca},
-      {"dipaco.levels", "DiPaCo: the modular model's levels in block order, each BLOCKS:MODULES (MODULES a count, 1 = shared by every path, or path = path-specific), e.g. \"2:2,2:2\" (4 paths); \"\" = a dense model. `loco plan` prints the plan; training it is not in this version yet", &c.dipaco.levels},
+      {"dipaco.levels", "DiPaCo: the modular model's levels in block order, each BLOCKS:MODULES (MODULES a count, 1 = shared by every path, or path = path-specific), e.g. \"2:2,2:2\" (4 paths); \"\" = a dense model. `loco plan` prints the plan, `loco launch` trains it", &c.dipaco.levels},
       {"dipaco.embed", "DiPaCo: the embeddings and final norm: shared by every path, or path (one copy per path)",
        enum_field(c.dipaco.embed_path_specific, {{false, "shared"}, {true, "path"}})},
       {"dipaco.routing", "DiPaCo: how `loco route` assigns documents to paths: kmeans (balanced k-means, k = paths) or product (product k-means over the feature's halves; paths must be a square k*k)",
        enum_field(c.dipaco.product_routing, {{false, "kmeans"}, {true, "product"}})},
+      secret({"dipaco.database", "DiPaCo: where the task queue and the module registry live: \"\" = RUN/dipaco.sqlite (SQLite, one machine or a shared folder), or a PostgreSQL connection string (\"host=... dbname=... user=...\"; the password from ~/.pgpass or $PGPASSWORD) for runs across machines; never written to config.toml or logs", &c.dipaco.database}),
+      positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
   };
 }
 
@@ -452,9 +454,10 @@ model::PathOptions path_options(const RunConfig& config) {
 
 void check_trainable(const RunConfig& config) {
   if (path_options(config).enabled()) {
-    throw ConfigError("config", fmt::format("dipaco.levels = \"{}\": DiPaCo training is not in this version yet; "
-                                            "`loco plan --config FILE` shows the plan (docs/dipaco.md). Hint: leave "
-                                            "dipaco.levels empty to train a dense model", config.dipaco.levels));
+    throw ConfigError("config", fmt::format("dipaco.levels = \"{}\": a DiPaCo run trains its paths as tasks: start it with "
+                                            "`loco launch --config FILE` (or `loco path-worker` processes on a prepared run; "
+                                            "docs/dipaco.md). Hint: leave dipaco.levels empty to train a dense model here",
+                                            config.dipaco.levels));
   }
 }
 
@@ -476,7 +479,8 @@ void validate(const RunConfig& c) {
     throw ConfigError("config", "cluster.tls_cert and cluster.tls_key go together: set both (HTTPS) or neither (HTTP)");
   }
   if (c.data.dir.empty()) throw ConfigError("config", "data.dir must not be empty");
-  if (c.sync.algorithm == Algorithm::kNone && c.cluster.workers > 1) {
+  // A DiPaCo run's workers share its modules through tasks (sync.inner_steps is H; no other sync.* key applies).
+  if (c.sync.algorithm == Algorithm::kNone && c.cluster.workers > 1 && c.dipaco.levels.empty()) {
     throw ConfigError("config", fmt::format("cluster.workers = {} needs a sync.algorithm (ddp, diloco, streaming or local), "
                                             "not none", c.cluster.workers));
   }

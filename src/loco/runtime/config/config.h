@@ -134,6 +134,8 @@ struct DipacoSection {
   std::string levels;            // "" = a dense model; "2:2,2:2": one BLOCKS:MODULES per level
   bool embed_path_specific = false;  // dipaco.embed: "shared" or "path"
   bool product_routing = false;      // dipaco.routing: "kmeans" (balanced) or "product" (P = k²)
+  std::string database;              // "" = RUN/dipaco.sqlite; else a PostgreSQL connection string (secret)
+  double lease_s = 60;               // a task's lease without renewal
 };
 
 struct RunConfig {
@@ -168,8 +170,9 @@ algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t 
 
 // DiPaCo's levels, modules and paths as the config sets them (levels empty: a dense model).
 model::PathOptions path_options(const RunConfig& config);
-// Throws ConfigError for what this version can plan but not yet train (dipaco.levels), so that a
-// training command never silently trains something other than what the config asks for.
+// Throws ConfigError for a DiPaCo config (dipaco.levels) given to a command that trains a dense model
+// (train, worker, coordinator), so that none silently trains something other than what the config
+// asks for; `loco launch` trains it (runtime/launch/dipaco_launch.h).
 void check_trainable(const RunConfig& config);
 
 // Keys that may differ between the processes of one run (paths, devices, threads, logging, and

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "loco/runtime/control/auth.h"
+#include "loco/runtime/launch/processes.h"
 #include "loco/metrics/progress.h"
 #include "loco/runtime/worker/worker.h"
 
@@ -25,57 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
-
-struct WorkerProcess {
-  int64_t rank = 0;
-  pid_t pid = -1;
-  int out_fd = -1, err_fd = -1;       // its stdout (JSON progress) and stderr
-  std::string out_buffer, err_buffer;
-  std::optional<int> exit_code;
-  // Its latest progress.
-  int64_t step = 0, steps = 0, round = -1, bytes_sent = 0;
-  double loss = NAN, tokens_per_s = 0;
-};
-
-int decode_status(int raw) {
-  if (WIFEXITED(raw)) return WEXITSTATUS(raw);
-  if (WIFSIGNALED(raw)) return 128 + WTERMSIG(raw);
-  return -1;
-}
-
-// Starts `argv` with stdout and stderr on pipes, in its own process group (so a Ctrl-C at the
-// terminal reaches only the launcher, which decides), told to stop if the launcher dies.
-WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t local_processes) {
-  int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    throw Error("launch", fmt::format("cannot create pipes for worker {}: {}", rank, std::strerror(errno)));
-  }
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error("launch", fmt::format("cannot start worker {}: {}", rank, std::strerror(errno)));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
-    ::dup2(out_pipe[1], 1);
-    ::dup2(err_pipe[1], 2);
-    ::setenv("LOCO_LOCAL_PROCESSES", std::to_string(local_processes).c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    fmt::print(stderr, "cannot run {}: {}\n", argv[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  WorkerProcess w;
-  w.rank = rank;
-  w.pid = pid;
-  w.out_fd = out_pipe[0];
-  w.err_fd = err_pipe[0];
-  return w;
-}
 
 class Display {
  public:
@@ -144,24 +94,6 @@ class Display {
   int64_t printed_step_ = -1, first_step_ = -1;
   Clock::time_point started_;
 };
-
-// Splits complete lines off `buffer` after appending what `fd` has; returns false at end of file.
-bool read_lines(int fd, std::string& buffer, std::vector<std::string>& lines) {
-  char chunk[65536];
-  const ssize_t n = ::read(fd, chunk, sizeof chunk);
-  if (n <= 0) {
-    if (!buffer.empty()) lines.push_back(std::move(buffer));
-    buffer.clear();
-    return n < 0 && (errno == EAGAIN || errno == EINTR);
-  }
-  buffer.append(chunk, static_cast<size_t>(n));
-  size_t start = 0;
-  for (size_t end; (end = buffer.find('\n', start)) != std::string::npos; start = end + 1) {
-    lines.push_back(buffer.substr(start, end - start));
-  }
-  buffer.erase(0, start);
-  return true;
-}
 
 void check_run_dir(const RunConfig& config, bool resume) {
   const fs::path run(config.run.dir);

@@ -66,7 +66,7 @@ Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(
                "PRIMARY KEY (path, module))");
     db_->query("CREATE TABLE IF NOT EXISTS tasks (kind TEXT NOT NULL, path BIGINT NOT NULL, module TEXT NOT NULL, "
                "phase BIGINT NOT NULL, state TEXT NOT NULL, holder TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, "
-               "leases BIGINT NOT NULL, PRIMARY KEY (kind, path, module, phase))");
+               "leases BIGINT NOT NULL, result TEXT NOT NULL DEFAULT '', PRIMARY KEY (kind, path, module, phase))");
   });
 }
 
@@ -212,7 +212,23 @@ void Registry::check_held(const TaskKey& task, const std::string& worker) {
   }
 }
 
-void Registry::complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports) {
+void Registry::release(const TaskKey& task, const std::string& worker) {
+  db_->write([&] {
+    auto params = key_params(task);
+    params.emplace_back(worker);
+    db_->query(std::string("UPDATE tasks SET state = 'open', holder = '', lease_until = 0 WHERE ") + kKeyMatch +
+                   " AND state = 'leased' AND holder = $5", params);
+  });
+}
+
+std::optional<std::string> Registry::task_result(const TaskKey& task) {
+  auto row = db_->query(std::string("SELECT result FROM tasks WHERE ") + kKeyMatch + " AND state = 'done'", key_params(task));
+  if (row.empty()) return std::nullopt;
+  return row.text(0, 0);
+}
+
+void Registry::complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports,
+                             const std::string& result) {
   LOCO_CHECK(task.kind == TaskKey::Kind::kPath, "complete_path of {}", describe(task));
   db_->write([&] {
     check_held(task, worker);
@@ -230,7 +246,9 @@ void Registry::complete_path(const TaskKey& task, const std::string& worker, con
       throw DataError("registry", fmt::format("{}: {} must report each of its {} modules once, got {}", db_->where(),
                                               describe(task), expected.size(), reports.size()));
     }
-    db_->query(std::string("UPDATE tasks SET state = 'done' WHERE ") + kKeyMatch, key_params(task));
+    auto params = key_params(task);
+    params.emplace_back(result);
+    db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
     for (const auto& module : expected) {
       auto counts = db_->query("SELECT (SELECT COUNT(*) FROM reports WHERE module = $1 AND phase = $2), "
                                "(SELECT COUNT(*) FROM path_modules WHERE module = $1)", {module, task.phase});
@@ -252,7 +270,9 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
                                               task.module, version, existing.text(0, 0), file));
     }
     if (existing.empty()) db_->query("INSERT INTO modules (module, version, file) VALUES ($1, $2, $3)", {task.module, version, file});
-    db_->query(std::string("UPDATE tasks SET state = 'done' WHERE ") + kKeyMatch, key_params(task));
+    auto params = key_params(task);
+    params.emplace_back(file);
+    db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
     auto phases = db_->query("SELECT value FROM run_layout WHERE key = 'phases'");
     if (phases.empty() || version >= phases.integer(0, 0)) return;  // the module's last step
     // The paths through this module whose every module is now at `version` train the next phase.
@@ -268,11 +288,11 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
 }
 
 std::vector<TaskRow> Registry::tasks() {
-  auto rows = db_->query("SELECT kind, path, module, phase, state, holder, lease_until, leases FROM tasks "
+  auto rows = db_->query("SELECT kind, path, module, phase, state, holder, lease_until, leases, result FROM tasks "
                          "ORDER BY phase, kind, path, module");
   std::vector<TaskRow> out;
   for (size_t i = 0; i < rows.size(); ++i) {
-    out.push_back({key_from(rows, i), rows.text(i, 4), rows.text(i, 5), rows.real(i, 6), rows.integer(i, 7)});
+    out.push_back({key_from(rows, i), rows.text(i, 4), rows.text(i, 5), rows.real(i, 6), rows.integer(i, 7), rows.text(i, 8)});
   }
   return out;
 }

@@ -59,6 +59,7 @@ struct TaskRow {
   std::string holder;  // the worker that leases it or did it
   double lease_until = 0;  // unix seconds
   int64_t leases = 0;      // times leased (more than once: issued again after a lease ran out)
+  std::string result;      // a done task's result file (a path's inner optimizer state; a module's version)
 };
 
 // The run's shape, given once when the run starts.
@@ -71,6 +72,13 @@ struct RunLayout {
 // A task this worker no longer holds (its lease ran out and another worker took it, or it is done):
 // its result must be dropped.
 class LeaseLost : public DataError {
+ public:
+  using DataError::DataError;
+};
+
+// The database could not be reached or answered in time (a server down or restarting, a lock held
+// past the busy timeout): the same request may succeed on a new connection later.
+class DatabaseUnavailable : public DataError {
  public:
   using DataError::DataError;
 };
@@ -108,12 +116,20 @@ class Registry {
   // phase), then paths by phase and number; an open task, or one whose lease ran out. Nothing when
   // no task is due now.
   std::optional<TaskKey> lease(const std::string& worker, double now_s, double lease_s);
+  // Gives a held task back (a worker that stops): it is open again at once. Does nothing when
+  // `worker` does not hold it.
+  void release(const TaskKey& task, const std::string& worker);
   // Extends the lease; false when `worker` no longer holds the task.
   bool renew(const TaskKey& task, const std::string& worker, double now_s, double lease_s);
   // A path task's end: its reports (one per module of the path), the task done, and the step tasks
   // of the modules every path has now reported for, in one transaction. Throws LeaseLost when
   // `worker` does not hold the task.
-  void complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports);
+  // `result` is the file of the path's inner optimizer state after the phase (relative to the run
+  // folder), which the path's next task continues from.
+  void complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports,
+                     const std::string& result);
+  // The result file of a done task, or nothing.
+  std::optional<std::string> task_result(const TaskKey& task);
   // A step task's end: the module's version phase + 1 in `file`, the task done, and the next
   // phase's tasks of the paths whose modules are all at that version now, in one transaction.
   // Throws LeaseLost when `worker` does not hold the task.

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "loco/core/error.h"
+#include "loco/runtime/store/registry.h"
 #include "loco/runtime/store/sql.h"
 
 namespace loco::runtime::sql {
@@ -45,7 +46,7 @@ class PostgresConnection final : public Connection {
     if (connection_ == nullptr || PQstatus(connection_) != CONNECTION_OK) {
       const std::string message = connection_ != nullptr ? PQerrorMessage(connection_) : "out of memory";
       PQfinish(connection_);
-      throw DataError("registry", fmt::format("{}: cannot connect: {}", where_, trimmed(message)));
+      throw DatabaseUnavailable("registry", fmt::format("{}: cannot connect: {}", where_, trimmed(message)));
     }
     try {
       query(fmt::format("SET statement_timeout = {}", timeout.count()));
@@ -75,6 +76,13 @@ class PostgresConnection final : public Connection {
                   &PQclear);
     const auto status = PQresultStatus(result.get());
     if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+      const char* state = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
+      // A lost connection, a server shutting down or a statement timeout: worth a new connection.
+      if (PQstatus(connection_) == CONNECTION_BAD || (state != nullptr && (std::string(state).rfind("57", 0) == 0 ||
+                                                                           std::string(state).rfind("08", 0) == 0))) {
+        throw DatabaseUnavailable("registry", fmt::format("{}: {}: {}", where_, statement.substr(0, 80),
+                                                          trimmed(PQerrorMessage(connection_))));
+      }
       throw DataError("registry", fmt::format("{}: {}: {}", where_, statement.substr(0, 80), trimmed(PQerrorMessage(connection_))));
     }
     Rows out;

@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 
 #include "loco/core/error.h"
+#include "loco/runtime/store/registry.h"
 #include "loco/runtime/store/sql.h"
 
 namespace loco::runtime::sql {
@@ -71,6 +72,10 @@ class SqliteConnection final : public Connection {
 
  private:
   [[noreturn]] void fail(const std::string& statement) {
+    const int code = sqlite3_errcode(db_) & 0xff;
+    if (code == SQLITE_BUSY || code == SQLITE_LOCKED) {  // another process held the lock past the busy timeout
+      throw DatabaseUnavailable("registry", fmt::format("{}: {}: {}", where_, statement.substr(0, 80), sqlite3_errmsg(db_)));
+    }
     throw DataError("registry", fmt::format("{}: {}: {}", where_, statement.substr(0, 80), sqlite3_errmsg(db_)));
   }
   std::string where_;

@@ -23,13 +23,16 @@ std::chrono::milliseconds seconds(double s) { return std::chrono::milliseconds(s
 }  // namespace
 
 torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset) {
+  return embed_documents(config, dataset, dataset.train());
+}
+
+torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset, const data::Split& split) {
   RunConfig resolved = config;
   resolved.model.vocab_size = dataset.manifest().vocab_size;
   auto model = build_model(resolved);
   if (!config.train.init_from.empty()) load_initial_weights(model, resolved, dataset.manifest().tokenizer_hash);
   model->eval();
   torch::NoGradGuard no_grad;
-  const auto& split = dataset.train();
   const int64_t length = std::min(config.data.route_tokens, config.model.context);
   std::vector<torch::Tensor> rows;
   for (const auto& doc : split.documents) {

@@ -39,6 +39,8 @@ data::ShardAssignment assign_shards(const RunConfig& config, const data::Dataset
 // mean final hidden state over the document's first data.route_tokens tokens, as DiPaCo routes
 // and data.shard = "kmeans" clusters. (N documents, width) float32.
 torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset);
+// ... of the documents of `split` (the validation split's, to route them with a fitted router).
+torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset, const data::Split& split);
 
 // This machine's host name.
 std::string host_name();

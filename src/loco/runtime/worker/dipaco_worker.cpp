@@ -1,0 +1,583 @@
+#include "loco/runtime/worker/dipaco_worker.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+#include "loco/algorithms/dipaco.h"
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/data/batcher.h"
+#include "loco/data/dataset.h"
+#include "loco/data/routing.h"
+#include "loco/metrics/metrics_log.h"
+#include "loco/metrics/progress.h"
+#include "loco/model/paths.h"
+#include "loco/model/precision.h"
+#include "loco/optim/adamw.h"
+#include "loco/optim/outer.h"
+#include "loco/optim/schedule.h"
+#include "loco/runtime/store/modules.h"
+#include "loco/runtime/store/safetensors.h"
+#include "loco/runtime/worker/route.h"
+#include "loco/runtime/worker/weights.h"
+#include "loco/runtime/worker/worker.h"
+
+namespace loco::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+int64_t file_bytes(const fs::path& file) {
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  return ec ? 0 : static_cast<int64_t>(size);
+}
+
+// A worker's name as a file name's part: letters, digits, '.', '-', '_' (others become '_').
+std::string file_safe(const std::string& name) {
+  std::string out = name;
+  for (auto& c : out) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  }
+  return out;
+}
+
+// What every part of a DiPaCo run opens the same way: the resolved config, the dataset, the plan,
+// and the routing's documents per path.
+struct RunParts {
+  RunConfig config;
+  data::Dataset dataset;
+  model::PathPlan plan;
+  fs::path run_dir;
+  int64_t phases = 0;
+
+  static RunParts open(const RunConfig& given) {
+    RunConfig config = given;
+    resolve_defaults(config);
+    auto dataset = data::Dataset::open(config.data.dir);
+    const int64_t vocab = dataset.manifest().vocab_size;
+    if (config.model.vocab_size == 0) {
+      config.model.vocab_size = vocab;
+    } else if (config.model.vocab_size != vocab) {
+      throw ConfigError("dipaco", fmt::format("model.vocab_size = {} but the dataset {} has a vocabulary of {}; hint: leave "
+                                              "model.vocab_size = 0 to take the dataset's", config.model.vocab_size,
+                                              config.data.dir, vocab));
+    }
+    validate(config);
+    model::PathPlan plan(config.model, path_options(config));
+    const int64_t phases = dipaco_phases(config);
+    fs::path run_dir = config.run.dir;
+    return RunParts{std::move(config), std::move(dataset), std::move(plan), std::move(run_dir), phases};
+  }
+
+  // The training documents of each path, from RUN/routing/paths.json.
+  std::vector<std::vector<int64_t>> path_documents() const {
+    const auto file = run_dir / "routing" / "paths.json";
+    nlohmann::json saved;
+    try {
+      saved = nlohmann::json::parse(read_file(file, "dipaco"));
+      std::vector<std::vector<int64_t>> out;
+      const auto documents = static_cast<int64_t>(dataset.train().documents.size());
+      for (const auto& entry : saved.at("paths")) {
+        auto& docs = out.emplace_back(entry.at("documents").get<std::vector<int64_t>>());
+        for (auto d : docs) {
+          if (d < 0 || d >= documents) throw DataError("dipaco", fmt::format("document {} is not in the training split", d));
+        }
+      }
+      if (static_cast<int64_t>(out.size()) != plan.paths()) {
+        throw DataError("dipaco", fmt::format("it routes to {} paths, the plan has {}", out.size(), plan.paths()));
+      }
+      return out;
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("dipaco", fmt::format("{} is malformed: {}", file.string(), e.what()));
+    } catch (const DataError& e) {
+      throw DataError("dipaco", fmt::format("{}: {} (another run's routing? route again into a fresh run folder)",
+                                            file.string(), e.what()));
+    }
+  }
+
+  // The tokens of `documents` of `split`, in order.
+  static std::vector<int32_t> tokens_of(const data::Split& split, const std::vector<int64_t>& documents) {
+    std::vector<int32_t> out;
+    for (auto d : documents) {
+      const auto& doc = split.documents[static_cast<size_t>(d)];
+      out.insert(out.end(), split.tokens.begin() + static_cast<int64_t>(doc.offset),
+                 split.tokens.begin() + static_cast<int64_t>(doc.offset + doc.length));
+    }
+    return out;
+  }
+
+  // A path model with `versions[m]` of each of its modules loaded (and no other module). Returns
+  // the bytes read, by module.
+  std::map<std::string, int64_t> load_path(model::Transformer& model, int64_t path,
+                                           const std::map<std::string, int64_t>& versions) const {
+    std::map<std::string, int64_t> bytes;
+    torch::NoGradGuard no_grad;
+    for (auto index : plan.modules_of(path)) {
+      const auto& module = plan.module(index);
+      const int64_t version = versions.at(module.name);
+      const auto saved = load_module(run_dir, module.name, version, plan.fingerprint());
+      bytes[module.name] = file_bytes(module_file(run_dir, module.name, version));
+      const auto group = model::module_parameters(model, module);
+      if (saved.parameters.size() != group.names.size()) {
+        throw DataError("dipaco", fmt::format("module {} v{} holds {} tensors, the path model's module {}", module.name,
+                                              version, saved.parameters.size(), group.names.size()));
+      }
+      for (size_t i = 0; i < group.names.size(); ++i) {
+        const auto& [name, tensor] = saved.parameters[i];
+        if (name != group.names[i] || !tensor.sizes().equals(group.parameters[i].sizes())) {
+          throw DataError("dipaco", fmt::format("module {} v{}: tensor {} is not the model's {}", module.name, version, name,
+                                                group.names[i]));
+        }
+        group.parameters[i].copy_(tensor);
+      }
+    }
+    return bytes;
+  }
+};
+
+// Renews a task's lease from its own thread and connection while the task runs.
+class LeaseKeeper {
+ public:
+  LeaseKeeper(const RunConfig& config, TaskKey task, std::string worker, std::FILE* out)
+      : task_(std::move(task)), worker_(std::move(worker)), lease_s_(config.dipaco.lease_s) {
+    thread_ = std::thread([this, config, out] {
+      std::unique_ptr<Registry> registry;
+      std::unique_lock lock(mutex_);
+      while (!done_) {
+        wake_.wait_for(lock, std::chrono::duration<double>(lease_s_ / 4));
+        if (done_) break;
+        lock.unlock();
+        try {
+          if (!registry) registry = open_run_registry(config);
+          if (!registry->renew(task_, worker_, unix_seconds(), lease_s_)) lost_ = true;
+        } catch (const std::exception& e) {  // the database is away: the lease may run out; the end will tell
+          registry.reset();
+          fmt::print(out, "{}: cannot renew the lease of {}: {}\n", worker_, describe(task_), e.what());
+        }
+        lock.lock();
+      }
+    });
+  }
+  ~LeaseKeeper() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  bool lost() const { return lost_; }
+
+ private:
+  TaskKey task_;
+  std::string worker_;
+  double lease_s_;
+  std::atomic<bool> lost_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// A task given up before its end (a stop was asked, or its lease was lost).
+struct Abandoned {
+  bool lost = false;
+};
+
+class Worker {
+ public:
+  Worker(const RunConfig& config, const DipacoWorkerOptions& options)
+      : options_(options), parts_(RunParts::open(config)), registry_(open_run_registry(config)),
+        log_(parts_.run_dir / "metrics.jsonl") {
+    auto layout = registry_->layout();
+    if (!layout) {
+      throw DataError("dipaco", fmt::format("the run {} is not started (no layout in its registry); hint: `loco launch "
+                                            "--config FILE` prepares and starts it", parts_.run_dir.string()));
+    }
+    if (layout->plan != parts_.plan.fingerprint() || layout->phases != parts_.phases) {
+      throw DataError("dipaco", fmt::format("the run {} was started with plan {} and {} phases; this config makes plan {} "
+                                            "and {} phases", parts_.run_dir.string(), layout->plan, layout->phases,
+                                            parts_.plan.fingerprint(), parts_.phases));
+    }
+    documents_ = parts_.path_documents();
+    device_ = model::resolve_device(parts_.config.train.device);
+    threads_ = configure_threads(parts_.config.train.threads);
+  }
+
+  DipacoWorkerSummary run() {
+    const auto start = Clock::now();
+    say(fmt::format("joined {} ({} paths, {} phases of {} inner steps; device {}, {} threads)", parts_.run_dir.string(),
+                    parts_.plan.paths(), parts_.phases, parts_.config.sync.inner_steps, device_.str(), threads_));
+    int64_t tasks = 0;
+    while (options_.max_tasks < 0 || tasks < options_.max_tasks) {
+      if (stopping()) {
+        summary_.interrupted = true;
+        break;
+      }
+      auto task = db([&](Registry& r) { return r.lease(options_.name, unix_seconds(), parts_.config.dipaco.lease_s); });
+      if (!task) {
+        if (db([](Registry& r) { return r.finished(); })) break;
+        std::this_thread::sleep_for(std::chrono::duration<double>(options_.poll_s));
+        continue;
+      }
+      ++tasks;
+      const auto task_start = Clock::now();
+      try {
+        LeaseKeeper keeper(parts_.config, *task, options_.name, options_.out);
+        if (task->kind == TaskKey::Kind::kPath) {
+          run_path(*task, keeper);
+        } else {
+          run_step(*task);
+        }
+      } catch (const LeaseLost& e) {
+        ++summary_.lost_tasks;
+        say(fmt::format("dropped {}: {}", describe(*task), e.what()));
+      } catch (const Abandoned& a) {
+        if (a.lost) {
+          ++summary_.lost_tasks;
+          say(fmt::format("dropped {}: its lease ran out and another worker has it", describe(*task)));
+        } else {
+          db([&](Registry& r) { r.release(*task, options_.name); });
+          say(fmt::format("stopped; {} is open again for another worker", describe(*task)));
+        }
+      }
+      summary_.busy_s += seconds_since(task_start);
+    }
+    summary_.wall_s = seconds_since(start);
+    log_.write("worker_summary", {{"worker", options_.name}, {"path_tasks", summary_.path_tasks},
+                                  {"step_tasks", summary_.step_tasks}, {"lost_tasks", summary_.lost_tasks},
+                                  {"inner_steps", summary_.inner_steps}, {"tokens", summary_.tokens},
+                                  {"bytes_read", summary_.bytes_read}, {"bytes_written", summary_.bytes_written},
+                                  {"wall_s", summary_.wall_s}, {"busy_s", summary_.busy_s},
+                                  {"interrupted", summary_.interrupted}});
+    return summary_;
+  }
+
+ private:
+  bool stopping() const { return options_.stop != nullptr && options_.stop->load(); }
+
+  // Runs `request` on the registry; when the database is unavailable (a server restarting), on a
+  // new connection, again, for up to cluster.coordinator_timeout_s. A request that committed but
+  // whose answer was lost is safe to repeat: a second lease only delays a task by its lease, a
+  // second completion is refused as a lost lease (the work was recorded the first time).
+  template <class F>
+  auto db(F&& request) -> decltype(request(std::declval<Registry&>())) {
+    const auto start = Clock::now();
+    for (int attempt = 0;; ++attempt) {
+      try {
+        if (!registry_) registry_ = open_run_registry(parts_.config);
+        return request(*registry_);
+      } catch (const DatabaseUnavailable& e) {
+        registry_.reset();
+        if (seconds_since(start) > parts_.config.cluster.coordinator_timeout_s || stopping()) throw;
+        if (attempt == 0) {
+          say(fmt::format("the registry is unavailable ({}); trying again for up to {:g} s (cluster.coordinator_timeout_s)",
+                          e.what(), parts_.config.cluster.coordinator_timeout_s));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+    }
+  }
+  void say(const std::string& line) {
+    fmt::print(options_.out, "{}: {}\n", options_.name, line);
+    std::fflush(options_.out);
+  }
+
+  // Trains path `task.path` for the phase's inner steps from its modules' versions `task.phase`.
+  void run_path(const TaskKey& task, const LeaseKeeper& keeper) {
+    const auto& config = parts_.config;
+    const int64_t path = task.path, phase = task.phase;
+    int64_t read = 0, written = 0;
+    auto model = build_model(config);
+    std::map<std::string, int64_t> versions;
+    for (auto index : parts_.plan.modules_of(path)) versions[parts_.plan.module(index).name] = phase;
+    const auto read_by_module = parts_.load_path(model, path, versions);
+    std::map<std::string, int64_t> written_by_module;
+    for (const auto& [name, bytes] : read_by_module) read += bytes;
+    // θ_m of each module at the phase's start: the outer gradients are taken against them.
+    std::vector<std::pair<const model::Module*, std::vector<torch::Tensor>>> start;
+    for (auto index : parts_.plan.modules_of(path)) {
+      const auto& module = parts_.plan.module(index);
+      std::vector<torch::Tensor> copies;
+      for (const auto& t : model::module_parameters(model, module).parameters) copies.push_back(t.detach().clone());
+      start.emplace_back(&module, std::move(copies));
+    }
+    model->to(device_);
+    model->train();
+
+    std::vector<optim::NamedParameter> named;
+    for (const auto& [name, tensor] : model_weights(model)) named.push_back({name, tensor, tensor.dim() >= 2});
+    optim::AdamW adamw(std::move(named), config.optim.adamw);
+    if (phase > 0) {  // the path's inner optimizer state continues across phases, whichever worker ran the last one
+      auto previous = db([&](Registry& r) { return r.task_result({TaskKey::Kind::kPath, path, "", phase - 1}); });
+      if (!previous || previous->empty()) {
+        throw DataError("dipaco", fmt::format("path {} phase {} has no recorded inner state", path, phase - 1));
+      }
+      const auto file = load_safetensors(parts_.run_dir / *previous);
+      read += file_bytes(parts_.run_dir / *previous);
+      adamw.load_state(file.tensors, std::stoll(file.metadata.at("loco.inner_steps")));
+    }
+    std::vector<torch::Tensor> parameters;
+    for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
+
+    const auto tokens = RunParts::tokens_of(parts_.dataset.train(), documents_.at(static_cast<size_t>(path)));
+    const auto weight = static_cast<double>(tokens.size());
+    data::WindowSampler sampler(tokens, config.model.context, static_cast<uint64_t>(config.train.seed + path));
+    const int64_t windows_per_step = config.train.batch_size * config.train.grad_accum;
+    const auto taken = static_cast<uint64_t>(phase * config.sync.inner_steps * windows_per_step);
+    const auto per_epoch = static_cast<uint64_t>(sampler.windows_per_epoch());
+    sampler.restore({taken / per_epoch, taken % per_epoch});
+
+    const optim::ScheduleOptions schedule{config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
+    const int64_t first = phase * config.sync.inner_steps;
+    const int64_t steps = std::min(config.sync.inner_steps, config.train.steps - first);
+    double loss_sum = 0;
+    const auto compute_start = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      if (stopping()) throw Abandoned{false};
+      if (keeper.lost()) throw Abandoned{true};
+      adamw.zero_grad();
+      double loss = 0;
+      for (int64_t micro = 0; micro < config.train.grad_accum; ++micro) {
+        auto batch = sampler.next(config.train.batch_size);
+        torch::Tensor total, ce;
+        {
+          model::AutocastGuard autocast(device_, true);
+          auto logits = model->forward(batch.inputs.to(device_));
+          auto parts = model::language_model_loss(logits, batch.targets.to(device_), config.train.z_loss);
+          total = parts.loss;
+          ce = parts.cross_entropy;
+        }
+        (total / static_cast<double>(config.train.grad_accum)).backward();
+        loss += ce.item<double>() / static_cast<double>(config.train.grad_accum);
+      }
+      if (!std::isfinite(loss)) {
+        throw Error("dipaco", fmt::format("path {}: the loss became {} at step {}; hint: lower optim.lr (the modules' "
+                                          "published versions are intact)", path, loss, first + i));
+      }
+      optim::clip_grad_norm(parameters, config.optim.grad_clip);
+      adamw.step(optim::learning_rate(schedule, first + i));
+      loss_sum += loss;
+    }
+    const double compute_s = seconds_since(compute_start);
+
+    // One outer gradient per module, Δ = θ_m − θ_p, and the inner state; then the task's end.
+    const std::string who = file_safe(options_.name);
+    std::vector<ModuleReport> reports;
+    model->to(torch::kCPU);
+    for (const auto& [module, before] : start) {
+      const auto group = model::module_parameters(model, *module);
+      NamedTensors delta;
+      for (size_t i = 0; i < group.names.size(); ++i) {
+        delta.emplace_back(group.names[i], (before[i] - group.parameters[i].detach().to(torch::kFloat32)).contiguous());
+      }
+      const auto relative = fmt::format("reports/{}/phase{}/P{}-{}.safetensors", module->name, phase, path, who);
+      save_safetensors(parts_.run_dir / relative, delta,
+                       {{"loco.module", module->name}, {"loco.phase", std::to_string(phase)},
+                        {"loco.path", std::to_string(path)}, {"loco.plan", parts_.plan.fingerprint()}});
+      written_by_module[module->name] = file_bytes(parts_.run_dir / relative);
+      written += written_by_module[module->name];
+      reports.push_back({module->name, phase, path, weight, relative});
+    }
+    const auto inner = fmt::format("paths/P{}/inner-{}-{}.safetensors", path, phase, who);
+    save_safetensors(parts_.run_dir / inner, adamw.state(), {{"loco.inner_steps", std::to_string(adamw.steps())}});
+    written += file_bytes(parts_.run_dir / inner);
+    db([&](Registry& r) { r.complete_path(task, options_.name, reports, inner); });
+
+    const double mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : NAN;
+    const int64_t step_tokens = steps * windows_per_step * config.model.context;
+    ++summary_.path_tasks;
+    summary_.inner_steps += steps;
+    summary_.tokens += step_tokens;
+    summary_.bytes_read += read;
+    summary_.bytes_written += written;
+    say(fmt::format("path {} phase {}/{}: {} steps, loss {:.4f}, {:.0f} tok/s; read {}, wrote {}", path, phase + 1,
+                    parts_.phases, steps, mean_loss, static_cast<double>(step_tokens) / std::max(compute_s, 1e-9),
+                    metrics::format_bytes(static_cast<double>(read)), metrics::format_bytes(static_cast<double>(written))));
+    log_.write("path_task", {{"worker", options_.name}, {"path", path}, {"phase", phase}, {"steps", steps},
+                             {"loss", mean_loss}, {"tokens", step_tokens}, {"compute_s", compute_s},
+                             {"bytes_read", read}, {"bytes_written", written}, {"module_bytes_read", read_by_module},
+                             {"module_bytes_written", written_by_module}});
+  }
+
+  // Module `task.module`'s outer step of phase `task.phase`: from version phase to phase + 1.
+  void run_step(const TaskKey& task) {
+    const auto& module = parts_.plan.module(parts_.plan.find(task.module));
+    const auto saved = load_module(parts_.run_dir, module.name, task.phase, parts_.plan.fingerprint());
+    int64_t read = file_bytes(module_file(parts_.run_dir, module.name, task.phase));
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> parameters;
+    for (const auto& [name, tensor] : saved.parameters) {
+      names.push_back(name);
+      parameters.push_back(tensor.clone());
+    }
+    algorithms::ModuleState state(module.name, names, parameters, outer_options(parts_.config));
+    state.load_optimizer_state(saved.outer_state);
+    if (state.version() != task.phase) {
+      throw DataError("dipaco", fmt::format("module {} v{} holds an outer optimizer of {} steps", module.name, task.phase,
+                                            state.version()));
+    }
+    std::vector<algorithms::PathReport> reports;
+    for (const auto& report : db([&](Registry& r) { return r.reports(module.name, task.phase); })) {
+      const auto file = load_safetensors(parts_.run_dir / report.file);
+      read += file_bytes(parts_.run_dir / report.file);
+      algorithms::PathReport path_report{report.path, report.weight, {}};
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (i >= file.tensors.size() || file.tensors[i].first != names[i]) {
+          throw DataError("dipaco", fmt::format("{}: the outer gradient does not hold module {}'s tensor {}", report.file,
+                                                module.name, names[i]));
+        }
+        path_report.outer_gradient.push_back(file.tensors[i].second);
+      }
+      reports.push_back(std::move(path_report));
+    }
+    state.step(reports);
+    ModuleVersion next{module.name, task.phase + 1, parts_.plan.fingerprint(), {}, state.optimizer().state()};
+    for (size_t i = 0; i < names.size(); ++i) next.parameters.emplace_back(names[i], state.parameters()[i]);
+    save_module(parts_.run_dir, next);
+    const auto file = module_file(parts_.run_dir, module.name, next.version);
+    const int64_t written = file_bytes(file);
+    db([&](Registry& r) { r.complete_step(task, options_.name, fs::relative(file, parts_.run_dir).string()); });
+    ++summary_.step_tasks;
+    summary_.bytes_read += read;
+    summary_.bytes_written += written;
+    say(fmt::format("module {} v{} from {} path(s)", module.name, next.version, reports.size()));
+    log_.write("step_task", {{"worker", options_.name}, {"module", module.name}, {"version", next.version},
+                             {"paths", reports.size()}, {"bytes_read", read}, {"bytes_written", written}});
+  }
+
+  DipacoWorkerOptions options_;
+  RunParts parts_;
+  std::unique_ptr<Registry> registry_;
+  metrics::MetricsLog log_;
+  std::vector<std::vector<int64_t>> documents_;
+  torch::Device device_ = torch::kCPU;
+  int64_t threads_ = 1;
+  DipacoWorkerSummary summary_;
+};
+
+}  // namespace
+
+std::unique_ptr<Registry> open_run_registry(const RunConfig& config) {
+  if (!config.dipaco.database.empty()) return open_postgres_registry(config.dipaco.database);
+  return open_sqlite_registry(fs::path(config.run.dir) / "dipaco.sqlite");
+}
+
+int64_t dipaco_phases(const RunConfig& config) {
+  return (config.train.steps + config.sync.inner_steps - 1) / config.sync.inner_steps;
+}
+
+RunLayout prepare_dipaco_run(const RunConfig& config, std::FILE* out) {
+  if (!path_options(config).enabled()) {
+    throw ConfigError("dipaco", "the config sets no dipaco.levels: there are no paths to train");
+  }
+  if (!fs::exists(fs::path(config.run.dir) / "routing")) {
+    fmt::print(out, "routing the training documents to paths (as `loco route`)...\n");
+    const auto routed = route_documents(config);
+    fmt::print(out, "{}\n", routed.table);
+  }
+  auto parts = RunParts::open(config);
+  auto registry = open_run_registry(config);
+  RunLayout layout{parts.plan.fingerprint(), parts.phases, {}};
+  for (int64_t p = 0; p < parts.plan.paths(); ++p) {
+    auto& names = layout.path_modules.emplace_back();
+    for (auto index : parts.plan.modules_of(p)) names.push_back(parts.plan.module(index).name);
+  }
+  if (registry->layout()) {
+    registry->start(layout);  // refuses another plan or number of phases
+    return layout;
+  }
+  write_file_atomic(parts.run_dir / "config.toml", to_toml(parts.config), "dipaco");
+  // Version 0 of every module, from the initial model (every path starts from the same one).
+  auto initial = build_model(parts.config);
+  if (!parts.config.train.init_from.empty()) {
+    load_initial_weights(initial, parts.config, parts.dataset.manifest().tokenizer_hash);
+  }
+  for (const auto& module : parts.plan.modules()) {
+    if (registry->latest_version(module.name)) continue;
+    const auto group = model::module_parameters(initial, module);
+    ModuleVersion v0{module.name, 0, parts.plan.fingerprint(), {}, {}};
+    std::vector<torch::Tensor> copies;
+    for (size_t i = 0; i < group.names.size(); ++i) {
+      copies.push_back(group.parameters[i].detach().clone());
+      v0.parameters.emplace_back(group.names[i], copies.back());
+    }
+    v0.outer_state = optim::OuterOptimizer(group.names, copies, outer_options(parts.config)).state();
+    save_module(parts.run_dir, v0);
+    registry->publish_module(module.name, 0, fs::relative(module_file(parts.run_dir, module.name, 0), parts.run_dir).string());
+  }
+  registry->start(layout);
+  fmt::print(out, "started {}: {} paths through {} modules, {} phases of {} inner steps\n", parts.run_dir.string(),
+             parts.plan.paths(), parts.plan.modules().size(), parts.phases, parts.config.sync.inner_steps);
+  return layout;
+}
+
+DipacoWorkerSummary run_dipaco_worker(const RunConfig& config, const DipacoWorkerOptions& options) {
+  DipacoWorkerOptions resolved = options;
+  if (resolved.name.empty()) resolved.name = process_name(::getpid());
+  return Worker(config, resolved).run();
+}
+
+DipacoEvaluation evaluate_dipaco(const RunConfig& config) {
+  auto parts = RunParts::open(config);
+  auto registry = open_run_registry(config);
+  const auto router_file = load_safetensors(parts.run_dir / "routing" / "router.safetensors");
+  if (router_file.metadata.count("loco.plan") == 0 || router_file.metadata.at("loco.plan") != parts.plan.fingerprint()) {
+    throw DataError("dipaco", fmt::format("{}/routing routes for another plan", parts.run_dir.string()));
+  }
+  data::KMeansRouter router;
+  for (const auto& [name, centres] : router_file.tensors) router.centres.push_back(centres);
+  router.k = router.centres.at(0).size(0);
+  const auto& val = parts.dataset.val();
+  const auto routes = router.route(embed_documents(parts.config, parts.dataset, val));
+  std::vector<std::vector<int64_t>> documents(static_cast<size_t>(parts.plan.paths()));
+  for (size_t d = 0; d < routes.size(); ++d) documents[static_cast<size_t>(routes[d])].push_back(static_cast<int64_t>(d));
+
+  const auto device = model::resolve_device(parts.config.train.device);
+  DipacoEvaluation out;
+  double weighted = 0;
+  for (int64_t p = 0; p < parts.plan.paths(); ++p) {
+    PathScore score{p, static_cast<int64_t>(documents[static_cast<size_t>(p)].size()), 0, NAN};
+    const auto tokens = RunParts::tokens_of(val, documents[static_cast<size_t>(p)]);
+    if (static_cast<int64_t>(tokens.size()) > parts.config.model.context) {
+      std::map<std::string, int64_t> versions;
+      for (auto index : parts.plan.modules_of(p)) {
+        const auto& name = parts.plan.module(index).name;
+        auto latest = registry->latest_version(name);
+        if (!latest) throw DataError("dipaco", fmt::format("module {} has no published version", name));
+        versions[name] = *latest;
+      }
+      auto model = build_model(parts.config);
+      parts.load_path(model, p, versions);
+      model->to(device);
+      const auto batches = data::evaluation_batches(tokens, parts.config.model.context, parts.config.eval.windows,
+                                                    parts.config.eval.batch_size);
+      const auto result = evaluate(model, batches, device);
+      score.loss = result.loss;
+      score.tokens = result.tokens;
+      weighted += result.loss * static_cast<double>(result.tokens);
+      out.tokens += result.tokens;
+    }
+    out.paths.push_back(score);
+  }
+  out.loss = out.tokens > 0 ? weighted / static_cast<double>(out.tokens) : NAN;
+  return out;
+}
+
+}  // namespace loco::runtime

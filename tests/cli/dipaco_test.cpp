@@ -1,0 +1,276 @@
+// DiPaCo's training as tasks, end to end: real `loco launch` and `loco path-worker` processes on a
+// tiny corpus, 4 paths (levels 1:2,1:2) through 5 modules, 4 phases. Training is deterministic on
+// one thread, so every way of running the same run (one worker; two; a worker killed mid-task; a
+// stop and a resume; the registry in PostgreSQL with the server crashed and restarted mid-run)
+// must end on the same modules, bit for bit: the reference run with one worker says what they are.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "cli_util.h"
+#include "loco/core/files.h"
+#include "loco/model/paths.h"
+#include "loco/runtime/store/modules.h"
+#include "loco/runtime/worker/dipaco_worker.h"
+#include "process_util.h"
+#include "runtime/store/postgres_server.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_util::Child;
+using testing_util::run_command;
+using testing_util::TempDir;
+
+using Modules = std::map<std::string, NamedTensors>;
+
+class DipacoRunTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_->path(), data()));
+    std::ofstream(config_file()) << R"([model]
+context = 32
+layers = 2
+width = 32
+heads = 2
+[optim]
+lr = 0.003
+warmup_steps = 5
+[train]
+steps = 40
+batch_size = 4
+threads = 1
+device = "cpu"
+[sync]
+inner_steps = 10
+[eval]
+windows = 8
+[cluster]
+workers = 2
+coordinator_timeout_s = 60
+[dipaco]
+levels = "1:2,1:2"
+lease_s = 2
+)";
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+    delete dir_;
+  }
+
+  static fs::path data() { return dir_->path() / "data"; }
+  static fs::path config_file() { return dir_->path() / "dipaco.toml"; }
+  static std::string log(const std::string& name) { return (dir_->path() / (name + ".log")).string(); }
+  static std::vector<std::string> overrides(const std::string& run, const std::vector<std::string>& more = {}) {
+    std::vector<std::string> out = {"data.dir=" + data().string(), "run.dir=" + (dir_->path() / run).string()};
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }
+  static RunConfig config(const std::string& run, const std::vector<std::string>& more = {}) {
+    return load_config(config_file(), overrides(run, more));
+  }
+  static std::vector<std::string> command(const std::string& verb, const std::string& run,
+                                          const std::vector<std::string>& more = {}) {
+    std::vector<std::string> argv = {LOCO_BINARY, verb, "--config", config_file().string()};
+    for (const auto& o : overrides(run, more)) argv.push_back("--" + o);
+    return argv;
+  }
+
+  // Every module's last version, as the run's registry names it.
+  static Modules final_modules(const RunConfig& c) {
+    auto registry = open_run_registry(c);
+    const auto layout = registry->layout();
+    EXPECT_TRUE(layout.has_value());
+    EXPECT_TRUE(registry->finished());
+    Modules out;
+    for (const auto& modules : layout->path_modules) {
+      for (const auto& m : modules) {
+        if (out.count(m) == 0) out[m] = load_module(c.run.dir, m, layout->phases, layout->plan).parameters;
+      }
+    }
+    return out;
+  }
+
+  static void expect_same_modules(const Modules& got, const Modules& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, tensors] : want) {
+      const auto& other = got.at(name);
+      ASSERT_EQ(other.size(), tensors.size()) << name;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        EXPECT_TRUE(torch::equal(other[i].second, tensors[i].second)) << name << " " << tensors[i].first << " differs";
+      }
+    }
+  }
+
+  // The run with one worker, start to end, uninterrupted.
+  static const Modules& reference() {
+    if (reference_ == nullptr) {
+      const auto c = config("reference");
+      prepare_dipaco_run(c, stderr);
+      auto worker = run_command(command("path-worker", "reference"), log("reference"));
+      EXPECT_EQ(worker.status, 0) << worker.output;
+      reference_ = new Modules(final_modules(c));
+    }
+    return *reference_;
+  }
+
+  // The path_task events of a run's metrics.jsonl.
+  static std::vector<nlohmann::json> path_tasks(const std::string& run) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir_->path() / run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto event = nlohmann::json::parse(line);
+      if (event["event"] == "path_task") out.push_back(event);
+    }
+    return out;
+  }
+
+  // Waits until `done` tasks of the run are done (or 60 s passed).
+  static void wait_for_done(const RunConfig& c, int64_t done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int64_t n = 0;
+      try {
+        for (const auto& t : open_run_registry(c)->tasks()) n += t.state == "done";
+      } catch (const DataError&) {  // the launcher has not made the run folder yet
+      }
+      if (n >= done) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "fewer than " << done << " tasks were done after 60 s";
+  }
+
+  static TempDir* dir_;
+  static Modules* reference_;
+};
+TempDir* DipacoRunTest::dir_ = nullptr;
+Modules* DipacoRunTest::reference_ = nullptr;
+
+// `loco launch`: routes, prepares, runs two workers to the end and scores every path on the
+// validation documents routed to it. Each path task loads only its own path's modules.
+TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
+  auto launch = run_command(command("launch", "launched"), log("launched"));
+  ASSERT_EQ(launch.status, 0) << launch.output;
+  EXPECT_NE(launch.output.find("| path | validation documents | tokens scored | val_loss |"), std::string::npos) << launch.output;
+  EXPECT_NE(launch.output.find("0 task(s) issued again"), std::string::npos) << launch.output;
+  const auto c = config("launched");
+  expect_same_modules(final_modules(c), reference());
+
+  const auto eval = nlohmann::json::parse(read_file(dir_->path() / "launched" / "dipaco-eval.json", "test"));
+  EXPECT_TRUE(std::isfinite(eval["val_loss"].get<double>()));
+  EXPECT_EQ(eval["paths"].size(), 4u);
+  EXPECT_LT(eval["val_loss"].get<double>(), std::log(320.0));  // it learned: below a uniform guess
+
+  RunConfig resolved = c;
+  resolved.model.vocab_size = 320;
+  const model::PathPlan plan(resolved.model, path_options(resolved));
+  const auto tasks = path_tasks("launched");
+  EXPECT_EQ(tasks.size(), 16u);  // 4 paths x 4 phases, none twice
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (const auto& t : tasks) {
+    const int64_t path = t["path"];
+    seen.emplace(path, t["phase"].get<int64_t>());
+    std::set<std::string> loaded, expected;
+    for (const auto& [name, bytes] : t["module_bytes_read"].items()) loaded.insert(name);
+    for (auto index : plan.modules_of(path)) expected.insert(plan.module(index).name);
+    EXPECT_EQ(loaded, expected) << "path " << path << " loaded modules that are not on it";
+  }
+  EXPECT_EQ(seen.size(), 16u);
+}
+
+// A worker killed in the middle of a path task: its task goes to the other worker when its lease
+// runs out, and the run ends on the same modules as the uninterrupted one.
+TEST_F(DipacoRunTest, AKilledWorkersTaskIsIssuedAgainAndNothingIsLost) {
+  const auto c = config("killed");
+  prepare_dipaco_run(c, stderr);
+  auto a_args = command("path-worker", "killed");
+  a_args.insert(a_args.end(), {"--name", "A"});
+  auto b_args = command("path-worker", "killed");
+  b_args.insert(b_args.end(), {"--name", "B"});
+  Child a(a_args, log("killed-a"));
+  Child b(b_args, log("killed-b"));
+  // Freeze A, and kill it if it holds a path task it has not finished; else let it go on and look again.
+  std::optional<TaskKey> killed;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto registry = open_run_registry(c);
+  while (!killed && std::chrono::steady_clock::now() < deadline) {
+    a.signal(SIGSTOP);
+    for (const auto& t : registry->tasks()) {
+      if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A") {
+        killed = t.key;
+      }
+    }
+    a.signal(killed ? SIGKILL : SIGCONT);
+    if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(killed.has_value()) << "worker A never held a path task";
+  EXPECT_EQ(a.wait(std::chrono::seconds(10)), 128 + SIGKILL);
+  ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0);
+
+  expect_same_modules(final_modules(c), reference());
+  for (const auto& t : registry->tasks()) {
+    if (t.key != *killed) continue;
+    EXPECT_EQ(t.state, "done");
+    EXPECT_GE(t.leases, 2) << describe(t.key) << " was not issued again";
+    EXPECT_EQ(t.holder, "B");
+  }
+}
+
+// Ctrl-C at `loco launch`: the workers give their tasks back and exit; --resume finishes the run on
+// the same modules as the uninterrupted one.
+TEST_F(DipacoRunTest, AStoppedLaunchResumesExactly) {
+  const auto c = config("stopped");
+  {
+    Child launch(command("launch", "stopped", {"cluster.workers=1"}), log("stopped-1"));
+    wait_for_done(c, 6);
+    launch.signal(SIGINT);
+    EXPECT_EQ(launch.wait(std::chrono::seconds(60)), 130);
+  }
+  const auto first = read_file(log("stopped-1"), "test");
+  EXPECT_NE(first.find("continue with: loco launch --config"), std::string::npos) << first;
+  EXPECT_FALSE(open_run_registry(c)->finished());
+  for (const auto& t : open_run_registry(c)->tasks()) EXPECT_NE(t.state, "leased") << describe(t.key) << " was not given back";
+
+  auto again = run_command(command("launch", "stopped", {"cluster.workers=1"}), log("stopped-again"));
+  EXPECT_EQ(again.status, 1) << again.output;  // a fresh launch into the used folder refuses
+  EXPECT_NE(again.output.find("pass --resume"), std::string::npos) << again.output;
+
+  auto resume = command("launch", "stopped", {"cluster.workers=1"});
+  resume.push_back("--resume");
+  auto resumed = run_command(resume, log("stopped-2"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  expect_same_modules(final_modules(c), reference());
+}
+
+// The registry in PostgreSQL: two workers, the database server crashed and restarted mid-run; the
+// workers wait for it, continue, and the run ends on the same modules.
+TEST_F(DipacoRunTest, PostgresRegistrySurvivesADatabaseCrash) {
+  testing_util::PostgresServer server;
+  ASSERT_TRUE(server.ok()) << "the throwaway PostgreSQL server did not start";
+  const std::vector<std::string> database = {"dipaco.database=" + server.fresh_database()};
+  const auto c = config("postgres", database);
+  prepare_dipaco_run(c, stderr);
+  EXPECT_FALSE(fs::exists(dir_->path() / "postgres" / "dipaco.sqlite"));
+  Child a(command("path-worker", "postgres", database), log("postgres-a"));
+  Child b(command("path-worker", "postgres", database), log("postgres-b"));
+  wait_for_done(c, 5);
+  ASSERT_TRUE(server.crash_and_restart());
+  ASSERT_EQ(a.wait(std::chrono::seconds(240)), 0) << read_file(log("postgres-a"), "test");
+  ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0) << read_file(log("postgres-b"), "test");
+  const auto logs = read_file(log("postgres-a"), "test") + read_file(log("postgres-b"), "test");
+  EXPECT_NE(logs.find("the registry is unavailable"), std::string::npos) << logs;
+  EXPECT_EQ(logs.find(testing_util::PostgresServer::kPassword), std::string::npos) << "the password leaked: " << logs;
+  expect_same_modules(final_modules(c), reference());
+}
+
+}  // namespace
+}  // namespace loco::runtime
