@@ -190,6 +190,27 @@ void check_tokenizer(const loco::data::Dataset& dataset, const loco::runtime::Ch
   }
 }
 
+// The per-path table of a DiPaCo evaluation, with any dense baselines as columns.
+std::string describe_dipaco_evaluation(const loco::runtime::DipacoEvaluation& e) {
+  std::string out = "\n| path | validation documents | tokens scored | val_loss |";
+  std::string rule = "|---|---|---|---|";
+  for (const auto& b : e.baselines) {
+    out += fmt::format(" {} |", b.checkpoint);
+    rule += "---|";
+  }
+  out += "\n" + rule + "\n";
+  auto loss = [](double x) { return std::isfinite(x) ? fmt::format("{:.4f}", x) : std::string("(too few tokens)"); };
+  for (size_t p = 0; p < e.paths.size(); ++p) {
+    out += fmt::format("| {} | {} | {} | {} |", e.paths[p].path, e.paths[p].documents, e.paths[p].tokens, loss(e.paths[p].loss));
+    for (const auto& b : e.baselines) out += fmt::format(" {} |", loss(b.paths[p]));
+    out += "\n";
+  }
+  out += fmt::format("| all | | {} | **{}** |", e.tokens, loss(e.loss));
+  for (const auto& b : e.baselines) out += fmt::format(" {} |", loss(b.loss));
+  return out + "\n\neach validation document is scored by the one path the router sends it to, its first data.route_tokens "
+               "tokens (the router's) left out of the loss; baselines are scored on the same windows\n";
+}
+
 // One struct per subcommand: its constructor declares the options, run() does the work and
 // returns the exit status.
 
@@ -256,9 +277,28 @@ struct Train {
 // A checkpoint's model for `eval` and `generate`.
 struct Inference {
   void add_options(CLI::App* cmd) {
-    cmd->add_option("--checkpoint", checkpoint_path, "checkpoint folder, or a run folder (its latest)")->required();
+    auto* checkpoint = cmd->add_option("--checkpoint", checkpoint_path, "checkpoint folder, or a run folder (its latest)");
+    auto* config = cmd->add_option("--config", config_file, "a DiPaCo run's config: route to one path and run only it");
+    checkpoint->excludes(config);
+    cmd->allow_extras();
   }
-  std::string checkpoint_path, data_dir;
+  // The DiPaCo run's config (with --section.key=value overrides), or nothing: a dense checkpoint.
+  std::optional<loco::runtime::RunConfig> dipaco_config(CLI::App* cmd) {
+    if (config_file.empty()) {
+      if (checkpoint_path.empty()) throw loco::ConfigError("cli", "pass --checkpoint (a dense model) or --config (a DiPaCo run)");
+      if (!cmd->remaining().empty()) {
+        throw loco::ConfigError("cli", fmt::format("unexpected arguments: {}", fmt::join(cmd->remaining(), " ")));
+      }
+      return std::nullopt;
+    }
+    auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
+    if (!data_dir.empty()) config.data.dir = data_dir;
+    if (!loco::runtime::path_options(config).enabled()) {
+      throw loco::ConfigError("cli", fmt::format("{} sets no dipaco.levels; hint: pass --checkpoint for a dense model", config_file));
+    }
+    return config;
+  }
+  std::string checkpoint_path, config_file, data_dir;
 };
 
 struct Eval : Inference {
@@ -267,8 +307,11 @@ struct Eval : Inference {
     add_options(cmd);
     cmd->add_option("--data", data_dir, "dataset folder (default: the one the model was trained on)");
     cmd->add_option("--windows", windows, "validation windows (default: the run's eval.windows)");
+    cmd->add_option("--against", against, "DiPaCo: dense checkpoints or run folders scored on the same routed windows");
   }
   int run() {
+    if (auto config = dipaco_config(cmd)) return run_dipaco(*config);
+    if (!against.empty()) throw loco::ConfigError("cli", "--against compares dense models with a DiPaCo run: pass --config");
     const auto device = loco::model::resolve_device("auto");
     auto loaded = load_for_inference(checkpoint_path, data_dir, device);
     auto dataset = loco::data::Dataset::open(loaded.config.data.dir);
@@ -283,8 +326,16 @@ struct Eval : Inference {
                result.ppl, result.tokens, dataset.manifest().val_unigram_entropy);
     return 0;
   }
+  int run_dipaco(loco::runtime::RunConfig config) {
+    if (windows > 0) config.eval.windows = windows;
+    loco::runtime::configure_threads(0);
+    const auto result = loco::runtime::evaluate_dipaco(config, against);
+    fmt::print("{}", describe_dipaco_evaluation(result));
+    return 0;
+  }
   CLI::App* cmd;
   int64_t windows = 0;
+  std::vector<std::string> against;
 };
 
 struct Generate : Inference {
@@ -299,6 +350,7 @@ struct Generate : Inference {
     cmd->add_option("--data", data_dir, "dataset folder holding the tokenizer (default: the training one)");
   }
   int run() {
+    if (auto config = dipaco_config(cmd)) return run_dipaco(*config);
     const auto device = loco::model::resolve_device("auto");
     auto loaded = load_for_inference(checkpoint_path, data_dir, device);
     fs::path tokenizer_dir = loaded.config.data.dir;
@@ -314,6 +366,25 @@ struct Generate : Inference {
     if (ids.empty()) ids.push_back(tokenizer.eos_id());  // an empty prompt starts a new document
     sample.stop_token = tokenizer.eos_id();
     auto out = loco::model::generate(loaded.model, ids, sample);
+    if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
+    ids.insert(ids.end(), out.begin(), out.end());
+    fmt::print("{}\n", tokenizer.decode(ids));
+    return 0;
+  }
+  // DiPaCo: the router picks one path for the prompt, and only that path's modules are loaded.
+  int run_dipaco(const loco::runtime::RunConfig& config) {
+    auto tokenizer = loco::data::Tokenizer::load(fs::path(config.data.dir) / "tokenizer.model");
+    loco::runtime::configure_threads(0);
+    auto ids = tokenizer.encode(prompt);
+    if (ids.empty()) ids.push_back(tokenizer.eos_id());
+    auto routed = loco::runtime::load_routed_path(config, ids);
+    const auto device = loco::model::resolve_device("auto");
+    routed.model->to(device);
+    routed.model->eval();
+    fmt::print(stderr, "the router sends the prompt to path {} of the DiPaCo run {}; only its modules are loaded\n",
+               routed.path, config.run.dir);
+    sample.stop_token = tokenizer.eos_id();
+    auto out = loco::model::generate(routed.model, ids, sample);
     if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
     ids.insert(ids.end(), out.begin(), out.end());
     fmt::print("{}\n", tokenizer.decode(ids));
@@ -369,14 +440,9 @@ struct Launch {
   int run_dipaco(const loco::runtime::RunConfig& config, const loco::runtime::LaunchOptions& options) {
     auto result = loco::runtime::launch_dipaco(config, options);
     if (result.outcome == loco::runtime::RunOutcome::kFinished) {
-      fmt::print("\n| path | validation documents | tokens scored | val_loss |\n|---|---|---|---|\n");
-      for (const auto& p : result.evaluation.paths) {
-        fmt::print("| {} | {} | {} | {} |\n", p.path, p.documents, p.tokens,
-                   std::isfinite(p.loss) ? fmt::format("{:.4f}", p.loss) : "(too few tokens)");
-      }
-      fmt::print("\nDiPaCo {}: val_loss {:.4f} over {} tokens, each document scored by the one path it is routed to; "
-                 "{} task(s) issued again after a worker died or stopped; {} in all\n",
-                 config.dipaco.levels, result.evaluation.loss, result.evaluation.tokens, result.reissued,
+      fmt::print("{}", describe_dipaco_evaluation(result.evaluation));
+      fmt::print("DiPaCo {}: val_loss {:.4f} over {} tokens; {} task(s) issued again after a worker died or stopped; {} in "
+                 "all\n", config.dipaco.levels, result.evaluation.loss, result.evaluation.tokens, result.reissued,
                  loco::metrics::format_duration(result.wall_s));
       return 0;
     }

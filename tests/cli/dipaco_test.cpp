@@ -3,6 +3,7 @@
 // one thread, so every way of running the same run (one worker; two; a worker killed mid-task; a
 // stop and a resume; the registry in PostgreSQL with the server crashed and restarted mid-run)
 // must end on the same modules, bit for bit: the reference run with one worker says what they are.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -185,6 +186,24 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
     EXPECT_EQ(loaded, expected) << "path " << path << " loaded modules that are not on it";
   }
   EXPECT_EQ(seen.size(), 16u);
+
+  // `loco eval --config`: the same scores again, next to a dense baseline's on the same windows.
+  auto dense = command("train", "dense", {"dipaco.levels=", "cluster.workers=1"});
+  auto trained = run_command(dense, log("dense"));
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  auto eval_args = command("eval", "launched");
+  eval_args.insert(eval_args.end(), {"--against", (dir_->path() / "dense").string()});
+  auto scored = run_command(eval_args, log("eval"));
+  ASSERT_EQ(scored.status, 0) << scored.output;
+  EXPECT_NE(scored.output.find(fmt::format("**{:.4f}**", eval["val_loss"].get<double>())), std::string::npos) << scored.output;
+  EXPECT_NE(scored.output.find((dir_->path() / "dense").string() + " |"), std::string::npos) << scored.output;
+
+  // `loco generate --config`: one path, chosen by the router, generates.
+  auto generate = command("generate", "launched");
+  generate.insert(generate.end(), {"--prompt", "The", "--max-new-tokens", "8"});
+  auto generated = run_command(generate, log("generate"));
+  ASSERT_EQ(generated.status, 0) << generated.output;
+  EXPECT_NE(generated.output.find("the router sends the prompt to path"), std::string::npos) << generated.output;
 }
 
 // A worker killed in the middle of a path task: its task goes to the other worker when its lease

@@ -69,5 +69,31 @@ TEST(EvaluationBatches, EvenlySpreadDeterministicAndBounded) {
   EXPECT_THROW(evaluation_batches(ramp(5), 10, 1, 1), DataError);
 }
 
+// A target stream: the inputs are the tokens, the targets come from it, shifted the same way, so
+// that a masked position is never a target and is still an input.
+TEST(TargetStreams, MaskedPositionsAreNeverTargets) {
+  const auto tokens = ramp(1001);
+  auto targets = tokens;
+  for (size_t i = 0; i < targets.size(); i += 7) targets[i] = kIgnoredTarget;
+  WindowSampler sampler(tokens, 10, 3, &targets), plain(tokens, 10, 3);
+  for (int step = 0; step < 20; ++step) {
+    const auto batch = sampler.next(4);
+    const auto reference = plain.next(4);
+    EXPECT_TRUE(torch::equal(batch.inputs, reference.inputs));
+    for (int64_t b = 0; b < 4; ++b) {
+      for (int64_t t = 0; t < 10; ++t) {
+        const int64_t position = reference.targets[b][t].item<int64_t>();  // ramp: the token is its position
+        EXPECT_EQ(batch.targets[b][t].item<int64_t>(), position % 7 == 0 ? kIgnoredTarget : position);
+      }
+    }
+  }
+  const auto eval = evaluation_batches(tokens, 10, 5, 5, &targets);
+  const auto eval_plain = evaluation_batches(tokens, 10, 5, 5);
+  EXPECT_TRUE(torch::equal(eval[0].inputs, eval_plain[0].inputs));
+  EXPECT_TRUE(torch::equal(eval[0].targets, torch::where(eval_plain[0].targets % 7 == 0,
+                                                         torch::full_like(eval_plain[0].targets, kIgnoredTarget),
+                                                         eval_plain[0].targets)));
+}
+
 }  // namespace
 }  // namespace loco::data

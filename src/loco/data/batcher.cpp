@@ -17,16 +17,24 @@ torch::Tensor to_stream(const std::vector<int32_t>& tokens) {
       .to(torch::kInt64);  // copies
 }
 
-Batch gather(const torch::Tensor& stream, const std::vector<int64_t>& starts, int64_t context) {
+Batch gather(const torch::Tensor& stream, const torch::Tensor& targets, const std::vector<int64_t>& starts, int64_t context) {
   auto begin = torch::tensor(starts, torch::kInt64).unsqueeze(1);               // (B, 1)
   auto index = begin + torch::arange(context + 1, torch::kInt64).unsqueeze(0);  // (B, T+1)
   auto windows = stream.index_select(0, index.reshape({-1})).view(index.sizes());
-  return {windows.narrow(1, 0, context).contiguous(), windows.narrow(1, 1, context).contiguous()};
+  auto shifted = targets.index_select(0, (index.narrow(1, 1, context)).reshape({-1})).view({index.size(0), context});
+  return {windows.narrow(1, 0, context).contiguous(), shifted.contiguous()};
+}
+
+torch::Tensor target_stream(const torch::Tensor& stream, const std::vector<int32_t>* targets, size_t tokens) {
+  if (targets == nullptr) return stream;
+  LOCO_CHECK(targets->size() == tokens, "a target stream of {} tokens for {} tokens", targets->size(), tokens);
+  return to_stream(*targets);
 }
 
 }  // namespace
 
-WindowSampler::WindowSampler(const std::vector<int32_t>& tokens, int64_t context, uint64_t seed)
+WindowSampler::WindowSampler(const std::vector<int32_t>& tokens, int64_t context, uint64_t seed,
+                             const std::vector<int32_t>* targets)
     : context_(context), seed_(seed) {
   LOCO_CHECK(context >= 1, "context must be >= 1");
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -36,6 +44,7 @@ WindowSampler::WindowSampler(const std::vector<int32_t>& tokens, int64_t context
                                         n, context + 1));
   }
   stream_ = to_stream(tokens);
+  targets_ = target_stream(stream_, targets, tokens.size());
   order_.resize(static_cast<size_t>((n - 1) / context));
   shuffle_for_epoch(0);
 }
@@ -61,7 +70,7 @@ Batch WindowSampler::next(int64_t batch_size) {
     }
     starts.push_back(order_[position_.cursor++] * context_);
   }
-  return gather(stream_, starts, context_);
+  return gather(stream_, targets_, starts, context_);
 }
 
 void WindowSampler::restore(const SamplerPosition& position) {
@@ -75,7 +84,7 @@ void WindowSampler::restore(const SamplerPosition& position) {
 }
 
 std::vector<Batch> evaluation_batches(const std::vector<int32_t>& tokens, int64_t context, int64_t count,
-                                      int64_t batch_size) {
+                                      int64_t batch_size, const std::vector<int32_t>* targets) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t available = (n - 1) / context;
   if (available < 1) {
@@ -83,12 +92,13 @@ std::vector<Batch> evaluation_batches(const std::vector<int32_t>& tokens, int64_
   }
   count = std::min(count, available);
   auto stream = to_stream(tokens);
+  const auto target = target_stream(stream, targets, tokens.size());
   std::vector<int64_t> starts;
   for (int64_t i = 0; i < count; ++i) starts.push_back((i * available / count) * context);
   std::vector<Batch> batches;
   for (size_t first = 0; first < starts.size(); first += static_cast<size_t>(batch_size)) {
     const size_t last = std::min(starts.size(), first + static_cast<size_t>(batch_size));
-    batches.push_back(gather(stream, {starts.begin() + static_cast<std::ptrdiff_t>(first), starts.begin() + static_cast<std::ptrdiff_t>(last)}, context));
+    batches.push_back(gather(stream, target, {starts.begin() + static_cast<std::ptrdiff_t>(first), starts.begin() + static_cast<std::ptrdiff_t>(last)}, context));
   }
   return batches;
 }

@@ -13,6 +13,9 @@
 
 namespace loco::data {
 
+// A target that no loss counts (torch's cross_entropy ignore_index): DiPaCo's routing tokens.
+constexpr int32_t kIgnoredTarget = -100;
+
 struct Batch {
   torch::Tensor inputs;   // (B, T) int64
   torch::Tensor targets;  // (B, T) int64
@@ -27,7 +30,10 @@ struct SamplerPosition {
 class WindowSampler {
  public:
   // Copies `tokens`. Throws DataError when the stream holds fewer than context + 1 tokens.
-  WindowSampler(const std::vector<int32_t>& tokens, int64_t context, uint64_t seed);
+  // `targets`, when given, is a stream as long as `tokens` that the targets are read from instead
+  // (the same tokens with kIgnoredTarget where no loss is to count).
+  WindowSampler(const std::vector<int32_t>& tokens, int64_t context, uint64_t seed,
+                const std::vector<int32_t>* targets = nullptr);
 
   // The next `batch_size` windows (crossing into the next epoch when this one runs out).
   Batch next(int64_t batch_size);
@@ -42,6 +48,7 @@ class WindowSampler {
  private:
   void shuffle_for_epoch(uint64_t epoch);
   torch::Tensor stream_;  // (N) int64
+  torch::Tensor targets_;  // (N) int64: stream_, or the given target stream
   int64_t context_;
   uint64_t seed_;
   std::vector<int64_t> order_;  // window indices of the current epoch, in visiting order
@@ -51,6 +58,6 @@ class WindowSampler {
 // `count` windows spread evenly over the whole stream (deterministic; every part of the split, and
 // so every document of a small split, is represented). Returns fewer when the stream is short.
 std::vector<Batch> evaluation_batches(const std::vector<int32_t>& tokens, int64_t context, int64_t count,
-                                      int64_t batch_size);
+                                      int64_t batch_size, const std::vector<int32_t>* targets = nullptr);
 
 }  // namespace loco::data

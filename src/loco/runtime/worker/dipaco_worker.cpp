@@ -25,6 +25,7 @@
 #include "loco/optim/adamw.h"
 #include "loco/optim/outer.h"
 #include "loco/optim/schedule.h"
+#include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/store/modules.h"
 #include "loco/runtime/store/safetensors.h"
 #include "loco/runtime/worker/route.h"
@@ -46,6 +47,12 @@ int64_t file_bytes(const fs::path& file) {
   std::error_code ec;
   const auto size = fs::file_size(file, ec);
   return ec ? 0 : static_cast<int64_t>(size);
+}
+
+// Removes a file the run no longer needs; one already gone is fine (a duplicate of the task removed it).
+void remove_file(const fs::path& file) {
+  std::error_code ec;
+  fs::remove(file, ec);
 }
 
 // A worker's name as a file name's part: letters, digits, '.', '-', '_' (others become '_').
@@ -111,13 +118,21 @@ struct RunParts {
     }
   }
 
-  // The tokens of `documents` of `split`, in order.
-  static std::vector<int32_t> tokens_of(const data::Split& split, const std::vector<int64_t>& documents) {
-    std::vector<int32_t> out;
+  // The tokens of `documents` of `split`, in order, and the same stream as targets with each
+  // document's first data.route_tokens tokens left out: the router read them, so no loss counts
+  // them, in training or evaluation (as in the paper).
+  struct Stream {
+    std::vector<int32_t> tokens, targets;
+  };
+  Stream stream_of(const data::Split& split, const std::vector<int64_t>& documents) const {
+    Stream out;
     for (auto d : documents) {
       const auto& doc = split.documents[static_cast<size_t>(d)];
-      out.insert(out.end(), split.tokens.begin() + static_cast<int64_t>(doc.offset),
-                 split.tokens.begin() + static_cast<int64_t>(doc.offset + doc.length));
+      const auto begin = split.tokens.begin() + static_cast<int64_t>(doc.offset);
+      out.tokens.insert(out.tokens.end(), begin, begin + doc.length);
+      const int64_t routed = std::min<int64_t>(config.data.route_tokens, doc.length);
+      out.targets.insert(out.targets.end(), static_cast<size_t>(routed), data::kIgnoredTarget);
+      out.targets.insert(out.targets.end(), begin + routed, begin + doc.length);
     }
     return out;
   }
@@ -248,6 +263,12 @@ class Worker {
       } catch (const LeaseLost& e) {
         ++summary_.lost_tasks;
         say(fmt::format("dropped {}: {}", describe(*task), e.what()));
+      } catch (const DataError& e) {
+        // A task that lost its lease may find its inputs gone (the worker that completed it in its
+        // place removed them): dropped like a lost lease. Held still, the error is real.
+        if (db([&](Registry& r) { return r.renew(*task, options_.name, unix_seconds(), parts_.config.dipaco.lease_s); })) throw;
+        ++summary_.lost_tasks;
+        say(fmt::format("dropped {}: its lease ran out and another worker has it ({})", describe(*task), e.what()));
       } catch (const Abandoned& a) {
         if (a.lost) {
           ++summary_.lost_tasks;
@@ -324,8 +345,10 @@ class Worker {
     std::vector<optim::NamedParameter> named;
     for (const auto& [name, tensor] : model_weights(model)) named.push_back({name, tensor, tensor.dim() >= 2});
     optim::AdamW adamw(std::move(named), config.optim.adamw);
+    std::optional<std::string> previous_inner;
     if (phase > 0) {  // the path's inner optimizer state continues across phases, whichever worker ran the last one
       auto previous = db([&](Registry& r) { return r.task_result({TaskKey::Kind::kPath, path, "", phase - 1}); });
+      previous_inner = previous;
       if (!previous || previous->empty()) {
         throw DataError("dipaco", fmt::format("path {} phase {} has no recorded inner state", path, phase - 1));
       }
@@ -336,9 +359,10 @@ class Worker {
     std::vector<torch::Tensor> parameters;
     for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
 
-    const auto tokens = RunParts::tokens_of(parts_.dataset.train(), documents_.at(static_cast<size_t>(path)));
-    const auto weight = static_cast<double>(tokens.size());
-    data::WindowSampler sampler(tokens, config.model.context, static_cast<uint64_t>(config.train.seed + path));
+    const auto stream = parts_.stream_of(parts_.dataset.train(), documents_.at(static_cast<size_t>(path)));
+    const auto weight = static_cast<double>(stream.tokens.size());
+    data::WindowSampler sampler(stream.tokens, config.model.context, static_cast<uint64_t>(config.train.seed + path),
+                                &stream.targets);
     const int64_t windows_per_step = config.train.batch_size * config.train.grad_accum;
     const auto taken = static_cast<uint64_t>(phase * config.sync.inner_steps * windows_per_step);
     const auto per_epoch = static_cast<uint64_t>(sampler.windows_per_epoch());
@@ -356,6 +380,7 @@ class Worker {
       double loss = 0;
       for (int64_t micro = 0; micro < config.train.grad_accum; ++micro) {
         auto batch = sampler.next(config.train.batch_size);
+        if ((batch.targets != data::kIgnoredTarget).sum().item<int64_t>() == 0) continue;  // only routing tokens
         torch::Tensor total, ce;
         {
           model::AutocastGuard autocast(device_, true);
@@ -399,6 +424,7 @@ class Worker {
     save_safetensors(parts_.run_dir / inner, adamw.state(), {{"loco.inner_steps", std::to_string(adamw.steps())}});
     written += file_bytes(parts_.run_dir / inner);
     db([&](Registry& r) { r.complete_path(task, options_.name, reports, inner); });
+    if (previous_inner) remove_file(parts_.run_dir / *previous_inner);  // the next phase continues from `inner`
 
     const double mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : NAN;
     const int64_t step_tokens = steps * windows_per_step * config.model.context;
@@ -434,6 +460,7 @@ class Worker {
                                             state.version()));
     }
     std::vector<algorithms::PathReport> reports;
+    std::vector<std::string> consumed;
     for (const auto& report : db([&](Registry& r) { return r.reports(module.name, task.phase); })) {
       const auto file = load_safetensors(parts_.run_dir / report.file);
       read += file_bytes(parts_.run_dir / report.file);
@@ -446,6 +473,7 @@ class Worker {
         path_report.outer_gradient.push_back(file.tensors[i].second);
       }
       reports.push_back(std::move(path_report));
+      consumed.push_back(report.file);
     }
     state.step(reports);
     ModuleVersion next{module.name, task.phase + 1, parts_.plan.fingerprint(), {}, state.optimizer().state()};
@@ -454,6 +482,10 @@ class Worker {
     const auto file = module_file(parts_.run_dir, module.name, next.version);
     const int64_t written = file_bytes(file);
     db([&](Registry& r) { r.complete_step(task, options_.name, fs::relative(file, parts_.run_dir).string()); });
+    // What the step consumed: the phase's outer gradients, and the version before the previous one
+    // (no task reads it any more: every path through the module has reported past it).
+    for (const auto& report : consumed) remove_file(parts_.run_dir / report);
+    if (task.phase >= 1) remove_file(module_file(parts_.run_dir, module.name, task.phase - 1));
     ++summary_.step_tasks;
     summary_.bytes_read += read;
     summary_.bytes_written += written;
@@ -534,49 +566,110 @@ DipacoWorkerSummary run_dipaco_worker(const RunConfig& config, const DipacoWorke
   return Worker(config, resolved).run();
 }
 
-DipacoEvaluation evaluate_dipaco(const RunConfig& config) {
-  auto parts = RunParts::open(config);
-  auto registry = open_run_registry(config);
-  const auto router_file = load_safetensors(parts.run_dir / "routing" / "router.safetensors");
-  if (router_file.metadata.count("loco.plan") == 0 || router_file.metadata.at("loco.plan") != parts.plan.fingerprint()) {
+namespace {
+
+// The run's fitted router (RUN/routing/router.safetensors), checked to route for this plan.
+data::KMeansRouter load_router(const RunParts& parts) {
+  const auto file = load_safetensors(parts.run_dir / "routing" / "router.safetensors");
+  if (file.metadata.count("loco.plan") == 0 || file.metadata.at("loco.plan") != parts.plan.fingerprint()) {
     throw DataError("dipaco", fmt::format("{}/routing routes for another plan", parts.run_dir.string()));
   }
   data::KMeansRouter router;
-  for (const auto& [name, centres] : router_file.tensors) router.centres.push_back(centres);
+  for (const auto& [name, centres] : file.tensors) router.centres.push_back(centres);
   router.k = router.centres.at(0).size(0);
+  return router;
+}
+
+// The latest published version of each module of `path`.
+std::map<std::string, int64_t> latest_versions(const RunParts& parts, Registry& registry, int64_t path) {
+  std::map<std::string, int64_t> versions;
+  for (auto index : parts.plan.modules_of(path)) {
+    const auto& name = parts.plan.module(index).name;
+    auto latest = registry.latest_version(name);
+    if (!latest) throw DataError("dipaco", fmt::format("module {} has no published version", name));
+    versions[name] = *latest;
+  }
+  return versions;
+}
+
+}  // namespace
+
+DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std::string>& baselines) {
+  auto parts = RunParts::open(config);
+  auto registry = open_run_registry(config);
+  const auto router = load_router(parts);
   const auto& val = parts.dataset.val();
   const auto routes = router.route(embed_documents(parts.config, parts.dataset, val));
   std::vector<std::vector<int64_t>> documents(static_cast<size_t>(parts.plan.paths()));
   for (size_t d = 0; d < routes.size(); ++d) documents[static_cast<size_t>(routes[d])].push_back(static_cast<int64_t>(d));
 
+  // The dense models to compare, each scored on the same windows.
+  struct Baseline {
+    std::string name;
+    model::Transformer model{nullptr};
+  };
+  std::vector<Baseline> dense;
+  for (const auto& path : baselines) {
+    const auto checkpoint = load_checkpoint(path);
+    if (checkpoint.state.tokenizer_hash != parts.dataset.manifest().tokenizer_hash) {
+      throw DataError("dipaco", fmt::format("baseline {} was trained with another tokenizer than {}", path, parts.config.data.dir));
+    }
+    const auto theirs = parse_config(checkpoint.state.config_toml, (checkpoint.dir / "state.json").string());
+    Baseline b{path, build_model(theirs)};
+    load_model_weights(b.model, inference_weights(checkpoint), checkpoint.dir.string());
+    dense.push_back(std::move(b));
+  }
+
   const auto device = model::resolve_device(parts.config.train.device);
   DipacoEvaluation out;
+  out.baselines.resize(dense.size());
   double weighted = 0;
+  std::vector<double> dense_weighted(dense.size(), 0.0);
+  for (size_t b = 0; b < dense.size(); ++b) {
+    out.baselines[b].checkpoint = dense[b].name;
+    dense[b].model->to(device);
+  }
   for (int64_t p = 0; p < parts.plan.paths(); ++p) {
     PathScore score{p, static_cast<int64_t>(documents[static_cast<size_t>(p)].size()), 0, NAN};
-    const auto tokens = RunParts::tokens_of(val, documents[static_cast<size_t>(p)]);
-    if (static_cast<int64_t>(tokens.size()) > parts.config.model.context) {
-      std::map<std::string, int64_t> versions;
-      for (auto index : parts.plan.modules_of(p)) {
-        const auto& name = parts.plan.module(index).name;
-        auto latest = registry->latest_version(name);
-        if (!latest) throw DataError("dipaco", fmt::format("module {} has no published version", name));
-        versions[name] = *latest;
-      }
+    const auto stream = parts.stream_of(val, documents[static_cast<size_t>(p)]);
+    for (auto& b : out.baselines) b.paths.push_back(NAN);
+    if (static_cast<int64_t>(stream.tokens.size()) > parts.config.model.context) {
       auto model = build_model(parts.config);
-      parts.load_path(model, p, versions);
+      parts.load_path(model, p, latest_versions(parts, *registry, p));
       model->to(device);
-      const auto batches = data::evaluation_batches(tokens, parts.config.model.context, parts.config.eval.windows,
-                                                    parts.config.eval.batch_size);
+      const auto batches = data::evaluation_batches(stream.tokens, parts.config.model.context, parts.config.eval.windows,
+                                                    parts.config.eval.batch_size, &stream.targets);
       const auto result = evaluate(model, batches, device);
       score.loss = result.loss;
       score.tokens = result.tokens;
       weighted += result.loss * static_cast<double>(result.tokens);
       out.tokens += result.tokens;
+      for (size_t b = 0; b < dense.size(); ++b) {
+        const auto theirs = evaluate(dense[b].model, batches, device);
+        out.baselines[b].paths.back() = theirs.loss;
+        dense_weighted[b] += theirs.loss * static_cast<double>(theirs.tokens);
+      }
     }
     out.paths.push_back(score);
   }
   out.loss = out.tokens > 0 ? weighted / static_cast<double>(out.tokens) : NAN;
+  for (size_t b = 0; b < dense.size(); ++b) {
+    out.baselines[b].loss = out.tokens > 0 ? dense_weighted[b] / static_cast<double>(out.tokens) : NAN;
+  }
+  return out;
+}
+
+RoutedPath load_routed_path(const RunConfig& config, const std::vector<int32_t>& prompt) {
+  auto parts = RunParts::open(config);
+  auto registry = open_run_registry(config);
+  const auto router = load_router(parts);
+  data::Split split;
+  split.tokens = prompt;
+  split.documents.push_back({0, static_cast<uint32_t>(prompt.size()), 0});
+  RoutedPath out;
+  out.path = router.route(embed_documents(parts.config, parts.dataset, split)).at(0);
+  out.model = build_model(parts.config);
+  parts.load_path(out.model, out.path, latest_versions(parts, *registry, out.path));
   return out;
 }
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "loco/model/transformer.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/store/registry.h"
 
@@ -67,13 +68,32 @@ struct PathScore {
   double loss = 0;
 };
 
+// A dense model scored on the same routed windows as the paths (a baseline).
+struct BaselineScore {
+  std::string checkpoint;
+  std::vector<double> paths;  // its loss on each path's windows (NaN where the path has none)
+  double loss = 0;            // over every scored token
+};
+
 struct DipacoEvaluation {
   std::vector<PathScore> paths;
   double loss = 0;        // over every scored token
   int64_t tokens = 0;
+  std::vector<BaselineScore> baselines;
 };
 
-// Scores the modules' latest versions (DataError when a module has none or the run is not routed).
-DipacoEvaluation evaluate_dipaco(const RunConfig& config);
+// Scores the modules' latest versions: each validation document is routed by the run's router
+// and scored by that one path, its routing tokens left out. Each of `baselines` (a checkpoint or
+// run folder of a dense model on the same dataset) is scored on exactly the same windows. Throws
+// DataError when a module has no version, the run is not routed, or a baseline's tokenizer differs.
+DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std::string>& baselines = {});
+
+// Single-path inference: the path the router picks for `prompt` (its first data.route_tokens
+// tokens, read by the initial model as in training), with its modules' latest versions loaded.
+struct RoutedPath {
+  int64_t path = 0;
+  model::Transformer model{nullptr};
+};
+RoutedPath load_routed_path(const RunConfig& config, const std::vector<int32_t>& prompt);
 
 }  // namespace loco::runtime

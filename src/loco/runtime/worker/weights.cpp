@@ -64,10 +64,12 @@ EvalResult evaluate(model::Transformer& model, const std::vector<data::Batch>& b
   double total = 0;
   int64_t tokens = 0;
   for (const auto& batch : batches) {
+    // Targets a loss leaves out (DiPaCo's routing tokens) are not scored.
+    const int64_t n = (batch.targets != data::kIgnoredTarget).sum().item<int64_t>();
+    if (n == 0) continue;
     model::AutocastGuard autocast(device, true);
     auto logits = model->forward(batch.inputs.to(device));
     auto loss = model::language_model_loss(logits, batch.targets.to(device), 0.0).cross_entropy;
-    const int64_t n = batch.targets.numel();
     total += loss.item<double>() * static_cast<double>(n);
     tokens += n;
   }
