@@ -618,6 +618,11 @@ struct Report {
       for (auto& report : loco::runtime::read_reports(b)) against.push_back(std::move(report));
     }
     fmt::print("{}", loco::runtime::report_table(reports));
+    for (const auto& r : runs) {
+      if (fs::is_directory(r)) {
+        if (auto section = loco::runtime::dipaco_report(r); !section.empty()) fmt::print("\n{}", section);
+      }
+    }
     if (!against.empty()) fmt::print("\n{}", loco::runtime::compare_with_baselines(reports.front(), against));
     return 0;
   }

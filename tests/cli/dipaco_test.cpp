@@ -198,6 +198,13 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   EXPECT_NE(scored.output.find(fmt::format("**{:.4f}**", eval["val_loss"].get<double>())), std::string::npos) << scored.output;
   EXPECT_NE(scored.output.find((dir_->path() / "dense").string() + " |"), std::string::npos) << scored.output;
 
+  // `loco report`: the run's row, and what the router learned.
+  auto report = run_command({LOCO_BINARY, "report", (dir_->path() / "launched").string()}, log("report"));
+  ASSERT_EQ(report.status, 0) << report.output;
+  EXPECT_NE(report.output.find("| launched | dipaco 1:2,1:2 | 2 |"), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find(fmt::format("{:.4f}", eval["val_loss"].get<double>())), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find("DiPaCo's paths against the corpus's labels"), std::string::npos) << report.output;
+
   // `loco generate --config`: one path, chosen by the router, generates.
   auto generate = command("generate", "launched");
   generate.insert(generate.end(), {"--prompt", "The", "--max-new-tokens", "8"});

@@ -14,11 +14,88 @@
 
 namespace loco::runtime {
 
+namespace {
+
+// A DiPaCo run (docs/dipaco.md): its workers' task events and summaries, and its scores
+// (RUN/dipaco-eval.json, written when the run finished). Bytes are those of the shared store: a
+// worker "sends" what it writes (outer gradients, inner states, module versions) and "receives"
+// what it reads.
+RunReport read_dipaco_report(const std::filesystem::path& run, const RunConfig& config, RunReport r) {
+  r.algorithm = fmt::format("dipaco {}", config.dipaco.levels);
+  r.inner_steps = config.sync.inner_steps;
+  r.steps = config.train.steps;
+  r.rounds = (config.train.steps + config.sync.inner_steps - 1) / config.sync.inner_steps;
+  std::ifstream in(run / "metrics.jsonl");
+  std::map<std::string, std::pair<double, double>> bytes;  // per worker: written, read
+  std::map<std::string, double> wall;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json event;
+    try {
+      event = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;
+    }
+    const std::string kind = event.value("event", "");
+    const std::string worker = event.value("worker", std::string());
+    if (kind == "path_task") r.tokens += event.value("tokens", int64_t{0});
+    if (kind == "path_task" || kind == "step_task") {
+      bytes[worker].first += event.value("bytes_written", 0.0);
+      bytes[worker].second += event.value("bytes_read", 0.0);
+    }
+    if (kind == "worker_summary") wall[worker] += event.value("wall_s", 0.0);
+  }
+  r.workers = static_cast<int64_t>(bytes.size());
+  for (const auto& [worker, b] : bytes) {
+    r.bytes_sent = std::max(r.bytes_sent, b.first);
+    r.bytes_received = std::max(r.bytes_received, b.second);
+  }
+  for (const auto& [worker, seconds] : wall) r.wall_s = std::max(r.wall_s, seconds);
+  const auto scores = run / "dipaco-eval.json";
+  r.finished = std::filesystem::exists(scores);
+  r.val_loss = r.val_ppl = NAN;
+  if (r.finished) {
+    try {
+      const auto json = nlohmann::json::parse(read_file(scores, "report"));
+      r.val_loss = json.at("val_loss").get<double>();
+      r.val_ppl = std::exp(r.val_loss);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("report", fmt::format("{}: {}", scores.string(), e.what()));
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string dipaco_report(const std::filesystem::path& run) {
+  const auto clusters = run / "routing" / "clusters.md";
+  if (!std::filesystem::exists(clusters)) return "";
+  std::string out = fmt::format("{}: DiPaCo's paths against the corpus's labels (documents routed to each, {})\n\n",
+                                run.string(), clusters.string());
+  out += read_file(clusters, "report");
+  const auto scores = run / "dipaco-eval.json";
+  if (std::filesystem::exists(scores)) {
+    try {
+      const auto json = nlohmann::json::parse(read_file(scores, "report"));
+      out += "\n| path | validation documents | tokens scored | val_loss |\n|---|---|---|---|\n";
+      for (const auto& p : json.at("paths")) {
+        out += fmt::format("| {} | {} | {} | {} |\n", p.at("path").get<int64_t>(), p.at("documents").get<int64_t>(),
+                           p.at("tokens").get<int64_t>(),
+                           p.at("val_loss").is_number() ? fmt::format("{:.4f}", p.at("val_loss").get<double>()) : "-");
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("report", fmt::format("{}: {}", scores.string(), e.what()));
+    }
+  }
+  return out;
+}
+
 RunReport read_run_report(const std::filesystem::path& run) {
   RunReport r;
   r.name = run.filename().string();
   if (r.name.empty()) r.name = run.parent_path().filename().string();
   const auto config = parse_config(read_file(run / "config.toml", "report"), (run / "config.toml").string());
+  if (!config.dipaco.levels.empty()) return read_dipaco_report(run, config, r);
   r.algorithm = to_string(config.sync.algorithm);
   if (config.sync.algorithm == Algorithm::kStreaming) {
     r.algorithm = fmt::format("streaming P={} τ={} α={} {}", config.sync.fragments, config.sync.overlap_steps,

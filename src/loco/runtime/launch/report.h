@@ -33,7 +33,12 @@ nlohmann::json to_json(const RunReport& report);
 // Throws DataError naming `where` when a field is missing or of the wrong type.
 RunReport report_from_json(const nlohmann::json& json, const std::string& where);
 
-// Reads one run folder. Throws DataError naming the file when it holds no run.
+// A DiPaCo run's own section (empty for other runs): its paths against the corpus's labels
+// (RUN/routing/clusters.md: what the router learned) and each path's score once it finished.
+std::string dipaco_report(const std::filesystem::path& run);
+
+// Reads one run folder (a DiPaCo run's too: its bytes are those written to and read from the
+// shared store). Throws DataError naming the file when it holds no run.
 RunReport read_run_report(const std::filesystem::path& run);
 // A run folder's report, or every report in a JSON file (an array, as `loco report --json` writes).
 std::vector<RunReport> read_reports(const std::filesystem::path& path);
