@@ -664,9 +664,12 @@ struct Route {
   int run() {
     auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
     const auto summary = loco::runtime::route_documents(config);
-    fmt::print("{}\nrouted {} training documents to {} paths ({}); written to {}\n", summary.table,
-               std::accumulate(summary.documents.begin(), summary.documents.end(), int64_t{0}), summary.documents.size(),
-               config.dipaco.product_routing ? "product k-means" : "balanced k-means", summary.dir.string());
+    const auto placed = std::accumulate(summary.documents.begin(), summary.documents.end(), int64_t{0});
+    fmt::print("{}\nrouted {} training documents to {} paths ({}{}); written to {}\n", summary.table,
+               placed / config.dipaco.top_n, summary.documents.size(),
+               config.dipaco.product_routing ? "product k-means" : "balanced k-means",
+               config.dipaco.top_n > 1 ? fmt::format(", each to its {} nearest paths", config.dipaco.top_n) : "",
+               summary.dir.string());
     return 0;
   }
   CLI::App* cmd;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "loco/core/files.h"
@@ -214,6 +215,28 @@ TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
   EXPECT_TRUE(fs::exists(dir_->path() / "routed" / "routing" / "clusters.md"));
 
   expect_refused(args, "route-again", "already holds a routing");
+
+  // Overlapping shards: every document in exactly 2 paths, its balanced one among them.
+  auto overlapping = args;
+  overlapping[5] = "--run.dir=" + (dir_->path() / "routed-top2").string();
+  overlapping.push_back("--dipaco.top_n=2");
+  auto top2 = run_command(overlapping, log("route-top2"));
+  ASSERT_EQ(top2.status, 0) << top2.output;
+  EXPECT_NE(top2.output.find("each to its 2 nearest paths"), std::string::npos) << top2.output;
+  const auto paths2 = nlohmann::json::parse(read_file(dir_->path() / "routed-top2" / "routing" / "paths.json", "test"));
+  std::map<int64_t, std::vector<int64_t>> routes;
+  for (size_t p = 0; p < paths2["paths"].size(); ++p) {
+    for (auto d : paths2["paths"][p]["documents"].get<std::vector<int64_t>>()) routes[d].push_back(static_cast<int64_t>(p));
+    for (auto d : paths["paths"][p]["documents"].get<std::vector<int64_t>>()) {
+      const auto docs = paths2["paths"][p]["documents"].get<std::vector<int64_t>>();
+      EXPECT_NE(std::find(docs.begin(), docs.end(), d), docs.end()) << "document " << d << " left its balanced path " << p;
+    }
+  }
+  EXPECT_EQ(routes.size(), seen.size());
+  for (const auto& [doc, in] : routes) {
+    EXPECT_EQ(in.size(), 2u) << "document " << doc;
+    if (in.size() == 2) EXPECT_NE(in[0], in[1]);
+  }
 
   expect_refused({LOCO_BINARY, "route", "--config", config().string(), data_dir,
                   "--run.dir=" + (dir_->path() / "routed-product").string(), "--dipaco.levels=1:2,1:3",

@@ -108,5 +108,43 @@ TEST(RoutingTest, TooFewDocumentsOrFeaturesOfAnotherWidthAreRefused) {
   expect_error<DataError>([&] { router.route(torch::randn({2, 5})); }, "fitted on width 4 (another model?)");
 }
 
+// The n nearest paths: the first is route()'s, they are distinct, ordered by distance, and for a
+// product router the distance adds up over the halves.
+TEST(Routing, RankedPathsStartWithTheRouteAndAreOrdered) {
+  const auto points = torch::randn({60, 6}, torch::TensorOptions().dtype(torch::kFloat32));
+  for (const bool product : {false, true}) {
+    const auto router = product ? fit_product_kmeans(points, 3, 7) : fit_balanced_kmeans(points, 4, 7);
+    const auto routes = router.route(points);
+    const auto ranked = router.ranked(points, router.paths());
+    for (size_t i = 0; i < routes.size(); ++i) {
+      ASSERT_EQ(ranked[i].size(), static_cast<size_t>(router.paths()));
+      EXPECT_EQ(ranked[i][0], routes[i]);
+      std::vector<int64_t> sorted = ranked[i];
+      std::sort(sorted.begin(), sorted.end());
+      EXPECT_TRUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) << "a path ranked twice";
+      // Distances by hand, in the ranked order, never decrease.
+      double last = -1;
+      for (auto p : ranked[i]) {
+        double d = 0;
+        int64_t offset = 0, rest = p;
+        std::vector<int64_t> digits;
+        for (size_t part = 0; part < router.centres.size(); ++part) {
+          digits.insert(digits.begin(), rest % router.k);
+          rest /= router.k;
+        }
+        for (size_t part = 0; part < router.centres.size(); ++part) {
+          const auto& c = router.centres[part];
+          d += (points[static_cast<int64_t>(i)].narrow(0, offset, c.size(1)) - c[digits[part]]).pow(2).sum().item<double>();
+          offset += c.size(1);
+        }
+        EXPECT_GE(d, last - 1e-4);
+        last = d;
+      }
+    }
+    EXPECT_EQ(router.ranked(points, 2)[5].size(), 2u);
+    EXPECT_THROW(router.ranked(points, router.paths() + 1), DataError);
+  }
+}
+
 }  // namespace
 }  // namespace loco::data

@@ -90,6 +90,24 @@ std::vector<int64_t> KMeansRouter::route(const torch::Tensor& features) const {
   return out;
 }
 
+std::vector<std::vector<int64_t>> KMeansRouter::ranked(const torch::Tensor& features, int64_t n) const {
+  if (n < 1 || n > paths()) throw DataError("route", fmt::format("{} nearest paths asked of a router of {}", n, paths()));
+  route(features.narrow(0, 0, std::min<int64_t>(features.size(0), 1)));  // the width check
+  const int64_t rows = features.size(0);
+  torch::Tensor cost = torch::zeros({rows, 1});
+  int64_t offset = 0;
+  for (const auto& c : centres) {
+    auto d = torch::cdist(features.narrow(1, offset, c.size(1)).to(torch::kFloat32).contiguous(), c).pow(2);  // (N, k)
+    cost = (cost.unsqueeze(2) + d.unsqueeze(1)).reshape({rows, -1});  // digits: the earlier parts most significant
+    offset += c.size(1);
+  }
+  const auto order = std::get<1>(cost.sort(/*stable=*/true, 1, false)).narrow(1, 0, n).contiguous();
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(rows));
+  const auto* index = order.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows; ++i) out[static_cast<size_t>(i)].assign(index + i * n, index + (i + 1) * n);
+  return out;
+}
+
 KMeansRouter fit_balanced_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations) {
   check_points(points, k, "k-means routing");
   return fit_part(points.contiguous(), k, seed, iterations);

@@ -32,6 +32,9 @@ struct KMeansRouter {
   // read as digits of base k, the first most significant. Throws DataError on a width mismatch
   // (features of another model).
   std::vector<int64_t> route(const torch::Tensor& features) const;
+  // Each row's `n` nearest paths, nearest first (the first is route()'s): a path's distance is the
+  // sum over the parts of the squared distance to its centre. 1 <= n <= paths() (DataError else).
+  std::vector<std::vector<int64_t>> ranked(const torch::Tensor& features, int64_t n) const;
 };
 
 // points (N, D) float32, N >= k >= 1 (DataError otherwise, naming both).

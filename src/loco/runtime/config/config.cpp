@@ -157,6 +157,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"dipaco.routing", "DiPaCo: how `loco route` assigns documents to paths: kmeans (balanced k-means, k = paths) or product (product k-means over the feature's halves; paths must be a square k*k)",
        enum_field(c.dipaco.product_routing, {{false, "kmeans"}, {true, "product"}})},
       secret({"dipaco.database", "DiPaCo: where the task queue and the module registry live: \"\" = RUN/dipaco.sqlite (SQLite, one machine or a shared folder), or a PostgreSQL connection string (\"host=... dbname=... user=...\"; the password from ~/.pgpass or $PGPASSWORD) for runs across machines; never written to config.toml or logs", &c.dipaco.database}),
+      at_least(1, {"dipaco.top_n", "DiPaCo: overlapping training shards: each training document goes to its balanced path and its next n - 1 nearest paths (1 = disjoint shards); evaluation and inference always run the one nearest path", &c.dipaco.top_n}),
       positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
   };
 }

@@ -136,6 +136,7 @@ struct DipacoSection {
   bool product_routing = false;      // dipaco.routing: "kmeans" (balanced) or "product" (P = k²)
   std::string database;              // "" = RUN/dipaco.sqlite; else a PostgreSQL connection string (secret)
   double lease_s = 60;               // a task's lease without renewal
+  int64_t top_n = 1;                 // training shards: each document to its n nearest paths (never at evaluation)
 };
 
 struct RunConfig {

@@ -17,15 +17,15 @@ namespace loco::runtime {
 namespace {
 
 // Markdown: one row per path, one column per label, documents in each cell.
-std::string cluster_table(const data::Dataset& dataset, const std::vector<int64_t>& assignment, int64_t paths,
+std::string cluster_table(const data::Dataset& dataset, const std::vector<std::vector<int64_t>>& routes, int64_t paths,
                           const std::vector<int64_t>& tokens) {
   const auto& labels = dataset.manifest().labels;
   const size_t columns = std::max<size_t>(1, labels.size());
   std::vector<std::vector<int64_t>> counts(static_cast<size_t>(paths), std::vector<int64_t>(columns, 0));
   const auto& documents = dataset.train().documents;
-  for (size_t i = 0; i < assignment.size(); ++i) {
+  for (size_t i = 0; i < routes.size(); ++i) {
     const size_t label = labels.empty() ? 0 : std::min<size_t>(documents[i].label, columns - 1);
-    ++counts[static_cast<size_t>(assignment[i])][label];
+    for (auto p : routes[i]) ++counts[static_cast<size_t>(p)][label];
   }
   std::string out = "| path | documents | tokens |";
   for (size_t l = 0; l < columns; ++l) out += fmt::format(" {} |", labels.empty() ? "documents" : labels[l]);
@@ -79,16 +79,30 @@ RouteSummary route_documents(const RunConfig& config) {
   summary.tokens.assign(static_cast<size_t>(paths), 0);
   nlohmann::json by_path = nlohmann::json::array();
   std::vector<std::vector<int64_t>> members(static_cast<size_t>(paths));
+  // Each document trains its balanced path and, with dipaco.top_n = n > 1, its next n - 1 nearest.
+  if (config.dipaco.top_n > paths) {
+    throw ConfigError("route", fmt::format("dipaco.top_n = {} but the plan has {} paths", config.dipaco.top_n, paths));
+  }
+  std::vector<std::vector<int64_t>> ranked;
+  if (config.dipaco.top_n > 1) ranked = router.ranked(features, config.dipaco.top_n);
+  std::vector<std::vector<int64_t>> routes(router.assignment.size());
   for (size_t i = 0; i < router.assignment.size(); ++i) {
-    const auto p = static_cast<size_t>(router.assignment[i]);
-    members[p].push_back(static_cast<int64_t>(i));
-    ++summary.documents[p];
-    summary.tokens[p] += static_cast<int64_t>(documents[i].length);
+    routes[i].push_back(router.assignment[i]);
+    for (size_t r = 0; r < ranked.size() && routes[i].size() < static_cast<size_t>(config.dipaco.top_n); ++r) {
+      if (ranked[i][r] != router.assignment[i]) routes[i].push_back(ranked[i][r]);
+    }
+  }
+  for (size_t i = 0; i < routes.size(); ++i) {
+    for (auto p : routes[i]) {
+      members[static_cast<size_t>(p)].push_back(static_cast<int64_t>(i));
+      ++summary.documents[static_cast<size_t>(p)];
+      summary.tokens[static_cast<size_t>(p)] += static_cast<int64_t>(documents[i].length);
+    }
   }
   for (int64_t p = 0; p < paths; ++p) {
     by_path.push_back({{"path", p}, {"documents", members[static_cast<size_t>(p)]}, {"tokens", summary.tokens[static_cast<size_t>(p)]}});
   }
-  summary.table = cluster_table(dataset, router.assignment, paths, summary.tokens);
+  summary.table = cluster_table(dataset, routes, paths, summary.tokens);
 
   // Written into a temporary folder and renamed last: a routing folder that exists is complete.
   const auto partial = std::filesystem::path(config.run.dir) / "routing.partial";
@@ -103,7 +117,7 @@ RouteSummary route_documents(const RunConfig& config) {
                     {"loco.route_tokens", std::to_string(config.data.route_tokens)}});
   write_file_atomic(partial / "paths.json",
                     nlohmann::json{{"routing", config.dipaco.product_routing ? "product" : "kmeans"},
-                                   {"levels", config.dipaco.levels}, {"paths", by_path}}.dump(1) + "\n", "route");
+                                   {"levels", config.dipaco.levels}, {"top_n", config.dipaco.top_n}, {"paths", by_path}}.dump(1) + "\n", "route");
   write_file_atomic(partial / "clusters.md", summary.table, "route");
   std::filesystem::rename(partial, summary.dir);
   return summary;
