@@ -213,6 +213,44 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   EXPECT_NE(generated.output.find("the router sends the prompt to path"), std::string::npos) << generated.output;
 }
 
+// Discriminative re-routing before phase 2: the held-out router documents train no path, every path
+// scores them, a linear router re-shards the training documents, and the later phases train on
+// the new shards; evaluation routes with the new router.
+TEST_F(DipacoRunTest, ReroutingReshardsTheTrainingDocuments) {
+  auto launch = run_command(command("launch", "rerouted", {"dipaco.reroute_phase=2", "dipaco.router_fraction=0.25"}),
+                            log("rerouted"));
+  ASSERT_EQ(launch.status, 0) << launch.output;
+  EXPECT_NE(launch.output.find("re-routed before phase 3"), std::string::npos) << launch.output;
+  const auto run = dir_->path() / "rerouted";
+  const auto first = nlohmann::json::parse(read_file(run / "routing" / "paths.json", "test"));
+  const auto second = nlohmann::json::parse(read_file(run / "routing" / "phase2" / "paths.json", "test"));
+  const auto held = first["held_out"].get<std::vector<int64_t>>();
+  ASSERT_FALSE(held.empty());
+  std::set<int64_t> trained_before, trained_after;
+  for (const auto& p : first["paths"]) for (auto d : p["documents"].get<std::vector<int64_t>>()) trained_before.insert(d);
+  for (const auto& p : second["paths"]) {
+    const auto docs = p["documents"].get<std::vector<int64_t>>();
+    EXPECT_FALSE(docs.empty()) << "re-routing left path " << p["path"] << " empty";
+    trained_after.insert(docs.begin(), docs.end());
+  }
+  EXPECT_EQ(trained_before, trained_after) << "re-routing must place every training document, and only those";
+  for (auto d : held) EXPECT_EQ(trained_before.count(d), 0u) << "held-out document " << d << " was trained on";
+  EXPECT_EQ(second["router_labels"].size(), second["router_documents"].size());
+  EXPECT_EQ(second["router_documents"].size(), held.size()) << "every held-out document was long enough to score";
+
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (const auto& t : path_tasks("rerouted")) seen.emplace(t["path"].get<int64_t>(), t["phase"].get<int64_t>());
+  EXPECT_EQ(seen.size(), 16u);
+  const auto eval = nlohmann::json::parse(read_file(run / "dipaco-eval.json", "test"));
+  EXPECT_TRUE(std::isfinite(eval["val_loss"].get<double>()));
+
+  // A run routed without held-out documents cannot re-route later.
+  auto route = run_command(command("route", "routed-plainly"), log("routed-plainly"));
+  ASSERT_EQ(route.status, 0) << route.output;
+  testing_util::expect_error<DataError>([&] { prepare_dipaco_run(config("routed-plainly", {"dipaco.reroute_phase=2"}), stderr); },
+                                        "without held-out router documents");
+}
+
 // A worker killed in the middle of a path task: its task goes to the other worker when its lease
 // runs out, and the run ends on the same modules as the uninterrupted one.
 TEST_F(DipacoRunTest, AKilledWorkersTaskIsIssuedAgainAndNothingIsLost) {

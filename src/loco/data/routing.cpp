@@ -13,8 +13,14 @@ namespace {
 // left go, closest pairs first, to centres still below ceil(N/k). Ties break by index, so the
 // result is deterministic.
 std::vector<int64_t> assign_balanced(const torch::Tensor& x, const torch::Tensor& centres) {
-  const int64_t n = x.size(0), k = centres.size(0);
-  const auto distances = torch::cdist(x, centres).contiguous();  // (N, k)
+  return balanced_assignment(torch::cdist(x, centres));
+}
+
+}  // namespace
+
+std::vector<int64_t> balanced_assignment(const torch::Tensor& cost) {
+  const int64_t n = cost.size(0), k = cost.size(1);
+  const auto distances = cost.to(torch::kFloat32).contiguous();  // (N, k)
   const auto order = std::get<1>(distances.view({-1}).sort(/*stable=*/true, 0, false)).contiguous();
   const auto* pairs = order.data_ptr<int64_t>();
   std::vector<int64_t> out(static_cast<size_t>(n), -1), size(static_cast<size_t>(k), 0);
@@ -30,6 +36,8 @@ std::vector<int64_t> assign_balanced(const torch::Tensor& x, const torch::Tensor
   }
   return out;
 }
+
+namespace {
 
 torch::Tensor means_of(const torch::Tensor& x, const std::vector<int64_t>& assignment, int64_t k) {
   auto centres = torch::zeros({k, x.size(1)});

@@ -37,6 +37,10 @@ struct KMeansRouter {
   std::vector<std::vector<int64_t>> ranked(const torch::Tensor& features, int64_t n) const;
 };
 
+// Each row of `cost` (N, k) to a column, every column taking floor(N/k) or ceil(N/k) rows, the
+// cheapest (row, column) pairs first; ties by index. Deterministic.
+std::vector<int64_t> balanced_assignment(const torch::Tensor& cost);
+
 // points (N, D) float32, N >= k >= 1 (DataError otherwise, naming both).
 KMeansRouter fit_balanced_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations = 50);
 // points (N, D) float32 with D >= 2, N >= k² (DataError otherwise).

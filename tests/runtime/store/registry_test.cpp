@@ -199,6 +199,41 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   for (const auto& row : other->tasks()) EXPECT_EQ(row.state, "done") << describe(row.key);
 }
 
+// Discriminative re-routing before phase 1: no path task of phase 1 until every module reached
+// version 1 and the route task completed; then every path's.
+TEST_P(RegistryTest, ARouteTaskGatesItsPhase) {
+  auto registry = open();
+  publish_initial(*registry);
+  auto layout = two_by_two(3);
+  layout.reroute_phase = 1;
+  registry->start(layout);
+  expect_error<DataError>([&] { open()->start(two_by_two(3)); }, "a run's shape cannot change");
+  std::vector<TaskKey> phase0;
+  for (int64_t p = 0; p < 4; ++p) phase0.push_back(*registry->lease("w", 10.0, 60.0));
+  for (const auto& task : phase0) registry->complete_path(task, "w", path_reports(layout, task.path, 0), "inner");
+  int64_t steps = 0;
+  while (auto task = registry->lease("w", 20.0, 60.0)) {
+    if (task->kind == TaskKey::Kind::kRoute) {
+      EXPECT_EQ(steps, 5) << "re-routing before every module stepped";
+      EXPECT_EQ(task->phase, 1);
+      EXPECT_FALSE(registry->lease("w", 20.0, 60.0).has_value()) << "a phase 1 task before the re-routing";
+      registry->complete_route(*task, "w", "routing/phase1");
+      break;
+    }
+    ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
+    ++steps;
+    registry->complete_step(*task, "w", fmt::format("{}/v1", task->module));
+  }
+  EXPECT_EQ(registry->task_result({TaskKey::Kind::kRoute, -1, "", 1}), "routing/phase1");
+  std::set<int64_t> paths;
+  while (auto task = registry->lease("w", 30.0, 60.0)) {
+    EXPECT_EQ(task->kind, TaskKey::Kind::kPath);
+    EXPECT_EQ(task->phase, 1);
+    paths.insert(task->path);
+  }
+  EXPECT_EQ(paths, (std::set<int64_t>{0, 1, 2, 3}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("sqlite", "postgres"),
                          [](const auto& info) { return info.param; });
 

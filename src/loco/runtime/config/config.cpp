@@ -158,6 +158,8 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.dipaco.product_routing, {{false, "kmeans"}, {true, "product"}})},
       secret({"dipaco.database", "DiPaCo: where the task queue and the module registry live: \"\" = RUN/dipaco.sqlite (SQLite, one machine or a shared folder), or a PostgreSQL connection string (\"host=... dbname=... user=...\"; the password from ~/.pgpass or $PGPASSWORD) for runs across machines; never written to config.toml or logs", &c.dipaco.database}),
       at_least(1, {"dipaco.top_n", "DiPaCo: overlapping training shards: each training document goes to its balanced path and its next n - 1 nearest paths (1 = disjoint shards); evaluation and inference always run the one nearest path", &c.dipaco.top_n}),
+      at_least(0, {"dipaco.reroute_phase", "DiPaCo: discriminative re-routing before this phase: every path scores the held-out router documents, a linear router learns which path models each best (its biases tuned to balanced shards) and re-shards the training and validation documents; 0 = k-means routing throughout", &c.dipaco.reroute_phase}),
+      between(0.001, 0.5, {"dipaco.router_fraction", "DiPaCo with dipaco.reroute_phase: the share of the training documents held out of training as the router's documents", &c.dipaco.router_fraction}),
       positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
   };
 }

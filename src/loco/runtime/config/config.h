@@ -137,6 +137,8 @@ struct DipacoSection {
   std::string database;              // "" = RUN/dipaco.sqlite; else a PostgreSQL connection string (secret)
   double lease_s = 60;               // a task's lease without renewal
   int64_t top_n = 1;                 // training shards: each document to its n nearest paths (never at evaluation)
+  int64_t reroute_phase = 0;         // > 0: discriminative re-routing before this phase (0 = k-means throughout)
+  double router_fraction = 0.1;      // ... on this share of the training documents, held out of training
 };
 
 struct RunConfig {

@@ -21,19 +21,28 @@ namespace {
 
 constexpr int64_t kSchema = 2;
 
-const char* kind_name(TaskKey::Kind kind) { return kind == TaskKey::Kind::kPath ? "path" : "step"; }
+const char* kind_name(TaskKey::Kind kind) {
+  switch (kind) {
+    case TaskKey::Kind::kPath: return "path";
+    case TaskKey::Kind::kStep: return "step";
+    case TaskKey::Kind::kRoute: return "route";
+  }
+  return "?";
+}
 
 // The task's primary key as statement parameters $1..$4.
 std::vector<sql::Value> key_params(const TaskKey& task) {
   const bool path = task.kind == TaskKey::Kind::kPath;
-  return {std::string(kind_name(task.kind)), path ? task.path : int64_t{-1}, path ? std::string() : task.module, task.phase};
+  const bool step = task.kind == TaskKey::Kind::kStep;
+  return {std::string(kind_name(task.kind)), path ? task.path : int64_t{-1}, step ? task.module : std::string(), task.phase};
 }
 
 constexpr const char* kKeyMatch = "kind = $1 AND path = $2 AND module = $3 AND phase = $4";
 
 TaskKey key_from(const sql::Rows& rows, size_t row) {
   TaskKey key;
-  key.kind = rows.text(row, 0) == "path" ? TaskKey::Kind::kPath : TaskKey::Kind::kStep;
+  const auto& kind = rows.text(row, 0);
+  key.kind = kind == "path" ? TaskKey::Kind::kPath : kind == "step" ? TaskKey::Kind::kStep : TaskKey::Kind::kRoute;
   key.path = rows.integer(row, 1);
   key.module = rows.text(row, 2);
   key.phase = rows.integer(row, 3);
@@ -43,8 +52,12 @@ TaskKey key_from(const sql::Rows& rows, size_t row) {
 }  // namespace
 
 std::string describe(const TaskKey& task) {
-  return task.kind == TaskKey::Kind::kPath ? fmt::format("path {} phase {}", task.path, task.phase)
-                                           : fmt::format("outer step of {} phase {}", task.module, task.phase);
+  switch (task.kind) {
+    case TaskKey::Kind::kPath: return fmt::format("path {} phase {}", task.path, task.phase);
+    case TaskKey::Kind::kStep: return fmt::format("outer step of {} phase {}", task.module, task.phase);
+    case TaskKey::Kind::kRoute: return fmt::format("re-routing before phase {}", task.phase);
+  }
+  return "?";
 }
 
 Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(connection)) {
@@ -126,15 +139,18 @@ void Registry::start(const RunLayout& layout) {
     if (!existing.empty()) {
       std::map<std::string, std::string> saved;
       for (size_t i = 0; i < existing.size(); ++i) saved[existing.text(i, 0)] = existing.text(i, 1);
-      if (saved["plan"] != layout.plan || saved["phases"] != std::to_string(layout.phases)) {
-        throw DataError("registry", fmt::format("{}: the run was started with plan {} and {} phases, not plan {} and {} phases: "
-                                                "a run's shape cannot change", db_->where(), saved["plan"], saved["phases"],
-                                                layout.plan, layout.phases));
+      if (saved["plan"] != layout.plan || saved["phases"] != std::to_string(layout.phases) ||
+          saved["reroute_phase"] != std::to_string(layout.reroute_phase)) {
+        throw DataError("registry", fmt::format("{}: the run was started with plan {}, {} phases and re-routing before phase "
+                                                "{}, not plan {}, {} phases and {}: a run's shape cannot change", db_->where(),
+                                                saved["plan"], saved["phases"], saved["reroute_phase"], layout.plan,
+                                                layout.phases, layout.reroute_phase));
       }
       return;
     }
-    if (layout.phases < 1 || layout.path_modules.empty()) {
-      throw DataError("registry", fmt::format("{}: a run needs at least one phase and one path", db_->where()));
+    if (layout.phases < 1 || layout.path_modules.empty() || layout.reroute_phase < 0 || layout.reroute_phase >= layout.phases) {
+      throw DataError("registry", fmt::format("{}: a run needs at least one phase and one path, and re-routes before a phase "
+                                              "it has after the first", db_->where()));
     }
     std::set<std::string> modules;
     for (size_t p = 0; p < layout.path_modules.size(); ++p) {
@@ -151,6 +167,7 @@ void Registry::start(const RunLayout& layout) {
     }
     db_->query("INSERT INTO run_layout (key, value) VALUES ('plan', $1)", {layout.plan});
     db_->query("INSERT INTO run_layout (key, value) VALUES ('phases', $1)", {std::to_string(layout.phases)});
+    db_->query("INSERT INTO run_layout (key, value) VALUES ('reroute_phase', $1)", {std::to_string(layout.reroute_phase)});
     for (size_t p = 0; p < layout.path_modules.size(); ++p) {
       db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
                  "VALUES ('path', $1, '', 0, 'open', '', 0, 0)", {static_cast<int64_t>(p)});
@@ -165,6 +182,7 @@ std::optional<RunLayout> Registry::layout() {
   for (size_t i = 0; i < rows.size(); ++i) {
     if (rows.text(i, 0) == "plan") layout.plan = rows.text(i, 1);
     if (rows.text(i, 0) == "phases") layout.phases = rows.integer(i, 1);
+    if (rows.text(i, 0) == "reroute_phase") layout.reroute_phase = rows.integer(i, 1);
   }
   auto modules = db_->query("SELECT path, module FROM path_modules ORDER BY path, module");
   for (size_t i = 0; i < modules.size(); ++i) {
@@ -275,6 +293,18 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
     db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
     auto phases = db_->query("SELECT value FROM run_layout WHERE key = 'phases'");
     if (phases.empty() || version >= phases.integer(0, 0)) return;  // the module's last step
+    auto reroute = db_->query("SELECT value FROM run_layout WHERE key = 'reroute_phase'");
+    if (!reroute.empty() && reroute.integer(0, 0) == version) {
+      // The documents are routed again before this phase, once every module has reached it.
+      auto behind = db_->query("SELECT COUNT(*) FROM (SELECT DISTINCT module FROM path_modules) p LEFT JOIN (SELECT module, "
+                               "MAX(version) AS v FROM modules GROUP BY module) m ON m.module = p.module WHERE "
+                               "COALESCE(m.v, -1) < $1", {version});
+      if (behind.integer(0, 0) == 0) {
+        db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+                   "VALUES ('route', -1, '', $1, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {version});
+      }
+      return;
+    }
     // The paths through this module whose every module is now at `version` train the next phase.
     auto ready = db_->query("SELECT p.path FROM path_modules p LEFT JOIN (SELECT module, MAX(version) AS v FROM modules "
                             "GROUP BY module) m ON m.module = p.module WHERE p.path IN (SELECT path FROM path_modules "
@@ -284,6 +314,19 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
       db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
                  "VALUES ('path', $1, '', $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {ready.integer(i, 0), version});
     }
+  });
+}
+
+void Registry::complete_route(const TaskKey& task, const std::string& worker, const std::string& folder) {
+  LOCO_CHECK(task.kind == TaskKey::Kind::kRoute, "complete_route of {}", describe(task));
+  db_->write([&] {
+    check_held(task, worker);
+    auto params = key_params(task);
+    params.emplace_back(folder);
+    db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
+    db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+               "SELECT DISTINCT 'path', path, '', CAST($1 AS BIGINT), 'open', '', 0, 0 FROM path_modules WHERE true "
+               "ON CONFLICT DO NOTHING", {task.phase});  // WHERE: SQLite's upsert after a SELECT needs one
   });
 }
 

@@ -41,10 +41,11 @@ struct ModuleReport {
   std::string file;   // its outer gradient, relative to the run folder
 };
 
-// What a task is: train path `path` in `phase`, or take module `module`'s outer step of `phase`
-// (from version phase to phase + 1).
+// What a task is: train path `path` in `phase`, take module `module`'s outer step of `phase` (from
+// version phase to phase + 1), or route the documents again before `phase` (discriminative
+// re-routing, once every module reached that version).
 struct TaskKey {
-  enum class Kind { kPath, kStep };
+  enum class Kind { kPath, kStep, kRoute };
   Kind kind = Kind::kPath;
   int64_t path = -1;   // kPath
   std::string module;  // kStep
@@ -67,6 +68,7 @@ struct RunLayout {
   std::string plan;                                   // PathPlan::fingerprint()
   int64_t phases = 0;                                 // outer steps of every module
   std::vector<std::vector<std::string>> path_modules; // per path, its modules
+  int64_t reroute_phase = 0;                          // > 0: a route task runs before this phase's path tasks
 };
 
 // A task this worker no longer holds (its lease ran out and another worker took it, or it is done):
@@ -134,6 +136,9 @@ class Registry {
   // phase's tasks of the paths whose modules are all at that version now, in one transaction.
   // Throws LeaseLost when `worker` does not hold the task.
   void complete_step(const TaskKey& task, const std::string& worker, const std::string& file);
+  // A route task's end: the new routing in `folder`, the task done, and every path's task of the
+  // phase, in one transaction. Throws LeaseLost when `worker` does not hold the task.
+  void complete_route(const TaskKey& task, const std::string& worker, const std::string& folder);
 
   std::vector<TaskRow> tasks();
   // Every module has taken the run's last outer step.

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <condition_variable>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -55,6 +57,60 @@ void remove_file(const fs::path& file) {
   fs::remove(file, ec);
 }
 
+// DiPaCo's discriminative router: softmax regression on standardized document features, with
+// biases tuned so that the routed documents spread over the paths evenly.
+struct LinearRouter {
+  torch::Tensor weight, bias, mean, scale;  // (D, P), (P), (D), (D)
+  torch::Tensor scores(const torch::Tensor& features) const {
+    return ((features.to(torch::kFloat32) - mean) / scale).matmul(weight) + bias;
+  }
+  std::vector<int64_t> route(const torch::Tensor& features) const {
+    const auto best = scores(features).argmax(1).contiguous();
+    return {best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + best.numel()};
+  }
+};
+
+// Fits the router on `features` (N, D) labelled with their best paths, then tunes its biases so
+// that `balance` (the training documents' features) spread over the paths evenly: within 5% (or
+// one document) of an equal share each, or as close as 2000 rounds came. Deterministic.
+LinearRouter fit_linear_router(const torch::Tensor& features, const torch::Tensor& labels, int64_t paths,
+                               const torch::Tensor& balance) {
+  torch::manual_seed(0);
+  LinearRouter r;
+  r.mean = features.mean(0);
+  r.scale = features.std(0).clamp_min(1e-6);
+  const auto x = (features - r.mean) / r.scale;
+  auto weight = torch::zeros({x.size(1), paths}, torch::requires_grad());
+  auto bias = torch::zeros({paths}, torch::requires_grad());
+  torch::optim::Adam adam({weight, bias}, torch::optim::AdamOptions(0.05));
+  for (int step = 0; step < 300; ++step) {
+    adam.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(x.matmul(weight) + bias, labels) + 1e-2 * weight.pow(2).sum();
+    loss.backward();
+    adam.step();
+  }
+  r.weight = weight.detach();
+  auto tuned = bias.detach().clone();
+  const auto z = ((balance.to(torch::kFloat32) - r.mean) / r.scale).matmul(r.weight);
+  const double target = static_cast<double>(balance.size(0)) / static_cast<double>(paths);
+  // Sinkhorn's updates of the biases (the dual of an even transport of documents to paths) at a
+  // falling temperature, keeping the biases whose hard assignment came closest to even.
+  double best = INFINITY;
+  r.bias = tuned.clone();
+  for (const double temperature : {1.0, 0.5, 0.25, 0.1, 0.05}) {
+    for (int round = 0; round < 200; ++round) {
+      const auto scores = z + tuned;
+      const auto counts = torch::bincount(scores.argmax(1), {}, paths).to(torch::kFloat32);
+      const double off = (counts - target).abs().max().item<double>();
+      if (off < best) best = off, r.bias = tuned.clone();
+      if (off <= std::max(1.0, 0.05 * target)) return r;
+      const auto mass = torch::softmax(scores / temperature, 1).sum(0).clamp_min(1e-12);  // (P)
+      tuned += temperature * (std::log(target) - mass.log());
+    }
+  }
+  return r;
+}
+
 // A worker's name as a file name's part: letters, digits, '.', '-', '_' (others become '_').
 std::string file_safe(const std::string& name) {
   std::string out = name;
@@ -92,9 +148,10 @@ struct RunParts {
     return RunParts{std::move(config), std::move(dataset), std::move(plan), std::move(run_dir), phases};
   }
 
-  // The training documents of each path, from RUN/routing/paths.json.
-  std::vector<std::vector<int64_t>> path_documents() const {
-    const auto file = run_dir / "routing" / "paths.json";
+  // The training documents of each path, from `routing`/paths.json (RUN/routing: k-means's; a
+  // re-routing's folder after it).
+  std::vector<std::vector<int64_t>> path_documents(const std::string& routing = "routing") const {
+    const auto file = run_dir / routing / "paths.json";
     nlohmann::json saved;
     try {
       saved = nlohmann::json::parse(read_file(file, "dipaco"));
@@ -230,6 +287,7 @@ class Worker {
                                             "and {} phases", parts_.run_dir.string(), layout->plan, layout->phases,
                                             parts_.plan.fingerprint(), parts_.phases));
     }
+    layout_ = *layout;
     documents_ = parts_.path_documents();
     device_ = model::resolve_device(parts_.config.train.device);
     threads_ = configure_threads(parts_.config.train.threads);
@@ -255,10 +313,10 @@ class Worker {
       const auto task_start = Clock::now();
       try {
         LeaseKeeper keeper(parts_.config, *task, options_.name, options_.out);
-        if (task->kind == TaskKey::Kind::kPath) {
-          run_path(*task, keeper);
-        } else {
-          run_step(*task);
+        switch (task->kind) {
+          case TaskKey::Kind::kPath: run_path(*task, keeper); break;
+          case TaskKey::Kind::kStep: run_step(*task); break;
+          case TaskKey::Kind::kRoute: run_route(*task); break;
         }
       } catch (const LeaseLost& e) {
         ++summary_.lost_tasks;
@@ -359,12 +417,21 @@ class Worker {
     std::vector<torch::Tensor> parameters;
     for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
 
-    const auto stream = parts_.stream_of(parts_.dataset.train(), documents_.at(static_cast<size_t>(path)));
+    // After a re-routing the path trains on its new shard, from its start.
+    const bool rerouted = layout_.reroute_phase > 0 && phase >= layout_.reroute_phase;
+    if (rerouted && !rerouted_documents_) {
+      const auto folder = db([&](Registry& r) { return r.task_result({TaskKey::Kind::kRoute, -1, "", layout_.reroute_phase}); });
+      if (!folder) throw DataError("dipaco", fmt::format("phase {} has no re-routing recorded", layout_.reroute_phase));
+      rerouted_documents_ = parts_.path_documents(*folder);
+    }
+    const auto& shards = rerouted ? *rerouted_documents_ : documents_;
+    const int64_t shard_phase = rerouted ? phase - layout_.reroute_phase : phase;
+    const auto stream = parts_.stream_of(parts_.dataset.train(), shards.at(static_cast<size_t>(path)));
     const auto weight = static_cast<double>(stream.tokens.size());
     data::WindowSampler sampler(stream.tokens, config.model.context, static_cast<uint64_t>(config.train.seed + path),
                                 &stream.targets);
     const int64_t windows_per_step = config.train.batch_size * config.train.grad_accum;
-    const auto taken = static_cast<uint64_t>(phase * config.sync.inner_steps * windows_per_step);
+    const auto taken = static_cast<uint64_t>(shard_phase * config.sync.inner_steps * windows_per_step);
     const auto per_epoch = static_cast<uint64_t>(sampler.windows_per_epoch());
     sampler.restore({taken / per_epoch, taken % per_epoch});
 
@@ -494,11 +561,112 @@ class Worker {
                              {"paths", reports.size()}, {"bytes_read", read}, {"bytes_written", written}});
   }
 
+  // Discriminative re-routing before phase `task.phase` (every module is at that version): every
+  // path scores the held-out router documents, a linear router learns each one's best path from its
+  // features, its biases are tuned until the training documents spread over the paths as evenly as
+  // k-means spread them, and it re-shards the training documents (validation and prompts follow
+  // it at evaluation and inference).
+  void run_route(const TaskKey& task) {
+    const auto& config = parts_.config;
+    const auto routing = nlohmann::json::parse(read_file(parts_.run_dir / "routing" / "paths.json", "dipaco"));
+    const auto held_out = routing.at("held_out").get<std::vector<int64_t>>();
+    const auto& train = parts_.dataset.train();
+    const int64_t paths = parts_.plan.paths();
+    // Each held-out document's loss on every path, its routing tokens left out.
+    auto losses = torch::full({static_cast<int64_t>(held_out.size()), paths}, NAN, torch::kFloat64);
+    for (int64_t p = 0; p < paths; ++p) {
+      auto model = build_model(config);
+      std::map<std::string, int64_t> versions;
+      for (auto index : parts_.plan.modules_of(p)) versions[parts_.plan.module(index).name] = task.phase;
+      parts_.load_path(model, p, versions);
+      model->to(device_);
+      for (size_t i = 0; i < held_out.size(); ++i) {
+        const auto stream = parts_.stream_of(train, {held_out[i]});
+        if (static_cast<int64_t>(stream.tokens.size()) <= config.model.context) continue;  // too short to score
+        const auto batches = data::evaluation_batches(stream.tokens, config.model.context, 4, 4, &stream.targets);
+        const auto result = evaluate(model, batches, device_);
+        if (result.tokens > 0) losses[static_cast<int64_t>(i)][p] = result.loss;
+      }
+    }
+    const auto scored = losses.isfinite().all(1);
+    if (scored.sum().item<int64_t>() == 0) {
+      throw DataError("dipaco", "re-routing: no held-out document is long enough to score (more than model.context tokens); "
+                                "hint: raise dipaco.router_fraction");
+    }
+    const auto labels = losses.index({scored}).argmin(1);
+    std::vector<int64_t> labelled;
+    for (size_t i = 0; i < held_out.size(); ++i) {
+      if (scored[static_cast<int64_t>(i)].item<bool>()) labelled.push_back(held_out[i]);
+    }
+    const auto features = embed_documents(config, parts_.dataset);  // (N, D): the initial model's, as routing reads
+    std::set<int64_t> held(held_out.begin(), held_out.end());
+    std::vector<int64_t> trained;
+    for (int64_t d = 0; d < static_cast<int64_t>(train.documents.size()); ++d) {
+      if (held.count(d) == 0) trained.push_back(d);
+    }
+    const auto trained_features = features.index_select(0, torch::tensor(trained, torch::kInt64));
+    const auto router = fit_linear_router(features.index_select(0, torch::tensor(labelled, torch::kInt64)), labels, paths,
+                                          trained_features);
+
+    // The training documents (not the held-out ones) to the paths the router scores highest, evenly
+    // (every path floor or ceil of an equal share, the surest documents first, as k-means's shards
+    // are), and with dipaco.top_n = n also to their next n - 1 best.
+    const auto scores = router.scores(trained_features);
+    const auto primary = data::balanced_assignment(-torch::log_softmax(scores, 1));
+    const auto order = std::get<1>(scores.sort(/*stable=*/true, 1, /*descending=*/true)).narrow(1, 0, config.dipaco.top_n);
+    std::vector<std::vector<int64_t>> members(static_cast<size_t>(paths));
+    for (size_t j = 0; j < trained.size(); ++j) {
+      members[static_cast<size_t>(primary[j])].push_back(trained[j]);
+      int64_t more = config.dipaco.top_n - 1;
+      for (int64_t r = 0; r < config.dipaco.top_n && more > 0; ++r) {
+        const auto p = order[static_cast<int64_t>(j)][r].item<int64_t>();
+        if (p == primary[j]) continue;
+        members[static_cast<size_t>(p)].push_back(trained[j]);
+        --more;
+      }
+    }
+    nlohmann::json by_path = nlohmann::json::array();
+    for (int64_t p = 0; p < paths; ++p) {
+      if (members[static_cast<size_t>(p)].empty()) {
+        throw DataError("dipaco", fmt::format("re-routing left path {} without training documents", p));
+      }
+      by_path.push_back({{"path", p}, {"documents", members[static_cast<size_t>(p)]}});
+    }
+    std::vector<int64_t> label_list(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
+    const auto relative = fmt::format("routing/phase{}", task.phase);
+    const auto folder = parts_.run_dir / relative;
+    if (!fs::exists(folder)) {  // a duplicate of this task may have written it whole already
+      const auto partial = parts_.run_dir / fmt::format("routing/phase{}.partial-{}", task.phase, file_safe(options_.name));
+      fs::remove_all(partial);
+      fs::create_directories(partial);
+      save_safetensors(partial / "router.safetensors",
+                       {{"weight", router.weight}, {"bias", router.bias}, {"mean", router.mean}, {"scale", router.scale}},
+                       {{"loco.routing", "linear"}, {"loco.plan", parts_.plan.fingerprint()}});
+      write_file_atomic(partial / "paths.json",
+                        nlohmann::json{{"routing", "linear"}, {"phase", task.phase}, {"top_n", config.dipaco.top_n},
+                                       {"router_documents", labelled}, {"router_labels", label_list},
+                                       {"paths", by_path}}.dump(1) + "\n", "dipaco");
+      std::error_code ec;
+      fs::rename(partial, folder, ec);
+      if (ec && !fs::exists(folder)) throw Error("dipaco", fmt::format("cannot write {}: {}", folder.string(), ec.message()));
+      fs::remove_all(partial, ec);
+    }
+    db([&](Registry& r) { r.complete_route(task, options_.name, relative); });
+    std::string sizes;
+    for (int64_t p = 0; p < paths; ++p) sizes += fmt::format("{}{}", p == 0 ? "" : ", ", members[static_cast<size_t>(p)].size());
+    say(fmt::format("re-routed before phase {}: {} held-out documents labelled by their best path, a linear router fitted; "
+                    "training documents per path: {}", task.phase + 1, labelled.size(), sizes));
+    log_.write("route_task", {{"worker", options_.name}, {"phase", task.phase}, {"router_documents", labelled.size()},
+                              {"documents_per_path", sizes}});
+  }
+
   DipacoWorkerOptions options_;
   RunParts parts_;
   std::unique_ptr<Registry> registry_;
   metrics::MetricsLog log_;
-  std::vector<std::vector<int64_t>> documents_;
+  std::vector<std::vector<int64_t>> documents_;                   // k-means's shards
+  std::optional<std::vector<std::vector<int64_t>>> rerouted_documents_;  // the re-routing's, once read
+  RunLayout layout_;
   torch::Device device_ = torch::kCPU;
   int64_t threads_ = 1;
   DipacoWorkerSummary summary_;
@@ -526,7 +694,19 @@ RunLayout prepare_dipaco_run(const RunConfig& config, std::FILE* out) {
   }
   auto parts = RunParts::open(config);
   auto registry = open_run_registry(config);
-  RunLayout layout{parts.plan.fingerprint(), parts.phases, {}};
+  if (config.dipaco.reroute_phase >= parts.phases) {
+    throw ConfigError("dipaco", fmt::format("dipaco.reroute_phase = {} but the run has {} phases (train.steps / "
+                                            "sync.inner_steps)", config.dipaco.reroute_phase, parts.phases));
+  }
+  if (config.dipaco.reroute_phase > 0 &&
+      nlohmann::json::parse(read_file(parts.run_dir / "routing" / "paths.json", "dipaco"))
+          .value("held_out", std::vector<int64_t>{})
+          .empty()) {
+    throw DataError("dipaco", fmt::format("{}/routing was routed without held-out router documents, which "
+                                          "dipaco.reroute_phase needs; hint: route into a fresh run folder",
+                                          parts.run_dir.string()));
+  }
+  RunLayout layout{parts.plan.fingerprint(), parts.phases, {}, config.dipaco.reroute_phase};
   for (int64_t p = 0; p < parts.plan.paths(); ++p) {
     auto& names = layout.path_modules.emplace_back();
     for (auto index : parts.plan.modules_of(p)) names.push_back(parts.plan.module(index).name);
@@ -568,16 +748,27 @@ DipacoWorkerSummary run_dipaco_worker(const RunConfig& config, const DipacoWorke
 
 namespace {
 
-// The run's fitted router (RUN/routing/router.safetensors), checked to route for this plan.
-data::KMeansRouter load_router(const RunParts& parts) {
-  const auto file = load_safetensors(parts.run_dir / "routing" / "router.safetensors");
+// The run's router as it stands: the re-routing's linear router once it ran, else the k-means
+// centres of RUN/routing; checked to route for this plan. Routes (N, D) features to paths.
+std::function<std::vector<int64_t>(const torch::Tensor&)> load_router(const RunParts& parts, Registry& registry) {
+  std::string folder = "routing";
+  const auto layout = registry.layout();
+  if (layout && layout->reroute_phase > 0) {
+    if (auto done = registry.task_result({TaskKey::Kind::kRoute, -1, "", layout->reroute_phase})) folder = *done;
+  }
+  const auto file = load_safetensors(parts.run_dir / folder / "router.safetensors");
   if (file.metadata.count("loco.plan") == 0 || file.metadata.at("loco.plan") != parts.plan.fingerprint()) {
-    throw DataError("dipaco", fmt::format("{}/routing routes for another plan", parts.run_dir.string()));
+    throw DataError("dipaco", fmt::format("{}/{} routes for another plan", parts.run_dir.string(), folder));
+  }
+  if (file.metadata.count("loco.routing") && file.metadata.at("loco.routing") == "linear") {
+    std::map<std::string, torch::Tensor> t(file.tensors.begin(), file.tensors.end());
+    LinearRouter router{t.at("weight"), t.at("bias"), t.at("mean"), t.at("scale")};
+    return [router](const torch::Tensor& features) { return router.route(features); };
   }
   data::KMeansRouter router;
   for (const auto& [name, centres] : file.tensors) router.centres.push_back(centres);
   router.k = router.centres.at(0).size(0);
-  return router;
+  return [router](const torch::Tensor& features) { return router.route(features); };
 }
 
 // The latest published version of each module of `path`.
@@ -597,9 +788,9 @@ std::map<std::string, int64_t> latest_versions(const RunParts& parts, Registry& 
 DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std::string>& baselines) {
   auto parts = RunParts::open(config);
   auto registry = open_run_registry(config);
-  const auto router = load_router(parts);
+  const auto route = load_router(parts, *registry);
   const auto& val = parts.dataset.val();
-  const auto routes = router.route(embed_documents(parts.config, parts.dataset, val));
+  const auto routes = route(embed_documents(parts.config, parts.dataset, val));
   std::vector<std::vector<int64_t>> documents(static_cast<size_t>(parts.plan.paths()));
   for (size_t d = 0; d < routes.size(); ++d) documents[static_cast<size_t>(routes[d])].push_back(static_cast<int64_t>(d));
 
@@ -662,12 +853,12 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
 RoutedPath load_routed_path(const RunConfig& config, const std::vector<int32_t>& prompt) {
   auto parts = RunParts::open(config);
   auto registry = open_run_registry(config);
-  const auto router = load_router(parts);
+  const auto route = load_router(parts, *registry);
   data::Split split;
   split.tokens = prompt;
   split.documents.push_back({0, static_cast<uint32_t>(prompt.size()), 0});
   RoutedPath out;
-  out.path = router.route(embed_documents(parts.config, parts.dataset, split)).at(0);
+  out.path = route(embed_documents(parts.config, parts.dataset, split)).at(0);
   out.model = build_model(parts.config);
   parts.load_path(out.model, out.path, latest_versions(parts, *registry, out.path));
   return out;

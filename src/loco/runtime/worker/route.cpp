@@ -7,6 +7,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/hash.h"
 #include "loco/data/dataset.h"
 #include "loco/data/routing.h"
 #include "loco/model/paths.h"
@@ -14,6 +15,14 @@
 #include "loco/runtime/worker/worker.h"
 
 namespace loco::runtime {
+
+bool held_out_for_router(uint64_t seed, int64_t document, double fraction) {
+  Hasher hasher;
+  hasher.update(&seed, sizeof seed);
+  hasher.update(&document, sizeof document);
+  return static_cast<double>(hasher.digest()) < fraction * 18446744073709551616.0;
+}
+
 namespace {
 
 // Markdown: one row per path, one column per label, documents in each cell.
@@ -69,8 +78,19 @@ RouteSummary route_documents(const RunConfig& config) {
     throw DataError("route", fmt::format("{} already holds a routing: a run's documents are routed once. Hint: delete the "
                                          "folder to route again", summary.dir.string()));
   }
-  const auto features = embed_documents(resolved, dataset);
+  const auto all_features = embed_documents(resolved, dataset);
   const auto seed = static_cast<uint64_t>(config.train.seed);
+  // With discriminative re-routing, a share of the documents is held out of training: the router's.
+  std::vector<int64_t> trained, held_out;
+  for (int64_t i = 0; i < all_features.size(0); ++i) {
+    (config.dipaco.reroute_phase > 0 && held_out_for_router(seed, i, config.dipaco.router_fraction) ? held_out : trained)
+        .push_back(i);
+  }
+  if (config.dipaco.reroute_phase > 0 && held_out.empty()) {
+    throw DataError("route", fmt::format("dipaco.router_fraction = {} holds out none of the {} training documents; hint: raise "
+                                         "it", config.dipaco.router_fraction, all_features.size(0)));
+  }
+  const auto features = all_features.index_select(0, torch::tensor(trained, torch::kInt64));
   const auto router = config.dipaco.product_routing ? data::fit_product_kmeans(features, k, seed)
                                                     : data::fit_balanced_kmeans(features, k, seed);
 
@@ -85,11 +105,12 @@ RouteSummary route_documents(const RunConfig& config) {
   }
   std::vector<std::vector<int64_t>> ranked;
   if (config.dipaco.top_n > 1) ranked = router.ranked(features, config.dipaco.top_n);
-  std::vector<std::vector<int64_t>> routes(router.assignment.size());
-  for (size_t i = 0; i < router.assignment.size(); ++i) {
-    routes[i].push_back(router.assignment[i]);
-    for (size_t r = 0; r < ranked.size() && routes[i].size() < static_cast<size_t>(config.dipaco.top_n); ++r) {
-      if (ranked[i][r] != router.assignment[i]) routes[i].push_back(ranked[i][r]);
+  std::vector<std::vector<int64_t>> routes(documents.size());  // by document; none for a held-out one
+  for (size_t j = 0; j < router.assignment.size(); ++j) {
+    auto& route = routes[static_cast<size_t>(trained[j])];
+    route.push_back(router.assignment[j]);
+    for (size_t r = 0; r < (ranked.empty() ? 0 : ranked[j].size()) && route.size() < static_cast<size_t>(config.dipaco.top_n); ++r) {
+      if (ranked[j][r] != router.assignment[j]) route.push_back(ranked[j][r]);
     }
   }
   for (size_t i = 0; i < routes.size(); ++i) {
@@ -117,7 +138,8 @@ RouteSummary route_documents(const RunConfig& config) {
                     {"loco.route_tokens", std::to_string(config.data.route_tokens)}});
   write_file_atomic(partial / "paths.json",
                     nlohmann::json{{"routing", config.dipaco.product_routing ? "product" : "kmeans"},
-                                   {"levels", config.dipaco.levels}, {"top_n", config.dipaco.top_n}, {"paths", by_path}}.dump(1) + "\n", "route");
+                                   {"levels", config.dipaco.levels}, {"top_n", config.dipaco.top_n}, {"held_out", held_out},
+                                   {"paths", by_path}}.dump(1) + "\n", "route");
   write_file_atomic(partial / "clusters.md", summary.table, "route");
   std::filesystem::rename(partial, summary.dir);
   return summary;

@@ -23,6 +23,10 @@ struct RouteSummary {
   std::string table;                  // clusters.md's text
 };
 
+// Whether training document `document` is one of the router's held-out documents (discriminative
+// re-routing): a share `fraction` of them, chosen by a hash of (train.seed, document).
+bool held_out_for_router(uint64_t seed, int64_t document, double fraction);
+
 // Throws ConfigError without dipaco.levels or with product routing of a non-square path count,
 // DataError for a run folder that already holds a routing, a dataset with fewer documents than
 // paths, or files that cannot be written.
