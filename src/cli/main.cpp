@@ -348,9 +348,13 @@ struct Generate : Inference {
     cmd->add_option("--top-k", sample.top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
     cmd->add_option("--seed", sample.seed, "sampling seed")->capture_default_str();
     cmd->add_option("--data", data_dir, "dataset folder holding the tokenizer (default: the training one)");
+    cmd->add_option("--reroute-every", reroute_every, "DiPaCo: route again every N generated tokens, on the latest "
+                                                      "data.route_tokens tokens (0 = one path throughout)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   }
   int run() {
     if (auto config = dipaco_config(cmd)) return run_dipaco(*config);
+    if (reroute_every > 0) throw loco::ConfigError("cli", "--reroute-every re-routes a DiPaCo run's paths: pass --config");
     const auto device = loco::model::resolve_device("auto");
     auto loaded = load_for_inference(checkpoint_path, data_dir, device);
     fs::path tokenizer_dir = loaded.config.data.dir;
@@ -371,25 +375,39 @@ struct Generate : Inference {
     fmt::print("{}\n", tokenizer.decode(ids));
     return 0;
   }
-  // DiPaCo: the router picks one path for the prompt, and only that path's modules are loaded.
+  // DiPaCo: the router picks one path for the prompt, and only that path's modules are loaded; with
+  // --reroute-every N the router looks again every N tokens at the latest ones, and a new path
+  // reads the whole text so far (there is no cache to carry over).
   int run_dipaco(const loco::runtime::RunConfig& config) {
     auto tokenizer = loco::data::Tokenizer::load(fs::path(config.data.dir) / "tokenizer.model");
     loco::runtime::configure_threads(0);
     auto ids = tokenizer.encode(prompt);
     if (ids.empty()) ids.push_back(tokenizer.eos_id());
-    auto routed = loco::runtime::load_routed_path(config, ids);
+    loco::runtime::PathInference paths(config);
     const auto device = loco::model::resolve_device("auto");
-    routed.model->to(device);
-    routed.model->eval();
-    fmt::print(stderr, "the router sends the prompt to path {} of the DiPaCo run {}; only its modules are loaded\n",
-               routed.path, config.run.dir);
+    int64_t path = paths.route(ids);
+    fmt::print(stderr, "the router sends the prompt to path {} of the DiPaCo run {}; only its modules are loaded\n", path,
+               config.run.dir);
     sample.stop_token = tokenizer.eos_id();
-    auto out = loco::model::generate(routed.model, ids, sample);
-    if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
-    ids.insert(ids.end(), out.begin(), out.end());
+    const int64_t total = sample.max_new_tokens;
+    for (int64_t made = 0, chunk = 0; made < total; ++chunk) {
+      auto options = sample;
+      options.max_new_tokens = reroute_every > 0 ? std::min(reroute_every, total - made) : total - made;
+      options.seed = sample.seed + static_cast<uint64_t>(chunk);
+      auto out = loco::model::generate(paths.model(path, device), ids, options);
+      made += static_cast<int64_t>(out.size());
+      const bool ended = out.empty() || out.back() == tokenizer.eos_id();
+      if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
+      ids.insert(ids.end(), out.begin(), out.end());
+      if (ended || reroute_every == 0 || made >= total) break;
+      const int64_t next = paths.route(ids, /*latest=*/true);
+      if (next != path) fmt::print(stderr, "after {} tokens the router sends the text to path {}\n", made, next);
+      path = next;
+    }
     fmt::print("{}\n", tokenizer.decode(ids));
     return 0;
   }
+  int64_t reroute_every = 0;
   CLI::App* cmd;
   std::string prompt = "The";
   loco::model::SampleOptions sample;

@@ -211,6 +211,12 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   auto generated = run_command(generate, log("generate"));
   ASSERT_EQ(generated.status, 0) << generated.output;
   EXPECT_NE(generated.output.find("the router sends the prompt to path"), std::string::npos) << generated.output;
+  // Re-routing every 3 tokens: the same first path, more text, and no error whichever paths it takes.
+  generate.insert(generate.end(), {"--reroute-every", "3"});
+  auto rerouted = run_command(generate, log("generate-rerouted"));
+  ASSERT_EQ(rerouted.status, 0) << rerouted.output;
+  const auto first_path = generated.output.substr(generated.output.find("to path"), 10);
+  EXPECT_NE(rerouted.output.find(first_path), std::string::npos) << rerouted.output;
 }
 
 // Discriminative re-routing before phase 2: the held-out router documents train no path, every path

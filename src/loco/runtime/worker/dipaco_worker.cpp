@@ -850,18 +850,41 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
   return out;
 }
 
-RoutedPath load_routed_path(const RunConfig& config, const std::vector<int32_t>& prompt) {
+struct PathInference::Impl {
+  RunParts parts;
+  std::unique_ptr<Registry> registry;
+  std::function<std::vector<int64_t>(const torch::Tensor&)> router;
+  std::map<int64_t, model::Transformer> models;
+};
+
+PathInference::PathInference(const RunConfig& config) {
   auto parts = RunParts::open(config);
   auto registry = open_run_registry(config);
-  const auto route = load_router(parts, *registry);
+  auto router = load_router(parts, *registry);
+  impl_.reset(new Impl{std::move(parts), std::move(registry), std::move(router), {}});
+}
+
+PathInference::~PathInference() = default;
+
+int64_t PathInference::route(const std::vector<int32_t>& tokens, bool latest) {
+  const auto length = static_cast<int64_t>(tokens.size());
+  const int64_t start = latest ? std::max<int64_t>(0, length - impl_->parts.config.data.route_tokens) : 0;
   data::Split split;
-  split.tokens = prompt;
-  split.documents.push_back({0, static_cast<uint32_t>(prompt.size()), 0});
-  RoutedPath out;
-  out.path = route(embed_documents(parts.config, parts.dataset, split)).at(0);
-  out.model = build_model(parts.config);
-  parts.load_path(out.model, out.path, latest_versions(parts, *registry, out.path));
-  return out;
+  split.tokens.assign(tokens.begin() + start, tokens.end());
+  split.documents.push_back({0, static_cast<uint32_t>(split.tokens.size()), 0});
+  return impl_->router(embed_documents(impl_->parts.config, impl_->parts.dataset, split)).at(0);
+}
+
+model::Transformer& PathInference::model(int64_t path, const torch::Device& device) {
+  auto it = impl_->models.find(path);
+  if (it == impl_->models.end()) {
+    auto model = build_model(impl_->parts.config);
+    impl_->parts.load_path(model, path, latest_versions(impl_->parts, *impl_->registry, path));
+    model->to(device);
+    model->eval();
+    it = impl_->models.emplace(path, std::move(model)).first;
+  }
+  return it->second;
 }
 
 }  // namespace loco::runtime

@@ -88,12 +88,22 @@ struct DipacoEvaluation {
 // DataError when a module has no version, the run is not routed, or a baseline's tokenizer differs.
 DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std::string>& baselines = {});
 
-// Single-path inference: the path the router picks for `prompt` (its first data.route_tokens
-// tokens, read by the initial model as in training), with its modules' latest versions loaded.
-struct RoutedPath {
-  int64_t path = 0;
-  model::Transformer model{nullptr};
+// Single-path inference: the router picks a path for a text from the initial model's features of
+// data.route_tokens of its tokens (the first ones, as training routes documents; or the latest
+// ones, to re-route as a generation goes on), and only that path's modules are loaded (their
+// latest versions; each path once).
+class PathInference {
+ public:
+  explicit PathInference(const RunConfig& config);
+  ~PathInference();
+  // The path for `tokens`: by their first data.route_tokens tokens, or with `latest` their last.
+  int64_t route(const std::vector<int32_t>& tokens, bool latest = false);
+  // Path `path`'s model on `device`, in evaluation mode.
+  model::Transformer& model(int64_t path, const torch::Device& device);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
-RoutedPath load_routed_path(const RunConfig& config, const std::vector<int32_t>& prompt);
 
 }  // namespace loco::runtime
