@@ -295,6 +295,43 @@ TEST_F(DipacoRunTest, AKilledWorkersTaskIsIssuedAgainAndNothingIsLost) {
   }
 }
 
+// A straggler with a phase deadline: worker A freezes in a path task (its lease is long, so it is not
+// given away); the modules it shares step without it at the deadline, its path goes on from the
+// new versions with B, and when A thaws its late work is refused and it carries on.
+TEST_F(DipacoRunTest, APhaseDeadlineLeavesAStragglerBehind) {
+  const std::vector<std::string> policy = {"dipaco.phase_deadline_s=1", "dipaco.lease_s=600"};
+  const auto c = config("straggler", policy);
+  prepare_dipaco_run(c, stderr);
+  auto a_args = command("path-worker", "straggler", policy);
+  a_args.insert(a_args.end(), {"--name", "A"});
+  auto b_args = command("path-worker", "straggler", policy);
+  b_args.insert(b_args.end(), {"--name", "B"});
+  Child a(a_args, log("straggler-a"));
+  Child b(b_args, log("straggler-b"));
+  std::optional<TaskKey> frozen;
+  auto registry = open_run_registry(c);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!frozen && std::chrono::steady_clock::now() < deadline) {
+    a.signal(SIGSTOP);
+    for (const auto& t : registry->tasks()) {
+      if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A" && t.key.phase < 3) frozen = t.key;
+    }
+    if (!frozen) a.signal(SIGCONT), std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(frozen.has_value()) << "worker A never held a path task";
+  ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0) << read_file(log("straggler-b"), "test");
+  EXPECT_TRUE(registry->finished()) << "the run waited for the frozen worker";
+  a.signal(SIGCONT);
+  ASSERT_EQ(a.wait(std::chrono::seconds(60)), 0) << read_file(log("straggler-a"), "test");
+  for (const auto& t : registry->tasks()) {
+    if (t.key == *frozen) EXPECT_EQ(t.state, "cancelled") << describe(t.key);
+  }
+  EXPECT_NE(read_file(log("straggler-a"), "test").find("dropped " + describe(*frozen)), std::string::npos)
+      << read_file(log("straggler-a"), "test");
+  // The modules of the frozen path's phase stepped with the other paths' reports only.
+  EXPECT_EQ(registry->reports("embed", frozen->phase).size(), 3u);
+}
+
 // Ctrl-C at `loco launch`: the workers give their tasks back and exit; --resume finishes the run on
 // the same modules as the uninterrupted one.
 TEST_F(DipacoRunTest, AStoppedLaunchResumesExactly) {

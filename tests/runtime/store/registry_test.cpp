@@ -40,6 +40,11 @@ class RegistryTest : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "sqlite") return open_sqlite_registry(dir_.path() / "dipaco.sqlite");
     return open_postgres_registry(conninfo_);
   }
+  // Another, empty registry on the same backend.
+  std::unique_ptr<Registry> open_other() {
+    if (GetParam() == "sqlite") return open_sqlite_registry(dir_.path() / "other.sqlite");
+    return open_postgres_registry(server_->fresh_database());
+  }
 
   static PostgresServer* server_;
   TempDir dir_;
@@ -232,6 +237,57 @@ TEST_P(RegistryTest, ARouteTaskGatesItsPhase) {
     paths.insert(task->path);
   }
   EXPECT_EQ(paths, (std::set<int64_t>{0, 1, 2, 3}));
+}
+
+// A phase deadline of 5 s: path 3 is late, so the modules it shares step at the deadline with the
+// reports that arrived; its own late reports are left out, and once all its modules stepped its late
+// task is cancelled and its next phase issued.
+TEST_P(RegistryTest, APhaseDeadlineStepsWithTheReportsThatArrived) {
+  auto registry = open();
+  publish_initial(*registry);
+  const auto layout = two_by_two(2);
+  registry->start(layout);
+  std::vector<TaskKey> phase0;
+  for (int64_t p = 0; p < 4; ++p) phase0.push_back(*registry->lease("w", 0.0, 60.0));
+  for (int64_t p = 0; p < 3; ++p) {
+    EXPECT_TRUE(registry->complete_path(phase0[p], "w", path_reports(layout, p, 0), "inner", 10.0, 5.0).empty());
+  }
+  // L1.M0 (paths 0, 1) and L2.M0 (0, 2) have all their reports; L1.M1, L2.M1 and embed wait for path 3.
+  std::set<std::string> due;
+  while (auto task = registry->lease("w", 12.0, 60.0)) due.insert(task->module);
+  EXPECT_EQ(due, (std::set<std::string>{"L1.M0", "L2.M0"}));
+  std::set<std::string> at_deadline;
+  while (auto task = registry->lease("w", 15.5, 60.0)) {
+    ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
+    at_deadline.insert(task->module);
+  }
+  EXPECT_EQ(at_deadline, (std::set<std::string>{"L1.M1", "L2.M1", "embed"}));
+  EXPECT_EQ(registry->reports("embed", 0).size(), 3u);
+  // Path 3 reports now: every one of its modules' phase has closed.
+  const auto late = registry->complete_path(phase0[3], "w", path_reports(layout, 3, 0), "inner", 16.0, 5.0);
+  EXPECT_EQ(std::set<std::string>(late.begin(), late.end()), (std::set<std::string>{"L1.M1", "L2.M1", "embed"}));
+  EXPECT_EQ(registry->reports("embed", 0).size(), 3u) << "a late report counted";
+  for (const auto& m : {"L1.M0", "L2.M0", "L1.M1", "L2.M1", "embed"}) {
+    registry->complete_step({TaskKey::Kind::kStep, -1, m, 0}, "w", fmt::format("{}/v1", m));
+  }
+  std::set<int64_t> next;
+  while (auto task = registry->lease("w", 17.0, 60.0)) next.insert(task->path);
+  EXPECT_EQ(next, (std::set<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(registry->latest_path_result(3, 1)->first, 0);
+
+  // Had path 3 still been training when its modules stepped, its task would have been cancelled.
+  auto other = open_other();
+  publish_initial(*other);
+  other->start(layout);
+  std::vector<TaskKey> tasks;
+  for (int64_t p = 0; p < 4; ++p) tasks.push_back(*other->lease("w", 0.0, 60.0));
+  for (int64_t p = 0; p < 3; ++p) other->complete_path(tasks[p], "w", path_reports(layout, p, 0), "inner", 10.0, 5.0);
+  while (auto task = other->lease("w", 20.0, 60.0)) {
+    if (task->kind == TaskKey::Kind::kStep) other->complete_step(*task, "w", fmt::format("{}/v1", task->module));
+  }
+  expect_error<LeaseLost>([&] { other->complete_path(tasks[3], "w", path_reports(layout, 3, 0), "inner", 21.0, 5.0); },
+                          "cancelled");
+  EXPECT_FALSE(other->latest_path_result(3, 1).has_value());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, RegistryTest, ::testing::Values("sqlite", "postgres"),

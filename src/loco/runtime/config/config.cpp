@@ -160,6 +160,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(1, {"dipaco.top_n", "DiPaCo: overlapping training shards: each training document goes to its balanced path and its next n - 1 nearest paths (1 = disjoint shards); evaluation and inference always run the one nearest path", &c.dipaco.top_n}),
       at_least(0, {"dipaco.reroute_phase", "DiPaCo: discriminative re-routing before this phase: every path scores the held-out router documents, a linear router learns which path models each best (its biases tuned to balanced shards) and re-shards the training and validation documents; 0 = k-means routing throughout", &c.dipaco.reroute_phase}),
       between(0.001, 0.5, {"dipaco.router_fraction", "DiPaCo with dipaco.reroute_phase: the share of the training documents held out of training as the router's documents", &c.dipaco.router_fraction}),
+      at_least(0, {"dipaco.phase_deadline_s", "DiPaCo: seconds after a module's first report of a phase that its outer step runs with the reports that arrived (weighted by shard, rescaled by the square root of their count); a later path's report to it is left out, and a path left behind by all its modules restarts from their new versions; 0 = every module waits for all its paths", &c.dipaco.phase_deadline_s}),
       positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
   };
 }

@@ -139,6 +139,7 @@ struct DipacoSection {
   int64_t top_n = 1;                 // training shards: each document to its n nearest paths (never at evaluation)
   int64_t reroute_phase = 0;         // > 0: discriminative re-routing before this phase (0 = k-means throughout)
   double router_fraction = 0.1;      // ... on this share of the training documents, held out of training
+  double phase_deadline_s = 0;       // > 0: a module steps this long after its phase's first report, with what arrived
 };
 
 struct RunConfig {

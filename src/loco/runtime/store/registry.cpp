@@ -196,8 +196,8 @@ std::optional<RunLayout> Registry::layout() {
 std::optional<TaskKey> Registry::lease(const std::string& worker, double now_s, double lease_s) {
   return db_->write([&]() -> std::optional<TaskKey> {
     // 'step' sorts after 'path': DESC takes the outer steps first.
-    auto due = db_->query("SELECT kind, path, module, phase FROM tasks WHERE state = 'open' OR (state = 'leased' AND "
-                          "lease_until < $1) ORDER BY kind DESC, phase, path, module LIMIT 1", {now_s});
+    auto due = db_->query("SELECT kind, path, module, phase FROM tasks WHERE state = 'open' OR (state IN ('leased', "
+                          "'waiting') AND lease_until < $1) ORDER BY kind DESC, phase, path, module LIMIT 1", {now_s});
     if (due.empty()) return std::nullopt;
     const auto key = key_from(due, 0);
     auto params = key_params(key);
@@ -245,10 +245,11 @@ std::optional<std::string> Registry::task_result(const TaskKey& task) {
   return row.text(0, 0);
 }
 
-void Registry::complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports,
-                             const std::string& result) {
+std::vector<std::string> Registry::complete_path(const TaskKey& task, const std::string& worker,
+                                                 const std::vector<ModuleReport>& reports, const std::string& result,
+                                                 double now_s, double deadline_s) {
   LOCO_CHECK(task.kind == TaskKey::Kind::kPath, "complete_path of {}", describe(task));
-  db_->write([&] {
+  return db_->write([&] {
     check_held(task, worker);
     auto modules = db_->query("SELECT module FROM path_modules WHERE path = $1 ORDER BY module", {task.path});
     std::set<std::string> expected, reported;
@@ -258,23 +259,48 @@ void Registry::complete_path(const TaskKey& task, const std::string& worker, con
         throw DataError("registry", fmt::format("{}: {} reports path {} phase {} module {}", db_->where(), describe(task),
                                                 report.path, report.phase, report.module));
       }
-      insert_report(report);
     }
     if (reported != expected) {
       throw DataError("registry", fmt::format("{}: {} must report each of its {} modules once, got {}", db_->where(),
                                               describe(task), expected.size(), reports.size()));
     }
+    std::vector<std::string> late;
+    for (const auto& report : reports) {
+      // A module whose step of this phase is due, under way or done has closed the phase.
+      auto step = db_->query("SELECT state FROM tasks WHERE kind = 'step' AND module = $1 AND phase = $2",
+                             {report.module, task.phase});
+      if (!step.empty() && step.text(0, 0) != "waiting") {
+        late.push_back(report.module);
+        continue;
+      }
+      insert_report(report);
+      auto counts = db_->query("SELECT (SELECT COUNT(*) FROM reports WHERE module = $1 AND phase = $2), "
+                               "(SELECT COUNT(*) FROM path_modules WHERE module = $1)", {report.module, task.phase});
+      if (counts.integer(0, 0) >= counts.integer(0, 1)) {  // every path reported: the step is due now
+        if (step.empty()) {
+          db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+                     "VALUES ('step', -1, $1, $2, 'open', '', 0, 0)", {report.module, task.phase});
+        } else {
+          db_->query("UPDATE tasks SET state = 'open', lease_until = 0 WHERE kind = 'step' AND module = $1 AND phase = $2",
+                     {report.module, task.phase});
+        }
+      } else if (step.empty() && deadline_s > 0) {  // the first report: the deadline's clock starts
+        db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
+                   "VALUES ('step', -1, $1, $2, 'waiting', '', $3, 0)", {report.module, task.phase, now_s + deadline_s});
+      }
+    }
     auto params = key_params(task);
     params.emplace_back(result);
     db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
-    for (const auto& module : expected) {
-      auto counts = db_->query("SELECT (SELECT COUNT(*) FROM reports WHERE module = $1 AND phase = $2), "
-                               "(SELECT COUNT(*) FROM path_modules WHERE module = $1)", {module, task.phase});
-      if (counts.integer(0, 0) < counts.integer(0, 1)) continue;
-      db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-                 "VALUES ('step', -1, $1, $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {module, task.phase});
-    }
+    return late;
   });
+}
+
+std::optional<std::pair<int64_t, std::string>> Registry::latest_path_result(int64_t path, int64_t phase) {
+  auto row = db_->query("SELECT phase, result FROM tasks WHERE kind = 'path' AND path = $1 AND phase < $2 AND state = 'done' "
+                        "ORDER BY phase DESC LIMIT 1", {path, phase});
+  if (row.empty()) return std::nullopt;
+  return std::make_pair(row.integer(0, 0), row.text(0, 1));
 }
 
 void Registry::complete_step(const TaskKey& task, const std::string& worker, const std::string& file) {
@@ -313,6 +339,10 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
     for (size_t i = 0; i < ready.size(); ++i) {
       db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
                  "VALUES ('path', $1, '', $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {ready.integer(i, 0), version});
+      // A task of the path's phase before that is still under way came too late for every one of
+      // its modules (a phase deadline closed them): its work could count nowhere.
+      db_->query("UPDATE tasks SET state = 'cancelled' WHERE kind = 'path' AND path = $1 AND phase < $2 AND "
+                 "state IN ('open', 'leased')", {ready.integer(i, 0), version});
     }
   });
 }

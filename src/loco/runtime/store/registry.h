@@ -56,7 +56,8 @@ std::string describe(const TaskKey& task);
 
 struct TaskRow {
   TaskKey key;
-  std::string state;   // "open", "leased", "done"
+  std::string state;   // "open", "leased", "done"; "waiting" (an outer step before its deadline);
+                       // "cancelled" (a path task whose phase closed without it)
   std::string holder;  // the worker that leases it or did it
   double lease_until = 0;  // unix seconds
   int64_t leases = 0;      // times leased (more than once: issued again after a lease ran out)
@@ -128,10 +129,20 @@ class Registry {
   // `worker` does not hold the task.
   // `result` is the file of the path's inner optimizer state after the phase (relative to the run
   // folder), which the path's next task continues from.
-  void complete_path(const TaskKey& task, const std::string& worker, const std::vector<ModuleReport>& reports,
-                     const std::string& result);
+  //
+  // A phase deadline (`deadline_s` > 0, the worker's dipaco.phase_deadline_s): a module's first
+  // report of a phase starts a clock; if every path through the module has not reported by
+  // now_s + deadline_s, its outer step becomes due with the reports that arrived. A report for a
+  // module whose phase has closed is left out (its path was too late for it); the others count.
+  // Returns the modules whose reports were left out.
+  std::vector<std::string> complete_path(const TaskKey& task, const std::string& worker,
+                                         const std::vector<ModuleReport>& reports, const std::string& result,
+                                         double now_s = 0, double deadline_s = 0);
   // The result file of a done task, or nothing.
   std::optional<std::string> task_result(const TaskKey& task);
+  // The result of path `path`'s latest done task before `phase` and that task's phase, or nothing
+  // (a path whose late task was cancelled continues from its last completed one).
+  std::optional<std::pair<int64_t, std::string>> latest_path_result(int64_t path, int64_t phase);
   // A step task's end: the module's version phase + 1 in `file`, the task done, and the next
   // phase's tasks of the paths whose modules are all at that version now, in one transaction.
   // Throws LeaseLost when `worker` does not hold the task.

@@ -1,6 +1,7 @@
 #include "loco/runtime/worker/dipaco_worker.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -405,14 +406,18 @@ class Worker {
     optim::AdamW adamw(std::move(named), config.optim.adamw);
     std::optional<std::string> previous_inner;
     if (phase > 0) {  // the path's inner optimizer state continues across phases, whichever worker ran the last one
-      auto previous = db([&](Registry& r) { return r.task_result({TaskKey::Kind::kPath, path, "", phase - 1}); });
-      previous_inner = previous;
-      if (!previous || previous->empty()) {
+      const auto previous = db([&](Registry& r) { return r.latest_path_result(path, phase); });
+      // Without a phase deadline every phase of a path completes; with one, a late task may have
+      // been cancelled, and the path continues from the last state it completed.
+      if ((!previous || previous->first != phase - 1) && config.dipaco.phase_deadline_s <= 0) {
         throw DataError("dipaco", fmt::format("path {} phase {} has no recorded inner state", path, phase - 1));
       }
-      const auto file = load_safetensors(parts_.run_dir / *previous);
-      read += file_bytes(parts_.run_dir / *previous);
-      adamw.load_state(file.tensors, std::stoll(file.metadata.at("loco.inner_steps")));
+      if (previous && !previous->second.empty()) {
+        previous_inner = previous->second;
+        const auto file = load_safetensors(parts_.run_dir / *previous_inner);
+        read += file_bytes(parts_.run_dir / *previous_inner);
+        adamw.load_state(file.tensors, std::stoll(file.metadata.at("loco.inner_steps")));
+      }
     }
     std::vector<torch::Tensor> parameters;
     for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
@@ -490,7 +495,13 @@ class Worker {
     const auto inner = fmt::format("paths/P{}/inner-{}-{}.safetensors", path, phase, who);
     save_safetensors(parts_.run_dir / inner, adamw.state(), {{"loco.inner_steps", std::to_string(adamw.steps())}});
     written += file_bytes(parts_.run_dir / inner);
-    db([&](Registry& r) { r.complete_path(task, options_.name, reports, inner); });
+    const auto late = db([&](Registry& r) {
+      return r.complete_path(task, options_.name, reports, inner, unix_seconds(), config.dipaco.phase_deadline_s);
+    });
+    if (!late.empty()) {
+      say(fmt::format("path {} phase {} reported after the phase deadline of {} closed: those modules stepped without it",
+                      path, phase + 1, fmt::join(late, ", ")));
+    }
     if (previous_inner) remove_file(parts_.run_dir / *previous_inner);  // the next phase continues from `inner`
 
     const double mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : NAN;
