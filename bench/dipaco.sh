@@ -7,6 +7,8 @@
 #   flat       a flat mixture of 4 independent paths (one level of 4 modules, path-specific embeddings)
 #   ddp-all    a dense model the size of all the modules together (8 blocks, 7.3M), trained with DDP
 #              (4 workers x 500 steps of batch 8: the same tokens)
+# and DiPaCo with discriminative re-routing halfway (reroute: phases 0-24 on k-means shards, then a
+# linear router fitted on which path models the 10% held-out router documents best).
 #
 #   bench/dipaco.sh [OUT]     OUT defaults to runs/dipaco-bench; finished runs are kept and skipped.
 # About 40 minutes on 2 CPU cores. Results: docs/benchmarks.md ("DiPaCo").
@@ -32,6 +34,7 @@ dipaco() {
 
 dipaco dipaco
 dipaco flat --dipaco.levels=4:4 --dipaco.embed=path
+dipaco reroute --dipaco.reroute_phase=25
 run main                                  # configs/brown.toml as it is: the main job
 run ddp-all --sync.algorithm=ddp --model.layers=8
 
@@ -40,3 +43,5 @@ echo "bench: scoring on the routed validation windows"
   --against "$out/main/workers/0" --against "$out/ddp-all/workers/0" | tee "$out/dipaco-eval.md"
 "$loco" eval --config configs/dipaco.toml --run.dir="$out/flat" --dipaco.levels=4:4 --dipaco.embed=path \
   --eval.windows=256 | tee "$out/flat-eval.md"
+"$loco" eval --config configs/dipaco.toml --run.dir="$out/reroute" --dipaco.reroute_phase=25 --eval.windows=256 \
+  --against "$out/main/workers/0" --against "$out/ddp-all/workers/0" | tee "$out/reroute-eval.md"
