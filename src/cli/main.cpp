@@ -459,6 +459,8 @@ struct Launch {
     auto result = loco::runtime::launch_dipaco(config, options);
     if (result.outcome == loco::runtime::RunOutcome::kFinished) {
       fmt::print("{}", describe_dipaco_evaluation(result.evaluation));
+      fmt::print("\nsample from path {} (the one the router picks for \"{}\"): {}\n\n", result.sample_path,
+                 options.sample_prompt, result.sample);
       fmt::print("DiPaCo {}: val_loss {:.4f} over {} tokens; {} task(s) issued again after a worker died or stopped; {} in "
                  "all\n", config.dipaco.levels, result.evaluation.loss, result.evaluation.tokens, result.reissued,
                  loco::metrics::format_duration(result.wall_s));

@@ -57,8 +57,11 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, std::string
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) throw Error(module, fmt::format("{}: cannot create folder: {}", parent.string(), ec.message()));
+  // Named by host and process: writers on several machines may share the folder (DiPaCo's run folder).
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
   fs::path tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
+  tmp += fmt::format(".tmp.{}.{}", host, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(module, fmt::format("{}: cannot create: {}", tmp.string(), reason(errno)));
   try {

@@ -139,6 +139,9 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
     EXPECT_EQ(*task, (TaskKey{TaskKey::Kind::kPath, p, "", 0}));
   }
   EXPECT_FALSE(registry->lease("w0", 1000.0, 60.0).has_value());  // nothing else is due
+  EXPECT_TRUE(registry->holds({TaskKey::Kind::kPath, 0, "", 0}, "w0"));
+  EXPECT_FALSE(registry->holds({TaskKey::Kind::kPath, 0, "", 0}, "w1"));
+  EXPECT_TRUE(registry->version_needed("L1.M0", 0)) << "paths 0 and 1 of phase 0 read it";
   EXPECT_TRUE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w0", 1010.0, 60.0));
   EXPECT_FALSE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w1", 1010.0, 60.0));  // not its task
   expect_error<LeaseLost>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w1", path_reports(layout, 0, 0), "inner"); },
@@ -200,6 +203,7 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
     other->complete_step(*task, "w1", fmt::format("{}/v2", task->module));
   }
   EXPECT_TRUE(other->finished());
+  EXPECT_FALSE(other->version_needed("L1.M0", 1)) << "no task is left to read it";
   EXPECT_EQ(other->latest_version("L2.M1"), 2);
   for (const auto& row : other->tasks()) EXPECT_EQ(row.state, "done") << describe(row.key);
 }

@@ -10,6 +10,9 @@
 #include <chrono>
 
 #include "loco/core/files.h"
+#include "loco/data/tokenizer.h"
+#include "loco/model/precision.h"
+#include "loco/model/sampling.h"
 #include "loco/runtime/launch/processes.h"
 
 namespace loco::runtime {
@@ -102,6 +105,18 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
     }
   }
 
+  // What the workers wrote last (an error, often) is still in their pipes.
+  for (auto& w : workers) {
+    for (int* fd : {&w.out_fd, &w.err_fd}) {
+      std::vector<std::string> lines;
+      while (*fd >= 0 && read_lines(*fd, fd == &w.out_fd ? w.out_buffer : w.err_buffer, lines)) {
+      }
+      for (const auto& line : lines) fmt::print(options.out, "[w{}] {}\n", w.rank, line);
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+  }
+  std::fflush(options.out);
   DipacoLaunchResult result;
   for (auto& w : workers) {
     result.exit_codes.push_back(*w.exit_code);
@@ -112,7 +127,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
   for (const auto& task : registry->tasks()) result.reissued += task.leases > 1 ? 1 : 0;
   if (!registry->finished()) {
     int64_t left = 0;
-    for (const auto& task : registry->tasks()) left += task.state != "done";
+    for (const auto& task : registry->tasks()) left += task.state != "done" && task.state != "cancelled";
     result.outcome = interrupts_seen > 0 ? RunOutcome::kStopped : RunOutcome::kFailed;
     result.message = interrupts_seen > 0 ? "interrupted (Ctrl-C)"
                                          : fmt::format("every worker exited before the run finished ({} task(s) not done)", left);
@@ -127,6 +142,22 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
     write_file_atomic(fs::path(config.run.dir) / "dipaco-eval.json",
                       nlohmann::json{{"val_loss", result.evaluation.loss}, {"tokens", result.evaluation.tokens},
                                      {"paths", paths}}.dump(1) + "\n", "launch");
+    // A sample from the one path the router picks for a prompt: inference runs a single path.
+    const auto tokenizer = data::Tokenizer::load(fs::path(config.data.dir) / "tokenizer.model");
+    auto ids = tokenizer.encode(options.sample_prompt);
+    if (ids.empty()) ids.push_back(tokenizer.eos_id());
+    PathInference inference(config);
+    result.sample_path = inference.route(ids);
+    model::SampleOptions sample;
+    sample.max_new_tokens = 40;
+    sample.temperature = 0.8;
+    sample.top_k = 40;
+    sample.seed = static_cast<uint64_t>(config.train.seed);
+    sample.stop_token = tokenizer.eos_id();
+    auto out = model::generate(inference.model(result.sample_path, model::resolve_device(config.train.device)), ids, sample);
+    if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
+    ids.insert(ids.end(), out.begin(), out.end());
+    result.sample = tokenizer.decode(ids);
   }
   result.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
   return result;

@@ -20,6 +20,8 @@ struct DipacoLaunchResult {
   std::vector<int> exit_codes;       // each process started, in order (128 + signal when killed)
   DipacoEvaluation evaluation;       // when finished
   int64_t reissued = 0;              // tasks leased more than once (a worker died or stopped)
+  int64_t sample_path = -1;          // the path the router picked for LaunchOptions::sample_prompt
+  std::string sample;                // its continuation by that one path
   double wall_s = 0;
 };
 

@@ -27,6 +27,7 @@ struct LaunchOptions {
   // replacement for its slot). 0: the run goes on without it.
   int64_t restarts = 0;
   std::FILE* out = stderr;
+  std::string sample_prompt = "The";       // DiPaCo: the prompt of the sample shown at the end
 };
 
 struct LaunchResult {

@@ -225,8 +225,9 @@ void Registry::check_held(const TaskKey& task, const std::string& worker) {
   auto row = db_->query(std::string("SELECT state, holder FROM tasks WHERE ") + kKeyMatch, params);
   if (row.empty()) throw DataError("registry", fmt::format("{}: there is no task {}", db_->where(), describe(task)));
   if (row.text(0, 0) != "leased" || row.text(0, 1) != worker) {
-    throw LeaseLost("registry", fmt::format("{}: {} no longer holds {}: it is {} by {} (its lease ran out)", db_->where(),
-                                            worker, describe(task), row.text(0, 0), row.text(0, 1)));
+    throw LeaseLost("registry", fmt::format("{}: {} no longer holds {}: it is {}{} (its lease ran out and another worker "
+                                            "took it, or its phase closed without it)", db_->where(), worker, describe(task),
+                                            row.text(0, 0), row.text(0, 1).empty() ? "" : " by " + row.text(0, 1)));
   }
 }
 
@@ -317,6 +318,17 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
     auto params = key_params(task);
     params.emplace_back(file);
     db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
+    // The paths through this module whose every module is now at `version`. A task of theirs of an
+    // earlier phase still under way came too late for every one of its modules (a phase deadline
+    // closed them): its work could count nowhere, so it is cancelled.
+    auto ready = db_->query("SELECT p.path FROM path_modules p LEFT JOIN (SELECT module, MAX(version) AS v FROM modules "
+                            "GROUP BY module) m ON m.module = p.module WHERE p.path IN (SELECT path FROM path_modules "
+                            "WHERE module = $1) GROUP BY p.path HAVING MIN(COALESCE(m.v, -1)) >= $2 ORDER BY p.path",
+                            {task.module, version});
+    for (size_t i = 0; i < ready.size(); ++i) {
+      db_->query("UPDATE tasks SET state = 'cancelled' WHERE kind = 'path' AND path = $1 AND phase < $2 AND "
+                 "state IN ('open', 'leased')", {ready.integer(i, 0), version});
+    }
     auto phases = db_->query("SELECT value FROM run_layout WHERE key = 'phases'");
     if (phases.empty() || version >= phases.integer(0, 0)) return;  // the module's last step
     auto reroute = db_->query("SELECT value FROM run_layout WHERE key = 'reroute_phase'");
@@ -331,18 +343,9 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
       }
       return;
     }
-    // The paths through this module whose every module is now at `version` train the next phase.
-    auto ready = db_->query("SELECT p.path FROM path_modules p LEFT JOIN (SELECT module, MAX(version) AS v FROM modules "
-                            "GROUP BY module) m ON m.module = p.module WHERE p.path IN (SELECT path FROM path_modules "
-                            "WHERE module = $1) GROUP BY p.path HAVING MIN(COALESCE(m.v, -1)) >= $2 ORDER BY p.path",
-                            {task.module, version});
     for (size_t i = 0; i < ready.size(); ++i) {
       db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
                  "VALUES ('path', $1, '', $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {ready.integer(i, 0), version});
-      // A task of the path's phase before that is still under way came too late for every one of
-      // its modules (a phase deadline closed them): its work could count nowhere.
-      db_->query("UPDATE tasks SET state = 'cancelled' WHERE kind = 'path' AND path = $1 AND phase < $2 AND "
-                 "state IN ('open', 'leased')", {ready.integer(i, 0), version});
     }
   });
 }
@@ -357,7 +360,22 @@ void Registry::complete_route(const TaskKey& task, const std::string& worker, co
     db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
                "SELECT DISTINCT 'path', path, '', CAST($1 AS BIGINT), 'open', '', 0, 0 FROM path_modules WHERE true "
                "ON CONFLICT DO NOTHING", {task.phase});  // WHERE: SQLite's upsert after a SELECT needs one
+    db_->query("UPDATE tasks SET state = 'cancelled' WHERE kind = 'path' AND phase < $1 AND state IN ('open', 'leased')",
+               {task.phase});  // too late for every module (a phase deadline): see complete_step
   });
+}
+
+bool Registry::version_needed(const std::string& module, int64_t version) {
+  return !db_->query("SELECT 1 FROM tasks t JOIN path_modules pm ON pm.path = t.path WHERE t.kind = 'path' AND "
+                     "pm.module = $1 AND t.phase <= $2 AND t.state IN ('open', 'leased') LIMIT 1", {module, version})
+              .empty();
+}
+
+bool Registry::holds(const TaskKey& task, const std::string& worker) {
+  auto params = key_params(task);
+  params.emplace_back(worker);
+  return !db_->query(std::string("SELECT 1 FROM tasks WHERE ") + kKeyMatch + " AND state = 'leased' AND holder = $5", params)
+              .empty();
 }
 
 std::vector<TaskRow> Registry::tasks() {
@@ -383,6 +401,8 @@ bool Registry::finished() {
 std::unique_ptr<Registry> open_sqlite_registry(const std::filesystem::path& file, std::chrono::milliseconds busy_timeout) {
   try {
     return std::make_unique<Registry>(sql::open_sqlite(file, busy_timeout));
+  } catch (const DatabaseUnavailable&) {
+    throw;  // busy past the timeout: worth another try, not a wrong file
   } catch (const DataError& e) {
     std::error_code ec;
     if (!std::filesystem::exists(file, ec)) throw;  // "cannot open the registry": the folder is missing, or unreadable

@@ -151,6 +151,12 @@ class Registry {
   // phase, in one transaction. Throws LeaseLost when `worker` does not hold the task.
   void complete_route(const TaskKey& task, const std::string& worker, const std::string& folder);
 
+  // Whether a path task not done yet (open or leased) may still read `module` at `version`: one
+  // through the module of that phase or an earlier one.
+  bool version_needed(const std::string& module, int64_t version);
+  // Whether `worker` holds `task` now (a read; nothing changes).
+  bool holds(const TaskKey& task, const std::string& worker);
+
   std::vector<TaskRow> tasks();
   // Every module has taken the run's last outer step.
   bool finished();

@@ -241,7 +241,9 @@ class LeaseKeeper {
           if (!registry->renew(task_, worker_, unix_seconds(), lease_s_)) lost_ = true;
         } catch (const std::exception& e) {  // the database is away: the lease may run out; the end will tell
           registry.reset();
-          fmt::print(out, "{}: cannot renew the lease of {}: {}\n", worker_, describe(task_), e.what());
+          std::fprintf(out, "%s: cannot renew the lease: %s\n", worker_.c_str(), e.what());
+        } catch (...) {
+          registry.reset();
         }
         lock.lock();
       }
@@ -325,7 +327,7 @@ class Worker {
       } catch (const DataError& e) {
         // A task that lost its lease may find its inputs gone (the worker that completed it in its
         // place removed them): dropped like a lost lease. Held still, the error is real.
-        if (db([&](Registry& r) { return r.renew(*task, options_.name, unix_seconds(), parts_.config.dipaco.lease_s); })) throw;
+        if (db([&](Registry& r) { return r.holds(*task, options_.name); })) throw;
         ++summary_.lost_tasks;
         say(fmt::format("dropped {}: its lease ran out and another worker has it ({})", describe(*task), e.what()));
       } catch (const Abandoned& a) {
@@ -416,7 +418,11 @@ class Worker {
         previous_inner = previous->second;
         const auto file = load_safetensors(parts_.run_dir / *previous_inner);
         read += file_bytes(parts_.run_dir / *previous_inner);
-        adamw.load_state(file.tensors, std::stoll(file.metadata.at("loco.inner_steps")));
+        const auto steps = file.metadata.find("loco.inner_steps");
+        if (steps == file.metadata.end()) {
+          throw DataError("dipaco", fmt::format("{}: not a path's inner state (no loco.inner_steps)", *previous_inner));
+        }
+        adamw.load_state(file.tensors, std::strtoll(steps->second.c_str(), nullptr, 10));
       }
     }
     std::vector<torch::Tensor> parameters;
@@ -498,6 +504,11 @@ class Worker {
     const auto late = db([&](Registry& r) {
       return r.complete_path(task, options_.name, reports, inner, unix_seconds(), config.dipaco.phase_deadline_s);
     });
+    for (const auto& m : late) {  // not recorded: nothing will read them
+      for (const auto& report : reports) {
+        if (report.module == m) remove_file(parts_.run_dir / report.file);
+      }
+    }
     if (!late.empty()) {
       say(fmt::format("path {} phase {} reported after the phase deadline of {} closed: those modules stepped without it",
                       path, phase + 1, fmt::join(late, ", ")));
@@ -563,7 +574,9 @@ class Worker {
     // What the step consumed: the phase's outer gradients, and the version before the previous one
     // (no task reads it any more: every path through the module has reported past it).
     for (const auto& report : consumed) remove_file(parts_.run_dir / report);
-    if (task.phase >= 1) remove_file(module_file(parts_.run_dir, module.name, task.phase - 1));
+    if (task.phase >= 1 && !db([&](Registry& r) { return r.version_needed(module.name, task.phase - 1); })) {
+      remove_file(module_file(parts_.run_dir, module.name, task.phase - 1));
+    }
     ++summary_.step_tasks;
     summary_.bytes_read += read;
     summary_.bytes_written += written;
