@@ -546,10 +546,11 @@ struct PathWorker {
     options.max_tasks = tasks;
     auto summary = loco::runtime::run_dipaco_worker(config, options);
     fmt::print(stderr, "{} path task(s) ({} inner steps, {} tokens), {} outer step(s), {} dropped; read {}, wrote {}; busy "
-                       "{:.0f}% of {}\n", summary.path_tasks, summary.inner_steps, summary.tokens, summary.step_tasks,
-               summary.lost_tasks, loco::metrics::format_bytes(static_cast<double>(summary.bytes_read)),
+                       "{:.0f}% of {}; peak memory {}\n", summary.path_tasks, summary.inner_steps, summary.tokens,
+               summary.step_tasks, summary.lost_tasks, loco::metrics::format_bytes(static_cast<double>(summary.bytes_read)),
                loco::metrics::format_bytes(static_cast<double>(summary.bytes_written)),
-               100 * summary.busy_s / std::max(summary.wall_s, 1e-9), loco::metrics::format_duration(summary.wall_s));
+               100 * summary.busy_s / std::max(summary.wall_s, 1e-9), loco::metrics::format_duration(summary.wall_s),
+               loco::metrics::format_bytes(static_cast<double>(summary.peak_rss_bytes)));
     return summary.interrupted ? 130 : 0;
   }
   CLI::App* cmd;

@@ -13,6 +13,7 @@
 #include <set>
 #include <mutex>
 #include <thread>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "loco/algorithms/dipaco.h"
@@ -342,11 +343,14 @@ class Worker {
       summary_.busy_s += seconds_since(task_start);
     }
     summary_.wall_s = seconds_since(start);
+    rusage usage{};
+    if (::getrusage(RUSAGE_SELF, &usage) == 0) summary_.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
     log_.write("worker_summary", {{"worker", options_.name}, {"path_tasks", summary_.path_tasks},
                                   {"step_tasks", summary_.step_tasks}, {"lost_tasks", summary_.lost_tasks},
                                   {"inner_steps", summary_.inner_steps}, {"tokens", summary_.tokens},
                                   {"bytes_read", summary_.bytes_read}, {"bytes_written", summary_.bytes_written},
                                   {"wall_s", summary_.wall_s}, {"busy_s", summary_.busy_s},
+                                  {"peak_rss_bytes", summary_.peak_rss_bytes},
                                   {"interrupted", summary_.interrupted}});
     return summary_;
   }

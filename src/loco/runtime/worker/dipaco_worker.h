@@ -56,6 +56,7 @@ struct DipacoWorkerSummary {
   int64_t inner_steps = 0, tokens = 0;
   int64_t bytes_read = 0, bytes_written = 0;  // module, inner-state and report files
   double wall_s = 0, busy_s = 0;            // busy: running tasks (the rest is waiting for one)
+  int64_t peak_rss_bytes = 0;               // the process's peak resident memory
   bool interrupted = false;
 };
 
