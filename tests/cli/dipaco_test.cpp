@@ -150,6 +150,49 @@ lease_s = 2
     ADD_FAILURE() << "fewer than " << done << " tasks were done after 60 s";
   }
 
+  // A worker killed in the middle of a path task: its task goes to the other worker when its lease
+  // runs out, and the run ends on the same modules as the uninterrupted one. `database` picks
+  // the registry's.
+  static void kill_a_worker_mid_task(const std::string& run, const std::vector<std::string>& database) {
+    const auto c = config(run, database);
+    auto args = [&](const std::string& name) {
+      auto argv = command("path-worker", run, database);
+      argv.insert(argv.end(), {"--name", name});
+      return argv;
+    };
+    prepare_dipaco_run(c, stderr);
+    Child a(args("A"), log(run + "-a"));
+    Child b(args("B"), log(run + "-b"));
+    // Freeze A, and kill it if it holds a path task it has not finished; else let it go on and look again.
+    std::optional<TaskKey> killed;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto registry = open_run_registry(c);
+    while (!killed && std::chrono::steady_clock::now() < deadline) {
+      a.signal(SIGSTOP);
+      for (const auto& t : registry->tasks()) {
+        if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A") killed = t.key;
+      }
+      a.signal(killed ? SIGKILL : SIGCONT);
+      if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(killed.has_value()) << "worker A never held a path task";
+    EXPECT_EQ(a.wait(std::chrono::seconds(10)), 128 + SIGKILL);
+    ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0);
+    expect_same_modules(final_modules(c), reference());
+    const auto modules = registry->layout();
+    for (const auto& t : registry->tasks()) {
+      if (t.key != *killed) continue;
+      EXPECT_EQ(t.state, "done");
+      EXPECT_GE(t.leases, 2) << describe(t.key) << " was not issued again";
+      EXPECT_EQ(t.holder, "B");
+    }
+    // Nothing was trained twice into a module: one report per path through it, every phase.
+    for (int64_t phase = 0; phase < modules->phases; ++phase) {
+      EXPECT_EQ(registry->reports("embed", phase).size(), 4u) << "phase " << phase;
+      EXPECT_EQ(registry->reports("L1.M0", phase).size(), 2u) << "phase " << phase;
+    }
+  }
+
   static TempDir* dir_;
   static Modules* reference_;
 };
@@ -257,42 +300,12 @@ TEST_F(DipacoRunTest, ReroutingReshardsTheTrainingDocuments) {
                                         "without held-out router documents");
 }
 
-// A worker killed in the middle of a path task: its task goes to the other worker when its lease
-// runs out, and the run ends on the same modules as the uninterrupted one.
-TEST_F(DipacoRunTest, AKilledWorkersTaskIsIssuedAgainAndNothingIsLost) {
-  const auto c = config("killed");
-  prepare_dipaco_run(c, stderr);
-  auto a_args = command("path-worker", "killed");
-  a_args.insert(a_args.end(), {"--name", "A"});
-  auto b_args = command("path-worker", "killed");
-  b_args.insert(b_args.end(), {"--name", "B"});
-  Child a(a_args, log("killed-a"));
-  Child b(b_args, log("killed-b"));
-  // Freeze A, and kill it if it holds a path task it has not finished; else let it go on and look again.
-  std::optional<TaskKey> killed;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  auto registry = open_run_registry(c);
-  while (!killed && std::chrono::steady_clock::now() < deadline) {
-    a.signal(SIGSTOP);
-    for (const auto& t : registry->tasks()) {
-      if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A") {
-        killed = t.key;
-      }
-    }
-    a.signal(killed ? SIGKILL : SIGCONT);
-    if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_TRUE(killed.has_value()) << "worker A never held a path task";
-  EXPECT_EQ(a.wait(std::chrono::seconds(10)), 128 + SIGKILL);
-  ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0);
+TEST_F(DipacoRunTest, AKilledWorkersTaskIsIssuedAgainAndNothingIsLost) { kill_a_worker_mid_task("killed", {}); }
 
-  expect_same_modules(final_modules(c), reference());
-  for (const auto& t : registry->tasks()) {
-    if (t.key != *killed) continue;
-    EXPECT_EQ(t.state, "done");
-    EXPECT_GE(t.leases, 2) << describe(t.key) << " was not issued again";
-    EXPECT_EQ(t.holder, "B");
-  }
+TEST_F(DipacoRunTest, AKilledWorkersTaskIsIssuedAgainOnPostgres) {
+  testing_util::PostgresServer server;
+  ASSERT_TRUE(server.ok()) << "the throwaway PostgreSQL server did not start";
+  kill_a_worker_mid_task("killed-pg", {"dipaco.database=" + server.fresh_database()});
 }
 
 // A straggler with a phase deadline: worker A freezes in a path task (its lease is long, so it is not
