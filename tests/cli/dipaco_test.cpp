@@ -241,6 +241,12 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   EXPECT_NE(scored.output.find(fmt::format("**{:.4f}**", eval["val_loss"].get<double>())), std::string::npos) << scored.output;
   EXPECT_NE(scored.output.find((dir_->path() / "dense").string() + " |"), std::string::npos) << scored.output;
 
+  // The same run read with another plan: its router is refused, named, and nothing is written.
+  auto misread = run_command(command("eval", "launched", {"dipaco.levels=2:2"}), log("eval-other-plan"));
+  EXPECT_EQ(misread.status, 1) << misread.output;
+  EXPECT_NE(misread.output.find("routes for another plan"), std::string::npos) << misread.output;
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir_->path() / "launched" / "dipaco-eval.json", "test")), eval);
+
   // `loco report`: the run's row, and what the router learned.
   auto report = run_command({LOCO_BINARY, "report", (dir_->path() / "launched").string()}, log("report"));
   ASSERT_EQ(report.status, 0) << report.output;
