@@ -125,6 +125,18 @@ void print_launch_summary(const loco::runtime::RunConfig& config, const loco::ru
              loco::metrics::format_duration(result.wall_s), loss, number(first, "val_unigram_entropy"),
              format_bytes(number(first, "bytes_sent")), format_bytes(number(first, "bytes_received")),
              first.value("rounds", int64_t{0}), number(first, "sync_s"), overlap);
+  // Compute utilization end to end: time computing inner steps over each worker's whole wall time.
+  std::vector<std::string> each;
+  double sum = 0;
+  for (const auto& s : summaries) {
+    if (!s.contains("end_to_end_utilization")) continue;
+    each.push_back(fmt::format("{:.1f}%", 100 * number(s, "end_to_end_utilization")));
+    sum += number(s, "end_to_end_utilization");
+  }
+  if (!each.empty()) {
+    fmt::print("compute utilization end to end (time computing / wall time): {:.1f}% for the run (the workers' mean); by "
+               "worker {}\n", 100 * sum / static_cast<double>(each.size()), fmt::join(each, ", "));
+  }
 }
 
 loco::metrics::ProgressMode progress_mode(const std::string& name) {

@@ -175,7 +175,17 @@ TEST_F(LaunchTest, StreamingWorkersAgreeAndResumeMidFlight) {
     EXPECT_LE(s["peak_step_bytes"].get<int64_t>(), largest_sync[s["worker"].get<int64_t>()]);
     EXPECT_GT(s["compute_utilization"].get<double>(), 0);
     EXPECT_LE(s["compute_utilization"].get<double>(), 1);
+    // End to end: time computing over the whole wall time, which also holds start-up and evaluation.
+    EXPECT_GT(s["compute_s"].get<double>(), 0);
+    EXPECT_LE(s["compute_s"].get<double>(), s["wall_s"].get<double>());
+    EXPECT_GT(s["end_to_end_utilization"].get<double>(), 0);
+    EXPECT_LT(s["end_to_end_utilization"].get<double>(), s["compute_utilization"].get<double>());
   }
+  EXPECT_NE(result.output.find("compute utilization end to end (time computing / wall time): "), std::string::npos)
+      << result.output;
+  auto report = run_command({LOCO_BINARY, "report", run("streaming").string()}, log("streaming-report"));
+  ASSERT_EQ(report.status, 0) << report.output;
+  EXPECT_NE(report.output.find("| compute, end to end |"), std::string::npos) << report.output;
   // θ is scored mid-run (step 20) without waiting for a round boundary, and at the end.
   std::vector<int64_t> eval_steps;
   for (const auto& e : events("streaming", "eval")) eval_steps.push_back(e["step"].get<int64_t>());

@@ -140,6 +140,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   double loss_sum = 0, ppl_sum = 0, utilization_sum = 0;
   int64_t utilization_count = 0;
   for (const auto& [worker, s] : last_summary) {
+    if (s.contains("end_to_end_utilization")) r.worker_utilization.push_back(s.value("end_to_end_utilization", 0.0));
     if (s.contains("compute_utilization")) {
       utilization_sum += s.value("compute_utilization", 0.0);
       ++utilization_count;
@@ -162,6 +163,11 @@ RunReport read_run_report(const std::filesystem::path& run) {
     r.val_ppl = first.contains("val_ppl") && first["val_ppl"].is_number() ? first["val_ppl"].get<double>() : NAN;
   }
   if (utilization_count > 0) r.compute_utilization = utilization_sum / static_cast<double>(utilization_count);
+  if (!r.worker_utilization.empty()) {
+    double sum = 0;
+    for (double u : r.worker_utilization) sum += u;
+    r.end_to_end_utilization = sum / static_cast<double>(r.worker_utilization.size());
+  }
   for (const auto& [worker, p] : peak) r.peak_step_bytes = std::isnan(r.peak_step_bytes) ? p : std::max(r.peak_step_bytes, p);
   for (const auto& [worker, t] : stall) r.stall_s = std::isnan(r.stall_s) ? t : std::max(r.stall_s, t);
   for (const auto& [worker, b] : bytes) {
@@ -183,6 +189,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"val_ppl", number(r.val_ppl)}, {"bytes_sent", r.bytes_sent}, {"bytes_received", r.bytes_received},
           {"wall_s", r.wall_s}, {"finished", r.finished}, {"peak_step_bytes", number(r.peak_step_bytes)},
           {"stall_s", number(r.stall_s)}, {"compute_utilization", number(r.compute_utilization)},
+          {"end_to_end_utilization", number(r.end_to_end_utilization)}, {"worker_utilization", r.worker_utilization},
           {"ddp_bytes", number(r.ddp_bytes)}};
 }
 
@@ -218,6 +225,14 @@ RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
   r.stall_s = number("stall_s");
   r.compute_utilization = number("compute_utilization");
   r.ddp_bytes = number("ddp_bytes");
+  // Reports saved before loco measured it end to end have neither field.
+  if (j.contains("end_to_end_utilization")) r.end_to_end_utilization = number("end_to_end_utilization");
+  if (j.contains("worker_utilization") && j.at("worker_utilization").is_array()) {
+    for (const auto& v : j.at("worker_utilization")) {
+      if (!v.is_number()) throw DataError("report", fmt::format("{}: \"worker_utilization\" holds a non-number", where));
+      r.worker_utilization.push_back(v.get<double>());
+    }
+  }
   return r;
 }
 
@@ -259,18 +274,19 @@ std::string compare_with_baselines(const RunReport& run, const std::vector<RunRe
 std::string report_table(const std::vector<RunReport>& reports) {
   std::string out =
       "| run | algorithm | workers | H | steps/worker | tokens (all) | val_loss | val_ppl | rounds | sent/worker | "
-      "received/worker | peak sent/step | stall | compute util. | wall |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "received/worker | peak sent/step | stall | compute util. | compute, end to end | wall |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto or_dash = [](double value, auto&& format) { return std::isnan(value) ? std::string("-") : format(value); };
   for (const auto& r : reports) {
     const bool outer = r.algorithm.starts_with("diloco") || r.algorithm.starts_with("streaming");
-    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {:.4f} | {:.1f} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
+    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {:.4f} | {:.1f} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
                        r.finished ? "" : " (unfinished)", r.algorithm, r.workers, outer ? std::to_string(r.inner_steps) : "-",
                        r.steps, r.tokens, r.val_loss, r.val_ppl, r.rounds, metrics::format_bytes(r.bytes_sent),
                        metrics::format_bytes(r.bytes_received),
                        or_dash(r.peak_step_bytes, [](double v) { return metrics::format_bytes(v); }),
                        or_dash(r.stall_s, [](double v) { return fmt::format("{:.1f} s", v); }),
                        or_dash(r.compute_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
+                       or_dash(r.end_to_end_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
                        metrics::format_duration(r.wall_s));
   }
   return out;

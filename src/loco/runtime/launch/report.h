@@ -24,6 +24,10 @@ struct RunReport {
   // worker sent during one inner step, its seconds waiting for communication (the most of any
   // worker), and the mean compute utilization of the workers' last sessions.
   double peak_step_bytes = NAN, stall_s = NAN, compute_utilization = NAN;
+  // End to end: each worker's time computing over its whole wall time (its last session's), by
+  // rank, and their mean for the run (NaN / empty: runs from before loco measured it).
+  double end_to_end_utilization = NAN;
+  std::vector<double> worker_utilization;
   // With several workers: what DDP would send per worker in the same run, every step a ring
   // all-reduce of the fp32 gradients, 2(M − 1)/M × 4 bytes × parameters.
   double ddp_bytes = NAN;

@@ -568,6 +568,9 @@ TrainSummary TrainingLoop::finish() {
   summary_.interrupted = (stopped_ || peer_failure_) && step_ < config_.train.steps;
   if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score()) last_eval_ = score();
   summary_.compute_utilization = steps_s_ > 0 ? (steps_s_ - hooks_s_) / steps_s_ : 0;
+  summary_.compute_s = std::max(0.0, steps_s_ - hooks_s_);
+  const double call_s = seconds_since(call_start_);
+  summary_.end_to_end_utilization = call_s > 0 ? std::min(1.0, summary_.compute_s / call_s) : 0;
   summary_.steps = step_;
   summary_.tokens = tokens_;
   summary_.val_loss = last_eval_.loss;
@@ -608,6 +611,8 @@ nlohmann::json summary_json(const TrainSummary& s) {
           {"stall_s", s.stall_s},
           {"peak_step_bytes", s.peak_step_bytes},
           {"compute_utilization", s.compute_utilization},
+          {"compute_s", s.compute_s},
+          {"end_to_end_utilization", s.end_to_end_utilization},
           {"global_hash", hex64(s.global_hash)}};
 }
 

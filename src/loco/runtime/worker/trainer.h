@@ -104,6 +104,9 @@ struct TrainSummary {
   double stall_s = 0;               // time the loop waited for communication
   int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step but the last
   double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
+  // End to end (this call): seconds computing inner steps (outside sync hooks), and their share of
+  // the call's whole wall time, start-up, evaluation and checkpoints included.
+  double compute_s = 0, end_to_end_utilization = 0;
   uint64_t global_hash = 0;    // of the global parameters after the last synchronization
 };
 
