@@ -32,6 +32,22 @@ using testing_util::TempDir;
 
 using Modules = std::map<std::string, NamedTensors>;
 
+// Stops `child` and waits until it is stopped: kill() returns before the signal takes effect, and a
+// worker that runs on for that moment may finish the very task the test then looks at.
+void freeze(Child& child) {
+  child.signal(SIGSTOP);
+  const auto stat = fmt::format("/proc/{}/stat", child.pid());
+  for (int i = 0; i < 5000; ++i) {
+    std::ifstream in(stat);
+    std::string line;
+    std::getline(in, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'T' || line[close + 2] == 't') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ADD_FAILURE() << "process " << child.pid() << " did not stop";
+}
+
 class DipacoRunTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -168,7 +184,7 @@ lease_s = 2
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     auto registry = open_run_registry(c);
     while (!killed && std::chrono::steady_clock::now() < deadline) {
-      a.signal(SIGSTOP);
+      freeze(a);
       for (const auto& t : registry->tasks()) {
         if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A") killed = t.key;
       }
@@ -331,7 +347,7 @@ TEST_F(DipacoRunTest, APhaseDeadlineLeavesAStragglerBehind) {
   auto registry = open_run_registry(c);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!frozen && std::chrono::steady_clock::now() < deadline) {
-    a.signal(SIGSTOP);
+    freeze(a);
     for (const auto& t : registry->tasks()) {
       if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A" && t.key.phase < 3) frozen = t.key;
     }
