@@ -43,6 +43,10 @@ void freeze(Child& child) {
     std::getline(in, line);
     const auto close = line.rfind(')');
     if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'T' || line[close + 2] == 't') return;
+    if (line[close + 2] == 'Z') {
+      ADD_FAILURE() << "process " << child.pid() << " exited before it could be stopped";
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ADD_FAILURE() << "process " << child.pid() << " did not stop";
@@ -177,8 +181,8 @@ lease_s = 2
       return argv;
     };
     prepare_dipaco_run(c, stderr);
+    // A alone first (with both at once, B could finish the tiny run before A has started up).
     Child a(args("A"), log(run + "-a"));
-    Child b(args("B"), log(run + "-b"));
     // Freeze A, and kill it if it holds a path task it has not finished; else let it go on and look again.
     std::optional<TaskKey> killed;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -191,9 +195,10 @@ lease_s = 2
       a.signal(killed ? SIGKILL : SIGCONT);
       if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    ASSERT_TRUE(killed.has_value()) << "worker A never held a path task";
+    ASSERT_TRUE(killed.has_value()) << "worker A never held a path task; its output:\n" << read_file(log(run + "-a"), "test");
     EXPECT_EQ(a.wait(std::chrono::seconds(10)), 128 + SIGKILL);
-    ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0);
+    Child b(args("B"), log(run + "-b"));
+    ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0) << read_file(log(run + "-b"), "test");
     expect_same_modules(final_modules(c), reference());
     const auto modules = registry->layout();
     for (const auto& t : registry->tasks()) {
@@ -341,8 +346,7 @@ TEST_F(DipacoRunTest, APhaseDeadlineLeavesAStragglerBehind) {
   a_args.insert(a_args.end(), {"--name", "A"});
   auto b_args = command("path-worker", "straggler", policy);
   b_args.insert(b_args.end(), {"--name", "B"});
-  Child a(a_args, log("straggler-a"));
-  Child b(b_args, log("straggler-b"));
+  Child a(a_args, log("straggler-a"));  // alone first: B could finish the tiny run before A started up
   std::optional<TaskKey> frozen;
   auto registry = open_run_registry(c);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -354,6 +358,7 @@ TEST_F(DipacoRunTest, APhaseDeadlineLeavesAStragglerBehind) {
     if (!frozen) a.signal(SIGCONT), std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(frozen.has_value()) << "worker A never held a path task";
+  Child b(b_args, log("straggler-b"));
   ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0) << read_file(log("straggler-b"), "test");
   EXPECT_TRUE(registry->finished()) << "the run waited for the frozen worker";
   a.signal(SIGCONT);
@@ -373,7 +378,7 @@ TEST_F(DipacoRunTest, AStoppedLaunchResumesExactly) {
   const auto c = config("stopped");
   {
     Child launch(command("launch", "stopped", {"cluster.workers=1"}), log("stopped-1"));
-    wait_for_done(c, 6);
+    wait_for_done(c, 3);
     launch.signal(SIGINT);
     EXPECT_EQ(launch.wait(std::chrono::seconds(60)), 130);
   }
@@ -404,7 +409,7 @@ TEST_F(DipacoRunTest, PostgresRegistrySurvivesADatabaseCrash) {
   EXPECT_FALSE(fs::exists(dir_->path() / "postgres" / "dipaco.sqlite"));
   Child a(command("path-worker", "postgres", database), log("postgres-a"));
   Child b(command("path-worker", "postgres", database), log("postgres-b"));
-  wait_for_done(c, 5);
+  wait_for_done(c, 3);
   ASSERT_TRUE(server.crash_and_restart());
   ASSERT_EQ(a.wait(std::chrono::seconds(240)), 0) << read_file(log("postgres-a"), "test");
   ASSERT_EQ(b.wait(std::chrono::seconds(240)), 0) << read_file(log("postgres-b"), "test");
