@@ -46,6 +46,12 @@ class PostgresConnection final : public Connection {
     if (connection_ == nullptr || PQstatus(connection_) != CONNECTION_OK) {
       const std::string message = connection_ != nullptr ? PQerrorMessage(connection_) : "out of memory";
       PQfinish(connection_);
+      // A refused login or a missing database will not mend by trying again; a server that is down
+      // or restarting may.
+      const bool refused = message.find("authentication failed") != std::string::npos ||
+                           message.find("no password supplied") != std::string::npos ||
+                           message.find("does not exist") != std::string::npos;
+      if (refused) throw DataError("registry", fmt::format("{}: cannot connect: {}", where_, trimmed(message)));
       throw DatabaseUnavailable("registry", fmt::format("{}: cannot connect: {}", where_, trimmed(message)));
     }
     try {

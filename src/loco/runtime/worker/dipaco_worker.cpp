@@ -279,9 +279,10 @@ struct Abandoned {
 class Worker {
  public:
   Worker(const RunConfig& config, const DipacoWorkerOptions& options)
-      : options_(options), parts_(RunParts::open(config)), registry_(open_run_registry(config)),
+      : options_(options), parts_(RunParts::open(config)),
         log_(parts_.run_dir / "metrics.jsonl") {
-    auto layout = registry_->layout();
+    // Through db(): a worker that starts while the database restarts waits for it like the others.
+    auto layout = db([](Registry& r) { return r.layout(); });
     if (!layout) {
       throw DataError("dipaco", fmt::format("the run {} is not started (no layout in its registry); hint: `loco launch "
                                             "--config FILE` prepares and starts it", parts_.run_dir.string()));
