@@ -386,37 +386,15 @@ class Worker {
     std::fflush(options_.out);
   }
 
-  // Trains path `task.path` for the phase's inner steps from its modules' versions `task.phase`.
-  void run_path(const TaskKey& task, const LeaseKeeper& keeper) {
-    const auto& config = parts_.config;
-    const int64_t path = task.path, phase = task.phase;
-    int64_t read = 0, written = 0;
-    auto model = build_model(config);
-    std::map<std::string, int64_t> versions;
-    for (auto index : parts_.plan.modules_of(path)) versions[parts_.plan.module(index).name] = phase;
-    const auto read_by_module = parts_.load_path(model, path, versions);
-    std::map<std::string, int64_t> written_by_module;
-    for (const auto& [name, bytes] : read_by_module) read += bytes;
-    // θ_m of each module at the phase's start: the outer gradients are taken against them.
-    std::vector<std::pair<const model::Module*, std::vector<torch::Tensor>>> start;
-    for (auto index : parts_.plan.modules_of(path)) {
-      const auto& module = parts_.plan.module(index);
-      std::vector<torch::Tensor> copies;
-      for (const auto& t : model::module_parameters(model, module).parameters) copies.push_back(t.detach().clone());
-      start.emplace_back(&module, std::move(copies));
-    }
-    model->to(device_);
-    model->train();
-
-    std::vector<optim::NamedParameter> named;
-    for (const auto& [name, tensor] : model_weights(model)) named.push_back({name, tensor, tensor.dim() >= 2});
-    optim::AdamW adamw(std::move(named), config.optim.adamw);
+  // The path's inner AdamW state left by its last completed task (phase − 1, or with a phase
+  // deadline an earlier one), loaded into `adamw`; its file, to remove once this phase completed.
+  std::optional<std::string> load_inner_state(optim::AdamW& adamw, int64_t path, int64_t phase, int64_t& read) {
     std::optional<std::string> previous_inner;
     if (phase > 0) {  // the path's inner optimizer state continues across phases, whichever worker ran the last one
       const auto previous = db([&](Registry& r) { return r.latest_path_result(path, phase); });
       // Without a phase deadline every phase of a path completes; with one, a late task may have
       // been cancelled, and the path continues from the last state it completed.
-      if ((!previous || previous->first != phase - 1) && config.dipaco.phase_deadline_s <= 0) {
+      if ((!previous || previous->first != phase - 1) && parts_.config.dipaco.phase_deadline_s <= 0) {
         throw DataError("dipaco", fmt::format("path {} phase {} has no recorded inner state", path, phase - 1));
       }
       if (previous && !previous->second.empty()) {
@@ -430,9 +408,14 @@ class Worker {
         adamw.load_state(file.tensors, std::strtoll(steps->second.c_str(), nullptr, 10));
       }
     }
-    std::vector<torch::Tensor> parameters;
-    for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
+    return previous_inner;
+  }
 
+  // The path's sampler over its shard (the k-means one, or the re-routing's from its phase on),
+  // at the phase's position: a function of the phase, so a task issued again reads the same data.
+  // `weight`: the shard's tokens, the weight of the path's outer gradients.
+  data::WindowSampler path_sampler(int64_t path, int64_t phase, double& weight) {
+    const auto& config = parts_.config;
     // After a re-routing the path trains on its new shard, from its start.
     const bool rerouted = layout_.reroute_phase > 0 && phase >= layout_.reroute_phase;
     if (rerouted && !rerouted_documents_) {
@@ -443,7 +426,7 @@ class Worker {
     const auto& shards = rerouted ? *rerouted_documents_ : documents_;
     const int64_t shard_phase = rerouted ? phase - layout_.reroute_phase : phase;
     const auto stream = parts_.stream_of(parts_.dataset.train(), shards.at(static_cast<size_t>(path)));
-    const auto weight = static_cast<double>(stream.tokens.size());
+    weight = static_cast<double>(stream.tokens.size());
     data::WindowSampler sampler(stream.tokens, config.model.context, static_cast<uint64_t>(config.train.seed + path),
                                 &stream.targets);
     const int64_t windows_per_step = config.train.batch_size * config.train.grad_accum;
@@ -451,11 +434,18 @@ class Worker {
     const auto per_epoch = static_cast<uint64_t>(sampler.windows_per_epoch());
     sampler.restore({taken / per_epoch, taken % per_epoch});
 
+    return sampler;
+  }
+
+  // The phase's inner steps; returns the sum of their losses. Gives the task up (Abandoned) when a
+  // stop is asked or its lease was lost.
+  double train_steps(model::Transformer& model, optim::AdamW& adamw, data::WindowSampler& sampler, int64_t path,
+                     int64_t first, int64_t steps, const LeaseKeeper& keeper) {
+    const auto& config = parts_.config;
+    std::vector<torch::Tensor> parameters;
+    for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
     const optim::ScheduleOptions schedule{config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
-    const int64_t first = phase * config.sync.inner_steps;
-    const int64_t steps = std::min(config.sync.inner_steps, config.train.steps - first);
     double loss_sum = 0;
-    const auto compute_start = Clock::now();
     for (int64_t i = 0; i < steps; ++i) {
       if (stopping()) throw Abandoned{false};
       if (keeper.lost()) throw Abandoned{true};
@@ -483,6 +473,45 @@ class Worker {
       adamw.step(optim::learning_rate(schedule, first + i));
       loss_sum += loss;
     }
+    return loss_sum;
+  }
+
+  // Trains path `task.path` for the phase's inner steps from its modules' versions `task.phase`.
+  void run_path(const TaskKey& task, const LeaseKeeper& keeper) {
+    const auto& config = parts_.config;
+    const int64_t path = task.path, phase = task.phase;
+    int64_t read = 0, written = 0;
+    auto model = build_model(config);
+    std::map<std::string, int64_t> versions;
+    for (auto index : parts_.plan.modules_of(path)) versions[parts_.plan.module(index).name] = phase;
+    const auto read_by_module = parts_.load_path(model, path, versions);
+    std::map<std::string, int64_t> written_by_module;
+    for (const auto& [name, bytes] : read_by_module) read += bytes;
+    // θ_m of each module at the phase's start: the outer gradients are taken against them.
+    std::vector<std::pair<const model::Module*, std::vector<torch::Tensor>>> start;
+    for (auto index : parts_.plan.modules_of(path)) {
+      const auto& module = parts_.plan.module(index);
+      std::vector<torch::Tensor> copies;
+      for (const auto& t : model::module_parameters(model, module).parameters) copies.push_back(t.detach().clone());
+      start.emplace_back(&module, std::move(copies));
+    }
+    model->to(device_);
+    model->train();
+
+    std::vector<optim::NamedParameter> named;
+    for (const auto& [name, tensor] : model_weights(model)) named.push_back({name, tensor, tensor.dim() >= 2});
+    optim::AdamW adamw(std::move(named), config.optim.adamw);
+    int64_t inner_read = 0;
+    const auto previous_inner = load_inner_state(adamw, path, phase, inner_read);
+    read += inner_read;
+    double weight = 0;
+    auto sampler = path_sampler(path, phase, weight);
+    const int64_t windows_per_step = config.train.batch_size * config.train.grad_accum;
+
+    const int64_t first = phase * config.sync.inner_steps;
+    const int64_t steps = std::min(config.sync.inner_steps, config.train.steps - first);
+    const auto compute_start = Clock::now();
+    const double loss_sum = train_steps(model, adamw, sampler, path, first, steps, keeper);
     const double compute_s = seconds_since(compute_start);
 
     // One outer gradient per module, Δ = θ_m − θ_p, and the inner state; then the task's end.
