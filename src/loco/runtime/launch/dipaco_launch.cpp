@@ -40,13 +40,10 @@ void check_run_dir(const RunConfig& config, bool resume) {
   }
 }
 
-}  // namespace
-
-DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& options) {
-  const auto started = Clock::now();
-  check_run_dir(config, options.resume);
-  prepare_dipaco_run(config, options.out);
-
+// Starts cluster.workers `loco path-worker` processes and relays their lines until every one has
+// exited: Ctrl-C stops them (again: kills them), one that dies is started again while --restarts
+// allow. Returns each process's exit status, in start order; `interrupts_seen` the Ctrl-Cs.
+std::vector<int> run_workers(const RunConfig& config, const LaunchOptions& options, int& interrupts_seen) {
   const int64_t m = config.cluster.workers;
   std::vector<std::string> argv = {options.executable.string(), "path-worker", "--config", options.config_file.string()};
   for (const auto& o : options.overrides) argv.push_back("--" + o);
@@ -59,7 +56,6 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
   std::fflush(options.out);
 
   int64_t restarts_left = options.restarts;
-  int interrupts_seen = 0;
   auto alive = [&] { return std::count_if(workers.begin(), workers.end(), [](const auto& w) { return !w.exit_code; }); };
   while (alive() > 0) {
     std::vector<pollfd> fds;
@@ -117,12 +113,21 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
     }
   }
   std::fflush(options.out);
+  std::vector<int> exit_codes;
+  for (const auto& w : workers) exit_codes.push_back(*w.exit_code);
+  return exit_codes;
+}
+
+}  // namespace
+
+DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& options) {
+  const auto started = Clock::now();
+  check_run_dir(config, options.resume);
+  prepare_dipaco_run(config, options.out);
+
   DipacoLaunchResult result;
-  for (auto& w : workers) {
-    result.exit_codes.push_back(*w.exit_code);
-    if (w.out_fd >= 0) ::close(w.out_fd);
-    if (w.err_fd >= 0) ::close(w.err_fd);
-  }
+  int interrupts_seen = 0;
+  result.exit_codes = run_workers(config, options, interrupts_seen);
   auto registry = open_run_registry(config);
   for (const auto& task : registry->tasks()) result.reissued += task.leases > 1 ? 1 : 0;
   if (!registry->finished()) {
