@@ -30,6 +30,7 @@
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/launch/dipaco_launch.h"
+#include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
 #include "loco/runtime/worker/dipaco_worker.h"
@@ -731,6 +732,34 @@ struct Config {
   bool reference = false;
 };
 
+struct LinkCheck {
+  explicit LinkCheck(CLI::App& app) {
+    cmd = app.add_subcommand("link-check", "Emulate two islands joined by --link (as `loco launch --link` would) and "
+                                           "measure the round trip and the rate across them (needs root)");
+    cmd->add_option("--link", link, "the link: rate=RATE,delay=DELAY, e.g. rate=100mbit,delay=50ms")->required();
+    cmd->add_option("--bytes", bytes, "bytes of the bulk transfer (default: about 4 s at the rate, 64 MB unshaped)")
+        ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+    cmd->add_option("--pings", pings, "round trips timed (the median is shown)")->check(CLI::Range(1, 100000));
+  }
+  int run() {
+    const auto spec = loco::runtime::LinkSpec::parse(link);
+    if (bytes == 0) bytes = spec.rate_bps > 0 ? static_cast<int64_t>(spec.rate_bps / 8 * 4) : int64_t{64} << 20;
+    loco::runtime::Islands islands({spec, spec});
+    fmt::print("{}\n", islands.describe());
+    const auto m = loco::runtime::measure_link(islands, 1, 0, bytes, pings);
+    fmt::print("round trip {:.2f} ms (median of {}; expected {:.2f} ms and the stack's own), rate {:.2f} Mbit/s over {} "
+               "(expected {}); the relay carried {} frames, dropped {}\n",
+               m.round_trip_s * 1e3, pings, spec.delay_s * 2e3, m.rate_bps / 1e6, loco::metrics::format_bytes(static_cast<double>(bytes)),
+               spec.rate_bps > 0 ? fmt::format("{:.2f} Mbit/s", spec.rate_bps / 1e6) : "not shaped", islands.frames_relayed(),
+               islands.frames_dropped());
+    return 0;
+  }
+  CLI::App* cmd;
+  std::string link;
+  int64_t bytes = 0;
+  int pings = 20;
+};
+
 // Runs `command`, turning what it throws into the exit status the README lists.
 template <class F>
 int exit_status_of(F&& command) {
@@ -773,6 +802,7 @@ int main(int argc, char** argv) {
   Config config(app);
   Plan plan(app);
   Route route(app);
+  LinkCheck link_check(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -791,6 +821,7 @@ int main(int argc, char** argv) {
     if (config.cmd->parsed()) return config.run();
     if (plan.cmd->parsed()) return plan.run();
     if (route.cmd->parsed()) return route.run();
+    if (link_check.cmd->parsed()) return link_check.run();
     return 0;
   });
 }

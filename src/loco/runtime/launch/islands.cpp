@@ -1,0 +1,531 @@
+#include "loco/runtime/launch/islands.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <tuple>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <map>
+#include <queue>
+#include <set>
+
+#include "loco/core/error.h"
+
+namespace loco::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A number with a unit suffix from `units` (suffix -> multiplier); the suffix is required.
+double parse_with_unit(const std::string& text, const std::vector<std::pair<std::string, double>>& units,
+                       const std::string& what, const std::string& example) {
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const std::string suffix(end, text.data() + text.size());
+  if (ec == std::errc() && std::isfinite(value) && value >= 0) {
+    for (const auto& [unit, multiplier] : units) {
+      if (suffix == unit) return value * multiplier;
+    }
+  }
+  throw ConfigError("link", fmt::format("{} '{}' is not a number with a unit (e.g. {})", what, text, example));
+}
+
+// The capability bits of this process's effective set (/proc/self/status, CapEff).
+uint64_t effective_capabilities() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  }
+  return 0;
+}
+
+constexpr int kCapNetAdmin = 12, kCapSysAdmin = 21;
+
+int open_namespace(const char* path) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("link", fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  return fd;
+}
+
+void set_namespace(int fd) {
+  if (::setns(fd, CLONE_NEWNET) != 0) throw Error("link", fmt::format("setns: {}", std::strerror(errno)));
+}
+
+// A new, empty network namespace, held by the returned descriptor; the calling thread stays where it was.
+int new_namespace(int original_fd) {
+  if (::unshare(CLONE_NEWNET) != 0) {
+    throw Error("link", fmt::format("cannot create a network namespace: {}", std::strerror(errno)));
+  }
+  const int fd = open_namespace("/proc/thread-self/ns/net");
+  set_namespace(original_fd);
+  return fd;
+}
+
+// Runs argv (found on PATH) inside the namespace `netns_fd`, with `pass_fd` (if >= 0) left open
+// across exec so the command can name it as /proc/self/fd/N; throws Error with its stderr on failure.
+void run_in(int netns_fd, const std::vector<std::string>& argv, int pass_fd = -1) {
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw Error("link", fmt::format("pipe: {}", std::strerror(errno)));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(err_pipe[1], 2);
+    if (pass_fd >= 0) ::fcntl(pass_fd, F_SETFD, 0);
+    if (::setns(netns_fd, CLONE_NEWNET) != 0) ::_exit(126);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  std::string err;
+  char chunk[4096];
+  for (ssize_t n; (n = ::read(err_pipe[0], chunk, sizeof chunk)) > 0;) err.append(chunk, static_cast<size_t>(n));
+  ::close(err_pipe[0]);
+  int raw = 0;
+  if (pid < 0 || ::waitpid(pid, &raw, 0) != pid || !WIFEXITED(raw) || WEXITSTATUS(raw) != 0) {
+    std::string command;
+    for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
+    const int code = pid > 0 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    throw Error("link", fmt::format("`{}` failed{}: {}", command,
+                                    code == 127 ? " (is iproute2 installed? scripts/setup.sh installs it)" : "",
+                                    err.empty() ? fmt::format("exit status {}", code) : err.substr(0, err.find_last_not_of('\n') + 1)));
+  }
+}
+
+// Writes a sysctl of the namespace `netns_fd` (net sysctls belong to the writer's namespace).
+void write_sysctl(int netns_fd, const std::string& path, const std::string& value) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setns(netns_fd, CLONE_NEWNET) != 0) ::_exit(1);
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    const bool ok = fd >= 0 && ::write(fd, value.data(), value.size()) == static_cast<ssize_t>(value.size());
+    ::_exit(ok ? 0 : 1);
+  }
+  int raw = 0;
+  if (pid < 0 || ::waitpid(pid, &raw, 0) != pid || !WIFEXITED(raw) || WEXITSTATUS(raw) != 0) {
+    throw Error("link", fmt::format("cannot set {} in an island", path));
+  }
+}
+
+std::array<uint8_t, 6> island_mac(size_t island) {
+  return {0x02, 0x4c, 0x4f, 0x00, static_cast<uint8_t>(island >> 8), static_cast<uint8_t>(island & 0xff)};
+}
+
+std::string mac_text(const std::array<uint8_t, 6>& mac) {
+  return fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+}
+
+// tc's arguments for a token bucket of `rate_bps`: a burst of 2 ms at the rate (at least 16 KiB,
+// more than a frame) and a queue of 100 ms at the rate (a router's buffer) beyond it.
+std::vector<std::string> tbf_arguments(const std::string& device, double rate_bps) {
+  const double bytes_per_s = rate_bps / 8;
+  const auto burst = static_cast<int64_t>(std::max(16384.0, bytes_per_s * 0.002));
+  const auto limit = static_cast<int64_t>(std::max(65536.0, bytes_per_s * 0.1)) + burst;
+  return {"tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", fmt::format("{}bit", static_cast<int64_t>(rate_bps)),
+          "burst", std::to_string(burst), "limit", std::to_string(limit)};
+}
+
+std::string format_rate(double bps) {
+  if (bps >= 1e9) return fmt::format("{:g} Gbit/s", bps / 1e9);
+  if (bps >= 1e6) return fmt::format("{:g} Mbit/s", bps / 1e6);
+  if (bps >= 1e3) return fmt::format("{:g} kbit/s", bps / 1e3);
+  return fmt::format("{:g} bit/s", bps);
+}
+
+void set_timeouts(int fd, double seconds) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+void send_all(int fd, const void* data, size_t size) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n <= 0) throw Error("link", fmt::format("measuring the link: send: {}", n == 0 ? "closed" : std::strerror(errno)));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void receive_all(int fd, void* data, size_t size) {
+  auto* p = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::recv(fd, p, size, 0);
+    if (n <= 0) throw Error("link", fmt::format("measuring the link: receive: {}", n == 0 ? "closed" : std::strerror(errno)));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+double parse_rate_bps(const std::string& text, const std::string& what) {
+  return parse_with_unit(text, {{"bit", 1}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"bps", 8}, {"kbps", 8e3},
+                                {"mbps", 8e6}, {"gbps", 8e9}},
+                         what, "100mbit, 1gbit or 12.5mbps");
+}
+
+double parse_delay_s(const std::string& text, const std::string& what) {
+  return parse_with_unit(text, {{"us", 1e-6}, {"ms", 1e-3}, {"s", 1}}, what, "50ms");
+}
+
+LinkSpec LinkSpec::parse(const std::string& text) {
+  LinkSpec spec;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "rate") {
+      spec.rate_bps = parse_rate_bps(value, "link rate");
+      if (spec.rate_bps < 8000) throw ConfigError("link", fmt::format("link rate '{}' is below 8 kbit/s", value));
+    } else if (key == "delay") {
+      spec.delay_s = parse_delay_s(value, "link delay");
+      if (spec.delay_s > 10) throw ConfigError("link", fmt::format("link delay '{}' is over 10 s", value));
+    } else {
+      throw ConfigError("link", fmt::format("'{}' in link '{}' is not rate=RATE or delay=DELAY (e.g. rate=100mbit,delay=50ms)",
+                                            item, text));
+    }
+    start = end + 1;
+  }
+  return spec;
+}
+
+std::string LinkSpec::describe() const {
+  return fmt::format("{}, {} one-way", rate_bps > 0 ? format_rate(rate_bps) : "rate not shaped",
+                     delay_s > 0 ? fmt::format("{:g} ms", delay_s * 1e3) : "no added delay");
+}
+
+LinkPlan LinkPlan::parse(const std::vector<std::string>& arguments, int64_t world) {
+  LinkPlan plan;
+  std::vector<std::pair<int64_t, std::string>> per_worker;
+  for (const auto& argument : arguments) {
+    plan.enabled = true;
+    if (argument.rfind("worker=", 0) != 0) {
+      plan.all = LinkSpec::parse(argument);
+      continue;
+    }
+    const size_t comma = argument.find(',');
+    const std::string rank_text = argument.substr(7, comma == std::string::npos ? std::string::npos : comma - 7);
+    int64_t rank = -1;
+    const auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    if (ec != std::errc() || end != rank_text.data() + rank_text.size() || rank < 0 || rank >= world) {
+      throw ConfigError("link", fmt::format("'{}': worker must be a rank in [0, {})", argument, world));
+    }
+    per_worker.emplace_back(rank, comma == std::string::npos ? "" : argument.substr(comma + 1));
+  }
+  // A worker's own keys override the default link, whichever order they were given in.
+  for (const auto& [rank, text] : per_worker) {
+    LinkSpec own = plan.all;
+    const LinkSpec given = LinkSpec::parse(text);
+    if (text.find("rate=") != std::string::npos) own.rate_bps = given.rate_bps;
+    if (text.find("delay=") != std::string::npos) own.delay_s = given.delay_s;
+    plan.workers.emplace_back(rank, own);
+  }
+  return plan;
+}
+
+LinkSpec LinkPlan::for_worker(int64_t rank) const {
+  for (const auto& [r, spec] : workers) {
+    if (r == rank) return spec;
+  }
+  return all;
+}
+
+void check_network_privileges() {
+  const uint64_t caps = effective_capabilities();
+  const bool net_admin = caps & (uint64_t{1} << kCapNetAdmin), sys_admin = caps & (uint64_t{1} << kCapSysAdmin);
+  if (net_admin && sys_admin) return;
+  throw Error("link", fmt::format("emulated links need root: creating network namespaces and shaping their links takes "
+                                  "CAP_SYS_ADMIN and CAP_NET_ADMIN, and this process lacks {}; run as root (sudo), or "
+                                  "leave out --link to train over this machine's own network",
+                                  net_admin ? "CAP_SYS_ADMIN" : sys_admin ? "CAP_NET_ADMIN" : "both"));
+}
+
+Islands::Islands(const std::vector<LinkSpec>& links) : links_(links) {
+  LOCO_CHECK(!links_.empty() && links_.size() < 65000, "islands: {} links", links_.size());
+  check_network_privileges();
+  try {
+    original_fd_ = open_namespace("/proc/thread-self/ns/net");
+    hub_fd_ = new_namespace(original_fd_);
+    for (size_t i = 0; i < links_.size(); ++i) island_fds_.push_back(new_namespace(original_fd_));
+    for (size_t i = 0; i < links_.size(); ++i) set_up_island(i);
+    // The relay's sockets are opened in the hub, where the hub ends of the veths are.
+    set_namespace(hub_fd_);
+    for (size_t i = 0; i < links_.size(); ++i) {
+      const int fd = ::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(ETH_P_ALL));
+      if (fd < 0) throw Error("link", fmt::format("packet socket: {}", std::strerror(errno)));
+      sockets_.push_back(fd);
+      const int on = 1, buffer = 64 << 20;
+      // Frames carry their offload state (a virtio_net_hdr): a TCP segment offloaded as one large
+      // frame crosses the relay as one, and keeps its pending checksum.
+      if (::setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &on, sizeof on) != 0 ||
+          ::setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &on, sizeof on) != 0) {
+        throw Error("link", fmt::format("packet socket options: {}", std::strerror(errno)));
+      }
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer);
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer);
+      sockaddr_ll address{};
+      address.sll_family = AF_PACKET;
+      address.sll_protocol = htons(ETH_P_ALL);
+      address.sll_ifindex = static_cast<int>(::if_nametoindex(fmt::format("hub{}", i).c_str()));
+      if (address.sll_ifindex == 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+        throw Error("link", fmt::format("cannot bind the relay to hub{}: {}", i, std::strerror(errno)));
+      }
+    }
+    set_namespace(original_fd_);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) throw Error("link", fmt::format("eventfd: {}", std::strerror(errno)));
+    relay_ = std::thread([this] { relay(); });
+  } catch (...) {
+    if (original_fd_ >= 0) ::setns(original_fd_, CLONE_NEWNET);
+    for (int fd : sockets_) ::close(fd);
+    for (int fd : island_fds_) ::close(fd);
+    for (int fd : {hub_fd_, original_fd_, wake_fd_}) {
+      if (fd >= 0) ::close(fd);
+    }
+    throw;
+  }
+}
+
+Islands::~Islands() {
+  stopping_ = true;
+  const uint64_t one = 1;
+  if (::write(wake_fd_, &one, sizeof one) < 0) {
+  }
+  if (relay_.joinable()) relay_.join();
+  for (int fd : sockets_) ::close(fd);
+  for (int fd : island_fds_) ::close(fd);
+  ::close(hub_fd_);
+  ::close(original_fd_);
+  ::close(wake_fd_);
+}
+
+void Islands::set_up_island(size_t i) {
+  const std::string hub_end = fmt::format("hub{}", i), fd_path = fmt::format("/proc/self/fd/{}", island_fds_[i]);
+  const int island = island_fds_[i];
+  run_in(hub_fd_, {"ip", "link", "add", hub_end, "type", "veth", "peer", "name", "wan0", "netns", fd_path}, island);
+  run_in(hub_fd_, {"ip", "link", "set", hub_end, "promisc", "on", "up"});
+  run_in(island, {"ip", "link", "set", "lo", "up"});
+  run_in(island, {"ip", "link", "set", "wan0", "address", mac_text(island_mac(i))});
+  run_in(island, {"ip", "addr", "add", address(i) + "/16", "dev", "wan0"});
+  run_in(island, {"ip", "link", "set", "wan0", "up"});
+  if (links_[i].rate_bps > 0) {
+    run_in(island, tbf_arguments("wan0", links_[i].rate_bps));   // its upload
+    run_in(hub_fd_, tbf_arguments(hub_end, links_[i].rate_bps)); // its download
+  }
+  // A host on a long, fast link has TCP buffers large enough for its bandwidth-delay product.
+  write_sysctl(island, "/proc/sys/net/ipv4/tcp_rmem", "4096 131072 67108864");
+  write_sysctl(island, "/proc/sys/net/ipv4/tcp_wmem", "4096 16384 67108864");
+}
+
+std::string Islands::address(size_t island) const {
+  const size_t host = island + 1;  // 10.77.0.1 onward, in 10.77.0.0/16
+  return fmt::format("10.77.{}.{}", host / 256, host % 256);
+}
+
+void Islands::enter(size_t island) const { set_namespace(island_fds_.at(island)); }
+void Islands::leave() const { set_namespace(original_fd_); }
+
+std::string Islands::describe() const {
+  std::map<std::string, int> counts;
+  std::vector<std::string> order;
+  for (const auto& l : links_) {
+    if (counts[l.describe()]++ == 0) order.push_back(l.describe());
+  }
+  std::string links;
+  for (const auto& text : order) links += fmt::format("{}{} ({} island{})", links.empty() ? "" : "; ", text, counts[text], counts[text] > 1 ? "s" : "");
+  return fmt::format("{} emulated islands, each in its own network namespace: {}. Rate: the kernel's tbf on both ends "
+                     "of each island's link; delay: loco's relay holds each frame (delay(from) + delay(to)) / 2 in "
+                     "userspace (this kernel has no netem)",
+                     links_.size(), links);
+}
+
+// The relay: frames from each island's hub end, held for the pair's delay, then sent out of the
+// destination's hub end (through its tbf). A min-heap by due time keeps each pair's order (equal
+// delays, increasing arrival) and lets a short delay overtake a long one, as on separate links.
+void Islands::relay() {
+  struct Frame {
+    Clock::time_point due;
+    uint64_t sequence;
+    size_t to;
+    std::string bytes;  // virtio_net_hdr + the Ethernet frame
+    bool operator>(const Frame& other) const { return std::tie(due, sequence) > std::tie(other.due, other.sequence); }
+  };
+  std::priority_queue<Frame, std::vector<Frame>, std::greater<>> held;
+  uint64_t sequence = 0;
+  std::vector<pollfd> fds;
+  for (int fd : sockets_) fds.push_back({fd, POLLIN, 0});
+  fds.push_back({wake_fd_, POLLIN, 0});
+  std::string buffer(1 << 18, '\0');
+  // struct virtio_net_hdr (linux/virtio_net.h, which C++ cannot include: a member is named `class`).
+  constexpr size_t kHeader = 10;
+  const auto send_frame = [&](const Frame& frame) {
+    if (::send(sockets_[frame.to], frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) < 0) ++frames_dropped_;
+    else ++frames_relayed_;
+  };
+  while (!stopping_) {
+    int timeout_ms = -1;
+    timespec timeout{};
+    if (!held.empty()) {
+      const auto wait = std::max(Clock::duration::zero(), held.top().due - Clock::now());
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+      timeout.tv_sec = ns / 1000000000;
+      timeout.tv_nsec = ns % 1000000000;
+      timeout_ms = 0;
+    }
+    if (::ppoll(fds.data(), fds.size(), timeout_ms < 0 ? nullptr : &timeout, nullptr) < 0 && errno != EINTR) break;
+    for (size_t from = 0; from < sockets_.size(); ++from) {
+      if (!(fds[from].revents & POLLIN)) continue;
+      for (int frames = 0; frames < 256; ++frames) {
+        const ssize_t n = ::recv(sockets_[from], buffer.data(), buffer.size(), MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0) break;
+        if (static_cast<size_t>(n) > buffer.size() || static_cast<size_t>(n) < kHeader + 14) {
+          ++frames_dropped_;
+          continue;
+        }
+        const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kHeader);
+        const auto now = Clock::now();
+        const auto hold = [&](size_t to) {
+          const double delay = (links_[from].delay_s + links_[to].delay_s) / 2;
+          Frame frame{now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)), sequence++, to,
+                      std::string(buffer.data(), static_cast<size_t>(n))};
+          if (delay <= 0) send_frame(frame);
+          else held.push(std::move(frame));
+        };
+        if (destination[0] & 1) {  // broadcast or multicast: every other island
+          for (size_t to = 0; to < sockets_.size(); ++to) {
+            if (to != from) hold(to);
+          }
+        } else if (destination[0] == 0x02 && destination[1] == 0x4c && destination[2] == 0x4f && destination[3] == 0) {
+          const size_t to = (size_t{destination[4]} << 8) | destination[5];
+          if (to < sockets_.size() && to != from) hold(to);
+        }
+      }
+    }
+    const auto now = Clock::now();
+    while (!held.empty() && held.top().due <= now) {
+      send_frame(held.top());
+      held.pop();
+    }
+  }
+}
+
+LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int64_t bulk_bytes, int pings) {
+  LOCO_CHECK(from < islands.size() && to < islands.size() && from != to, "measure_link: islands {} and {} of {}", from, to, islands.size());
+  LOCO_CHECK(bulk_bytes >= 1024 && pings >= 1, "measure_link: {} bytes, {} pings", bulk_bytes, pings);
+  std::promise<int> listening;
+  auto port = listening.get_future();
+  // The receiver, in island `to`: echoes pings, then times the bulk transfer and sends its rate back.
+  auto receiver = std::async(std::launch::async, [&]() -> double {
+    islands.enter(to);
+    const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    ::inet_pton(AF_INET, islands.address(to).c_str(), &address.sin_addr);
+    socklen_t length = sizeof address;
+    if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || ::listen(server, 1) != 0 ||
+        ::getsockname(server, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      listening.set_value(-1);
+      throw Error("link", fmt::format("measuring the link: listen: {}", std::strerror(errno)));
+    }
+    listening.set_value(ntohs(address.sin_port));
+    pollfd wait{server, POLLIN, 0};
+    const int peer = ::poll(&wait, 1, 60000) == 1 ? ::accept4(server, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+    ::close(server);
+    if (peer < 0) throw Error("link", "measuring the link: no connection within 60 s");
+    set_timeouts(peer, 120);
+    const int on = 1;
+    ::setsockopt(peer, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+    char byte = 0;
+    for (int i = 0; i < pings; ++i) {
+      receive_all(peer, &byte, 1);
+      send_all(peer, &byte, 1);
+    }
+    std::vector<char> chunk(1 << 20);
+    int64_t received = 0, at_quarter = -1;
+    Clock::time_point quarter, end;
+    while (received < bulk_bytes) {
+      const ssize_t n = ::recv(peer, chunk.data(), static_cast<size_t>(std::min<int64_t>(bulk_bytes - received, static_cast<int64_t>(chunk.size()))), 0);
+      if (n <= 0) throw Error("link", "measuring the link: the transfer broke off");
+      received += n;
+      end = Clock::now();
+      if (at_quarter < 0 && received >= bulk_bytes / 4) at_quarter = received, quarter = end;
+    }
+    const double seconds = std::chrono::duration<double>(end - quarter).count();
+    const double rate = seconds > 0 ? static_cast<double>(received - at_quarter) * 8 / seconds : INFINITY;
+    send_all(peer, &rate, sizeof rate);
+    ::close(peer);
+    return rate;
+  });
+  const int port_number = port.get();
+  if (port_number < 0) receiver.get();  // rethrows the receiver's error
+  // The sender, in island `from`, on a thread of its own so the caller's namespace is untouched.
+  auto sender = std::async(std::launch::async, [&]() -> LinkMeasurement {
+    islands.enter(from);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    set_timeouts(fd, 120);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port_number));
+    ::inet_pton(AF_INET, islands.address(to).c_str(), &address.sin_addr);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+      const int saved = errno;
+      ::close(fd);
+      throw Error("link", fmt::format("measuring the link: connect to {}: {}", islands.address(to), std::strerror(saved)));
+    }
+    const int on = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+    std::vector<double> trips;
+    char byte = 'p';
+    for (int i = 0; i < pings; ++i) {
+      const auto start = Clock::now();
+      send_all(fd, &byte, 1);
+      receive_all(fd, &byte, 1);
+      trips.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::vector<char> chunk(1 << 20, 'x');
+    for (int64_t sent = 0; sent < bulk_bytes;) {
+      const auto n = static_cast<size_t>(std::min<int64_t>(bulk_bytes - sent, static_cast<int64_t>(chunk.size())));
+      send_all(fd, chunk.data(), n);
+      sent += static_cast<int64_t>(n);
+    }
+    LinkMeasurement result;
+    receive_all(fd, &result.rate_bps, sizeof result.rate_bps);
+    ::close(fd);
+    std::nth_element(trips.begin(), trips.begin() + static_cast<std::ptrdiff_t>(trips.size() / 2), trips.end());
+    result.round_trip_s = trips[trips.size() / 2];
+    result.bytes = bulk_bytes;
+    return result;
+  });
+  LinkMeasurement result = sender.get();
+  receiver.get();
+  return result;
+}
+
+}  // namespace loco::runtime
