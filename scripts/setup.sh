@@ -21,6 +21,7 @@ packages=(
   libxxhash-dev                # checksums
   libgtest-dev                 # tests
   clang libclang-rt-14-dev     # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
+  iproute2 util-linux          # `loco launch --link`: ip and tc for the emulated islands; setpriv in its tests
   libopenblas0-openmp          # a fast BLAS for libtorch (the default reference BLAS is ~20x slower)
 )
 

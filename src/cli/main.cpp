@@ -434,6 +434,9 @@ struct Launch {
     cmd->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
     cmd->add_option("--port", port, "the coordinator's port on 127.0.0.1 (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
     cmd->add_flag("--resume", resume, "continue the run in run.dir from the workers' checkpoints");
+    cmd->add_option("--link", links, "run each process in an emulated island (its own network namespace; needs root) "
+                                      "with this link: rate=RATE,delay=DELAY, e.g. rate=100mbit,delay=50ms; again as "
+                                      "worker=R,rate=...,delay=... for worker R alone (see docs/slow-links.md)");
     cmd->add_option("--restarts", restarts, "elastic runs: start a worker that dies again, up to this many times in all (it joins as a replacement)")
         ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
     cmd->allow_extras();
@@ -451,6 +454,7 @@ struct Launch {
     options.resume = resume;
     options.port = port > 0 ? port : 0;
     options.restarts = restarts;
+    options.links = links;
     options.executable = fs::read_symlink("/proc/self/exe");
     options.interactive = loco::metrics::Progress::is_terminal(stderr);
     options.interrupts = &g_interrupts;
@@ -490,6 +494,7 @@ struct Launch {
   CLI::App* cmd;
   std::string config_file;
   int64_t workers = 0, port = -1, restarts = 0;
+  std::vector<std::string> links;
   bool resume = false;
 };
 

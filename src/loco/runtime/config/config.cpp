@@ -162,6 +162,9 @@ std::vector<Field> fields_of(RunConfig& c) {
       between(0.001, 0.5, {"dipaco.router_fraction", "DiPaCo with dipaco.reroute_phase: the share of the training documents held out of training as the router's documents", &c.dipaco.router_fraction}),
       at_least(0, {"dipaco.phase_deadline_s", "DiPaCo: seconds after a module's first report of a phase that its outer step runs with the reports that arrived (weighted by shard, rescaled by the square root of their count); a later path's report to it is left out, and a path left behind by all its modules restarts from their new versions; 0 = every module waits for all its paths", &c.dipaco.phase_deadline_s}),
       positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
+      {"link.rate", "`loco launch`: run each process in an emulated island (its own network namespace; needs root) whose link has this rate, e.g. \"100mbit\" or \"1gbit\" (shaped by the kernel's tbf, both directions); \"\" = not shaped (docs/slow-links.md)", &c.link.rate},
+      {"link.delay", "`loco launch`: the islands' one-way delay, e.g. \"50ms\" (added by loco's relay: this kernel has no netem); \"\" = none", &c.link.delay},
+      {"link.workers", "`loco launch`: links of single workers, \"RANK:rate=...,delay=...;RANK:...\" (a slow island among fast ones); keys left out are link.rate and link.delay's", &c.link.workers},
   };
 }
 
@@ -431,7 +434,8 @@ algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t 
 const std::vector<std::string> kPerWorkerKeys = {"run.dir",       "data.dir",     "train.device",
                                                  "train.threads", "train.log_every", "cluster.host",
                                                  "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s",
-                                                 "cluster.join_token", "cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca"};
+                                                 "cluster.join_token", "cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca",
+                                                 "link.rate", "link.delay", "link.workers"};
 
 std::string join_token(const ClusterSection& cluster) {
   if (!cluster.join_token.empty()) return cluster.join_token;

@@ -142,6 +142,14 @@ struct DipacoSection {
   double phase_deadline_s = 0;       // > 0: a module steps this long after its phase's first report, with what arrived
 };
 
+// `loco launch` only: emulated WAN islands (runtime/launch/islands.h); "" = this machine's own network.
+struct LinkSection {
+  std::string rate;     // every island's link rate, e.g. "100mbit"; "" = not shaped
+  std::string delay;    // every island's one-way delay, e.g. "50ms"; "" = none added
+  std::string workers;  // per-worker links, "RANK:rate=...,delay=...;RANK:..."
+  bool enabled() const { return !rate.empty() || !delay.empty() || !workers.empty(); }
+};
+
 struct RunConfig {
   RunSection run;
   DataSection data;
@@ -159,6 +167,7 @@ struct RunConfig {
   OuterSection outer;
   ClusterSection cluster;
   DipacoSection dipaco;
+  LinkSection link;
 };
 
 // The outer optimizer's options, with outer.lr = 0 / outer.momentum = -1 resolved to the defaults.

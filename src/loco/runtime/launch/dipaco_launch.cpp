@@ -13,6 +13,7 @@
 #include "loco/data/tokenizer.h"
 #include "loco/model/precision.h"
 #include "loco/model/sampling.h"
+#include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/processes.h"
 
 namespace loco::runtime {
@@ -122,6 +123,10 @@ std::vector<int> run_workers(const RunConfig& config, const LaunchOptions& optio
 
 DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& options) {
   const auto started = Clock::now();
+  if (LinkPlan::from_config(config.link, options.links, config.cluster.workers).enabled) {
+    throw ConfigError("launch", "emulated links (--link, [link]) are not supported for DiPaCo runs yet: its workers meet "
+                                "through the task registry, not a coordinator; leave them out");
+  }
   check_run_dir(config, options.resume);
   prepare_dipaco_run(config, options.out);
 

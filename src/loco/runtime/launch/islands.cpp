@@ -221,13 +221,25 @@ std::string LinkSpec::describe() const {
                      delay_s > 0 ? fmt::format("{:g} ms", delay_s * 1e3) : "no added delay");
 }
 
+namespace {
+
+// `base` with the keys that `text` gives replaced.
+LinkSpec merged(LinkSpec base, const std::string& text) {
+  const LinkSpec given = LinkSpec::parse(text);
+  if (text.find("rate=") != std::string::npos) base.rate_bps = given.rate_bps;
+  if (text.find("delay=") != std::string::npos) base.delay_s = given.delay_s;
+  return base;
+}
+
+}  // namespace
+
 LinkPlan LinkPlan::parse(const std::vector<std::string>& arguments, int64_t world) {
   LinkPlan plan;
   std::vector<std::pair<int64_t, std::string>> per_worker;
   for (const auto& argument : arguments) {
     plan.enabled = true;
     if (argument.rfind("worker=", 0) != 0) {
-      plan.all = LinkSpec::parse(argument);
+      plan.all = merged(plan.all, argument);
       continue;
     }
     const size_t comma = argument.find(',');
@@ -239,15 +251,34 @@ LinkPlan LinkPlan::parse(const std::vector<std::string>& arguments, int64_t worl
     }
     per_worker.emplace_back(rank, comma == std::string::npos ? "" : argument.substr(comma + 1));
   }
-  // A worker's own keys override the default link, whichever order they were given in.
+  // A worker's own keys override the default link, whichever order they were given in; later
+  // arguments for the same worker override earlier ones.
   for (const auto& [rank, text] : per_worker) {
-    LinkSpec own = plan.all;
-    const LinkSpec given = LinkSpec::parse(text);
-    if (text.find("rate=") != std::string::npos) own.rate_bps = given.rate_bps;
-    if (text.find("delay=") != std::string::npos) own.delay_s = given.delay_s;
-    plan.workers.emplace_back(rank, own);
+    auto found = std::find_if(plan.workers.begin(), plan.workers.end(), [&](const auto& w) { return w.first == rank; });
+    if (found == plan.workers.end()) plan.workers.emplace_back(rank, merged(plan.all, text));
+    else found->second = merged(found->second, text);
   }
   return plan;
+}
+
+LinkPlan LinkPlan::from_config(const LinkSection& section, const std::vector<std::string>& more, int64_t world) {
+  std::vector<std::string> arguments;
+  std::string all;
+  if (!section.rate.empty()) all = "rate=" + section.rate;
+  if (!section.delay.empty()) all += (all.empty() ? "delay=" : ",delay=") + section.delay;
+  if (!all.empty()) arguments.push_back(all);
+  for (size_t start = 0; start < section.workers.size();) {
+    const size_t end = std::min(section.workers.find(';', start), section.workers.size());
+    const std::string item = section.workers.substr(start, end - start);
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) {
+      throw ConfigError("link", fmt::format("link.workers item '{}' is not RANK:rate=...,delay=...", item));
+    }
+    arguments.push_back(fmt::format("worker={},{}", item.substr(0, colon), item.substr(colon + 1)));
+    start = end + 1;
+  }
+  arguments.insert(arguments.end(), more.begin(), more.end());
+  return parse(arguments, world);
 }
 
 LinkSpec LinkPlan::for_worker(int64_t rank) const {

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "loco/runtime/config/config.h"
+
 namespace loco::runtime {
 
 // One island's link to the rest: rate in bits/s (0 = not shaped) and one-way delay in seconds.
@@ -44,14 +46,16 @@ double parse_rate_bps(const std::string& text, const std::string& what);
 double parse_delay_s(const std::string& text, const std::string& what);
 
 // The links of a launch: `all` for every island (the coordinator's too), and per-worker ones.
-// Each `--link` argument is a spec, or "worker=R,<keys>" for worker R alone (its other keys taken
-// from the default).
+// Each `--link` argument is a spec whose keys replace the default's, or "worker=R,<keys>" for
+// worker R alone (its other keys taken from the default).
 struct LinkPlan {
   LinkSpec all;
   std::vector<std::pair<int64_t, LinkSpec>> workers;  // (rank, its link)
   bool enabled = false;
 
   static LinkPlan parse(const std::vector<std::string>& arguments, int64_t world);
+  // The config's [link] section, then `more` (the command line's --link arguments) over it.
+  static LinkPlan from_config(const LinkSection& section, const std::vector<std::string>& more, int64_t world);
   LinkSpec for_worker(int64_t rank) const;
 };
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "loco/runtime/control/auth.h"
+#include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/processes.h"
 #include "loco/metrics/progress.h"
 #include "loco/runtime/worker/worker.h"
@@ -121,9 +122,12 @@ class Launch {
  public:
   Launch(const RunConfig& config, const LaunchOptions& options)
       : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every),
-        coordinator_(coordinator_options()), restarts_left_(options.restarts), elastic_(config.cluster.elastic),
+        islands_(make_islands()), coordinator_(coordinator_options()), restarts_left_(options.restarts), elastic_(config.cluster.elastic),
         grace_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config.cluster.timeout_s + 60))) {
     coordinator_.start();
+  }
+  ~Launch() {
+    if (islands_) islands_->leave();  // so that the islands' namespaces go with their descriptors
   }
 
   void start_workers();
@@ -139,12 +143,26 @@ class Launch {
   LaunchResult finish();
 
  private:
+  // With links: island 0 for the coordinator, island r + 1 for worker r. This thread enters island 0,
+  // so that the coordinator's socket (opened next) lives there.
+  std::unique_ptr<Islands> make_islands() {
+    const auto plan = LinkPlan::from_config(config_.link, options_.links, config_.cluster.workers);
+    if (!plan.enabled) return nullptr;
+    std::vector<LinkSpec> links = {plan.all};
+    for (int64_t r = 0; r < config_.cluster.workers; ++r) links.push_back(plan.for_worker(r));
+    auto islands = std::make_unique<Islands>(links);
+    islands->enter(0);
+    display_.line("launch: " + islands->describe());
+    return islands;
+  }
+  std::string coordinator_host() const { return islands_ ? islands_->address(0) : "127.0.0.1"; }
   CoordinatorOptions coordinator_options() {
     CoordinatorOptions o;
-    o.bind = "127.0.0.1";
+    o.bind = coordinator_host();
     // Its workers find the token where this one does (the config, the environment, or the run
-    // folder's generated one), so that the control plane is authenticated on one machine too.
-    o.token = auth::coordinator_token(join_token(config_.cluster), config_.run.dir, o.bind, false);
+    // folder's generated one), so that the control plane is authenticated on one machine too. The
+    // islands' network exists only on this machine: its token is generated as on loopback.
+    o.token = auth::coordinator_token(join_token(config_.cluster), config_.run.dir, islands_ ? "127.0.0.1" : o.bind, false);
     o.tls_cert = config_.cluster.tls_cert;
     o.tls_key = config_.cluster.tls_key;
     o.port = options_.port;
@@ -153,6 +171,7 @@ class Launch {
     o.log = [this](const std::string& text) { display_.line("[coordinator] " + text); };
     return o;
   }
+  int island_of(int64_t rank) const { return islands_ ? islands_->netns_fd(static_cast<size_t>(rank) + 1) : -1; }
   int64_t alive() const {
     return std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return !w.exit_code; });
   }
@@ -172,6 +191,7 @@ class Launch {
   const RunConfig& config_;
   const LaunchOptions& options_;
   Display display_;
+  std::unique_ptr<Islands> islands_;  // before the coordinator: its socket is opened in island 0
   Coordinator coordinator_;
   std::vector<WorkerProcess> workers_;
   std::vector<std::vector<std::string>> argvs_;  // by rank
@@ -190,11 +210,11 @@ void Launch::start_workers() {
   try {
     for (int64_t r = 0; r < m; ++r) {
       std::vector<std::string> argv = {options_.executable.string(), "worker", "--coordinator",
-                                       fmt::format("127.0.0.1:{}", coordinator_.port()), "--config",
+                                       fmt::format("{}:{}", coordinator_host(), coordinator_.port()), "--config",
                                        options_.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
       if (options_.resume) argv.push_back("--resume");
       for (const auto& o : options_.overrides) argv.push_back("--" + o);
-      workers_.push_back(spawn(r, argv, m));
+      workers_.push_back(spawn(r, argv, m, island_of(r)));
       argvs_.push_back(std::move(argv));
     }
   } catch (...) {
@@ -202,15 +222,15 @@ void Launch::start_workers() {
     for (auto& w : workers_) ::waitpid(w.pid, nullptr, 0);
     throw;
   }
-  display_.line(fmt::format("launch: {} workers ({}), coordinator on 127.0.0.1:{}, run {}", m,
-                            to_string(config_.sync.algorithm), coordinator_.port(), config_.run.dir));
+  display_.line(fmt::format("launch: {} workers ({}), coordinator on {}:{}, run {}", m, to_string(config_.sync.algorithm),
+                            coordinator_host(), coordinator_.port(), config_.run.dir));
 }
 
 void Launch::restart_dead() {
   for (int64_t rank : std::exchange(to_restart_, {})) {
     auto argv = argvs_[static_cast<size_t>(rank)];
     argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
-    workers_.push_back(spawn(rank, argv, config_.cluster.workers));
+    workers_.push_back(spawn(rank, argv, config_.cluster.workers, island_of(rank)));
     display_.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
                               rank, restarts_left_));
   }

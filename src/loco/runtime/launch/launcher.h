@@ -2,6 +2,8 @@
 // loopback, their progress merged into one display. Ctrl-C stops them all cleanly (each finishes
 // its step and checkpoints; a second Ctrl-C kills them); a worker that fails stops the others the
 // same way. No worker outlives the launcher: each is told to stop (SIGTERM) if it dies.
+// With links (--link or [link]), the coordinator and each worker are on emulated islands joined by
+// shaped, delayed links (islands.h) instead of loopback.
 #pragma once
 
 #include <atomic>
@@ -28,6 +30,9 @@ struct LaunchOptions {
   int64_t restarts = 0;
   std::FILE* out = stderr;
   std::string sample_prompt = "The";       // DiPaCo: the prompt of the sample shown at the end
+  // `--link` arguments (islands.h), over the config's [link] section: with either, every process
+  // runs in an emulated island of its own.
+  std::vector<std::string> links;
 };
 
 struct LaunchResult {

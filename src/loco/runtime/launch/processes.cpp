@@ -1,6 +1,7 @@
 #include "loco/runtime/launch/processes.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,7 +21,7 @@ int decode_status(int raw) {
   return -1;
 }
 
-WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t local_processes) {
+WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t local_processes, int netns_fd) {
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
     throw Error("launch", fmt::format("cannot create pipes for worker {}: {}", rank, std::strerror(errno)));
@@ -32,6 +33,10 @@ WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t 
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took effect
+    if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
+      fmt::print(stderr, "cannot enter worker {}'s island: {}\n", rank, std::strerror(errno));
+      ::_exit(126);
+    }
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
     ::setenv("LOCO_LOCAL_PROCESSES", std::to_string(local_processes).c_str(), 1);

@@ -27,8 +27,9 @@ struct WorkerProcess {
 int decode_status(int raw);
 
 // Starts `argv` with stdout and stderr on pipes, in its own process group (so a Ctrl-C at the
-// terminal reaches only the launcher, which decides), told to stop if the launcher dies.
-WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t local_processes);
+// terminal reaches only the launcher, which decides), told to stop if the launcher dies; with
+// `netns_fd` >= 0, inside that network namespace (an emulated island, islands.h).
+WorkerProcess spawn(int64_t rank, const std::vector<std::string>& argv, int64_t local_processes, int netns_fd = -1);
 
 // Splits complete lines off `buffer` after appending what `fd` has; returns false at end of file.
 bool read_lines(int fd, std::string& buffer, std::vector<std::string>& lines);
