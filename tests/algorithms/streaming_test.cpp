@@ -248,5 +248,194 @@ TEST(Streaming, CheckpointWhileAFragmentIsInFlightResumesExactly) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
 }
 
+// Eager outer updates against their closed form. Two ranks as threads, one fragment, H = 2, 7 steps,
+// uniform weights (w = 1/2), outer SGD with lr 0.7 (θ ← θ − 0.7·g), fp32. Each "inner step" adds a
+// known amount a(m, s) to every parameter, so every parameter is its initial value plus one offset
+// per rank, which the test tracks in plain arithmetic:
+//   sync r at step t (not the last): Δ_m = θ_m − x_m;
+//     g_m = S_{r−1} − w·Δ_m^{r−1} + w·Δ_m^r   (S = Σ_k w·Δ_k; S_0 = 0, Δ^0 = 0);  θ_m −= 0.7·g_m;  x_m = θ_m
+//   the last step: g_m = S_{R−1} − w·Δ_m^{R−1} + S_R;  θ_m −= 0.7·g_m;  then θ = mean_m θ_m, x_m = θ.
+TEST(Streaming, EagerUpdatesMatchTheirClosedForm) {
+  constexpr int64_t kSize = 2, kSteps = 7, kH = 2;
+  const auto inner = [](int64_t rank, int64_t step) { return 0.25 * static_cast<double>(rank + 1) + 0.125 * static_cast<double>(step % 3); };
+  // The closed form, both ranks at once: offsets after each step (x) and θ after each sync.
+  std::vector<std::vector<double>> expected_x(kSize), expected_theta(kSize);
+  {
+    const double w = 0.5, lr = 0.7;
+    double x[kSize] = {0, 0}, theta[kSize] = {0, 0}, previous[kSize] = {0, 0}, previous_sum = 0;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      for (int64_t m = 0; m < kSize; ++m) x[m] += inner(m, step);
+      const int64_t t = step + 1;
+      const bool last = t == kSteps;
+      if (t % kH != 0 && !last) {
+        for (int64_t m = 0; m < kSize; ++m) expected_x[m].push_back(x[m]);
+        continue;
+      }
+      double delta[kSize], sum = 0;
+      for (int64_t m = 0; m < kSize; ++m) sum += w * (delta[m] = theta[m] - x[m]);
+      for (int64_t m = 0; m < kSize; ++m) {
+        const double g = previous_sum - w * previous[m] + (last ? sum : w * delta[m]);
+        theta[m] -= lr * g;
+      }
+      if (last) theta[0] = theta[1] = (theta[0] + theta[1]) / 2;
+      for (int64_t m = 0; m < kSize; ++m) {
+        x[m] = theta[m];
+        previous[m] = delta[m];
+        expected_x[m].push_back(x[m]);
+        expected_theta[m].push_back(theta[m]);
+      }
+      previous_sum = sum;
+    }
+  }
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  struct Out {
+    std::vector<std::vector<double>> x_offsets, theta_offsets;  // per step / per sync: every parameter's offset
+    std::vector<SyncReport> reports;
+    bool in_sync = false;
+  };
+  auto results = run_ranks<Out>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    const auto initial = snapshot(model);
+    auto o = streaming(kH, kSteps, 1, 0, 0.0);
+    o.eager = true;
+    o.weighting = Weighting::kUniform;
+    o.outer = optim::default_outer_options(optim::OuterKind::kSgd);
+    o.outer.lr = 0.7;
+    StreamingDiLoCo sync(connect(store, rank, kSize, "eager"), o);
+    sync.on_start(model, 0);
+    const auto offsets = [&](const std::vector<torch::Tensor>& now) {
+      std::vector<double> out;
+      for (size_t i = 0; i < now.size(); ++i) {
+        const auto d = (now[i] - initial[i]).to(torch::kFloat64);
+        out.push_back(d.mean().item<double>());
+        if ((d - d.mean()).abs().max().item<double>() > 1e-5) out.push_back(NAN);  // not one offset: fails below
+      }
+      return out;
+    };
+    Out out;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(inner(rank, step));
+      }
+      StepContext context{step, 8, &model};
+      for (const auto& report : sync.after_step(context)) {
+        out.reports.push_back(report);
+        out.theta_offsets.push_back(offsets(*sync.evaluation_parameters()));
+      }
+      out.x_offsets.push_back(offsets(snapshot(model)));
+    }
+    out.in_sync = sync.in_sync();
+    return out;
+  });
+  for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
+  for (int64_t m = 0; m < kSize; ++m) {
+    const auto& out = *results[static_cast<size_t>(m)].value;
+    ASSERT_EQ(out.reports.size(), 4u) << "syncs at steps 2, 4, 6 and the last, 7";
+    ASSERT_EQ(out.theta_offsets.size(), expected_theta[m].size());
+    for (size_t r = 0; r < out.theta_offsets.size(); ++r) {
+      for (double offset : out.theta_offsets[r]) EXPECT_NEAR(offset, expected_theta[m][r], 1e-5) << "rank " << m << " sync " << r;
+    }
+    for (size_t s = 0; s < out.x_offsets.size(); ++s) {
+      for (double offset : out.x_offsets[s]) EXPECT_NEAR(offset, expected_x[m][s], 1e-5) << "rank " << m << " step " << s + 1;
+    }
+    EXPECT_TRUE(out.in_sync);
+    EXPECT_EQ(out.reports[0].stats.bytes_sent, 0) << "the first eager step has nothing to wait for";
+    EXPECT_GT(out.reports[1].stats.bytes_sent, 0);
+    for (size_t r = 0; r < out.reports.size(); ++r) {
+      EXPECT_EQ(out.reports[r].params_hash, results[0].value->reports[r].params_hash) << "every rank reports the shared sum";
+    }
+  }
+  EXPECT_NE(expected_theta[0][1], expected_theta[1][1]) << "the replicas' θ differ mid-run, or the test tests little";
+}
+
+// Eager, two ranks, P = 2, e3m0: each rank checkpoints at step 5, while both fragments' exchanges
+// are in flight, and a new strategy resumes from it; every rank ends exactly where the
+// uninterrupted run does.
+TEST(Streaming, EagerCheckpointMidFlightResumesExactly) {
+  constexpr int64_t kSize = 2, kSteps = 12;
+  auto options = streaming(4, kSteps, 2, 0, 0.25, comm::Encoding::kE3M0);
+  options.eager = true;
+  auto inner_step = [](model::Transformer& model, int64_t rank, int64_t step) {
+    torch::NoGradGuard no_grad;
+    int64_t i = 0;
+    for (auto& p : model->parameters()) p.add_(0.01 * std::sin(static_cast<double>(step * 7 + i++ + 13 * rank)));
+  };
+  auto run = [&](model::Transformer& model, StreamingDiLoCo& sync, int64_t rank, int64_t from, int64_t to) {
+    std::vector<uint64_t> hashes;
+    for (int64_t step = from; step < to; ++step) {
+      inner_step(model, rank, step);
+      StepContext context{step, 16, &model};
+      for (const auto& report : sync.after_step(context)) hashes.push_back(report.params_hash);
+    }
+    return hashes;
+  };
+  using Out = std::pair<std::vector<uint64_t>, std::vector<torch::Tensor>>;
+  auto straight_store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto straight = run_ranks<Out>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    StreamingDiLoCo sync(connect(straight_store, rank, kSize, "straight"), options);
+    sync.on_start(model, 0);
+    auto hashes = run(model, sync, rank, 0, kSteps);
+    return Out{hashes, snapshot(model)};
+  });
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto resumed = run_ranks<Out>(kSize, [&](int64_t rank) {
+    auto group = connect(store, rank, kSize, "resumed");
+    model::Transformer model(tiny_model(), 5);
+    NamedTensors saved;
+    std::vector<uint64_t> hashes;
+    bool in_flight = false;
+    {
+      StreamingDiLoCo sync(group, options);
+      sync.on_start(model, 0);
+      hashes = run(model, sync, rank, 0, 5);  // fragment 0 synced at 4 (its exchange in flight); fragment 1 at 6
+      for (const auto& [name, tensor] : sync.state()) {
+        saved.emplace_back(name, tensor.clone());
+        in_flight = in_flight || name == "streaming.0.weight";
+      }
+    }
+    if (!in_flight) throw std::runtime_error("the checkpoint must catch an exchange in flight to test anything");
+    model::Transformer second(tiny_model(), 99);
+    {
+      torch::NoGradGuard no_grad;
+      const auto from = snapshot(model);
+      auto params = second->parameters();
+      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(from[i]);
+    }
+    StreamingDiLoCo sync(group, options);
+    sync.load_state(saved);
+    for (const auto& report : sync.on_start(second, 5)) hashes.push_back(report.params_hash);
+    const auto rest = run(second, sync, rank, 5, kSteps);
+    hashes.insert(hashes.end(), rest.begin(), rest.end());
+    return Out{hashes, snapshot(second)};
+  });
+  for (int64_t m = 0; m < kSize; ++m) {
+    const auto& a = straight[static_cast<size_t>(m)];
+    const auto& b = resumed[static_cast<size_t>(m)];
+    ASSERT_FALSE(a.error) << a.message();
+    ASSERT_FALSE(b.error) << b.message();
+    EXPECT_EQ(b.value->first, a.value->first) << "rank " << m;
+    for (size_t i = 0; i < a.value->second.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a.value->second[i], b.value->second[i])) << "rank " << m << " parameter " << i;
+    }
+  }
+  // The run ends on one θ: both ranks' final models agree.
+  for (size_t i = 0; i < straight[0].value->second.size(); ++i) {
+    EXPECT_TRUE(torch::equal(straight[0].value->second[i], straight[1].value->second[i])) << i;
+  }
+}
+
+TEST(Streaming, EagerOptionsAreValidated) {
+  auto o = streaming(4, 12, 1, 1, 0.0);
+  o.eager = true;
+  EXPECT_THROW(o.validate(), ConfigError);  // τ > 0
+  o.overlap_steps = 0;
+  o.drop_probability = 0.1;
+  EXPECT_THROW(o.validate(), ConfigError);
+  o.drop_probability = 0;
+  EXPECT_NO_THROW(o.validate());
+}
+
 }  // namespace
 }  // namespace loco::algorithms

@@ -30,6 +30,7 @@ StreamingOptions DiLoCoOptions::as_streaming() const {
   o.drop_probability = drop_probability;
   o.drop_seed = drop_seed;
   o.bucket_bytes = bucket_bytes;
+  o.eager = eager;
   return o;
 }
 

@@ -40,6 +40,7 @@ struct DiLoCoOptions {
   comm::Encoding exchange = comm::Encoding::kFp32;  // outer gradients on the wire (fp32: θ̄ travels)
   uint64_t drop_seed = 0;
   int64_t bucket_bytes = 32 << 20;  // outer-gradient bytes per all-reduce
+  bool eager = false;               // eager outer updates (streaming.h): a round's exchange overlaps the next
   void validate() const;            // ConfigError
 
   // The Streaming DiLoCo options that are this DiLoCo: one fragment, τ = 0, α = 0, fp32.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
@@ -37,6 +38,11 @@ void StreamingOptions::validate() const {
   if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
   if (!(drop_probability >= 0 && drop_probability < 1)) {
     throw ConfigError("algorithms", fmt::format("sync.drop_probability must be in [0, 1), got {}", drop_probability));
+  }
+  if (eager && (overlap_steps != 0 || round_seconds > 0 || drop_probability > 0)) {
+    throw ConfigError("algorithms", "eager outer updates (sync.eager) overlap a whole round by themselves: they need "
+                                    "sync.overlap_steps = 0, fixed rounds (sync.round_seconds = 0) and no dropped outer "
+                                    "gradients (sync.drop_probability = 0)");
   }
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
@@ -87,6 +93,9 @@ StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Me
   options_.validate();
   LOCO_CHECK(!elastic_.elastic() || options_.overlap_steps * options_.fragments < options_.inner_steps,
              "elastic Streaming DiLoCo needs one fragment on the wire at a time (config validation checks it)");
+  if (options_.eager && elastic_.elastic()) {
+    throw ConfigError("algorithms", "eager outer updates (sync.eager) need a fixed membership: leave out cluster.elastic");
+  }
   LOCO_CHECK(options_.weighting != Weighting::kShard || options_.shard_tokens > 0,
              "weighting by shard size needs the worker's shard size, got {} tokens", options_.shard_tokens);
 }
@@ -141,6 +150,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     f.outer = std::make_unique<optim::OuterOptimizer>(names, f.global, options_.outer);
     f.sent = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
     f.result = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
+    if (options_.eager) f.step_by = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
     f.offset = static_cast<int64_t>(p) * options_.inner_steps / options_.fragments;
     f.started = step;
     f.exact = step;
@@ -171,6 +181,10 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     if (restored.has(key + "result")) {
       restored.take_into(key + "result", f.result->flat());
       f.arrived = Reduced{{}, restored.take_int(key + "participants")};
+      if (options_.eager) {  // the next eager step also needs what this worker sent, and its weight
+        restored.take_into(key + "sent", f.sent->flat());
+        f.arrived->weight = restored.take(key + "weight").item<double>();
+      }
       f.pending = true;
     } else if (restored.has(key + "sent")) {
       restored.take_into(key + "sent", f.sent->flat());
@@ -194,6 +208,14 @@ SyncReports StreamingDiLoCo::after_step(StepContext& context) {
 SyncReports StreamingDiLoCo::advance(int64_t step) {
   const bool last = step == options_.total_steps;
   SyncReports reports;
+  if (options_.eager) {
+    for (size_t p = 0; p < fragments_.size(); ++p) {
+      if (fragments_[p].started < step && (starts_at(static_cast<int64_t>(p), step) || last)) {
+        reports.push_back(eager_sync(p, step, last));
+      }
+    }
+    return reports;
+  }
   // Results due now (τ steps after their start, or the run's end), then the syncs that start now
   // (and at the last step every fragment that trained since its last start), then, when τ = 0 or
   // at the end, their results at once. Always in fragment order: every worker issues the same
@@ -269,7 +291,14 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     const double weight = drop ? 0.0 : total_size > 0 ? size / total_size : 1.0 / static_cast<double>(kept);
     auto& result = f.result->views();
     const auto& sent = f.sent->views();
-    if (options_.exchange == comm::Encoding::kFp32) {
+    if (options_.eager) {
+      // Σ w_m Δ_m: `sent` holds this worker's Δ_m already (eager_sync), for θ_p moves on meanwhile.
+      for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
+      if (weight != 1.0) f.result->flat().mul_(weight);
+      stats += options_.exchange == comm::Encoding::kFp32
+                   ? f.result->all_reduce_sum(elastic_.group())
+                   : elastic_.group().all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
+    } else if (options_.exchange == comm::Encoding::kFp32) {
       // Σ w_m θ_m, bucket by bucket: DiLoCo's own collective (see diloco.cpp).
       for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
       if (weight != 1.0) f.result->flat().mul_(weight);
@@ -290,25 +319,18 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
 SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   torch::NoGradGuard no_grad;
   auto& f = fragments_[index];
-  const auto wait_start = Clock::now();
   while (!f.arrived) {
-    if (f.failure) std::rethrow_exception(f.failure);
-    LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
     try {
-      f.arrived = f.reduction.get();
+      await(f, index);
     } catch (const PeerError&) {
-      if (elastic_.elastic()) {
-        // Nothing changed: the round is convened again with whoever is left, and the same
-        // contribution goes out again (the weights renormalize over the survivors).
-        begin_round(f.started, plan_->epoch);
-        f.reduction = submit(f, plan_->has_joiners());
-        continue;
-      }
-      f.failure = std::current_exception();  // the fragment stays pending; state() keeps what it sent
-      throw;
+      if (!elastic_.elastic()) throw;
+      // Nothing changed: the round is convened again with whoever is left, and the same
+      // contribution goes out again (the weights renormalize over the survivors).
+      f.failure = nullptr;
+      begin_round(f.started, plan_->epoch);
+      f.reduction = submit(f, plan_->has_joiners());
     }
   }
-  f.stall += seconds_since(wait_start);
   const Reduced reduced = *f.arrived;
 
   if (reduced.empty) {
@@ -358,6 +380,94 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     }
     plan_.reset();
   }
+  return report;
+}
+
+void StreamingDiLoCo::await(Fragment& f, size_t index) {
+  if (f.arrived) return;
+  if (f.failure) std::rethrow_exception(f.failure);
+  LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
+  const auto wait_start = Clock::now();
+  try {
+    f.arrived = f.reduction.get();
+  } catch (const PeerError&) {
+    f.failure = std::current_exception();  // the fragment stays pending; state() keeps what it sent
+    f.stall += seconds_since(wait_start);
+    throw;
+  }
+  f.stall += seconds_since(wait_start);
+}
+
+SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
+  torch::NoGradGuard no_grad;
+  auto& f = fragments_[index];
+  auto& group = elastic_.group();
+  f.stall = 0;
+  // The previous exchange (Σ_k w_k·Δ_k^{r−1}, in `result`; this worker's Δ_m^{r−1} still in `sent`).
+  std::optional<Reduced> previous;
+  if (f.pending) {
+    await(f, index);
+    previous = std::exchange(f.arrived, std::nullopt);
+    f.pending = false;
+  }
+  const double own_weight = previous ? previous->weight : 1.0 / static_cast<double>(group.size());
+  auto& g = f.step_by->flat();
+  if (previous) torch::sub_out(g, f.result->flat(), f.sent->flat() * own_weight);  // the others' stale share
+  else g.zero_();
+  // What every worker shares this round (the replicas' θ differ): the all-reduced sum.
+  const uint64_t shared_hash = hash_tensors({previous ? f.result->flat() : g});
+  // This worker's fresh Δ_m^r = θ_p − θ_{m,p}, and its exchange on the background thread.
+  auto& sent = f.sent->views();
+  for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]).sub_(f.global[i]).neg_();
+  f.pending_tokens = f.tokens;
+  f.tokens = 0;
+  f.started = step;
+  f.failure = nullptr;
+  f.pending = true;
+  f.reduction = submit(f);
+  comm::CommStats stats = previous ? previous->stats : comm::CommStats{};
+  int64_t participants = previous ? previous->participants : group.size();
+  if (!last) {
+    g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
+    f.outer->step(f.step_by->views());
+  } else {
+    // The run's end: everything not yet applied (the others' stale share and the whole last
+    // exchange), then one θ_p for all: the workers' average.
+    await(f, index);
+    const Reduced final_exchange = *std::exchange(f.arrived, std::nullopt);
+    f.pending = false;
+    g.add_(f.result->flat());
+    f.outer->step(f.step_by->views());
+    auto& average = f.result->views();
+    for (size_t i = 0; i < average.size(); ++i) average[i].copy_(f.global[i]);
+    stats += final_exchange.stats;
+    stats += f.result->all_reduce_sum(group);
+    f.result->flat().div_(static_cast<double>(group.size()));
+    for (size_t i = 0; i < average.size(); ++i) f.global[i].copy_(average[i]);
+    participants = final_exchange.participants;
+  }
+  const double alpha = last ? 0.0 : options_.merge_alpha;
+  for (size_t i = 0; i < f.local.size(); ++i) {
+    auto global = f.global[i].to(f.local[i].device(), f.local[i].scalar_type());
+    if (alpha == 0) f.local[i].copy_(global);
+    else f.local[i].copy_(torch::lerp(global, f.local[i], alpha));
+  }
+  f.round += 1;
+  if (alpha == 0) f.exact = step;
+  step_ = std::max(step_, step);
+  rounds_ += 1;
+
+  SyncReport report;
+  report.round = rounds_;
+  report.step = step;
+  report.world_size = participants;
+  report.stats = stats;
+  report.stats.participants = participants;
+  report.params_hash = last ? hash_tensors(global_) : shared_hash;
+  report.fragment = options_.fragments > 1 ? static_cast<int64_t>(index) : -1;
+  report.stall_seconds = f.stall;
+  report.weight = own_weight;
+  report.tokens = f.pending_tokens;
   return report;
 }
 
@@ -452,6 +562,10 @@ NamedTensors StreamingDiLoCo::state() {
     if (f.arrived) {
       out.emplace_back(key + "result", f.result->flat());
       out.emplace_back(key + "participants", scalar(f.arrived->participants));
+      if (options_.eager) {
+        out.emplace_back(key + "sent", f.sent->flat());
+        out.emplace_back(key + "weight", torch::tensor(f.arrived->weight, torch::kFloat64));
+      }
     } else {
       out.emplace_back(key + "sent", f.sent->flat());
     }

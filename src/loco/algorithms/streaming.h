@@ -18,6 +18,20 @@
 // At the run's last step every fragment synchronizes with τ = 0 and the model takes θ (α is not
 // applied), so a finished run's model is θ.
 //
+// Eager outer updates (Kale et al. 2025, arXiv 2502.12996; ALGORITHMS.md "Related ideas"), an
+// option: a fragment's whole exchange overlaps its next H inner steps. At each of its syncs (step t,
+// its r-th), worker m computes its fresh outer gradient Δ_m^r = θ_{m,p} − θ_{m,p}(t), starts the
+// all-reduce of w_m·Δ_m^r, and at once waits for the previous one's (started H steps earlier) and
+// steps with
+//     g_m^r = Σ_k w_k^{r−1}·Δ_k^{r−1} − w_m^{r−1}·Δ_m^{r−1} + w_m^{r−1}·Δ_m^r
+// (the others' one-round-stale share plus its own fresh one in place of its stale one; before any
+// previous round, the sum is 0 and w = 1/M), then merges as above (τ = 0). The replicas' θ differ by
+// their own fresh gradients, so a sync's params_hash is that of the all-reduced sum, which every
+// worker shares. At the run's last step each fragment waits for its exchange, steps with
+// g = Σ_k w_k^{R−1}·Δ_k^{R−1} − w_m^{R−1}·Δ_m^{R−1} + Σ_k w_k^R·Δ_k^R (everything not yet applied), and
+// the workers average their θ_p (one fp32 all-reduce), so a finished run's model is one θ again.
+// Needs τ = 0, no dropped gradients, fixed (not time-budgeted) rounds and a fixed membership.
+//
 // Threads: every collective of this strategy runs on its one background thread, in the same order
 // on every worker (the schedule is deterministic). The training thread only copies a fragment's
 // parameters out when its sync starts and applies the result when it completes.
@@ -74,6 +88,7 @@ struct StreamingOptions {
   double drop_probability = 0;
   uint64_t drop_seed = 0;
   int64_t bucket_bytes = 32 << 20;  // fp32 exchange: bytes per all-reduce
+  bool eager = false;               // eager outer updates (above)
   void validate() const;            // ConfigError naming the bad option
 };
 
@@ -138,6 +153,7 @@ class StreamingDiLoCo : public SyncStrategy {
     std::unique_ptr<optim::OuterOptimizer> outer;
     std::unique_ptr<FlatBuffer> sent;          // the local values as they were when the sync started
     std::unique_ptr<FlatBuffer> result;        // θ̄ (fp32) or Δ (encoded exchange), once reduced
+    std::unique_ptr<FlatBuffer> step_by;       // eager: the outer gradient g_m it steps with
     int64_t offset = 0;                        // t_p
     int64_t round = 0;                         // syncs of this fragment completed
     int64_t tokens = 0;                        // tokens since its last sync started
@@ -164,6 +180,11 @@ class StreamingDiLoCo : public SyncStrategy {
   SyncReport join_round();
   comm::CommStats transfer_state(comm::Group& group, int64_t step);
   SyncReport complete(size_t index, int64_t step, bool last);
+  // Eager updates: fragment `index`'s sync at `step` (its previous exchange waited for, the next
+  // started, the eager step taken); at the last step, the final step and the average of θ_p.
+  SyncReport eager_sync(size_t index, int64_t step, bool last);
+  // Waits for fragment f's exchange in flight (rethrowing its failure); adds the wait to f.stall.
+  void await(Fragment& f, size_t index);
   int64_t apply_step(const Fragment& fragment) const;
 
   ElasticRounds elastic_;                   // the round's group (elastic: from the Membership)

@@ -124,6 +124,7 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
       at_least(0, {"sync.overlap_steps", "streaming: inner steps tau a fragment's sync overlaps before its result is applied (0 = wait at once)", &c.sync.overlap_steps}),
       between(0, 1, {"sync.merge_alpha", "streaming: share alpha of the local fragment kept when the global one arrives (0 = take the global)", &c.sync.merge_alpha}),
+      {"sync.eager", "diloco and streaming: eager outer updates (Kale et al. 2025): each sync's exchange overlaps the next sync.inner_steps inner steps, and each worker steps at once with the others' one-round-stale outer gradients plus its own fresh one; needs sync.overlap_steps = 0 and a fixed membership (docs/streaming.md)", &c.sync.eager},
       {"sync.exchange", "diloco and streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4 (ddp sends fp32 gradients and ignores it)",
        enum_field(c.sync.exchange, {{comm::Encoding::kFp32, "fp32"}, {comm::Encoding::kBf16, "bf16"}, {comm::Encoding::kFp8, "fp8"},
                                     {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
@@ -411,6 +412,7 @@ Options outer_round_options(const RunConfig& config, int64_t shard_tokens) {
   o.drop_seed = static_cast<uint64_t>(config.train.seed);
   o.exchange = config.sync.exchange;
   o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
+  o.eager = config.sync.eager;
   return o;
 }
 
@@ -504,6 +506,14 @@ void validate(const RunConfig& c) {
   if (c.cluster.workers > 1 && c.checkpoint.keep < 2) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
                                 "checkpoint in the making, and the others must still hold the one before");
+  }
+  if (c.sync.eager) {
+    if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {
+      throw ConfigError("config", fmt::format("sync.eager (eager outer updates) is for sync.algorithm = \"diloco\" or "
+                                              "\"streaming\", got \"{}\"", to_string(c.sync.algorithm)));
+    }
+    if (c.cluster.elastic) throw ConfigError("config", "sync.eager (eager outer updates) needs a fixed membership: set cluster.elastic = false");
+    if (c.sync.algorithm == Algorithm::kDiLoCo) diloco_options(c).as_streaming().validate();
   }
   if (c.sync.round_seconds > 0 && !c.cluster.elastic) {
     throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs cluster.elastic = true: the coordinator "

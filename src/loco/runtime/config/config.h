@@ -76,6 +76,7 @@ struct SyncSection {
   double round_grace_s = 5;          // ... and leaves out a worker this late at the round's end
   WeightingChoice weighting = WeightingChoice::kAuto;
   double drop_probability = 0;       // an experiment: each outer gradient left out with this probability
+  bool eager = false;                // eager outer updates: a whole round's exchange overlapped (streaming.h)
   double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
   // Streaming DiLoCo
   int64_t fragments = 4;             // P
