@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Slow links, for real (docs/slow-links.md): M = 4 worker processes of the Streaming DiLoCo
+# benchmark's model (bench/streaming.toml, 1.3M parameters) on emulated islands (`loco launch
+# --link`, needs root) joined by 1 Gbit/s, 100 Mbit/s and 10 Mbit/s links with 50 ms one-way delay:
+#   DDP  |  DiLoCo H = 50  |  Streaming P = 4, tau = 1, fp32  |  Streaming P = 4, tau = 5, e3m0  |  eager DiLoCo H = 50
+# every run the same tokens per worker. Prints one `loco report` table per link: validation loss,
+# bytes sent, stall, compute utilization (end to end) and wall time.
+#
+#   sudo bench/wan.sh [OUT]              OUT defaults to runs/bench-wan; finished runs are skipped
+#   sudo STEPS=100 bench/wan.sh          shorter (DDP over 10 Mbit/s costs ~6 s a step: 300 steps ~ 30 min)
+#   sudo LINKS="100mbit" bench/wan.sh    some links only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/bench-wan}
+steps=${STEPS:-300}
+links=${LINKS:-"1gbit 100mbit 10mbit"}
+delay=${DELAY:-50ms}
+config=bench/streaming.toml
+loco=build/loco
+source bench/common.sh
+prepare
+
+for rate in $links; do
+  link="rate=$rate,delay=$delay"
+  run "$rate-ddp"               --link "$link" --sync.algorithm=ddp
+  run "$rate-diloco-h50"        --link "$link" --sync.algorithm=diloco
+  run "$rate-streaming-t1-fp32" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=1 --sync.exchange=fp32
+  run "$rate-streaming-t5-e3m0" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=5 --sync.exchange=e3m0
+  run "$rate-eager-diloco-h50"  --link "$link" --sync.algorithm=diloco --sync.eager=true
+done
+
+for rate in $links; do
+  echo
+  echo "## $rate, $delay one-way"
+  "$loco" report "$out/$rate-ddp" "$out/$rate-diloco-h50" "$out/$rate-streaming-t1-fp32" "$out/$rate-streaming-t5-e3m0" \
+    "$out/$rate-eager-diloco-h50"
+done
