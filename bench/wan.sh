@@ -16,7 +16,7 @@ steps=${STEPS:-300}
 links=${LINKS:-"1gbit 100mbit 10mbit"}
 delay=${DELAY:-50ms}
 config=bench/streaming.toml
-loco=build/loco
+loco=${LOCO:-build/loco}  # LOCO=/path/to/a/copy keeps a rebuild from changing the binary mid-benchmark
 source bench/common.sh
 prepare
 

@@ -178,6 +178,10 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     f.started = restored.take_int(key + "started");
     f.exact = restored.take_int(key + "exact");
     f.pending_tokens = restored.take_int(key + "pending_tokens");
+    if (options_.eager) {
+      f.final_phase = restored.take_int(key + "final_phase");
+      if (f.final_phase == 1) restored.take_into(key + "step_by", f.step_by->flat());
+    }
     if (restored.has(key + "result")) {
       restored.take_into(key + "result", f.result->flat());
       f.arrived = Reduced{{}, restored.take_int(key + "participants")};
@@ -210,7 +214,10 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
   SyncReports reports;
   if (options_.eager) {
     for (size_t p = 0; p < fragments_.size(); ++p) {
-      if (fragments_[p].started < step && (starts_at(static_cast<int64_t>(p), step) || last)) {
+      auto& f = fragments_[p];
+      if (f.final_phase != 0) {  // the run's end, resumed after a failure stopped it
+        if (last) reports.push_back(eager_finish(p, step, {}, elastic_.group().size(), -1));
+      } else if (f.started < step && (starts_at(static_cast<int64_t>(p), step) || last)) {
         reports.push_back(eager_sync(p, step, last));
       }
     }
@@ -319,18 +326,25 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
 SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   torch::NoGradGuard no_grad;
   auto& f = fragments_[index];
+  const auto wait_start = Clock::now();
   while (!f.arrived) {
+    if (f.failure) std::rethrow_exception(f.failure);
+    LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
     try {
-      await(f, index);
+      f.arrived = f.reduction.get();
     } catch (const PeerError&) {
-      if (!elastic_.elastic()) throw;
-      // Nothing changed: the round is convened again with whoever is left, and the same
-      // contribution goes out again (the weights renormalize over the survivors).
-      f.failure = nullptr;
-      begin_round(f.started, plan_->epoch);
-      f.reduction = submit(f, plan_->has_joiners());
+      if (elastic_.elastic()) {
+        // Nothing changed: the round is convened again with whoever is left, and the same
+        // contribution goes out again (the weights renormalize over the survivors).
+        begin_round(f.started, plan_->epoch);
+        f.reduction = submit(f, plan_->has_joiners());
+        continue;
+      }
+      f.failure = std::current_exception();  // the fragment stays pending; state() keeps what it sent
+      throw;
     }
   }
+  f.stall += seconds_since(wait_start);
   const Reduced reduced = *f.arrived;
 
   if (reduced.empty) {
@@ -414,8 +428,10 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   auto& g = f.step_by->flat();
   if (previous) torch::sub_out(g, f.result->flat(), f.sent->flat() * own_weight);  // the others' stale share
   else g.zero_();
-  // What every worker shares this round (the replicas' θ differ): the all-reduced sum.
-  const uint64_t shared_hash = hash_tensors({previous ? f.result->flat() : g});
+  // What every worker shares this sync (the replicas' θ differ): the all-reduced sum, with the
+  // sync's place in the schedule (a first sync's sum is zeros for every fragment).
+  const uint64_t shared_hash =
+      hash_tensors({previous ? f.result->flat() : g, torch::tensor({rounds_ + 1, static_cast<int64_t>(index)})});
   // This worker's fresh Δ_m^r = θ_p − θ_{m,p}, and its exchange on the background thread.
   auto& sent = f.sent->views();
   for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]).sub_(f.global[i]).neg_();
@@ -425,28 +441,50 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   f.failure = nullptr;
   f.pending = true;
   f.reduction = submit(f);
-  comm::CommStats stats = previous ? previous->stats : comm::CommStats{};
-  int64_t participants = previous ? previous->participants : group.size();
-  if (!last) {
-    g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
-    f.outer->step(f.step_by->views());
-  } else {
-    // The run's end: everything not yet applied (the others' stale share and the whole last
-    // exchange), then one θ_p for all: the workers' average.
+  const comm::CommStats stats = previous ? previous->stats : comm::CommStats{};
+  const int64_t participants = previous ? previous->participants : group.size();
+  if (last) {
+    f.final_phase = 1;
+    return eager_finish(index, step, stats, participants, own_weight);
+  }
+  g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
+  f.outer->step(f.step_by->views());
+  return eager_report(index, step, options_.merge_alpha, stats, participants, own_weight, shared_hash);
+}
+
+// The run's end, in two phases a failure can stop between and a resume continues from (state()
+// keeps f.final_phase, and `step_by` in phase 1): 1, wait for the last exchange and step with
+// everything not yet applied (the others' stale share in `step_by`, and the whole last sum);
+// 2, average θ_p over the workers, so that a finished run's model is one θ.
+SyncReport StreamingDiLoCo::eager_finish(size_t index, int64_t step, comm::CommStats stats, int64_t participants,
+                                         double weight) {
+  torch::NoGradGuard no_grad;
+  auto& f = fragments_[index];
+  auto& group = elastic_.group();
+  if (f.final_phase == 1) {
     await(f, index);
     const Reduced final_exchange = *std::exchange(f.arrived, std::nullopt);
     f.pending = false;
-    g.add_(f.result->flat());
+    f.step_by->flat().add_(f.result->flat());
     f.outer->step(f.step_by->views());
-    auto& average = f.result->views();
-    for (size_t i = 0; i < average.size(); ++i) average[i].copy_(f.global[i]);
     stats += final_exchange.stats;
-    stats += f.result->all_reduce_sum(group);
-    f.result->flat().div_(static_cast<double>(group.size()));
-    for (size_t i = 0; i < average.size(); ++i) f.global[i].copy_(average[i]);
     participants = final_exchange.participants;
+    f.final_phase = 2;
   }
-  const double alpha = last ? 0.0 : options_.merge_alpha;
+  auto& average = f.result->views();
+  for (size_t i = 0; i < average.size(); ++i) average[i].copy_(f.global[i]);
+  stats += background_.submit([&] { return f.result->all_reduce_sum(group); }).get();
+  f.result->flat().div_(static_cast<double>(group.size()));
+  for (size_t i = 0; i < average.size(); ++i) f.global[i].copy_(average[i]);
+  f.final_phase = 0;
+  std::vector<torch::Tensor> shared(f.global.begin(), f.global.end());
+  shared.push_back(torch::tensor({rounds_ + 1, static_cast<int64_t>(index)}));
+  return eager_report(index, step, 0.0, stats, participants, weight, hash_tensors(shared));
+}
+
+SyncReport StreamingDiLoCo::eager_report(size_t index, int64_t step, double alpha, const comm::CommStats& stats,
+                                         int64_t participants, double weight, uint64_t hash) {
+  auto& f = fragments_[index];
   for (size_t i = 0; i < f.local.size(); ++i) {
     auto global = f.global[i].to(f.local[i].device(), f.local[i].scalar_type());
     if (alpha == 0) f.local[i].copy_(global);
@@ -456,17 +494,16 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   if (alpha == 0) f.exact = step;
   step_ = std::max(step_, step);
   rounds_ += 1;
-
   SyncReport report;
   report.round = rounds_;
   report.step = step;
   report.world_size = participants;
   report.stats = stats;
   report.stats.participants = participants;
-  report.params_hash = last ? hash_tensors(global_) : shared_hash;
+  report.params_hash = hash;
   report.fragment = options_.fragments > 1 ? static_cast<int64_t>(index) : -1;
   report.stall_seconds = f.stall;
-  report.weight = own_weight;
+  report.weight = weight;
   report.tokens = f.pending_tokens;
   return report;
 }
@@ -547,6 +584,10 @@ NamedTensors StreamingDiLoCo::state() {
     out.emplace_back(key + "started", scalar(f.started));
     out.emplace_back(key + "exact", scalar(f.exact));
     out.emplace_back(key + "pending_tokens", scalar(f.pending_tokens));
+    if (options_.eager) {
+      out.emplace_back(key + "final_phase", scalar(f.final_phase));
+      if (f.final_phase == 1) out.emplace_back(key + "step_by", f.step_by->flat());
+    }
     if (!f.pending) continue;
     // A sync in flight: wait for it, so the checkpoint holds either its result or, when the
     // collective failed, what this worker sent (to send again on resume).

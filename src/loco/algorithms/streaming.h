@@ -26,10 +26,11 @@
 //     g_m^r = Σ_k w_k^{r−1}·Δ_k^{r−1} − w_m^{r−1}·Δ_m^{r−1} + w_m^{r−1}·Δ_m^r
 // (the others' one-round-stale share plus its own fresh one in place of its stale one; before any
 // previous round, the sum is 0 and w = 1/M), then merges as above (τ = 0). The replicas' θ differ by
-// their own fresh gradients, so a sync's params_hash is that of the all-reduced sum, which every
-// worker shares. At the run's last step each fragment waits for its exchange, steps with
+// their own fresh gradients, so a sync's params_hash is that of the all-reduced sum and the sync's
+// place in the schedule, which every worker shares. At the run's last step each fragment waits for its exchange, steps with
 // g = Σ_k w_k^{R−1}·Δ_k^{R−1} − w_m^{R−1}·Δ_m^{R−1} + Σ_k w_k^R·Δ_k^R (everything not yet applied), and
-// the workers average their θ_p (one fp32 all-reduce), so a finished run's model is one θ again.
+// the workers average their θ_p (one fp32 all-reduce), so a finished run's model is one θ again; a
+// failure between these two phases is resumed from where it stopped.
 // Needs τ = 0, no dropped gradients, fixed (not time-budgeted) rounds and a fixed membership.
 //
 // Threads: every collective of this strategy runs on its one background thread, in the same order
@@ -154,6 +155,7 @@ class StreamingDiLoCo : public SyncStrategy {
     std::unique_ptr<FlatBuffer> sent;          // the local values as they were when the sync started
     std::unique_ptr<FlatBuffer> result;        // θ̄ (fp32) or Δ (encoded exchange), once reduced
     std::unique_ptr<FlatBuffer> step_by;       // eager: the outer gradient g_m it steps with
+    int64_t final_phase = 0;                   // eager, the run's end: 1 last exchange due, 2 average due
     int64_t offset = 0;                        // t_p
     int64_t round = 0;                         // syncs of this fragment completed
     int64_t tokens = 0;                        // tokens since its last sync started
@@ -183,6 +185,10 @@ class StreamingDiLoCo : public SyncStrategy {
   // Eager updates: fragment `index`'s sync at `step` (its previous exchange waited for, the next
   // started, the eager step taken); at the last step, the final step and the average of θ_p.
   SyncReport eager_sync(size_t index, int64_t step, bool last);
+  SyncReport eager_finish(size_t index, int64_t step, comm::CommStats stats, int64_t participants, double weight);
+  // The merge (α), the counters and the report of an eager sync.
+  SyncReport eager_report(size_t index, int64_t step, double alpha, const comm::CommStats& stats, int64_t participants,
+                          double weight, uint64_t hash);
   // Waits for fragment f's exchange in flight (rethrowing its failure); adds the wait to f.stall.
   void await(Fragment& f, size_t index);
   int64_t apply_step(const Fragment& fragment) const;

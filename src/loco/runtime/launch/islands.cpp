@@ -26,6 +26,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
 
@@ -309,7 +310,8 @@ Islands::Islands(const std::vector<LinkSpec>& links) : links_(links) {
     // The relay's sockets are opened in the hub, where the hub ends of the veths are.
     set_namespace(hub_fd_);
     for (size_t i = 0; i < links_.size(); ++i) {
-      const int fd = ::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(ETH_P_ALL));
+      // Protocol 0: no frame is queued before bind() ties the socket to its own hub end.
+      const int fd = ::socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, 0);
       if (fd < 0) throw Error("link", fmt::format("packet socket: {}", std::strerror(errno)));
       sockets_.push_back(fd);
       const int on = 1, buffer = 64 << 20;
@@ -380,6 +382,11 @@ std::string Islands::address(size_t island) const {
   return fmt::format("10.77.{}.{}", host / 256, host % 256);
 }
 
+std::string Islands::relay_error() const {
+  std::lock_guard lock(error_mutex_);
+  return relay_error_;
+}
+
 void Islands::enter(size_t island) const { set_namespace(island_fds_.at(island)); }
 void Islands::leave() const { set_namespace(original_fd_); }
 
@@ -430,8 +437,24 @@ void Islands::relay() {
       timeout.tv_nsec = ns % 1000000000;
       timeout_ms = 0;
     }
-    if (::ppoll(fds.data(), fds.size(), timeout_ms < 0 ? nullptr : &timeout, nullptr) < 0 && errno != EINTR) break;
+    if (::ppoll(fds.data(), fds.size(), timeout_ms < 0 ? nullptr : &timeout, nullptr) < 0 && errno != EINTR) {
+      std::lock_guard lock(error_mutex_);
+      relay_error_ = fmt::format("the relay's ppoll failed: {}", std::strerror(errno));
+      return;
+    }
     for (size_t from = 0; from < sockets_.size(); ++from) {
+      if (fds[from].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+        // A pending socket error (e.g. the device went down) is read, which clears it; a socket
+        // that is closed or gone ends the relay rather than spin on it.
+        int error = 0;
+        socklen_t length = sizeof error;
+        if ((fds[from].revents & POLLNVAL) || ::getsockopt(sockets_[from], SOL_SOCKET, SO_ERROR, &error, &length) != 0) {
+          std::lock_guard lock(error_mutex_);
+          relay_error_ = fmt::format("hub{}'s packet socket failed", from);
+          return;
+        }
+        ++frames_dropped_;
+      }
       if (!(fds[from].revents & POLLIN)) continue;
       for (int frames = 0; frames < 256; ++frames) {
         const ssize_t n = ::recv(sockets_[from], buffer.data(), buffer.size(), MSG_DONTWAIT | MSG_TRUNC);
@@ -467,42 +490,69 @@ void Islands::relay() {
   }
 }
 
+namespace {
+
+// A socket closed when it goes out of scope, however the measurement ends.
+struct Socket {
+  int fd = -1;
+  explicit Socket(int descriptor) : fd(descriptor) {}
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+sockaddr_in socket_address(const std::string& host, int port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, host.c_str(), &address.sin_addr);
+  return address;
+}
+
+}  // namespace
+
 LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int64_t bulk_bytes, int pings) {
   LOCO_CHECK(from < islands.size() && to < islands.size() && from != to, "measure_link: islands {} and {} of {}", from, to, islands.size());
   LOCO_CHECK(bulk_bytes >= 1024 && pings >= 1, "measure_link: {} bytes, {} pings", bulk_bytes, pings);
   std::promise<int> listening;
   auto port = listening.get_future();
-  // The receiver, in island `to`: echoes pings, then times the bulk transfer and sends its rate back.
+  // The receiver, in island `to`: echoes pings, then times the bulk transfer and sends its rate
+  // back. Whatever it throws before it listens reaches the caller through `listening`.
   auto receiver = std::async(std::launch::async, [&]() -> double {
-    islands.enter(to);
-    const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    ::inet_pton(AF_INET, islands.address(to).c_str(), &address.sin_addr);
-    socklen_t length = sizeof address;
-    if (server < 0 || ::bind(server, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || ::listen(server, 1) != 0 ||
-        ::getsockname(server, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      listening.set_value(-1);
-      throw Error("link", fmt::format("measuring the link: listen: {}", std::strerror(errno)));
+    std::optional<Socket> server;
+    try {
+      islands.enter(to);
+      server.emplace(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      sockaddr_in address = socket_address(islands.address(to), 0);
+      socklen_t length = sizeof address;
+      if (server->fd < 0 || ::bind(server->fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+          ::listen(server->fd, 1) != 0 || ::getsockname(server->fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+        throw Error("link", fmt::format("measuring the link: listen: {}", std::strerror(errno)));
+      }
+      listening.set_value(ntohs(address.sin_port));
+    } catch (...) {
+      listening.set_exception(std::current_exception());
+      return 0;
     }
-    listening.set_value(ntohs(address.sin_port));
-    pollfd wait{server, POLLIN, 0};
-    const int peer = ::poll(&wait, 1, 60000) == 1 ? ::accept4(server, nullptr, nullptr, SOCK_CLOEXEC) : -1;
-    ::close(server);
-    if (peer < 0) throw Error("link", "measuring the link: no connection within 60 s");
-    set_timeouts(peer, 120);
+    pollfd wait{server->fd, POLLIN, 0};
+    Socket peer(::poll(&wait, 1, 60000) == 1 ? ::accept4(server->fd, nullptr, nullptr, SOCK_CLOEXEC) : -1);
+    if (peer.fd < 0) throw Error("link", "measuring the link: no connection within 60 s");
+    set_timeouts(peer.fd, 120);
     const int on = 1;
-    ::setsockopt(peer, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+    ::setsockopt(peer.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
     char byte = 0;
     for (int i = 0; i < pings; ++i) {
-      receive_all(peer, &byte, 1);
-      send_all(peer, &byte, 1);
+      receive_all(peer.fd, &byte, 1);
+      send_all(peer.fd, &byte, 1);
     }
     std::vector<char> chunk(1 << 20);
     int64_t received = 0, at_quarter = -1;
     Clock::time_point quarter, end;
     while (received < bulk_bytes) {
-      const ssize_t n = ::recv(peer, chunk.data(), static_cast<size_t>(std::min<int64_t>(bulk_bytes - received, static_cast<int64_t>(chunk.size()))), 0);
+      const ssize_t n = ::recv(peer.fd, chunk.data(),
+                               static_cast<size_t>(std::min<int64_t>(bulk_bytes - received, static_cast<int64_t>(chunk.size()))), 0);
       if (n <= 0) throw Error("link", "measuring the link: the transfer broke off");
       received += n;
       end = Clock::now();
@@ -510,52 +560,62 @@ LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int
     }
     const double seconds = std::chrono::duration<double>(end - quarter).count();
     const double rate = seconds > 0 ? static_cast<double>(received - at_quarter) * 8 / seconds : INFINITY;
-    send_all(peer, &rate, sizeof rate);
-    ::close(peer);
+    send_all(peer.fd, &rate, sizeof rate);
     return rate;
   });
-  const int port_number = port.get();
-  if (port_number < 0) receiver.get();  // rethrows the receiver's error
+  int port_number = 0;
+  try {
+    port_number = port.get();
+  } catch (...) {
+    receiver.get();
+    throw;
+  }
   // The sender, in island `from`, on a thread of its own so the caller's namespace is untouched.
+  // Its socket closes on any error, which ends the receiver's wait at once.
   auto sender = std::async(std::launch::async, [&]() -> LinkMeasurement {
     islands.enter(from);
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    set_timeouts(fd, 120);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port_number));
-    ::inet_pton(AF_INET, islands.address(to).c_str(), &address.sin_addr);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-      const int saved = errno;
-      ::close(fd);
-      throw Error("link", fmt::format("measuring the link: connect to {}: {}", islands.address(to), std::strerror(saved)));
+    Socket socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    set_timeouts(socket.fd, 120);
+    const sockaddr_in address = socket_address(islands.address(to), port_number);
+    if (socket.fd < 0 || ::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+      throw Error("link", fmt::format("measuring the link: connect to {}: {}", islands.address(to), std::strerror(errno)));
     }
     const int on = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+    ::setsockopt(socket.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
     std::vector<double> trips;
     char byte = 'p';
     for (int i = 0; i < pings; ++i) {
       const auto start = Clock::now();
-      send_all(fd, &byte, 1);
-      receive_all(fd, &byte, 1);
+      send_all(socket.fd, &byte, 1);
+      receive_all(socket.fd, &byte, 1);
       trips.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
     std::vector<char> chunk(1 << 20, 'x');
     for (int64_t sent = 0; sent < bulk_bytes;) {
       const auto n = static_cast<size_t>(std::min<int64_t>(bulk_bytes - sent, static_cast<int64_t>(chunk.size())));
-      send_all(fd, chunk.data(), n);
+      send_all(socket.fd, chunk.data(), n);
       sent += static_cast<int64_t>(n);
     }
     LinkMeasurement result;
-    receive_all(fd, &result.rate_bps, sizeof result.rate_bps);
-    ::close(fd);
+    receive_all(socket.fd, &result.rate_bps, sizeof result.rate_bps);
     std::nth_element(trips.begin(), trips.begin() + static_cast<std::ptrdiff_t>(trips.size() / 2), trips.end());
     result.round_trip_s = trips[trips.size() / 2];
     result.bytes = bulk_bytes;
     return result;
   });
-  LinkMeasurement result = sender.get();
-  receiver.get();
+  std::exception_ptr failure;
+  LinkMeasurement result;
+  try {
+    result = sender.get();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  try {
+    receiver.get();
+  } catch (...) {
+    if (!failure) failure = std::current_exception();
+  }
+  if (failure) std::rethrow_exception(failure);
   return result;
 }
 

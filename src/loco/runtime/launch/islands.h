@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +86,8 @@ class Islands {
   // Frames the relay carried, and dropped because a queue was full (tbf's or a socket's).
   int64_t frames_relayed() const { return frames_relayed_.load(); }
   int64_t frames_dropped() const { return frames_dropped_.load(); }
+  // Why the relay stopped carrying frames ("" while it runs): the links are down from then on.
+  std::string relay_error() const;
 
   // What the user sees at start: how rate and delay are emulated, each distinct link once.
   std::string describe() const;
@@ -100,6 +103,8 @@ class Islands {
   int wake_fd_ = -1;           // an eventfd that stops the relay
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> frames_relayed_{0}, frames_dropped_{0};
+  mutable std::mutex error_mutex_;
+  std::string relay_error_;
   std::thread relay_;
 };
 

@@ -122,12 +122,9 @@ class Launch {
  public:
   Launch(const RunConfig& config, const LaunchOptions& options)
       : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every),
-        islands_(make_islands()), coordinator_(coordinator_options()), restarts_left_(options.restarts), elastic_(config.cluster.elastic),
+        islands_(make_islands()), back_home_(islands_.get()), coordinator_(coordinator_options()), restarts_left_(options.restarts), elastic_(config.cluster.elastic),
         grace_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config.cluster.timeout_s + 60))) {
     coordinator_.start();
-  }
-  ~Launch() {
-    if (islands_) islands_->leave();  // so that the islands' namespaces go with their descriptors
   }
 
   void start_workers();
@@ -192,6 +189,14 @@ class Launch {
   const LaunchOptions& options_;
   Display display_;
   std::unique_ptr<Islands> islands_;  // before the coordinator: its socket is opened in island 0
+  // Takes this thread out of island 0 again, however the launch ends (a constructor that throws
+  // included), so that the islands' namespaces go with their descriptors.
+  struct BackHome {
+    Islands* islands;
+    ~BackHome() {
+      if (islands != nullptr) islands->leave();
+    }
+  } back_home_;
   Coordinator coordinator_;
   std::vector<WorkerProcess> workers_;
   std::vector<std::vector<std::string>> argvs_;  // by rank
@@ -239,6 +244,13 @@ void Launch::restart_dead() {
 // Waits up to 200 ms for output, then relays every complete line: progress into the status line,
 // messages and anything else as lines prefixed with the worker's rank.
 void Launch::relay_output() {
+  if (islands_ && !stopping_ && !islands_->relay_error().empty()) {
+    stopping_ = true;
+    failure_ = "the emulated links stopped: " + islands_->relay_error();
+    display_.line("launch: " + failure_ + "; stopping the workers");
+    coordinator_.request_stop(failure_);
+    stop_workers(SIGTERM);
+  }
   std::vector<pollfd> fds;
   std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
   for (size_t i = 0; i < workers_.size(); ++i) {

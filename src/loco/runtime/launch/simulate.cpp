@@ -1,0 +1,200 @@
+#include "loco/runtime/launch/simulate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "loco/core/error.h"
+
+namespace loco::runtime {
+
+void SimulationOptions::validate() const {
+  const auto fail = [](const std::string& what) { throw ConfigError("simulate", what); };
+  if (!(parameters > 0)) fail(fmt::format("the model needs parameters > 0, got {}", parameters));
+  if (layers < 1) fail(fmt::format("the model needs layers >= 1, got {}", layers));
+  if (!(step_s > 0)) fail(fmt::format("the step time must be > 0 s, got {}", step_s));
+  if (workers < 1) fail(fmt::format("workers must be >= 1, got {}", workers));
+  if (inner_steps < 1) fail(fmt::format("inner steps H must be >= 1, got {}", inner_steps));
+  if (algorithm == SimulatedAlgorithm::kStreaming &&
+      (fragments < 1 || fragments > inner_steps || fragments > layers)) {
+    fail(fmt::format("fragments P must be in [1, min(H = {}, layers = {})], got {}", inner_steps, layers, fragments));
+  }
+  if (overlap_steps < 0 || overlap_steps >= inner_steps) {
+    fail(fmt::format("overlap steps must be in [0, H = {}), got {}", inner_steps, overlap_steps));
+  }
+  if (eager && (algorithm == SimulatedAlgorithm::kDdp || overlap_steps != 0)) {
+    fail("eager updates are for diloco and streaming, with no overlap steps (they overlap a whole round)");
+  }
+  if (!(bits > 0)) fail(fmt::format("bits per value must be > 0, got {}", bits));
+  if (!(bandwidth_bps > 0)) fail(fmt::format("the bandwidth must be > 0, got {}", bandwidth_bps));
+  if (!(latency_s >= 0)) fail(fmt::format("the latency must be >= 0, got {}", latency_s));
+  if (steps < 0) fail(fmt::format("steps must be >= 0, got {}", steps));
+}
+
+double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double latency_s) {
+  if (workers <= 1) return 0;
+  const double m = static_cast<double>(workers);
+  return 2 * (m - 1) / m * bytes * 8 / bandwidth_bps + 2 * (m - 1) * latency_s;
+}
+
+SimulationResult simulate(const SimulationOptions& o) {
+  o.validate();
+  const bool ddp = o.algorithm == SimulatedAlgorithm::kDdp;
+  const int64_t h = ddp ? 1 : o.inner_steps;
+  const int64_t p_count = o.algorithm == SimulatedAlgorithm::kStreaming ? o.fragments : 1;
+  const int64_t tau = o.algorithm == SimulatedAlgorithm::kStreaming ? o.overlap_steps : 0;
+  const int64_t total = o.steps > 0 ? o.steps : std::max<int64_t>(20 * h, 200);
+  const double m = static_cast<double>(o.workers);
+  // One fragment's exchange, and the share of its last layer (what must follow the backward pass).
+  const double bytes = o.parameters / static_cast<double>(p_count) * o.bits / 8;
+  const double layers_per_fragment = std::max(1.0, static_cast<double>(o.layers) / static_cast<double>(p_count));
+  const double exchange_s = ring_all_reduce_s(bytes, o.workers, o.bandwidth_bps, o.latency_s);
+  const double tail_s = ring_all_reduce_s(bytes / layers_per_fragment, o.workers, o.bandwidth_bps, o.latency_s);
+  const double backward_s = o.step_s * 2 / 3;
+  const double window_s = o.overlap_backward ? backward_s * (1 - 1 / static_cast<double>(o.layers)) : 0;
+
+  struct Fragment {
+    int64_t offset = 0, started = 0, due = 0;
+    double finish = 0;
+    bool pending = false;
+  };
+  std::vector<Fragment> fragments(static_cast<size_t>(p_count));
+  for (int64_t p = 0; p < p_count; ++p) fragments[static_cast<size_t>(p)].offset = p * h / p_count;
+
+  double t = 0, link_free = 0;
+  SimulationResult result;
+  const auto issue = [&](Fragment& f, int64_t step, int64_t due) {
+    const double start = o.concurrent_exchanges ? t - window_s : std::max(t - window_s, link_free);
+    // DDP's last layer's gradients exist only once the backward pass ends (outer gradients are
+    // whole when the exchange is issued).
+    f.finish = std::max(start + exchange_s, o.overlap_backward && ddp ? t + tail_s : 0.0);
+    link_free = f.finish;
+    f.started = step;
+    f.due = due;
+    f.pending = true;
+    result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * bytes : 0;
+  };
+  const auto wait = [&](Fragment& f) {
+    t = std::max(t, f.finish);
+    f.pending = false;
+  };
+  for (int64_t step = 1; step <= total; ++step) {
+    t += o.step_s;
+    const bool last = step == total && o.final_sync;
+    // As loco runs them (algorithms/streaming.cpp): results due now, then the syncs that start now
+    // (at the end every fragment that trained since its last), then results due at once.
+    if (!o.eager) {
+      for (auto& f : fragments) {
+        if (f.pending && f.due <= step) wait(f);
+      }
+    }
+    for (auto& f : fragments) {
+      const bool starts = step >= f.offset + h && (step - f.offset) % h == 0;
+      if (!(starts || (last && f.started < step)) || (!o.eager && f.pending)) continue;
+      if (o.eager) {
+        if (f.pending) wait(f);  // the previous exchange, H steps old
+        issue(f, step, step + h);
+        if (last) {
+          // loco's eager end: the last exchange, then the workers' θ averaged in fp32.
+          wait(f);
+          const double average = o.parameters / static_cast<double>(p_count) * 4;
+          t = std::max(t, link_free) + ring_all_reduce_s(average, o.workers, o.bandwidth_bps, o.latency_s);
+          link_free = t;
+          result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * average : 0;
+        }
+      } else {
+        issue(f, step, o.final_sync ? std::min(step + tau, total) : step + tau);
+      }
+    }
+    if (!o.eager) {
+      for (auto& f : fragments) {
+        if (f.pending && f.due <= step) wait(f);
+      }
+    }
+  }
+  result.steps = total;
+  result.wall_s = t;
+  result.compute_s = static_cast<double>(total) * o.step_s;
+  result.utilization = result.compute_s / result.wall_s;
+  return result;
+}
+
+double bandwidth_for(SimulationOptions options, double target) {
+  if (!(target > 0 && target <= 1)) throw ConfigError("simulate", fmt::format("a target utilization must be in (0, 1], got {}", target));
+  const auto utilization = [&](double bandwidth) {
+    options.bandwidth_bps = bandwidth;
+    return simulate(options).utilization;
+  };
+  double lo = std::log(1e3), hi = std::log(1e14);
+  if (utilization(std::exp(hi)) < target) return std::numeric_limits<double>::infinity();
+  if (utilization(std::exp(lo)) >= target) return std::exp(lo);
+  for (int i = 0; i < 60; ++i) {
+    const double mid = (lo + hi) / 2;
+    (utilization(std::exp(mid)) >= target ? hi : lo) = mid;
+  }
+  return std::exp(hi);
+}
+
+const std::vector<double> kPublishedTargets = {0.5, 0.8, 0.9, 0.95, 0.99};
+
+const std::vector<PublishedRow>& published_simulation() {
+  static const std::vector<PublishedRow> rows = {
+      {"1B", 1e9, 24, 0.1, "Data-Parallel", {86.8, 152.6, 184.2, 222.3, 569.0}},
+      {"1B", 1e9, 24, 0.1, "Streaming DiLoCo", {1.4, 5.2, 9.1, 16.0, 28.1}},
+      {"1B", 1e9, 24, 0.1, "1-inner-step overlapped FP4, H=30", {2.4, 3.6, 4.3, 4.3, 4.3}},
+      {"1B", 1e9, 24, 0.1, "1-inner-step overlapped FP4, H=100", {0.4, 0.9, 1.7, 2.0, 3.0}},
+      {"1B", 1e9, 24, 0.1, "1-outer-step overlapped FP4, H=30", {1.1, 2.0, 2.0, 2.0, 2.4}},
+      {"1B", 1e9, 24, 0.1, "1-outer-step overlapped FP4, H=100", {0.1, 0.2, 0.2, 0.2, 0.2}},
+      {"10B", 1e10, 48, 0.8, "Data-Parallel", {104.8, 222.3, 222.3, 268.3, 471.5}},
+      {"10B", 1e10, 48, 0.8, "Streaming DiLoCo", {1.7, 5.2, 9.1, 13.3, 19.3}},
+      {"10B", 1e10, 48, 0.8, "1-inner-step overlapped FP4, H=30", {1.4, 2.4, 2.4, 3.0, 3.0}},
+      {"10B", 1e10, 48, 0.8, "1-inner-step overlapped FP4, H=100", {0.4, 0.9, 1.4, 1.4, 1.7}},
+      {"10B", 1e10, 48, 0.8, "1-outer-step overlapped FP4, H=30", {0.7, 1.1, 1.4, 1.4, 1.4}},
+      {"10B", 1e10, 48, 0.8, "1-outer-step overlapped FP4, H=100", {0.1, 0.2, 0.2, 0.3, 0.3}},
+      {"100B", 1e11, 108, 4.9, "Data-Parallel", {184.2, 323.8, 390.7, 390.7, 471.5}},
+      {"100B", 1e11, 108, 4.9, "Streaming DiLoCo", {2.4, 6.2, 9.1, 11.0, 19.3}},
+      {"100B", 1e11, 108, 4.9, "1-inner-step overlapped FP4, H=30", {0.9, 1.7, 2.0, 2.0, 2.0}},
+      {"100B", 1e11, 108, 4.9, "1-inner-step overlapped FP4, H=100", {0.5, 0.9, 1.1, 1.1, 1.4}},
+      {"100B", 1e11, 108, 4.9, "1-outer-step overlapped FP4, H=30", {0.5, 0.8, 0.9, 0.9, 0.9}},
+      {"100B", 1e11, 108, 4.9, "1-outer-step overlapped FP4, H=100", {0.2, 0.3, 0.3, 0.3, 0.4}},
+  };
+  return rows;
+}
+
+SimulationOptions published_options(const PublishedRow& row) {
+  SimulationOptions o;
+  o.parameters = row.parameters;
+  o.layers = row.layers;
+  o.step_s = row.step_s;
+  o.workers = 2;
+  o.overlap_backward = true;
+  o.latency_s = 0;
+  o.final_sync = false;
+  if (row.method == "Data-Parallel") {
+    o.algorithm = SimulatedAlgorithm::kDdp;
+    o.bits = 16;
+    o.steps = 200;
+    return o;
+  }
+  o.algorithm = SimulatedAlgorithm::kStreaming;
+  o.inner_steps = row.method.find("H=30") != std::string::npos ? 30 : 100;
+  o.fragments = std::min<int64_t>(row.layers / 3, o.inner_steps);
+  o.bits = row.method == "Streaming DiLoCo" ? 16 : 4;
+  o.overlap_steps = row.method.starts_with("1-inner") ? 1 : 0;
+  o.eager = row.method.starts_with("1-outer");
+  o.steps = 20 * o.inner_steps;
+  return o;
+}
+
+double on_published_grid(double gbits) {
+  for (int i = 0; i < 50; ++i) {
+    const double value = std::pow(10.0, -1 + 4.0 * i / 49);
+    if (value >= gbits * (1 - 1e-9)) return value;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+}  // namespace loco::runtime

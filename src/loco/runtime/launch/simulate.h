@@ -1,0 +1,97 @@
+// `loco simulate`: the compute utilization and wall time a run should get over a link, from its
+// model, its step time, its workers, its algorithm and the link, by replaying the run's schedule of
+// computation and communication step by step (the Streaming DiLoCo paper's kind of simulator,
+// arXiv 2501.18512; docs/slow-links.md). And the inverse: the bandwidth a target utilization needs.
+//
+// The model of time:
+//   - each inner step computes for `step_s` seconds (forward a third, backward two thirds, spread
+//     evenly over the layers);
+//   - a ring all-reduce of B bytes over M workers costs 2(M − 1)/M · B · 8 / bandwidth plus
+//     2(M − 1) one-way latencies (its 2(M − 1) hops); each worker's link carries one at a time, in
+//     the order they were issued;
+//   - DDP all-reduces every step's gradients after the backward pass and waits for them; DiLoCo
+//     every H steps its outer gradients, waiting at once; Streaming DiLoCo one fragment (1/P of
+//     the parameters) every H/P steps, waiting τ steps later; eager updates wait for a fragment's
+//     exchange only at its next sync (H steps later), and at the run's end for everything;
+//   - with `overlap_backward` (the papers' assumption, not loco's implementation), an exchange
+//     issued at a step's end may start during that step's backward pass (all of it but the first
+//     layer's), and DDP's last layer's share of the gradients still goes after the backward ends.
+// Everything else (evaluation, checkpoints, start-up, the CPU the exchange itself takes) is left out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loco::runtime {
+
+enum class SimulatedAlgorithm { kDdp, kDiLoCo, kStreaming };
+
+struct SimulationOptions {
+  double parameters = 0;          // N
+  int64_t layers = 1;             // L (the blocks)
+  double step_s = 0;              // compute of one inner step, seconds
+  int64_t workers = 2;            // M
+  SimulatedAlgorithm algorithm = SimulatedAlgorithm::kDiLoCo;
+  int64_t inner_steps = 50;       // H
+  int64_t fragments = 1;          // P (streaming)
+  int64_t overlap_steps = 0;      // τ (streaming)
+  bool eager = false;             // eager outer updates (diloco, streaming)
+  double bits = 32;               // bits per value on the wire (DDP's gradients; outer gradients)
+  double bandwidth_bps = 1e9;     // each worker's link, bits per second
+  double latency_s = 0;           // one-way
+  bool overlap_backward = false;
+  // The run's end: the last step synchronizes every fragment at once (and eager updates wait for
+  // everything, then average θ), as loco ends a run. false: the steady state alone.
+  bool final_sync = true;
+  // false: exchanges share each worker's link one at a time (loco's one background thread); true:
+  // each runs at the full bandwidth whatever else is on the wire (an idealized link).
+  bool concurrent_exchanges = false;
+  int64_t steps = 0;              // steps replayed; 0 = max(20 H, 200)
+  void validate() const;          // ConfigError naming the bad option
+};
+
+struct SimulationResult {
+  double wall_s = 0;              // the replayed steps' wall time
+  double compute_s = 0;           // steps × step_s
+  double utilization = 0;         // compute_s / wall_s
+  double bytes_sent = 0;          // per worker, over the replayed steps
+  int64_t steps = 0;
+};
+
+// Seconds of a ring all-reduce of `bytes` (the model above); 0 for one worker.
+double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double latency_s);
+
+SimulationResult simulate(const SimulationOptions& options);
+
+// The least bandwidth (bits/s) at which `options` reaches `target` utilization (bisection over
+// log bandwidth between 1 kbit/s and 100 Tbit/s); +infinity when even that does not (latency
+// alone can forbid it).
+double bandwidth_for(SimulationOptions options, double target);
+
+// The published simulation this one is checked against: Kale et al. 2025 (arXiv 2502.12996),
+// Table 5, whose Data-Parallel and Streaming DiLoCo rows are the Streaming DiLoCo paper's simulation
+// and whose other rows add overlapped FP4 exchanges (τ = 1 inner step, or a whole outer step:
+// eager). Gbit/s needed for 50, 80, 90, 95 and 99% compute utilization; models of 1B, 10B and
+// 100B parameters (24, 48, 108 layers; steps of 0.1, 0.8, 4.9 s at 60% MFU); H = 100 unless the
+// method says 30; fragments of 3 layers. Each value is, evidently, the first of 50 log-spaced
+// bandwidths from 0.1 to 1000 Gbit/s that reaches the target (every value lies within 7% of one of
+// them, printed with one decimal).
+struct PublishedRow {
+  std::string model;
+  double parameters = 0;
+  int64_t layers = 0;
+  double step_s = 0;
+  std::string method;
+  std::vector<double> gbits;  // for kPublishedTargets
+};
+extern const std::vector<double> kPublishedTargets;  // 0.5, 0.8, 0.9, 0.95, 0.99
+const std::vector<PublishedRow>& published_simulation();
+// The options that reproduce a row's setting: 2 workers (two datacenters), bf16 (16 bits) for
+// Data-Parallel and Streaming DiLoCo, 4 bits for FP4, exchanges overlapping the backward pass, no
+// latency, the steady state (no end of run).
+SimulationOptions published_options(const PublishedRow& row);
+// `gbits` rounded up to the published grid (logspace(-1, 3, 50) Gbit/s).
+double on_published_grid(double gbits);
+
+}  // namespace loco::runtime

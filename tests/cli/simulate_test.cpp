@@ -1,0 +1,147 @@
+// `loco simulate` (runtime/launch/simulate.h): closed-form cases, the inverse, and the published
+// simulation it imitates (Kale et al. 2025, arXiv 2502.12996, Table 5, which extends the Streaming
+// DiLoCo paper's simulation table with overlapped variants).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loco/core/error.h"
+#include "loco/runtime/launch/simulate.h"
+
+namespace loco::runtime {
+namespace {
+
+SimulationOptions base(SimulatedAlgorithm algorithm) {
+  SimulationOptions o;
+  o.parameters = 1e8;
+  o.layers = 12;
+  o.step_s = 0.5;
+  o.workers = 4;
+  o.algorithm = algorithm;
+  o.inner_steps = 50;
+  o.bits = 32;
+  o.bandwidth_bps = 1e9;
+  o.latency_s = 0.05;
+  o.steps = 1000;
+  return o;
+}
+
+TEST(SimulateTest, RingAllReduceCostsTwiceTheShareOfEachWorkerPlusItsHops) {
+  // 2 (M − 1)/M × B × 8 / W + 2 (M − 1) λ
+  EXPECT_DOUBLE_EQ(ring_all_reduce_s(1e6, 4, 8e6, 0.0), 1.5);
+  EXPECT_DOUBLE_EQ(ring_all_reduce_s(1e6, 4, 8e6, 0.05), 1.5 + 0.3);
+  EXPECT_DOUBLE_EQ(ring_all_reduce_s(1e6, 1, 8e6, 0.05), 0.0);
+}
+
+TEST(SimulateTest, BlockingMethodsMatchTheirClosedForms) {
+  const auto ddp = base(SimulatedAlgorithm::kDdp);
+  const double ddp_exchange = ring_all_reduce_s(4e8, 4, 1e9, 0.05);
+  auto r = simulate(ddp);
+  EXPECT_NEAR(r.utilization, 0.5 / (0.5 + ddp_exchange), 1e-9);
+  EXPECT_NEAR(r.bytes_sent, 1000 * 1.5 * 4e8, 1);
+
+  // DiLoCo: one exchange every H steps, waited for at once; 1000 steps = 20 rounds exactly.
+  const auto diloco = base(SimulatedAlgorithm::kDiLoCo);
+  r = simulate(diloco);
+  EXPECT_NEAR(r.wall_s, 1000 * 0.5 + 20 * ddp_exchange, 1e-6);
+
+  // Streaming, τ = 0: P exchanges of 1/P each per H steps, plus the last step's exchange of every
+  // fragment whose sync started before it (fragments 1..3 have offsets 12, 25, 37).
+  auto streaming = base(SimulatedAlgorithm::kStreaming);
+  streaming.fragments = 4;
+  r = simulate(streaming);
+  const double fragment_exchange = ring_all_reduce_s(1e8, 4, 1e9, 0.05);
+  const int64_t syncs = 20 + 3 * 19 + 3;
+  EXPECT_NEAR(r.wall_s, 1000 * 0.5 + static_cast<double>(syncs) * fragment_exchange, 1e-6);
+}
+
+TEST(SimulateTest, OverlapHidesAnExchangeShorterThanWhatItOverlaps) {
+  auto streaming = base(SimulatedAlgorithm::kStreaming);
+  streaming.fragments = 4;
+  streaming.overlap_steps = 5;  // 2.5 s of compute against 0.6 + 0.3 s of exchange
+  streaming.final_sync = false;
+  auto r = simulate(streaming);
+  EXPECT_DOUBLE_EQ(r.utilization, 1.0);
+  // Only the run's last step waits: for the fragments synced there, one after another.
+  streaming.final_sync = true;
+  r = simulate(streaming);
+  EXPECT_NEAR(r.wall_s, 500 + 4 * ring_all_reduce_s(1e8, 4, 1e9, 0.05), 1e-6);
+  streaming.final_sync = false;
+
+  auto slow = streaming;
+  slow.bandwidth_bps = 1e8;  // 6 s + 0.3 s per fragment: τ hides 2.5 s of it
+  r = simulate(slow);
+  EXPECT_LT(r.utilization, 0.8);
+
+  // Eager: a whole round (25 s) to hide each exchange of the whole model (2.4 s + 0.3 s at 1 Gbit/s).
+  auto eager = base(SimulatedAlgorithm::kDiLoCo);
+  eager.eager = true;
+  eager.final_sync = false;
+  const auto blocking = simulate(base(SimulatedAlgorithm::kDiLoCo));
+  r = simulate(eager);
+  EXPECT_DOUBLE_EQ(r.utilization, 1.0);
+  // The end: the last exchange (issued at step 1000, after the one of step 950 was waited for),
+  // then θ averaged in fp32.
+  eager.final_sync = true;
+  r = simulate(eager);
+  EXPECT_NEAR(r.wall_s, 500 + 2 * ring_all_reduce_s(4e8, 4, 1e9, 0.05), 1e-6);
+  EXPECT_GT(r.utilization, blocking.utilization);
+}
+
+TEST(SimulateTest, TheInverseFindsTheBandwidthOfTheTarget) {
+  auto diloco = base(SimulatedAlgorithm::kDiLoCo);
+  diloco.latency_s = 0;
+  // Closed form: u = H S / (H S + 1.5 · 4e8 · 8 / W)  =>  W = 1.5 · 3.2e9 · u / (H S (1 − u)).
+  for (double target : {0.5, 0.9, 0.99}) {
+    const double needed = bandwidth_for(diloco, target);
+    EXPECT_NEAR(needed, 1.5 * 3.2e9 * target / (25 * (1 - target)), 1e-3 * needed) << target;
+  }
+  // Latency alone can forbid a target: DDP with 6 hops of 0.5 s against a 0.5 s step never reaches 50%.
+  auto ddp = base(SimulatedAlgorithm::kDdp);
+  ddp.latency_s = 0.5;
+  EXPECT_TRUE(std::isinf(bandwidth_for(ddp, 0.5)));
+  EXPECT_THROW(bandwidth_for(diloco, 1.5), ConfigError);
+}
+
+TEST(SimulateTest, OptionsAreValidated) {
+  auto o = base(SimulatedAlgorithm::kStreaming);
+  o.fragments = 13;  // more than the 12 layers
+  EXPECT_THROW(simulate(o), ConfigError);
+  o = base(SimulatedAlgorithm::kDdp);
+  o.eager = true;
+  EXPECT_THROW(simulate(o), ConfigError);
+  o = base(SimulatedAlgorithm::kDiLoCo);
+  o.step_s = 0;
+  EXPECT_THROW(simulate(o), ConfigError);
+}
+
+// The published simulation's Data-Parallel and Streaming DiLoCo rows (the Streaming DiLoCo paper's
+// own): every value within 25% once ours is rounded up to the same grid of bandwidths, but one:
+// 100B Streaming DiLoCo at 99%, where we need 13.3 Gbit/s and the table 19.3 (31% less; see
+// docs/slow-links.md). The overlapped FP4 rows are not asserted: the paper's simulator does not
+// say how it shares the link between overlapping exchanges, and ours (one at a time) differs
+// (docs/slow-links.md prints both).
+TEST(SimulateTest, MatchesThePublishedSimulationOfDataParallelAndStreamingDiLoCo) {
+  int checked = 0;
+  for (const auto& row : published_simulation()) {
+    if (row.method != "Data-Parallel" && row.method != "Streaming DiLoCo") continue;
+    for (size_t i = 0; i < kPublishedTargets.size(); ++i) {
+      const double ours = on_published_grid(bandwidth_for(published_options(row), kPublishedTargets[i]) / 1e9);
+      const bool exception = row.model == "100B" && row.method == "Streaming DiLoCo" && i == 4;
+      EXPECT_NEAR(ours, row.gbits[i], (exception ? 0.35 : 0.25) * row.gbits[i])
+          << row.model << " " << row.method << " at " << kPublishedTargets[i] * 100 << "%";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 30);
+}
+
+TEST(SimulateTest, PublishedGridRoundsUp) {
+  EXPECT_NEAR(on_published_grid(86.0), 86.85, 0.01);
+  EXPECT_NEAR(on_published_grid(0.1), 0.1, 1e-9);
+  EXPECT_NEAR(on_published_grid(4.0), 4.29, 0.01);
+  EXPECT_TRUE(std::isinf(on_published_grid(2000)));
+}
+
+}  // namespace
+}  // namespace loco::runtime
