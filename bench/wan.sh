@@ -4,7 +4,8 @@
 # --link`, needs root) joined by 1 Gbit/s, 100 Mbit/s and 10 Mbit/s links with 50 ms one-way delay:
 #   DDP  |  DiLoCo H = 50  |  Streaming P = 4, tau = 1, fp32  |  Streaming P = 4, tau = 5, e3m0  |  eager DiLoCo H = 50
 # every run the same tokens per worker. Prints one `loco report` table per link: validation loss,
-# bytes sent, stall, compute utilization (end to end) and wall time.
+# bytes sent, stall, compute utilization (end to end) and wall time; and writes what `loco simulate`
+# predicts for each run, with what it measured, to bench/results/wan.json.
 #
 #   sudo bench/wan.sh [OUT]              OUT defaults to runs/bench-wan; finished runs are skipped
 #   sudo STEPS=100 bench/wan.sh          shorter (DDP over 10 Mbit/s costs ~6 s a step: 300 steps ~ 30 min)
@@ -28,6 +29,22 @@ for rate in $links; do
   run "$rate-streaming-t5-e3m0" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=5 --sync.exchange=e3m0
   run "$rate-eager-diloco-h50"  --link "$link" --sync.algorithm=diloco --sync.eager=true
 done
+
+# What `loco simulate` predicts for each run, from its measured step time, next to what it measured:
+# bench/results/wan.json (tests/cli/simulate_test.cpp checks the predictions against it).
+mkdir -p bench/results
+{
+  echo "["
+  first=1
+  for rate in $links; do
+    for name in ddp diloco-h50 streaming-t1-fp32 streaming-t5-e3m0 eager-diloco-h50; do
+      [ $first = 1 ] || echo ","
+      first=0
+      "$loco" simulate --from-run "$out/$rate-$name" --link "rate=$rate,delay=$delay" --json
+    done
+  done
+  echo "]"
+} > bench/results/wan.json
 
 for rate in $links; do
   echo

@@ -33,6 +33,7 @@
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
+#include "loco/runtime/launch/simulate.h"
 #include "loco/runtime/worker/dipaco_worker.h"
 #include "loco/runtime/worker/route.h"
 #include "loco/runtime/worker/trainer.h"
@@ -765,6 +766,129 @@ struct LinkCheck {
   int pings = 20;
 };
 
+struct Simulate {
+  explicit Simulate(CLI::App& app) {
+    cmd = app.add_subcommand("simulate", "Predict a run's compute utilization and wall time over a link, and the bandwidth "
+                                         "each utilization needs (override any config key with --section.key=value)");
+    auto* source = cmd->add_option_group("source", "what to simulate");
+    source->add_option("--config", config_file, "TOML run config: its model, workers, algorithm, steps and [link]");
+    source->add_option("--from-run", run_dir, "a finished run: its config, and its measured step time (to compare "
+                                              "the prediction with what it measured)");
+    source->add_flag("--published", published, "compare this simulator with the published simulation (Kale et al. "
+                                               "2025, Table 5): Gbit/s for 50..99% utilization, theirs and ours");
+    source->require_option(1);
+    cmd->add_option("--link", link, "the link: rate=RATE,delay=DELAY (default: the config's [link])");
+    cmd->add_option("--step-time", step_s, "seconds of compute per inner step (default: a --from-run's measured one)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--flops", flops, "or the device's achieved FLOP/s: step time = 6 x parameters x tokens per step / FLOP/s")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--params", params, "the model's parameters instead of the config's (e.g. 1e9)")->check(CLI::PositiveNumber);
+    cmd->add_option("--layers", layers, "the model's layers instead of the config's")->check(CLI::Range(int64_t{1}, int64_t{100000}));
+    cmd->add_option("--target", targets, "also print the bandwidth for this compute utilization (0..1]")
+        ->check(CLI::Range(1e-6, 1.0));
+    cmd->add_flag("--overlap-backward", overlap_backward, "let exchanges overlap the backward pass (the papers' "
+                                                          "simulators; loco does not)");
+    cmd->add_flag("--steady-state", steady_state, "leave out the run's end (its final syncs)");
+    cmd->add_flag("--json", json, "print the options, the prediction and (with --from-run) the measurement as one JSON object");
+    cmd->allow_extras();
+  }
+  int run() {
+    namespace rt = loco::runtime;
+    if (published) return print_published();
+    const auto overrides = collect_overrides(cmd->remaining());
+    const fs::path file = run_dir.empty() ? fs::path(config_file) : fs::path(run_dir) / "config.toml";
+    auto config = rt::load_config(file, overrides);
+    if (config.model.vocab_size == 0) config.model.vocab_size = loco::data::read_manifest(config.data.dir).vocab_size;
+    auto o = rt::simulation_options(config);
+    if (params > 0) o.parameters = params;
+    if (layers > 0) o.layers = layers;
+    if (!link.empty()) {
+      const auto spec = rt::LinkSpec::parse(link);
+      o.bandwidth_bps = spec.rate_bps;
+      o.latency_s = spec.delay_s;
+    }
+    o.overlap_backward = overlap_backward;
+    o.final_sync = !steady_state;
+    std::optional<rt::MeasuredRun> measured;
+    if (!run_dir.empty()) measured = rt::measure_run(run_dir);
+    std::string step_source = "--step-time";
+    if (step_s > 0) {
+      o.step_s = step_s;
+    } else if (flops > 0) {
+      o.step_s = 6 * o.parameters * static_cast<double>(config.train.batch_size * config.model.context) / flops;
+      step_source = fmt::format("6 x {:.3g} parameters x {} tokens / {:.3g} FLOP/s", o.parameters,
+                                config.train.batch_size * config.model.context, flops);
+    } else if (measured) {
+      o.step_s = measured->step_s;
+      step_source = fmt::format("measured: the workers' compute time / {} steps", measured->steps);
+    } else {
+      throw loco::ConfigError("simulate", "give the step time: --step-time SECONDS, --flops FLOP/s, or --from-run RUN");
+    }
+    if (json) {
+      nlohmann::json out = {{"options", rt::to_json(o)}};
+      if (o.bandwidth_bps > 0) out["predicted"] = rt::to_json(rt::simulate(o));
+      if (measured) out["measured"] = rt::to_json(*measured);
+      if (!run_dir.empty()) out["run"] = fs::path(run_dir).filename().string();
+      fmt::print("{}\n", out.dump());
+      return 0;
+    }
+    const char* names[] = {"ddp", "diloco", "streaming"};
+    std::string method = names[static_cast<int>(o.algorithm)];
+    if (o.algorithm != rt::SimulatedAlgorithm::kDdp) method += fmt::format(" H={}", o.inner_steps);
+    if (o.algorithm == rt::SimulatedAlgorithm::kStreaming) method += fmt::format(" P={} tau={}", o.fragments, o.overlap_steps);
+    if (o.eager) method += " eager";
+    fmt::print("model {:.4g} parameters, {} layers; step {:.4g} s ({}); {} workers; {}, {:g} bits per value; {} steps\n",
+               o.parameters, o.layers, o.step_s, step_source, o.workers, method, o.bits, o.steps);
+    const auto latency = fmt::format("{:g} ms one-way", o.latency_s * 1e3);
+    if (o.bandwidth_bps > 0) {
+      const auto r = rt::simulate(o);
+      fmt::print("over {}, {}: compute utilization {:.1f}%, {} for the steps ({} computing), {} sent per worker\n",
+                 rt::LinkSpec{o.bandwidth_bps, o.latency_s}.describe(), o.overlap_backward ? "overlapping the backward pass" : "as loco runs it",
+                 100 * r.utilization, loco::metrics::format_duration(r.wall_s), loco::metrics::format_duration(r.compute_s),
+                 loco::metrics::format_bytes(r.bytes_sent));
+      if (measured) {
+        fmt::print("measured by {}: compute utilization {:.1f}% in the training loop ({}), {:.1f}% end to end; {} sent per "
+                   "worker; predicted / measured loop time {:.2f}\n",
+                   run_dir, 100 * measured->utilization, loco::metrics::format_duration(measured->loop_s),
+                   100 * measured->end_to_end, loco::metrics::format_bytes(measured->bytes_sent), r.wall_s / measured->loop_s);
+      }
+    }
+    std::vector<double> all = {0.5, 0.8, 0.9, 0.95, 0.99};
+    all.insert(all.end(), targets.begin(), targets.end());
+    fmt::print("bandwidth needed ({}):", latency);
+    for (double target : all) {
+      const double needed = rt::bandwidth_for(o, target);
+      fmt::print("  {:g}%: {}", 100 * target,
+                 std::isinf(needed) ? std::string("unreachable (latency)") : rt::format_bandwidth(needed));
+    }
+    fmt::print("\n");
+    return 0;
+  }
+  CLI::App* cmd;
+  std::string config_file, run_dir, link;
+  double step_s = 0, flops = 0, params = 0;
+  int64_t layers = 0;
+  std::vector<double> targets;
+  bool overlap_backward = false, steady_state = false, json = false, published = false;
+
+  static int print_published() {
+    namespace rt = loco::runtime;
+    fmt::print("| model | method | 50% | 80% | 90% | 95% | 99% |\n|---|---|---|---|---|---|---|\n");
+    for (const auto& row : rt::published_simulation()) {
+      std::string cells;
+      for (size_t i = 0; i < rt::kPublishedTargets.size(); ++i) {
+        const double ours = rt::on_published_grid(rt::bandwidth_for(rt::published_options(row), rt::kPublishedTargets[i]) / 1e9);
+        const double off = ours / row.gbits[i] - 1;
+        cells += fmt::format(" {:g} / {:.1f}{} |", row.gbits[i], ours, std::abs(off) > 0.25 ? fmt::format(" ({:+.0f}%)", 100 * off) : "");
+      }
+      fmt::print("| {} | {} |{}\n", row.model, row.method, cells);
+    }
+    fmt::print("\nGbit/s needed: published / this simulator (rounded up to the published grid); in parentheses where they "
+               "differ by more than 25%\n");
+    return 0;
+  }
+};
+
 // Runs `command`, turning what it throws into the exit status the README lists.
 template <class F>
 int exit_status_of(F&& command) {
@@ -808,6 +932,7 @@ int main(int argc, char** argv) {
   Plan plan(app);
   Route route(app);
   LinkCheck link_check(app);
+  Simulate simulate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -827,6 +952,7 @@ int main(int argc, char** argv) {
     if (plan.cmd->parsed()) return plan.run();
     if (route.cmd->parsed()) return route.run();
     if (link_check.cmd->parsed()) return link_check.run();
+    if (simulate.cmd->parsed()) return simulate.run();
     return 0;
   });
 }

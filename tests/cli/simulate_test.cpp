@@ -5,8 +5,12 @@
 
 #include <cmath>
 
+#include <fstream>
+
 #include "loco/core/error.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/launch/simulate.h"
+#include "test_util.h"
 
 namespace loco::runtime {
 namespace {
@@ -141,6 +145,63 @@ TEST(SimulateTest, PublishedGridRoundsUp) {
   EXPECT_NEAR(on_published_grid(0.1), 0.1, 1e-9);
   EXPECT_NEAR(on_published_grid(4.0), 4.29, 0.01);
   EXPECT_TRUE(std::isinf(on_published_grid(2000)));
+}
+
+TEST(SimulateTest, ReadsARunsConfigAndWhatItMeasured) {
+  auto config = parse_config(R"([model]
+vocab_size = 4096
+context = 64
+layers = 4
+width = 128
+heads = 4
+[train]
+steps = 300
+[sync]
+algorithm = "streaming"
+inner_steps = 50
+fragments = 4
+overlap_steps = 5
+exchange = "e3m0"
+[cluster]
+workers = 4
+[link]
+rate = "100mbit"
+delay = "50ms"
+)", "test");
+  const auto o = simulation_options(config);
+  EXPECT_EQ(o.parameters, static_cast<double>(model::parameter_count(config.model)));
+  EXPECT_EQ(o.layers, 4);
+  EXPECT_EQ(o.algorithm, SimulatedAlgorithm::kStreaming);
+  EXPECT_EQ(o.fragments, 4);
+  EXPECT_EQ(o.overlap_steps, 5);
+  EXPECT_EQ(o.bits, 4);
+  EXPECT_EQ(o.steps, 300);
+  EXPECT_DOUBLE_EQ(o.bandwidth_bps, 100e6);
+  EXPECT_DOUBLE_EQ(o.latency_s, 0.05);
+  config.sync.algorithm = Algorithm::kDdp;
+  EXPECT_EQ(simulation_options(config).bits, 32) << "DDP sends fp32 gradients whatever sync.exchange says";
+  config.sync.algorithm = Algorithm::kLocal;
+  EXPECT_THROW(simulation_options(config), ConfigError);
+
+  // JSON round trip of the options.
+  auto back = simulation_options_from_json(to_json(o));
+  EXPECT_EQ(to_json(back), to_json(o));
+  EXPECT_THROW(simulation_options_from_json(nlohmann::json{{"parameters", 1}}), DataError);
+
+  // A run's summaries: the workers' means.
+  testing_util::TempDir dir;
+  std::ofstream(dir.path() / "metrics.jsonl")
+      << R"({"event":"train","worker":0,"step":1})" << "\n"
+      << R"({"event":"summary","worker":0,"steps":300,"compute_s":60,"compute_utilization":0.8,"end_to_end_utilization":0.75,"bytes_sent":1000})" << "\n"
+      << R"({"event":"summary","worker":1,"steps":300,"compute_s":30,"compute_utilization":0.6,"end_to_end_utilization":0.55,"bytes_sent":3000})" << "\n";
+  const auto m = measure_run(dir.path());
+  EXPECT_DOUBLE_EQ(m.step_s, 0.15);
+  EXPECT_DOUBLE_EQ(m.loop_s, (75.0 + 50.0) / 2);
+  EXPECT_DOUBLE_EQ(m.utilization, 0.7);
+  EXPECT_DOUBLE_EQ(m.end_to_end, 0.65);
+  EXPECT_DOUBLE_EQ(m.bytes_sent, 2000);
+  EXPECT_EQ(m.workers, 2);
+  EXPECT_THROW(measure_run(dir.path() / "nothing"), DataError);
 }
 
 }  // namespace

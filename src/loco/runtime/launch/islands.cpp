@@ -184,6 +184,13 @@ void receive_all(int fd, void* data, size_t size) {
 
 }  // namespace
 
+std::string format_bandwidth(double bps) {
+  if (bps >= 1e9) return fmt::format("{:.3g} Gbit/s", bps / 1e9);
+  if (bps >= 1e6) return fmt::format("{:.3g} Mbit/s", bps / 1e6);
+  if (bps >= 1e3) return fmt::format("{:.3g} kbit/s", bps / 1e3);
+  return fmt::format("{:.3g} bit/s", bps);
+}
+
 double parse_rate_bps(const std::string& text, const std::string& what) {
   return parse_with_unit(text, {{"bit", 1}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"bps", 8}, {"kbps", 8e3},
                                 {"mbps", 8e6}, {"gbps", 8e9}},
@@ -372,9 +379,12 @@ void Islands::set_up_island(size_t i) {
     run_in(island, tbf_arguments("wan0", links_[i].rate_bps));   // its upload
     run_in(hub_fd_, tbf_arguments(hub_end, links_[i].rate_bps)); // its download
   }
-  // A host on a long, fast link has TCP buffers large enough for its bandwidth-delay product.
+  // A host tuned for a long, fast link: TCP buffers large enough for its bandwidth-delay product,
+  // and no return to slow start after an idle spell (a DiLoCo round leaves a connection idle for
+  // minutes; Linux's default would restart each exchange at 10 segments per round trip).
   write_sysctl(island, "/proc/sys/net/ipv4/tcp_rmem", "4096 131072 67108864");
   write_sysctl(island, "/proc/sys/net/ipv4/tcp_wmem", "4096 16384 67108864");
+  write_sysctl(island, "/proc/sys/net/ipv4/tcp_slow_start_after_idle", "0");
 }
 
 std::string Islands::address(size_t island) const {

@@ -42,6 +42,9 @@ struct LinkSpec {
   bool operator==(const LinkSpec&) const = default;
 };
 
+// "97.6 Mbit/s": a rate in bits/s with three significant digits.
+std::string format_bandwidth(double bps);
+
 // Parses a rate ("100mbit") or a delay ("50ms") alone; throws ConfigError naming `what`.
 double parse_rate_bps(const std::string& text, const std::string& what);
 double parse_delay_s(const std::string& text, const std::string& what);

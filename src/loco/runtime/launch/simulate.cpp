@@ -1,13 +1,17 @@
 #include "loco/runtime/launch/simulate.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "loco/core/error.h"
+#include "loco/runtime/launch/islands.h"
 
 namespace loco::runtime {
 
@@ -136,6 +140,151 @@ double bandwidth_for(SimulationOptions options, double target) {
     (utilization(std::exp(mid)) >= target ? hi : lo) = mid;
   }
   return std::exp(hi);
+}
+
+namespace {
+
+const char* algorithm_name(SimulatedAlgorithm algorithm) {
+  switch (algorithm) {
+    case SimulatedAlgorithm::kDdp: return "ddp";
+    case SimulatedAlgorithm::kDiLoCo: return "diloco";
+    case SimulatedAlgorithm::kStreaming: return "streaming";
+  }
+  return "?";
+}
+
+template <typename T>
+T field(const nlohmann::json& json, const char* name) {
+  if (!json.contains(name)) throw DataError("simulate", fmt::format("simulation JSON has no '{}'", name));
+  try {
+    return json.at(name).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw DataError("simulate", fmt::format("simulation JSON: '{}' has the wrong type", name));
+  }
+}
+
+}  // namespace
+
+nlohmann::json to_json(const SimulationOptions& o) {
+  return {{"parameters", o.parameters}, {"layers", o.layers}, {"step_s", o.step_s}, {"workers", o.workers},
+          {"algorithm", algorithm_name(o.algorithm)}, {"inner_steps", o.inner_steps}, {"fragments", o.fragments},
+          {"overlap_steps", o.overlap_steps}, {"eager", o.eager}, {"bits", o.bits}, {"bandwidth_bps", o.bandwidth_bps},
+          {"latency_s", o.latency_s}, {"overlap_backward", o.overlap_backward}, {"final_sync", o.final_sync},
+          {"concurrent_exchanges", o.concurrent_exchanges}, {"steps", o.steps}};
+}
+
+SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
+  SimulationOptions o;
+  o.parameters = field<double>(j, "parameters");
+  o.layers = field<int64_t>(j, "layers");
+  o.step_s = field<double>(j, "step_s");
+  o.workers = field<int64_t>(j, "workers");
+  const auto algorithm = field<std::string>(j, "algorithm");
+  if (algorithm == "ddp") o.algorithm = SimulatedAlgorithm::kDdp;
+  else if (algorithm == "diloco") o.algorithm = SimulatedAlgorithm::kDiLoCo;
+  else if (algorithm == "streaming") o.algorithm = SimulatedAlgorithm::kStreaming;
+  else throw DataError("simulate", fmt::format("simulation JSON: unknown algorithm '{}'", algorithm));
+  o.inner_steps = field<int64_t>(j, "inner_steps");
+  o.fragments = field<int64_t>(j, "fragments");
+  o.overlap_steps = field<int64_t>(j, "overlap_steps");
+  o.eager = field<bool>(j, "eager");
+  o.bits = field<double>(j, "bits");
+  o.bandwidth_bps = field<double>(j, "bandwidth_bps");
+  o.latency_s = field<double>(j, "latency_s");
+  o.overlap_backward = field<bool>(j, "overlap_backward");
+  o.final_sync = field<bool>(j, "final_sync");
+  o.concurrent_exchanges = field<bool>(j, "concurrent_exchanges");
+  o.steps = field<int64_t>(j, "steps");
+  return o;
+}
+
+nlohmann::json to_json(const SimulationResult& r) {
+  return {{"wall_s", r.wall_s}, {"compute_s", r.compute_s}, {"utilization", r.utilization}, {"bytes_sent", r.bytes_sent},
+          {"steps", r.steps}};
+}
+
+nlohmann::json to_json(const MeasuredRun& m) {
+  return {{"step_s", m.step_s}, {"loop_s", m.loop_s}, {"utilization", m.utilization}, {"end_to_end", m.end_to_end},
+          {"bytes_sent", m.bytes_sent}, {"steps", m.steps}, {"workers", m.workers}};
+}
+
+MeasuredRun measured_run_from_json(const nlohmann::json& j) {
+  MeasuredRun m;
+  m.step_s = field<double>(j, "step_s");
+  m.loop_s = field<double>(j, "loop_s");
+  m.utilization = field<double>(j, "utilization");
+  m.end_to_end = field<double>(j, "end_to_end");
+  m.bytes_sent = field<double>(j, "bytes_sent");
+  m.steps = field<int64_t>(j, "steps");
+  m.workers = field<int64_t>(j, "workers");
+  return m;
+}
+
+SimulationOptions simulation_options(const RunConfig& config) {
+  SimulationOptions o;
+  o.parameters = static_cast<double>(model::parameter_count(config.model));
+  o.layers = config.model.layers;
+  o.workers = config.cluster.workers;
+  o.steps = config.train.steps;
+  o.inner_steps = config.sync.inner_steps;
+  switch (config.sync.algorithm) {
+    case Algorithm::kDdp: o.algorithm = SimulatedAlgorithm::kDdp; break;
+    case Algorithm::kDiLoCo: o.algorithm = SimulatedAlgorithm::kDiLoCo; break;
+    case Algorithm::kStreaming:
+      o.algorithm = SimulatedAlgorithm::kStreaming;
+      o.fragments = config.sync.fragments;
+      o.overlap_steps = config.sync.overlap_steps;
+      break;
+    default:
+      throw ConfigError("simulate", fmt::format("sync.algorithm = \"{}\" does not communicate over a link: simulate "
+                                                "ddp, diloco or streaming", to_string(config.sync.algorithm)));
+  }
+  o.eager = config.sync.eager;
+  const std::map<comm::Encoding, double> bits = {{comm::Encoding::kFp32, 32}, {comm::Encoding::kBf16, 16},
+                                                  {comm::Encoding::kFp8, 8},   {comm::Encoding::kE3M0, 4},
+                                                  {comm::Encoding::kInt8, 8},  {comm::Encoding::kInt4, 4}};
+  o.bits = o.algorithm == SimulatedAlgorithm::kDdp ? 32 : bits.at(config.sync.exchange);
+  const auto link = LinkPlan::from_config(config.link, {}, config.cluster.workers).all;
+  o.bandwidth_bps = link.rate_bps;
+  o.latency_s = link.delay_s;
+  return o;
+}
+
+MeasuredRun measure_run(const std::filesystem::path& run) {
+  std::ifstream in(run / "metrics.jsonl");
+  if (!in) throw DataError("simulate", fmt::format("{} holds no metrics.jsonl: not a finished run", run.string()));
+  std::map<int64_t, nlohmann::json> last;  // each worker's last summary
+  for (std::string line; std::getline(in, line);) {
+    try {
+      auto event = nlohmann::json::parse(line);
+      if (event.value("event", "") == "summary") last[event.value("worker", int64_t{0})] = event;
+    } catch (const nlohmann::json::exception&) {
+    }
+  }
+  if (last.empty()) throw DataError("simulate", fmt::format("{}/metrics.jsonl has no worker summary: the run did not finish", run.string()));
+  MeasuredRun m;
+  for (const auto& [worker, s] : last) {
+    const double compute = s.value("compute_s", 0.0), utilization = s.value("compute_utilization", 0.0);
+    const int64_t steps = s.value("steps", int64_t{0});
+    if (steps <= 0 || compute <= 0 || utilization <= 0) {
+      throw DataError("simulate", fmt::format("{}: worker {}'s summary has no compute time (a run from before loco measured it?)",
+                                              run.string(), worker));
+    }
+    m.step_s += compute / static_cast<double>(steps);
+    m.loop_s += compute / utilization;
+    m.utilization += utilization;
+    m.end_to_end += s.value("end_to_end_utilization", 0.0);
+    m.bytes_sent += s.value("bytes_sent", 0.0);
+    m.steps = std::max(m.steps, steps);
+  }
+  const double n = static_cast<double>(last.size());
+  m.workers = static_cast<int64_t>(last.size());
+  m.step_s /= n;
+  m.loop_s /= n;
+  m.utilization /= n;
+  m.end_to_end /= n;
+  m.bytes_sent /= n;
+  return m;
 }
 
 const std::vector<double> kPublishedTargets = {0.5, 0.8, 0.9, 0.95, 0.99};

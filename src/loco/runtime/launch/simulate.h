@@ -20,8 +20,12 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "loco/runtime/config/config.h"
 
 namespace loco::runtime {
 
@@ -68,6 +72,28 @@ SimulationResult simulate(const SimulationOptions& options);
 // log bandwidth between 1 kbit/s and 100 Tbit/s); +infinity when even that does not (latency
 // alone can forbid it).
 double bandwidth_for(SimulationOptions options, double target);
+
+// Options and measurements as JSON (what `loco simulate --json` prints and the tests read back).
+nlohmann::json to_json(const SimulationOptions& options);
+SimulationOptions simulation_options_from_json(const nlohmann::json& json);  // DataError on a missing field
+nlohmann::json to_json(const SimulationResult& result);
+
+// The simulation of `config`'s run: its model's parameters and blocks, workers, algorithm (DDP sends
+// fp32 gradients; DiLoCo and Streaming DiLoCo their sync.exchange's bits), H, P, τ, eager, steps,
+// and the link of its [link] section (bandwidth 0 when it sets no rate). The step time is left 0.
+SimulationOptions simulation_options(const RunConfig& config);
+
+// What a finished run measured, from RUN/metrics.jsonl's summaries (the workers' means): the step
+// time (compute_s / steps), the seconds in the training loop (compute_s / compute_utilization),
+// its compute utilization there and end to end, and the bytes each worker sent. Throws DataError
+// when the run has no summaries.
+struct MeasuredRun {
+  double step_s = 0, loop_s = 0, utilization = 0, end_to_end = 0, bytes_sent = 0;
+  int64_t steps = 0, workers = 0;
+};
+MeasuredRun measure_run(const std::filesystem::path& run);
+nlohmann::json to_json(const MeasuredRun& measured);
+MeasuredRun measured_run_from_json(const nlohmann::json& json);
 
 // The published simulation this one is checked against: Kale et al. 2025 (arXiv 2502.12996),
 // Table 5, whose Data-Parallel and Streaming DiLoCo rows are the Streaming DiLoCo paper's simulation
