@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
 
 #include "process_util.h"
 #include "tiny_corpus.h"
@@ -18,6 +19,38 @@ inline void prepare_tiny_dataset(const std::filesystem::path& dir, const std::fi
                         "--vocab-size", "320", "--cache", (dir / "cache").string()},
                        (dir / "prepare.log").string());
   ASSERT_EQ(r.status, 0) << r.output;
+}
+
+// The launch tests' run: a tiny DiLoCo (H = 5) of 40 steps with `workers` processes and short
+// timeouts; `more` is appended (further sections).
+inline std::string tiny_launch_config(int workers, const std::string& more = "") {
+  return R"([model]
+context = 32
+layers = 2
+width = 32
+heads = 2
+[optim]
+lr = 0.003
+warmup_steps = 5
+[train]
+steps = 40
+batch_size = 4
+device = "cpu"
+log_every = 5
+[eval]
+every = 20
+windows = 8
+[checkpoint]
+every = 10
+[sync]
+algorithm = "diloco"
+inner_steps = 5
+[cluster]
+workers = )" + std::to_string(workers) + R"(
+timeout_s = 20
+join_timeout_s = 30
+connect_timeout_s = 10
+)" + more;
 }
 
 }  // namespace loco::testing_util

@@ -30,33 +30,7 @@ class LaunchTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_->path(), data()));
-    std::ofstream(config()) << R"([model]
-context = 32
-layers = 2
-width = 32
-heads = 2
-[optim]
-lr = 0.003
-warmup_steps = 5
-[train]
-steps = 40
-batch_size = 4
-device = "cpu"
-log_every = 5
-[eval]
-every = 20
-windows = 8
-[checkpoint]
-every = 10
-[sync]
-algorithm = "diloco"
-inner_steps = 5
-[cluster]
-workers = 3
-timeout_s = 20
-join_timeout_s = 30
-connect_timeout_s = 10
-)";
+    std::ofstream(config()) << testing_util::tiny_launch_config(3);
   }
   static void TearDownTestSuite() { delete dir_; }
   void TearDown() override {

@@ -167,36 +167,10 @@ class LaunchLinksTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_->path(), dir_->path() / "data"));
-    std::ofstream(dir_->path() / "tiny.toml") << R"([model]
-context = 32
-layers = 2
-width = 32
-heads = 2
-[optim]
-lr = 0.003
-warmup_steps = 5
-[train]
-steps = 40
-batch_size = 4
-device = "cpu"
-log_every = 5
-[eval]
-every = 20
-windows = 8
-[checkpoint]
-every = 10
-[sync]
-algorithm = "diloco"
-inner_steps = 5
-[cluster]
-workers = 2
-timeout_s = 20
-join_timeout_s = 30
-connect_timeout_s = 10
-[link]
+    std::ofstream(dir_->path() / "tiny.toml") << testing_util::tiny_launch_config(2, R"([link]
 rate = "20mbit"
 delay = "20ms"
-)";
+)");
   }
   static void TearDownTestSuite() { delete dir_; }
   void SetUp() override { LOCO_NEEDS_ROOT(); }
@@ -254,9 +228,11 @@ TEST_F(LaunchLinksTest, InterruptedOrKilledLauncherLeavesNoIsland) {
     ASSERT_EQ(islands.size(), 2u) << read(log(name));
     launcher.signal(sig);
     EXPECT_EQ(launcher.wait(120s), sig == SIGINT ? 130 : 128 + SIGKILL) << read(log(name));
-    // A killed launcher's workers are told to stop (SIGTERM) by the kernel; once they have, nothing holds the islands.
+    // A killed launcher's workers are told to stop (SIGTERM) by the kernel; once they have exited
+    // (a process on its way out still counts), nothing holds the islands.
     const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (!processes_mentioning((dir_->path() / name).string()).empty() && std::chrono::steady_clock::now() < deadline) {
+    while ((!processes_mentioning((dir_->path() / name).string()).empty() || !holders_of(islands).empty()) &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(100ms);
     }
     EXPECT_EQ(holders_of(islands), std::vector<std::string>{}) << name;
