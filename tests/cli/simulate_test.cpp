@@ -26,6 +26,7 @@ SimulationOptions base(SimulatedAlgorithm algorithm) {
   o.bits = 32;
   o.bandwidth_bps = 1e9;
   o.latency_s = 0.05;
+  o.gloo = false;  // the idealized transport: one-way hops, no control ring
   o.steps = 1000;
   return o;
 }
@@ -57,6 +58,17 @@ TEST(SimulateTest, BlockingMethodsMatchTheirClosedForms) {
   const double fragment_exchange = ring_all_reduce_s(1e8, 4, 1e9, 0.05);
   const int64_t syncs = 20 + 3 * 19 + 3;
   EXPECT_NEAR(r.wall_s, 1000 * 0.5 + static_cast<double>(syncs) * fragment_exchange, 1e-6);
+}
+
+TEST(SimulateTest, LocosTransportCostsARoundTripPerHopAndAWeightsRingPerSync) {
+  auto diloco = base(SimulatedAlgorithm::kDiLoCo);
+  diloco.gloo = true;
+  const double hop = 2 * 0.05;
+  const double sync = ring_all_reduce_s(24, 4, 1e9, hop) + ring_all_reduce_s(4e8, 4, 1e9, hop);
+  EXPECT_NEAR(simulate(diloco).wall_s, 1000 * 0.5 + 20 * sync, 1e-6);
+  auto ddp = base(SimulatedAlgorithm::kDdp);
+  ddp.gloo = true;  // DDP's buckets alone
+  EXPECT_NEAR(simulate(ddp).wall_s, 1000 * (0.5 + ring_all_reduce_s(4e8, 4, 1e9, hop)), 1e-6);
 }
 
 TEST(SimulateTest, OverlapHidesAnExchangeShorterThanWhatItOverlaps) {

@@ -38,10 +38,10 @@ void SimulationOptions::validate() const {
   if (steps < 0) fail(fmt::format("steps must be >= 0, got {}", steps));
 }
 
-double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double latency_s) {
+double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double hop_latency_s) {
   if (workers <= 1) return 0;
   const double m = static_cast<double>(workers);
-  return 2 * (m - 1) / m * bytes * 8 / bandwidth_bps + 2 * (m - 1) * latency_s;
+  return 2 * (m - 1) / m * bytes * 8 / bandwidth_bps + 2 * (m - 1) * hop_latency_s;
 }
 
 SimulationResult simulate(const SimulationOptions& o) {
@@ -55,8 +55,11 @@ SimulationResult simulate(const SimulationOptions& o) {
   // One fragment's exchange, and the share of its last layer (what must follow the backward pass).
   const double bytes = o.parameters / static_cast<double>(p_count) * o.bits / 8;
   const double layers_per_fragment = std::max(1.0, static_cast<double>(o.layers) / static_cast<double>(p_count));
-  const double exchange_s = ring_all_reduce_s(bytes, o.workers, o.bandwidth_bps, o.latency_s);
-  const double tail_s = ring_all_reduce_s(bytes / layers_per_fragment, o.workers, o.bandwidth_bps, o.latency_s);
+  const double hop_s = o.gloo ? 2 * o.latency_s : o.latency_s;
+  // A sync of DiLoCo or Streaming DiLoCo on Gloo: the weights' all-reduce (24 bytes), then the data's.
+  const double control_s = o.gloo && !ddp ? ring_all_reduce_s(24, o.workers, o.bandwidth_bps, hop_s) : 0;
+  const double exchange_s = control_s + ring_all_reduce_s(bytes, o.workers, o.bandwidth_bps, hop_s);
+  const double tail_s = ring_all_reduce_s(bytes / layers_per_fragment, o.workers, o.bandwidth_bps, hop_s);
   const double backward_s = o.step_s * 2 / 3;
   const double window_s = o.overlap_backward ? backward_s * (1 - 1 / static_cast<double>(o.layers)) : 0;
 
@@ -105,7 +108,7 @@ SimulationResult simulate(const SimulationOptions& o) {
           // loco's eager end: the last exchange, then the workers' θ averaged in fp32.
           wait(f);
           const double average = o.parameters / static_cast<double>(p_count) * 4;
-          t = std::max(t, link_free) + ring_all_reduce_s(average, o.workers, o.bandwidth_bps, o.latency_s);
+          t = std::max(t, link_free) + ring_all_reduce_s(average, o.workers, o.bandwidth_bps, hop_s);
           link_free = t;
           result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * average : 0;
         }
@@ -170,7 +173,7 @@ nlohmann::json to_json(const SimulationOptions& o) {
           {"algorithm", algorithm_name(o.algorithm)}, {"inner_steps", o.inner_steps}, {"fragments", o.fragments},
           {"overlap_steps", o.overlap_steps}, {"eager", o.eager}, {"bits", o.bits}, {"bandwidth_bps", o.bandwidth_bps},
           {"latency_s", o.latency_s}, {"overlap_backward", o.overlap_backward}, {"final_sync", o.final_sync},
-          {"concurrent_exchanges", o.concurrent_exchanges}, {"steps", o.steps}};
+          {"concurrent_exchanges", o.concurrent_exchanges}, {"gloo", o.gloo}, {"steps", o.steps}};
 }
 
 SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
@@ -194,6 +197,7 @@ SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
   o.overlap_backward = field<bool>(j, "overlap_backward");
   o.final_sync = field<bool>(j, "final_sync");
   o.concurrent_exchanges = field<bool>(j, "concurrent_exchanges");
+  o.gloo = field<bool>(j, "gloo");
   o.steps = field<int64_t>(j, "steps");
   return o;
 }
@@ -321,6 +325,7 @@ SimulationOptions published_options(const PublishedRow& row) {
   o.workers = 2;
   o.overlap_backward = true;
   o.latency_s = 0;
+  o.gloo = false;
   o.final_sync = false;
   if (row.method == "Data-Parallel") {
     o.algorithm = SimulatedAlgorithm::kDdp;

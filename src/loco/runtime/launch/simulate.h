@@ -7,8 +7,8 @@
 //   - each inner step computes for `step_s` seconds (forward a third, backward two thirds, spread
 //     evenly over the layers);
 //   - a ring all-reduce of B bytes over M workers costs 2(M − 1)/M · B · 8 / bandwidth plus
-//     2(M − 1) one-way latencies (its 2(M − 1) hops); each worker's link carries one at a time, in
-//     the order they were issued;
+//     2(M − 1) hops of latency (a round trip each on loco's transport, `gloo`; one-way ideally);
+//     each worker's link carries one at a time, in the order they were issued;
 //   - DDP all-reduces every step's gradients after the backward pass and waits for them; DiLoCo
 //     every H steps its outer gradients, waiting at once; Streaming DiLoCo one fragment (1/P of
 //     the parameters) every H/P steps, waiting τ steps later; eager updates wait for a fragment's
@@ -48,6 +48,11 @@ struct SimulationOptions {
   // The run's end: the last step synchronizes every fragment at once (and eager updates wait for
   // everything, then average θ), as loco ends a run. false: the steady state alone.
   bool final_sync = true;
+  // How loco's transport behaves (true) or an idealized one (false). Gloo's TCP pairs send a
+  // buffer only once the receiver has announced it, so each of a ring's 2(M − 1) hops costs a round
+  // trip (2 × latency), not a one-way trip; and each DiLoCo or Streaming DiLoCo sync starts with a
+  // small all-reduce of the workers' weights (3 numbers), a ring of its own.
+  bool gloo = true;
   // false: exchanges share each worker's link one at a time (loco's one background thread); true:
   // each runs at the full bandwidth whatever else is on the wire (an idealized link).
   bool concurrent_exchanges = false;
@@ -63,8 +68,8 @@ struct SimulationResult {
   int64_t steps = 0;
 };
 
-// Seconds of a ring all-reduce of `bytes` (the model above); 0 for one worker.
-double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double latency_s);
+// Seconds of a ring all-reduce of `bytes` (the model above; `hop_latency_s` per hop); 0 for one worker.
+double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double hop_latency_s);
 
 SimulationResult simulate(const SimulationOptions& options);
 
