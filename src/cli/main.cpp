@@ -798,7 +798,9 @@ struct Simulate {
     const auto overrides = collect_overrides(cmd->remaining());
     const fs::path file = run_dir.empty() ? fs::path(config_file) : fs::path(run_dir) / "config.toml";
     auto config = rt::load_config(file, overrides);
-    if (config.model.vocab_size == 0) config.model.vocab_size = loco::data::read_manifest(config.data.dir).vocab_size;
+    if (config.model.vocab_size == 0) {  // the dataset's; not needed when --params sets the size
+      config.model.vocab_size = params > 0 ? 1 : loco::data::read_manifest(config.data.dir).vocab_size;
+    }
     auto o = rt::simulation_options(config);
     if (params > 0) o.parameters = params;
     if (layers > 0) o.layers = layers;
@@ -810,22 +812,33 @@ struct Simulate {
     o.overlap_backward = overlap_backward;
     o.final_sync = !steady_state;
     std::optional<rt::MeasuredRun> measured;
-    if (!run_dir.empty()) measured = rt::measure_run(run_dir);
+    if (!run_dir.empty()) {
+      measured = rt::measure_run(run_dir);
+      o.steps = measured->steps;  // the steps it ran, which its measurements cover
+    }
     std::string step_source = "--step-time";
     if (step_s > 0) {
       o.step_s = step_s;
     } else if (flops > 0) {
-      o.step_s = 6 * o.parameters * static_cast<double>(config.train.batch_size * config.model.context) / flops;
-      step_source = fmt::format("6 x {:.3g} parameters x {} tokens / {:.3g} FLOP/s", o.parameters,
-                                config.train.batch_size * config.model.context, flops);
+      const int64_t tokens = config.train.batch_size * config.train.grad_accum * config.model.context;
+      o.step_s = 6 * o.parameters * static_cast<double>(tokens) / flops;
+      step_source = fmt::format("6 x {:.3g} parameters x {} tokens / {:.3g} FLOP/s", o.parameters, tokens, flops);
     } else if (measured) {
       o.step_s = measured->step_s;
       step_source = fmt::format("measured: the workers' compute time / {} steps", measured->steps);
     } else {
       throw loco::ConfigError("simulate", "give the step time: --step-time SECONDS, --flops FLOP/s, or --from-run RUN");
     }
+    std::vector<double> all = {0.5, 0.8, 0.9, 0.95, 0.99};
+    all.insert(all.end(), targets.begin(), targets.end());
     if (json) {
       nlohmann::json out = {{"options", rt::to_json(o)}};
+      nlohmann::json needed = nlohmann::json::array();
+      for (double target : all) {
+        const double bps = rt::bandwidth_for(o, target);
+        needed.push_back({{"utilization", target}, {"bandwidth_bps", std::isinf(bps) ? nlohmann::json(nullptr) : nlohmann::json(bps)}});
+      }
+      out["bandwidth_needed"] = needed;
       if (o.bandwidth_bps > 0) out["predicted"] = rt::to_json(rt::simulate(o));
       if (measured) out["measured"] = rt::to_json(*measured);
       if (!run_dir.empty()) out["run"] = fs::path(run_dir).filename().string();
@@ -853,15 +866,17 @@ struct Simulate {
                    100 * measured->end_to_end, loco::metrics::format_bytes(measured->bytes_sent), r.wall_s / measured->loop_s);
       }
     }
-    std::vector<double> all = {0.5, 0.8, 0.9, 0.95, 0.99};
-    all.insert(all.end(), targets.begin(), targets.end());
+    if (o.workers == 1) {
+      fmt::print("one worker: no link is needed\n");
+      return 0;
+    }
     fmt::print("bandwidth needed ({}):", latency);
     for (double target : all) {
       const double needed = rt::bandwidth_for(o, target);
       fmt::print("  {:g}%: {}", 100 * target,
-                 std::isinf(needed) ? std::string("unreachable (latency)") : rt::format_bandwidth(needed));
+                 std::isinf(needed) ? std::string("unreachable") : rt::format_bandwidth(needed));
     }
-    fmt::print("\n");
+    fmt::print("\n(unreachable: part of each exchange costs time no bandwidth removes: its latency, or a wait no overlap hides)\n");
     return 0;
   }
   CLI::App* cmd;

@@ -63,18 +63,20 @@ TEST(SimulateTest, BlockingMethodsMatchTheirClosedForms) {
 TEST(SimulateTest, LocosTransportCostsARoundTripPerHopAndAWeightsRingPerSync) {
   auto diloco = base(SimulatedAlgorithm::kDiLoCo);
   diloco.gloo = true;
+  diloco.bucket_bytes = 0;  // one collective
   const double hop = 2 * 0.05;
   const double sync = ring_all_reduce_s(24, 4, 1e9, hop) + ring_all_reduce_s(4e8, 4, 1e9, hop);
   EXPECT_NEAR(simulate(diloco).wall_s, 1000 * 0.5 + 20 * sync, 1e-6);
   auto ddp = base(SimulatedAlgorithm::kDdp);
-  ddp.gloo = true;  // DDP's buckets alone
-  EXPECT_NEAR(simulate(ddp).wall_s, 1000 * (0.5 + ring_all_reduce_s(4e8, 4, 1e9, hop)), 1e-6);
+  ddp.gloo = true;  // no weights ring; 400 MB of gradients in 13 buckets of 32 MB, each with its hops
+  ddp.bucket_bytes = 32e6;
+  EXPECT_NEAR(simulate(ddp).wall_s, 1000 * (0.5 + ring_all_reduce_s(4e8, 4, 1e9, 0) + 13 * 6 * hop), 1e-6);
 }
 
 TEST(SimulateTest, OverlapHidesAnExchangeShorterThanWhatItOverlaps) {
   auto streaming = base(SimulatedAlgorithm::kStreaming);
   streaming.fragments = 4;
-  streaming.overlap_steps = 5;  // 2.5 s of compute against 0.6 + 0.3 s of exchange
+  streaming.overlap_steps = 5;  // 2.5 s of compute against 1.2 + 0.3 s of exchange
   streaming.final_sync = false;
   auto r = simulate(streaming);
   EXPECT_DOUBLE_EQ(r.utilization, 1.0);
@@ -85,7 +87,7 @@ TEST(SimulateTest, OverlapHidesAnExchangeShorterThanWhatItOverlaps) {
   streaming.final_sync = false;
 
   auto slow = streaming;
-  slow.bandwidth_bps = 1e8;  // 6 s + 0.3 s per fragment: τ hides 2.5 s of it
+  slow.bandwidth_bps = 1e8;  // 12 s + 0.3 s per fragment: τ hides 2.5 s of it
   r = simulate(slow);
   EXPECT_LT(r.utilization, 0.8);
 
@@ -102,6 +104,24 @@ TEST(SimulateTest, OverlapHidesAnExchangeShorterThanWhatItOverlaps) {
   r = simulate(eager);
   EXPECT_NEAR(r.wall_s, 500 + 2 * ring_all_reduce_s(4e8, 4, 1e9, 0.05), 1e-6);
   EXPECT_GT(r.utilization, blocking.utilization);
+}
+
+// As loco ends a run: a fragment whose result is applied at the last step is not synced again.
+// H = 50, P = 4, τ = 5, 290 steps: fragment 3 (offset 37) synced at 287, due at 290 (capped), so the
+// last step waits for it and issues the other three; nothing else.
+TEST(SimulateTest, TheLastStepDoesNotSyncAFragmentJustApplied) {
+  auto streaming = base(SimulatedAlgorithm::kStreaming);
+  streaming.fragments = 4;
+  streaming.overlap_steps = 5;
+  streaming.steps = 290;
+  streaming.bandwidth_bps = 1e12;  // exchanges of the latency alone: 6 hops of 50 ms
+  const double exchange = ring_all_reduce_s(1e8, 4, 1e12, 0.05);
+  const auto r = simulate(streaming);
+  // Syncs: fragment 0 at 50..250 (5), 1 at 62..262 (5), 2 at 75..275 (5), 3 at 87..287 (5), then 3 at 290.
+  EXPECT_NEAR(r.bytes_sent, 23 * 1.5 * 1e8, 1);
+  // Waits: at 290, fragment 3's result (issued at 287: 0.3 s after 1.5 s of compute, none left) and
+  // the three last syncs one after another.
+  EXPECT_NEAR(r.wall_s, 290 * 0.5 + 3 * exchange, 1e-6);
 }
 
 TEST(SimulateTest, TheInverseFindsTheBandwidthOfTheTarget) {
@@ -195,9 +215,22 @@ delay = "50ms"
   config.sync.algorithm = Algorithm::kLocal;
   EXPECT_THROW(simulation_options(config), ConfigError);
 
-  // JSON round trip of the options.
-  auto back = simulation_options_from_json(to_json(o));
-  EXPECT_EQ(to_json(back), to_json(o));
+  // JSON round trip of the options, every field away from its default.
+  auto changed = o;
+  changed.inner_steps = 7;
+  changed.eager = true;
+  changed.overlap_steps = 0;
+  changed.overlap_backward = true;
+  changed.final_sync = false;
+  changed.concurrent_exchanges = true;
+  changed.gloo = false;
+  changed.bucket_bytes = 123;
+  changed.step_s = 0.25;
+  const auto back = simulation_options_from_json(to_json(changed));
+  EXPECT_EQ(to_json(back), to_json(changed));
+  EXPECT_TRUE(back.eager && back.overlap_backward && !back.final_sync && back.concurrent_exchanges && !back.gloo);
+  EXPECT_EQ(back.inner_steps, 7);
+  EXPECT_EQ(back.bucket_bytes, 123);
   EXPECT_THROW(simulation_options_from_json(nlohmann::json{{"parameters", 1}}), DataError);
 
   // A run's summaries: the workers' means.
@@ -214,6 +247,23 @@ delay = "50ms"
   EXPECT_DOUBLE_EQ(m.bytes_sent, 2000);
   EXPECT_EQ(m.workers, 2);
   EXPECT_THROW(measure_run(dir.path() / "nothing"), DataError);
+}
+
+// The measured benchmark (bench/wan.sh over emulated links; its runs' measured step times and
+// training-loop times are kept in bench/results/wan.json): the simulator, given each run's settings
+// and measured step time, predicts its time in the training loop within 15%.
+TEST(SimulateTest, PredictsTheMeasuredBenchmarkWithin15Percent) {
+  std::ifstream in(std::filesystem::path(LOCO_SOURCE_DIR) / "bench/results/wan.json");
+  ASSERT_TRUE(in) << "bench/results/wan.json is missing: run bench/wan.sh";
+  const auto runs = nlohmann::json::parse(in);
+  ASSERT_EQ(runs.size(), 15u) << "5 methods over 3 links";
+  for (const auto& run : runs) {
+    const auto options = simulation_options_from_json(run.at("options"));
+    const auto measured = measured_run_from_json(run.at("measured"));
+    const auto predicted = simulate(options);
+    EXPECT_NEAR(predicted.wall_s, measured.loop_s, 0.15 * measured.loop_s) << run.at("run").get<std::string>();
+    EXPECT_NEAR(predicted.bytes_sent, measured.bytes_sent, 0.15 * measured.bytes_sent) << run.at("run").get<std::string>();
+  }
 }
 
 }  // namespace

@@ -56,15 +56,20 @@ SimulationResult simulate(const SimulationOptions& o) {
   const double bytes = o.parameters / static_cast<double>(p_count) * o.bits / 8;
   const double layers_per_fragment = std::max(1.0, static_cast<double>(o.layers) / static_cast<double>(p_count));
   const double hop_s = o.gloo ? 2 * o.latency_s : o.latency_s;
+  // One exchange of `b` bytes: its data once, its hops once per collective (fp32 goes in buckets).
+  const auto collective_s = [&](double b, bool fp32) {
+    const double collectives = o.gloo && fp32 && o.bucket_bytes > 0 ? std::max(1.0, std::ceil(b / o.bucket_bytes)) : 1.0;
+    return ring_all_reduce_s(b, o.workers, o.bandwidth_bps, 0) + collectives * ring_all_reduce_s(0, o.workers, o.bandwidth_bps, hop_s);
+  };
   // A sync of DiLoCo or Streaming DiLoCo on Gloo: the weights' all-reduce (24 bytes), then the data's.
   const double control_s = o.gloo && !ddp ? ring_all_reduce_s(24, o.workers, o.bandwidth_bps, hop_s) : 0;
-  const double exchange_s = control_s + ring_all_reduce_s(bytes, o.workers, o.bandwidth_bps, hop_s);
+  const double exchange_s = control_s + collective_s(bytes, o.bits >= 32);
   const double tail_s = ring_all_reduce_s(bytes / layers_per_fragment, o.workers, o.bandwidth_bps, hop_s);
   const double backward_s = o.step_s * 2 / 3;
   const double window_s = o.overlap_backward ? backward_s * (1 - 1 / static_cast<double>(o.layers)) : 0;
 
   struct Fragment {
-    int64_t offset = 0, started = 0, due = 0;
+    int64_t offset = 0, started = 0, due = 0, completed = -1;
     double finish = 0;
     bool pending = false;
   };
@@ -84,11 +89,13 @@ SimulationResult simulate(const SimulationOptions& o) {
     f.pending = true;
     result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * bytes : 0;
   };
+  int64_t step = 0;
   const auto wait = [&](Fragment& f) {
     t = std::max(t, f.finish);
     f.pending = false;
+    f.completed = step;
   };
-  for (int64_t step = 1; step <= total; ++step) {
+  for (step = 1; step <= total; ++step) {
     t += o.step_s;
     const bool last = step == total && o.final_sync;
     // As loco runs them (algorithms/streaming.cpp): results due now, then the syncs that start now
@@ -101,6 +108,8 @@ SimulationResult simulate(const SimulationOptions& o) {
     for (auto& f : fragments) {
       const bool starts = step >= f.offset + h && (step - f.offset) % h == 0;
       if (!(starts || (last && f.started < step)) || (!o.eager && f.pending)) continue;
+      // loco does not sync again a fragment whose result it applied exactly at the last step.
+      if (!o.eager && last && !starts && f.completed == step) continue;
       if (o.eager) {
         if (f.pending) wait(f);  // the previous exchange, H steps old
         issue(f, step, step + h);
@@ -108,7 +117,7 @@ SimulationResult simulate(const SimulationOptions& o) {
           // loco's eager end: the last exchange, then the workers' θ averaged in fp32.
           wait(f);
           const double average = o.parameters / static_cast<double>(p_count) * 4;
-          t = std::max(t, link_free) + ring_all_reduce_s(average, o.workers, o.bandwidth_bps, hop_s);
+          t = std::max(t, link_free) + collective_s(average, true);
           link_free = t;
           result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * average : 0;
         }
@@ -173,7 +182,7 @@ nlohmann::json to_json(const SimulationOptions& o) {
           {"algorithm", algorithm_name(o.algorithm)}, {"inner_steps", o.inner_steps}, {"fragments", o.fragments},
           {"overlap_steps", o.overlap_steps}, {"eager", o.eager}, {"bits", o.bits}, {"bandwidth_bps", o.bandwidth_bps},
           {"latency_s", o.latency_s}, {"overlap_backward", o.overlap_backward}, {"final_sync", o.final_sync},
-          {"concurrent_exchanges", o.concurrent_exchanges}, {"gloo", o.gloo}, {"steps", o.steps}};
+          {"concurrent_exchanges", o.concurrent_exchanges}, {"gloo", o.gloo}, {"bucket_bytes", o.bucket_bytes}, {"steps", o.steps}};
 }
 
 SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
@@ -198,6 +207,7 @@ SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
   o.final_sync = field<bool>(j, "final_sync");
   o.concurrent_exchanges = field<bool>(j, "concurrent_exchanges");
   o.gloo = field<bool>(j, "gloo");
+  o.bucket_bytes = field<double>(j, "bucket_bytes");
   o.steps = field<int64_t>(j, "steps");
   return o;
 }
@@ -248,9 +258,16 @@ SimulationOptions simulation_options(const RunConfig& config) {
                                                   {comm::Encoding::kFp8, 8},   {comm::Encoding::kE3M0, 4},
                                                   {comm::Encoding::kInt8, 8},  {comm::Encoding::kInt4, 4}};
   o.bits = o.algorithm == SimulatedAlgorithm::kDdp ? 32 : bits.at(config.sync.exchange);
-  const auto link = LinkPlan::from_config(config.link, {}, config.cluster.workers).all;
-  o.bandwidth_bps = link.rate_bps;
-  o.latency_s = link.delay_s;
+  o.bucket_bytes = config.sync.bucket_mb * 1e6;
+  // A ring runs at its slowest link: the least shaped rate and the longest delay of the workers'.
+  const auto plan = LinkPlan::from_config(config.link, {}, config.cluster.workers);
+  o.bandwidth_bps = 0;
+  o.latency_s = 0;
+  for (int64_t r = 0; r < config.cluster.workers; ++r) {
+    const auto link = plan.for_worker(r);
+    if (link.rate_bps > 0) o.bandwidth_bps = o.bandwidth_bps > 0 ? std::min(o.bandwidth_bps, link.rate_bps) : link.rate_bps;
+    o.latency_s = std::max(o.latency_s, link.delay_s);
+  }
   return o;
 }
 
@@ -261,7 +278,12 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
   for (std::string line; std::getline(in, line);) {
     try {
       auto event = nlohmann::json::parse(line);
-      if (event.value("event", "") == "summary") last[event.value("worker", int64_t{0})] = event;
+      const auto kind = event.value("event", "");
+      if (kind == "summary") last[event.value("worker", int64_t{0})] = event;
+      if (kind == "resume") {
+        throw DataError("simulate", fmt::format("{} was resumed: its summaries time its last session only; "
+                                                "compare with a run trained in one go", run.string()));
+      }
     } catch (const nlohmann::json::exception&) {
     }
   }

@@ -53,6 +53,9 @@ struct SimulationOptions {
   // trip (2 × latency), not a one-way trip; and each DiLoCo or Streaming DiLoCo sync starts with a
   // small all-reduce of the workers' weights (3 numbers), a ring of its own.
   bool gloo = true;
+  // loco's fp32 exchanges (DDP's gradients, fp32 outer gradients, eager's final average) travel in
+  // buckets of sync.bucket_mb bytes, each a collective of its own with its own hops; 0 = one.
+  double bucket_bytes = 32e6;
   // false: exchanges share each worker's link one at a time (loco's one background thread); true:
   // each runs at the full bandwidth whatever else is on the wire (an idealized link).
   bool concurrent_exchanges = false;
