@@ -124,7 +124,7 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
       at_least(0, {"sync.overlap_steps", "streaming: inner steps tau a fragment's sync overlaps before its result is applied (0 = wait at once)", &c.sync.overlap_steps}),
       between(0, 1, {"sync.merge_alpha", "streaming: share alpha of the local fragment kept when the global one arrives (0 = take the global)", &c.sync.merge_alpha}),
-      {"sync.eager", "diloco and streaming: eager outer updates (Kale et al. 2025): each sync's exchange overlaps the next sync.inner_steps inner steps, and each worker steps at once with the others' one-round-stale outer gradients plus its own fresh one; needs sync.overlap_steps = 0 and a fixed membership (docs/streaming.md)", &c.sync.eager},
+      {"sync.eager", "diloco and streaming: eager outer updates (Kale et al. 2025): each sync's exchange overlaps the next sync.inner_steps inner steps, and each worker steps at once with the others' one-round-stale outer gradients plus its own fresh one; needs sync.overlap_steps = 0 and a fixed membership; with outer Nesterov momentum it oscillated in our checks, outer.optimizer = \"sgd\" did not (docs/slow-links.md)", &c.sync.eager},
       {"sync.exchange", "diloco and streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4 (ddp sends fp32 gradients and ignores it)",
        enum_field(c.sync.exchange, {{comm::Encoding::kFp32, "fp32"}, {comm::Encoding::kBf16, "bf16"}, {comm::Encoding::kFp8, "fp8"},
                                     {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
