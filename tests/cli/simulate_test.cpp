@@ -10,6 +10,7 @@
 #include "loco/core/error.h"
 #include "loco/model/transformer.h"
 #include "loco/runtime/launch/simulate.h"
+#include "process_util.h"
 #include "test_util.h"
 
 namespace loco::runtime {
@@ -264,6 +265,28 @@ TEST(SimulateTest, PredictsTheMeasuredBenchmarkWithin15Percent) {
     EXPECT_NEAR(predicted.wall_s, measured.loop_s, 0.15 * measured.loop_s) << run.at("run").get<std::string>();
     EXPECT_NEAR(predicted.bytes_sent, measured.bytes_sent, 0.15 * measured.bytes_sent) << run.at("run").get<std::string>();
   }
+}
+
+TEST(SimulateTest, TheCommandPrintsThePredictionAndTheBandwidthNeeded) {
+  testing_util::TempDir dir;
+  const std::string config = std::string(LOCO_SOURCE_DIR) + "/configs/brown.toml";
+  auto r = testing_util::run_command({LOCO_BINARY, "simulate", "--config", config, "--params", "1e9", "--layers", "24",
+                                      "--step-time", "0.5", "--link", "rate=1gbit,delay=50ms", "--sync.algorithm=diloco",
+                                      "--sync.inner_steps=100", "--target", "0.97"},
+                                     (dir.path() / "out.log").string(), std::chrono::seconds(60));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("model 1e+09 parameters, 24 layers; step 0.5 s"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("over 1 Gbit/s, 50 ms one-way, as loco runs it: compute utilization"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("97%: "), std::string::npos) << r.output;
+  // Without a step time it says how to give one.
+  r = testing_util::run_command({LOCO_BINARY, "simulate", "--config", config, "--params", "1e9"},
+                                (dir.path() / "bad.log").string(), std::chrono::seconds(60));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("give the step time"), std::string::npos) << r.output;
+  r = testing_util::run_command({LOCO_BINARY, "simulate", "--published"}, (dir.path() / "published.log").string(),
+                                std::chrono::seconds(60));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("| 100B | Streaming DiLoCo | 2.4 / 2.9 |"), std::string::npos) << r.output;
 }
 
 }  // namespace
