@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "loco/core/files.h"
+#include "loco/metrics/telemetry.h"
 
 namespace loco::metrics {
 
@@ -20,9 +21,12 @@ class MetricsLog {
   explicit MetricsLog(const std::filesystem::path& path);
   // `fields` must be an object; "event" and "time" are added in front. Throws Error on I/O failure.
   void write(const std::string& event, const nlohmann::json& fields);
+  // Every event written from now on is also recorded there (nullptr: not); it must outlive this log.
+  void tee(Telemetry* telemetry) { tee_ = telemetry; }
 
  private:
   LineAppender out_;
+  Telemetry* tee_ = nullptr;
 };
 
 }  // namespace loco::metrics

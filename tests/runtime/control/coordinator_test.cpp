@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
 #include <mutex>
 #include <random>
 #include <thread>
@@ -357,6 +361,112 @@ TEST(Coordinator, RefusesToListenBeyondLoopbackWithoutAToken) {
   EXPECT_TRUE(auth::is_loopback("::1"));
   EXPECT_FALSE(auth::is_loopback("10.0.0.1"));
   EXPECT_FALSE(auth::is_loopback("::"));
+}
+
+// The status page (docs/status-page.md): a browser gets the page, scripts the plain text; the page's
+// JSON and Prometheus' metrics reflect the workers' telemetry, which must be signed like any request.
+TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {
+  testing_util::TempDir run;
+  auto config = run_config(2);
+  config.run.dir = run.path().string();
+  auto o = options_for(config);
+  o.token = "tok";
+  Running running(o);
+  httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
+  raw.set_read_timeout(5s);
+  auto page = raw.Get("/", {{"Accept", "text/html,application/xhtml+xml"}});
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->body.find("<!doctype html>"), std::string::npos);
+  EXPECT_NE(page->get_header_value("Content-Security-Policy").find("default-src 'self'"), std::string::npos);
+  EXPECT_NE(page->body.find("assets/uPlot.min.js"), std::string::npos);
+  auto text = raw.Get("/");
+  ASSERT_TRUE(text);
+  EXPECT_EQ(text->body.rfind("loco coordinator", 0), 0u) << "curl gets plain text: " << text->body;
+  auto library = raw.Get("/assets/uPlot.min.js");
+  ASSERT_TRUE(library);
+  EXPECT_EQ(library->status, 200);
+  EXPECT_EQ(library->get_header_value("Content-Type").rfind("text/javascript", 0), 0u);
+  EXPECT_GT(library->body.size(), 20000u) << "uPlot itself, compiled in";
+  EXPECT_NE(library->body.find("uPlot"), std::string::npos);
+
+  const nlohmann::json telemetry = {{"rank", 1}, {"name", "w:9"}, {"host", "w"}, {"pid", 9}, {"activity", "training"},
+                                    {"step", 3}, {"dropped", 0},
+                                    {"events", {{{"event", "train"}, {"time", 1.0}, {"step", 3}, {"loss", 6.5}, {"tokens", 96}}}}};
+  auto unsigned_post = raw.Post("/v1/telemetry", telemetry.dump(), "application/json");
+  ASSERT_TRUE(unsigned_post);
+  EXPECT_EQ(unsigned_post->status, 401) << "telemetry changes what the page shows: it is signed";
+  CoordinatorClient worker(running.address(), 5s, {"tok"});
+  EXPECT_EQ(worker.request("POST", "/v1/telemetry", telemetry.dump(), 5s).first, 200);
+  auto bad = worker.request("POST", "/v1/telemetry", R"({"rank": 1})", 5s);
+  EXPECT_EQ(bad.first, 400);
+  EXPECT_NE(bad.second.find("field 'name' is missing"), std::string::npos) << bad.second;
+
+  auto status = raw.Get("/v1/status");
+  ASSERT_TRUE(status);
+  ASSERT_EQ(status->status, 200);
+  const auto s = nlohmann::json::parse(status->body);
+  ASSERT_EQ(s["workers"].size(), 1u);
+  EXPECT_EQ(s["workers"][0]["state"], "training");
+  EXPECT_EQ(s["workers"][0]["loss"], 6.5);
+  EXPECT_EQ(s["run"]["run_dir"], config.run.dir);
+  EXPECT_EQ(s["run"]["algorithm"], "diloco");
+  auto metrics = raw.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_NE(metrics->body.find(R"(loco_worker_loss{worker="1",name="w:9",host="w"} 6.5)"), std::string::npos) << metrics->body;
+  EXPECT_NE(running.coordinator.page_url().find(fmt::format("http://127.0.0.1:{}/", running.coordinator.port())), std::string::npos);
+}
+
+// An IPv4 address of this machine other than loopback, or "".
+std::string non_loopback_address() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (auto* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK)) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// Beyond loopback, reading the status needs the view key (derived from the token, printed in the
+// page's address); the key reads and signs nothing else.
+TEST(Coordinator, StatusReadsFromElsewhereNeedTheViewKey) {
+  const auto address = non_loopback_address();
+  if (address.empty()) GTEST_SKIP() << "this machine has no IPv4 address but loopback to reach the coordinator from";
+  auto o = options_for(run_config(1));
+  o.token = "tok";
+  o.bind = "0.0.0.0";
+  o.port = 0;
+  Coordinator coordinator(o);
+  coordinator.start();
+  const auto key = auth::view_key("tok");
+  EXPECT_EQ(key.size(), 32u);
+  EXPECT_NE(coordinator.page_url().find("/?key=" + key), std::string::npos) << coordinator.page_url();
+  httplib::Client raw(address, static_cast<int>(coordinator.port()));
+  raw.set_read_timeout(5s);
+  auto status_of = [&](const std::string& target, const httplib::Headers& headers = {}) {
+    auto r = raw.Get(target, headers);
+    return r ? r->status : -1;
+  };
+  EXPECT_EQ(status_of("/v1/status"), 401);
+  EXPECT_EQ(status_of("/metrics"), 401);
+  EXPECT_EQ(status_of("/", {{"Accept", "text/html"}}), 401);
+  EXPECT_EQ(status_of("/v1/status?key=" + key), 200);
+  EXPECT_EQ(status_of("/?key=" + key, {{"Accept", "text/html"}}), 200);
+  EXPECT_EQ(status_of("/metrics", {{"Authorization", "Bearer " + key}}), 200) << "as Prometheus sends it";
+  EXPECT_EQ(status_of("/v1/status?key=" + std::string(32, '0')), 401);
+  EXPECT_EQ(status_of("/v1/status?key=tok"), 401) << "the token itself is not the view key";
+  EXPECT_EQ(status_of("/assets/uPlot.min.js"), 200) << "the page's static scripts hold nothing of the run";
+  EXPECT_EQ(status_of("/v1/kv/get?key=x&wait_ms=0&key=" + key), 401) << "the store is not a status read";
+  auto stop = raw.Post("/v1/stop?key=" + key, R"({"reason": "viewer"})", "application/json");
+  ASSERT_TRUE(stop);
+  EXPECT_EQ(stop->status, 401) << "the view key changes nothing";
+  EXPECT_FALSE(coordinator.state()["stopping"].get<bool>());
 }
 
 // A throwaway self-signed certificate for `host` (an IP address), made with the openssl tool.

@@ -196,4 +196,13 @@ bool is_loopback(std::string_view address) {
   return false;
 }
 
+std::string view_key(std::string_view token) {
+  const auto digest = hmac_sha256(token, "loco status page v1");
+  return hex(reinterpret_cast<const unsigned char*>(digest.data()), 16);
+}
+
+bool same_key(std::string_view offered, std::string_view key) {
+  return offered.size() == key.size() && !key.empty() && CRYPTO_memcmp(offered.data(), key.data(), key.size()) == 0;
+}
+
 }  // namespace loco::runtime::auth

@@ -97,6 +97,13 @@ std::string generated_token(const std::filesystem::path& run_dir);
 std::string coordinator_token(const std::string& configured, const std::filesystem::path& run_dir, std::string_view bind,
                               bool insecure);
 
+// The status page's read-only key (docs/security.md): HMAC-SHA256(token, "loco status page v1"),
+// 32 lowercase hex digits. It lets a browser or Prometheus read a run's status without holding the
+// token: it signs nothing, and the token cannot be recovered from it.
+std::string view_key(std::string_view token);
+// Whether `offered` is `key`, compared in constant time.
+bool same_key(std::string_view offered, std::string_view key);
+
 // Whether `address` (an IPv4 or IPv6 literal, or "localhost") is a loopback address.
 bool is_loopback(std::string_view address);
 

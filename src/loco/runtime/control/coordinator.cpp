@@ -8,12 +8,16 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "loco/comm/key_value.h"
 #include "loco/runtime/control/auth.h"
+#include "loco/runtime/control/dashboard.h"
 #include "loco/runtime/control/elastic_run.h"
 #include "loco/runtime/control/http_server.h"
 #include "loco/runtime/control/fixed_run.h"
 #include "loco/runtime/control/run.h"
+#include "loco/runtime/control/web_assets.h"
 
 namespace loco::runtime {
 namespace {
@@ -64,10 +68,23 @@ void reply_json(HttpResponse& response, const nlohmann::json& body, int status =
   response.set_content(body.dump(), "application/json");
 }
 
-// Requests that read the status and may come unsigned from this machine.
-bool open_status_read(const HttpRequest& request) {
-  return request.method == "GET" && (request.path == "/" || request.path == "/v1/state") &&
-         auth::is_loopback(request.remote_addr);
+// Requests that only read the run's status: the page and its assets, the JSON API behind it, the
+// state workers ask for, and Prometheus' metrics.
+bool status_read(const HttpRequest& request) {
+  return request.method == "GET" && (request.path == "/" || request.path == "/v1/state" || request.path == "/v1/status" ||
+                                     request.path == "/metrics" || request.path.starts_with("/assets/"));
+}
+
+// Seconds since the Unix epoch (the dashboard's clock, like the workers' events).
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Headers of the page and its assets: nothing but this origin may be loaded or framed.
+void page_headers(HttpResponse& response) {
+  response.headers = {{"Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                                                   "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"},
+                      {"X-Content-Type-Options", "nosniff"}, {"Referrer-Policy", "no-referrer"}, {"Cache-Control", "no-store"}};
 }
 
 // Raised by a handler's authentication check: answered 401.
@@ -83,6 +100,12 @@ class Unauthenticated : public std::runtime_error {
 // run wakes the requests waiting on `changed`.
 struct Coordinator::Impl {
   explicit Impl(CoordinatorOptions o) : options(std::move(o)), identity(options.config, options.dataset) {
+    // Every event the coordinator logs also goes on the status page's timeline.
+    options.log = [this, user = options.log](const std::string& text) {
+      dashboard.note(text, wall_now());
+      if (user) user(text);
+    };
+    if (!options.token.empty()) view_key = auth::view_key(options.token);
     if (options.config.cluster.elastic) {
       auto run_kind = std::make_unique<ElasticRun>(options, status, identity);
       elastic = run_kind.get();
@@ -93,6 +116,8 @@ struct Coordinator::Impl {
   }
 
   CoordinatorOptions options;
+  Dashboard dashboard;
+  std::string view_key;  // the status page's read-only key, when the run has a token
   std::unique_ptr<HttpServer> server;
   comm::MemoryKeyValueStore store;
   std::optional<auth::Verifier> verifier;  // when the run has a token
@@ -113,10 +138,44 @@ struct Coordinator::Impl {
     since = 0;
   }
 
+  // A status read that needs no signature: from this machine, of the page's static assets, or
+  // carrying the view key (?key=, or "Authorization: Bearer" as Prometheus sends it).
+  bool open_read(const HttpRequest& request) const {
+    if (!status_read(request)) return false;
+    if (auth::is_loopback(request.remote_addr) || request.path.starts_with("/assets/")) return true;
+    std::string offered = request.param("key");
+    if (const auto* authorization = request.header("Authorization"); authorization != nullptr && authorization->starts_with("Bearer ")) {
+      offered = authorization->substr(7);
+    }
+    return !view_key.empty() && auth::same_key(offered, view_key);
+  }
+
+  // The address of the status page, with the view key where one is needed.
+  std::string page_url() const {
+    std::string host = options.bind;
+    if (host == "0.0.0.0" || host == "::") {
+      char name[256] = {};
+      host = ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+    }
+    if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    const bool key = !view_key.empty() && !auth::is_loopback(options.bind);
+    return fmt::format("{}://{}:{}/{}", options.tls_cert.empty() ? "http" : "https", host, server->port(),
+                       key ? "?key=" + view_key : "");
+  }
+
+  // The coordinator's state with what the page shows of the run's config.
+  nlohmann::json page_state() const {
+    std::lock_guard lock(mutex);
+    auto state = state_locked();
+    state.update({{"run_dir", options.config.run.dir}, {"algorithm", to_string(options.config.sync.algorithm)},
+                  {"steps", options.config.train.steps}});
+    return state;
+  }
+
   // The full check of a request's signature, once its body is in (the pre-routing handler has
   // refused those without one already).
   void authenticate(const HttpRequest& request) {
-    if (!verifier || open_status_read(request)) return;
+    if (!verifier || open_read(request)) return;
     if (auto why = verifier->verify(request.method, request.target, request.body, request.header(auth::kTimeHeader),
                                     request.header(auth::kNonceHeader), request.header(auth::kMacHeader),
                                     auth::unix_now())) {
@@ -207,7 +266,39 @@ struct Coordinator::Impl {
     install_run_routes();
     install_elastic_routes();
     install_store_routes();
-    server->route("GET", "/", guard([this](const auto&, auto& response) {
+    install_status_routes();
+  }
+
+  // The status page (docs/status-page.md): the page and its assets, the JSON it polls, Prometheus'
+  // metrics, and the workers' telemetry that feeds them.
+  void install_status_routes() {
+    for (const auto* asset : web_assets()) {
+      if (asset->path == "/") continue;
+      server->route("GET", std::string(asset->path), guard([asset](const auto&, auto& response) {
+        response.set_content(std::string(asset->content), std::string(asset->content_type));
+        page_headers(response);
+      }));
+    }
+    server->route("GET", "/v1/status", guard([this](const auto&, auto& response) {
+      reply_json(response, dashboard.status(page_state(), wall_now()));
+      response.headers = {{"Cache-Control", "no-store"}};
+    }));
+    server->route("GET", "/metrics", guard([this](const auto&, auto& response) {
+      response.set_content(dashboard.prometheus(page_state(), wall_now()), "text/plain; version=0.0.4; charset=utf-8");
+    }));
+    server->route("POST", "/v1/telemetry", guard([this](const auto& request, auto& response) {
+      dashboard.report(body_json(request), wall_now());
+      reply_json(response, {{"ok", true}});
+    }));
+    // A browser gets the page; curl and scripts the plain-text status.
+    server->route("GET", "/", guard([this](const auto& request, auto& response) {
+      const auto* accept = request.header("Accept");
+      if (accept != nullptr && accept->find("text/html") != std::string::npos) {
+        const auto* page = find_web_asset("/");
+        response.set_content(std::string(page->content), std::string(page->content_type));
+        page_headers(response);
+        return;
+      }
       std::lock_guard lock(mutex);
       std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\n{} workers\n", options.config.run.dir,
                                      status.run_id(), protocol::to_string(status.phase()),
@@ -365,7 +456,7 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
   // Requests without a well-formed, fresh signature are refused before their bodies are read.
   impl_->server->set_gate([this](const HttpRequest& request) -> std::optional<HttpResponse> {
     auto& impl = *impl_;
-    if (!impl.verifier || open_status_read(request)) return std::nullopt;
+    if (!impl.verifier || impl.open_read(request)) return std::nullopt;
     auto why = impl.verifier->precheck(request.header(auth::kTimeHeader), request.header(auth::kNonceHeader),
                                        request.header(auth::kMacHeader), auth::unix_now());
     if (!why) return std::nullopt;
@@ -387,6 +478,13 @@ void Coordinator::start() {
   impl_->log(fmt::format("listening on {}://{}:{} for {} worker(s) of {}{}", o.tls_cert.empty() ? "http" : "https", o.bind,
                          impl_->server->port(), impl_->run->workers(), o.config.run.dir,
                          o.token.empty() ? "; no join token: requests are not authenticated" : "; requests are signed with the join token"));
+  impl_->log(fmt::format("status page: {}", impl_->page_url()));
+}
+
+std::string Coordinator::page_url() const { return impl_->page_url(); }
+
+void Coordinator::process_started(int64_t rank, const std::string& host, int64_t pid) {
+  impl_->dashboard.process_started(rank, host, pid, wall_now());
 }
 
 std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds timeout) {
@@ -411,9 +509,10 @@ void Coordinator::request_stop(const std::string& reason) {
   impl_->status.stop(reason);
 }
 
-void Coordinator::process_exited(const std::string& host, int64_t pid, int status) {
+void Coordinator::process_exited(const std::string& host, int64_t pid, int status, bool failed) {
+  impl_->dashboard.process_exited(host, pid, status, failed, wall_now());
   std::lock_guard lock(impl_->mutex);
-  if (impl_->elastic == nullptr) return;
+  if (impl_->elastic == nullptr || !failed) return;
   impl_->elastic->process_exited(host, pid, status, Clock::now());
   impl_->changed.notify_all();
 }

@@ -9,15 +9,18 @@
 //   POST /v1/done        a worker's end and summary
 //   POST /v1/heartbeat, /v1/round (long-poll), /v1/round_done   elastic runs (MembershipTable)
 //   /v1/kv/{set,get,add,check,remove,size}   the rendezvous store (comm::KeyValueStore)
-//   GET  /               a plain-text status page
+//   GET  /               the status page (docs/status-page.md) for a browser; plain text for others
+//   GET  /v1/status, /metrics, /assets/*   its JSON, Prometheus' metrics, the page's scripts
+//   POST /v1/telemetry   a worker's events and activity, for the page (dashboard.h)
 //
 // Membership has epochs: each is one fixed set of workers with its own process group (keys under
 // "epoch/<n>/"). A fixed run has one epoch: every worker joins before training starts. An elastic
 // run (cluster.elastic) opens a new epoch whenever the members taking part in a round change; it
 // keeps its membership in RUN/coordinator.json, so that a coordinator started again on the run
 // carries it on, and resumes from the global checkpoint with --resume.
-// With a token (docs/security.md), every request but the loopback status reads must carry an
-// HMAC of itself keyed by the token (auth.h); others are answered 401 and logged.
+// With a token (docs/security.md), every request must carry an HMAC of itself keyed by the token
+// (auth.h), but status reads from this machine or with the status page's view key; others are
+// answered 401 and logged.
 // Every request is bounded: bodies are size-limited, waits are at most 2 s per request (clients
 // poll), and a worker that never joins fails the run after cluster.join_timeout_s, naming it.
 #pragma once
@@ -78,9 +81,14 @@ class Coordinator {
   std::optional<CoordinatorResult> wait_for(std::chrono::milliseconds timeout);
   // Marks the run as stopping (workers that see a collective fail then stop cleanly).
   void request_stop(const std::string& reason);
-  // Elastic runs: the worker process `pid` of `host` exited without reporting its end; it is
-  // declared failed at once rather than after its heartbeats stop.
-  void process_exited(const std::string& host, int64_t pid, int status);
+  // The address of the status page (with its view key when the coordinator listens beyond loopback).
+  std::string page_url() const;
+  // The launcher started worker `rank` as process `pid` of `host` (the status page lists it).
+  void process_started(int64_t rank, const std::string& host, int64_t pid);
+  // The worker process `pid` of `host` exited with `status`: the status page marks it, dead when
+  // `failed` (not a clean end or a requested stop). In an elastic run its member is then declared
+  // failed at once rather than after its heartbeats stop.
+  void process_exited(const std::string& host, int64_t pid, int status, bool failed = true);
   // Ends the run as failed (e.g. a worker process died before reporting).
   void fail(const std::string& reason);
   // The state as GET /v1/state reports it.

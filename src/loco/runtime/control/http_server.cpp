@@ -324,6 +324,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     response_.emplace(static_cast<http::status>(response.status), 11);
     response_->reason(reason_of(response.status));
     response_->set(http::field::content_type, response.content_type);
+    for (const auto& [name, value] : response.headers) response_->set(name, value);
     response_->keep_alive(!close_after);
     response_->body() = std::move(response.body);
     response_->prepare_payload();

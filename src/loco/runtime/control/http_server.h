@@ -14,6 +14,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace loco::runtime {
 
@@ -41,6 +43,7 @@ struct HttpResponse {
   int status = 200;
   std::string body;
   std::string content_type = "text/plain";
+  std::vector<std::pair<std::string, std::string>> headers;  // more headers (names as sent)
   void set_content(std::string content, std::string type) {
     body = std::move(content);
     content_type = std::move(type);

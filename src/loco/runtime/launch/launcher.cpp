@@ -220,6 +220,7 @@ void Launch::start_workers() {
       if (options_.resume) argv.push_back("--resume");
       for (const auto& o : options_.overrides) argv.push_back("--" + o);
       workers_.push_back(spawn(r, argv, m, island_of(r)));
+      coordinator_.process_started(r, host_name(), workers_.back().pid);
       argvs_.push_back(std::move(argv));
     }
   } catch (...) {
@@ -236,6 +237,7 @@ void Launch::restart_dead() {
     auto argv = argvs_[static_cast<size_t>(rank)];
     argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
     workers_.push_back(spawn(rank, argv, config_.cluster.workers, island_of(rank)));
+    coordinator_.process_started(rank, host_name(), workers_.back().pid);
     display_.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
                               rank, restarts_left_));
   }
@@ -319,9 +321,10 @@ void Launch::reap_exited() {
     int raw = 0;
     if (w.exit_code || ::waitpid(w.pid, &raw, WNOHANG) != w.pid) continue;
     w.exit_code = decode_status(raw);
-    if (*w.exit_code == 0 || (*w.exit_code == 130 && stopping_)) continue;
+    const bool clean = *w.exit_code == 0 || (*w.exit_code == 130 && stopping_);
+    coordinator_.process_exited(host_name(), w.pid, *w.exit_code, /*failed=*/!clean);
+    if (clean) continue;
     if (elastic_) {
-      coordinator_.process_exited(host_name(), w.pid, *w.exit_code);
       if (stopping_ || run_over_) continue;
       const bool restart = restarts_left_ > 0;
       display_.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank,

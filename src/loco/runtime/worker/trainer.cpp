@@ -158,6 +158,9 @@ class TrainingLoop {
   TrainingState training_state() const;
   void save_checkpoint(bool prune);
   EvalResult score();
+  void doing(metrics::Activity activity) {
+    if (options_.telemetry != nullptr) options_.telemetry->set_activity(activity);
+  }
   bool can_score() const { return sync_.in_sync() || sync_.evaluation_parameters() != nullptr; }
   int64_t tokens_per_step() const { return config_.train.batch_size * config_.train.grad_accum * config_.model.context; }
   double wall_s() const { return wall_before_ + seconds_since(call_start_); }
@@ -306,6 +309,7 @@ void TrainingLoop::restore() {
 
 void TrainingLoop::announce() {
   log_.emplace(run_dir_ / "metrics.jsonl");
+  log_->tee(options_.telemetry);
   progress_.emplace(step_, config_.train.steps, options_.progress, options_.out);
   who_ = worker_.distributed ? fmt::format("worker {}/{}: ", worker_.rank, worker_.world_size) : "";
   progress_->message(fmt::format(
@@ -374,6 +378,7 @@ std::string TrainingLoop::rewarm_note() const {
 
 void TrainingLoop::step() {
   const auto step_start = Clock::now();
+  doing(metrics::Activity::kTraining);
   const int64_t step_before = step_;
   if (auto change = shards_->update()) {
     progress_->message(who_ + *change);
@@ -394,6 +399,7 @@ void TrainingLoop::step() {
   adamw_->step(lr);
   ++step_;
   tokens_ += tokens_per_step();
+  if (options_.telemetry != nullptr) options_.telemetry->set_step(step_);
   checkpoint_current_ = false;
   summary_.losses.push_back(loss);
   if (link_ != nullptr) link_->record_progress(sampler_->position(), shards_->positions(), step_);
@@ -446,12 +452,14 @@ double TrainingLoop::forward_backward(data::WindowSampler& source) {
 template <class Hook>
 bool TrainingLoop::run_hook(Hook&& hook) {
   const auto start = Clock::now();
+  doing(metrics::Activity::kSyncing);
   try {
     for (const auto& report : hook()) record_sync(report);
   } catch (const PeerError& e) {
     peer_failure_ = e;
     peer_stopping_ = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;
   }
+  doing(metrics::Activity::kTraining);
   hooks_s_ += seconds_since(start);
   return !peer_failure_;
 }
@@ -487,7 +495,8 @@ void TrainingLoop::log_step(int64_t step_before, double lr, double grad_norm, do
   progress_->update(step_, interval_loss_ / static_cast<double>(interval_steps_), tokens_per_s, log_now);
   if (!log_now) return;
   log_->write("train", {{"worker", worker_.rank}, {"step", step_}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                        {"tokens", tokens_}, {"tokens_per_s", tokens_per_s}});
+                        {"tokens", tokens_}, {"tokens_per_s", tokens_per_s}, {"bytes_sent", summary_.bytes_sent},
+                        {"utilization", steps_s_ > 0 ? (steps_s_ - hooks_s_) / steps_s_ : 0.0}, {"wall_s", wall_s()}});
   interval_start_ = Clock::now();
   interval_tokens_ = 0;
   interval_loss_ = 0;
@@ -508,6 +517,7 @@ void TrainingLoop::evaluate_when_due(int64_t step_before) {
 }
 
 EvalResult TrainingLoop::score() {
+  doing(metrics::Activity::kEvaluating);
   const auto* global = sync_.in_sync() ? nullptr : sync_.evaluation_parameters();
   return global != nullptr ? evaluate_parameters(model_, *global, eval_batches_, device_)
                            : evaluate(model_, eval_batches_, device_);
@@ -545,6 +555,7 @@ TrainingState TrainingLoop::training_state() const {
 }
 
 void TrainingLoop::save_checkpoint(bool prune) {
+  doing(metrics::Activity::kCheckpointing);
   auto dir = store_->save(training_state(), model_weights(model_), adamw_->state(), sync_.state(), prune);
   log_->write("checkpoint", {{"worker", worker_.rank}, {"step", step_}, {"path", dir.string()}});
 }
@@ -580,6 +591,7 @@ TrainSummary TrainingLoop::finish() {
   auto event = summary_json(summary_);
   event.update({{"worker", worker_.rank}, {"world_size", worker_.world_size}, {"sync", sync_.name()}});
   log_->write("summary", event);
+  doing(metrics::Activity::kFinished);
   return summary_;
 }
 

@@ -15,6 +15,7 @@
 
 #include "loco/algorithms/sync.h"
 #include "loco/metrics/progress.h"
+#include "loco/metrics/telemetry.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
 #include "loco/model/transformer.h"
@@ -85,6 +86,7 @@ struct TrainOptions {
   const std::atomic<bool>* stop = nullptr;     // set (e.g. by SIGINT): checkpoint and return
   metrics::ProgressMode progress = metrics::ProgressMode::kLines;
   std::FILE* out = stderr;                     // progress and messages
+  metrics::Telemetry* telemetry = nullptr;     // also receives every event, and what the loop is doing
   WorkerRole worker;
 };
 

@@ -14,6 +14,7 @@
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/control/coordinator_client.h"
 #include "loco/runtime/worker/elastic.h"
+#include "loco/runtime/worker/telemetry.h"
 
 namespace loco::runtime {
 namespace {
@@ -265,6 +266,8 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       link.own_start = joined.joiner ? std::nullopt : std::optional(joined.position);  // the coordinator's record
       auto train_options = worker_train_options(options, joined.resume_step, slot, config.cluster.workers, tokens, link);
       train_options.worker.elastic = true;
+      TelemetrySender telemetry(client, {slot, joined.member, name});
+      train_options.telemetry = &telemetry.telemetry();
       summary = train(config, *strategy, train_options);
     } catch (const algorithms::RestartFromCheckpoint& e) {
       say(fmt::format("{}: {}{}", who, e.what(), e.step ? fmt::format(" of step {}", *e.step) : " (none yet: from the start)"));
@@ -370,6 +373,8 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
   FixedLink link(client, options.stop);
   auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);
   train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
+  TelemetrySender telemetry(client, {rank, -1, process_name(::getpid())});
+  train_options.telemetry = &telemetry.telemetry();
   const auto summary = train(config, *strategy, train_options);
   if (summary.interrupted) {
     // Tell the others before this worker's connections close: their collectives then fail, and
