@@ -1,0 +1,94 @@
+// The status page as a person sees it: a real `loco launch`, the page opened in headless Chromium
+// (tests/web/status_page.mjs, through playwright-core), every worker and a loss curve on it, one
+// worker killed with SIGKILL and marked dead within seconds. Screenshots are kept in
+// build/test-artifacts/status-page/.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace loco {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_util::Child;
+using testing_util::run_command;
+using testing_util::TempDir;
+using namespace std::chrono_literals;
+
+// The browser the tests drive: $LOCO_CHROMIUM or Debian's chromium.
+std::string browser() {
+  const char* configured = std::getenv("LOCO_CHROMIUM");
+  return configured != nullptr ? configured : "/usr/bin/chromium";
+}
+
+// Skips (saying why) only when there is no browser; a missing driver or node is a failure.
+#define REQUIRE_BROWSER()                                                                                            \
+  do {                                                                                                               \
+    if (!fs::exists(browser())) {                                                                                    \
+      GTEST_SKIP() << "no browser at " << browser() << ": install Debian's chromium (scripts/setup.sh does) or set " \
+                      "LOCO_CHROMIUM";                                                                               \
+    }                                                                                                                \
+    ASSERT_TRUE(fs::exists(fs::path(LOCO_WEB_TEST_DIR) / "node_modules/playwright-core"))                          \
+        << "playwright-core is not installed in " LOCO_WEB_TEST_DIR " (npm failed at configure time?)";             \
+  } while (0)
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+fs::path artifacts(const std::string& name) {
+  const fs::path dir = fs::path(LOCO_ARTIFACTS_DIR) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(StatusPage, ShowsWorkersAndLossAndMarksAKilledWorkerDead) {
+  REQUIRE_BROWSER();
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
+  // An elastic run goes on when a worker dies, so that the page can show it dead; long enough to
+  // outlast the test, which stops it.
+  auto config = testing_util::tiny_launch_config(3, "elastic = true\n");
+  config.replace(config.find("steps = 40"), 10, "steps = 100000");
+  std::ofstream(dir.path() / "run.toml") << config;
+  const int port = testing_util::free_port();
+  Child launcher({LOCO_BINARY, "launch", "--config", (dir.path() / "run.toml").string(), "--data.dir=" + (dir.path() / "data").string(),
+                  "--run.dir=" + (dir.path() / "run").string(), "--port", std::to_string(port)},
+                 (dir.path() / "launch.log").string());
+  const auto out = artifacts("status-page");
+  const auto page = run_command({"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "status_page.mjs").string(),
+                                 fmt::format("http://127.0.0.1:{}/", port), out.string(), "--kill", "--workers=3"},
+                                (out / "node.log").string(), 180s);
+  launcher.signal(SIGINT);
+  const int launch_status = launcher.wait(60s);
+  ASSERT_EQ(page.status, 0) << page.output << "\nlaunch log:\n" << slurp(dir.path() / "launch.log");
+  EXPECT_NE(launch_status, -1) << "the launcher did not stop on Ctrl-C";
+  EXPECT_NE(slurp(dir.path() / "launch.log").find(fmt::format("status page: http://127.0.0.1:{}/", port)),
+            std::string::npos) << "loco launch prints the page's address";
+
+  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  ASSERT_EQ(result["rows"].size(), 3u) << result.dump(1);
+  std::set<int> ranks;
+  for (const auto& row : result["rows"]) ranks.insert(row["rank"].get<int>());
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_GE(result["loss_points"].get<int>(), 2) << "a loss curve is drawn";
+  EXPECT_LT(result["dead_after_s"].get<double>(), 5.0) << "the killed worker is marked dead within seconds";
+  int dead = 0;
+  for (const auto& row : result["after_kill"]) dead += row["state"] == "dead" || row["state"] == "replaced";
+  EXPECT_EQ(dead, 1);
+  EXPECT_FALSE(result["failures"].empty()) << "the failure is on the timeline";
+  EXPECT_TRUE(result["errors"].empty()) << "the page logged errors: " << result["errors"].dump(1);
+  EXPECT_TRUE(fs::exists(out / "status-page.png"));
+  EXPECT_TRUE(fs::exists(out / "status-page-after-kill.png"));
+}
+
+}  // namespace
+}  // namespace loco
