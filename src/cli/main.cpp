@@ -18,6 +18,7 @@
 
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 #include "loco/core/hash.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
@@ -33,6 +34,7 @@
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
+#include "loco/runtime/launch/report_charts.h"
 #include "loco/runtime/launch/simulate.h"
 #include "loco/runtime/worker/dipaco_worker.h"
 #include "loco/runtime/worker/route.h"
@@ -641,11 +643,29 @@ struct Report {
     cmd->add_flag("--json", json, "print the reports as JSON instead of a table (to keep them as baselines)");
     cmd->add_option("--baseline", baselines,
                     "compare the first run with these runs: run folders or JSON files of reports (repeatable)");
+    cmd->add_option("--html", html, "also write one self-contained HTML file of the runs' charts, overlaid (opens offline)");
+    cmd->add_option("--svg", svg, "also write the charts as SVG files into this folder (drawn by gnuplot)");
   }
   int run() {
     std::vector<loco::runtime::RunReport> reports;
+    std::vector<loco::runtime::RunCurves> curves;  // the same order; a JSON file's reports have none
     for (const auto& r : runs) {
-      for (auto& report : loco::runtime::read_reports(r)) reports.push_back(std::move(report));
+      for (auto& report : loco::runtime::read_reports(r)) {
+        if (!html.empty() || !svg.empty()) {
+          curves.push_back(fs::is_directory(r) ? loco::runtime::read_run_curves(r, report) : loco::runtime::RunCurves{});
+          if (curves.back().label.empty()) curves.back().label = fmt::format("{} ({})", report.name, report.algorithm);
+        }
+        reports.push_back(std::move(report));
+      }
+    }
+    if (!html.empty()) {
+      loco::write_file_atomic(html, loco::runtime::report_html(reports, curves), "report");
+      fmt::print(stderr, "report: wrote {}\n", html);
+    }
+    if (!svg.empty()) {
+      for (const auto& file : loco::runtime::write_report_svgs(reports, curves, svg)) {
+        fmt::print(stderr, "report: wrote {}\n", file.string());
+      }
     }
     if (json) {
       auto array = nlohmann::json::array();
@@ -667,6 +687,7 @@ struct Report {
     return 0;
   }
   CLI::App* cmd;
+  std::string html, svg;
   std::vector<std::string> runs, baselines;
   bool json = false;
 };

@@ -90,5 +90,60 @@ TEST(StatusPage, ShowsWorkersAndLossAndMarksAKilledWorkerDead) {
   EXPECT_TRUE(fs::exists(out / "status-page-after-kill.png"));
 }
 
+// `loco report --html --svg` on two finished runs (DiLoCo and DDP): the HTML opens from disk in the
+// browser with the network cut off, and every chart holds both runs' curves; gnuplot's SVG files
+// hold them too.
+TEST(Report, HtmlAndSvgChartsOfRunsOverlaid) {
+  REQUIRE_BROWSER();
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
+  std::ofstream(dir.path() / "run.toml") << testing_util::tiny_launch_config(2);
+  for (const std::string algorithm : {"diloco", "ddp"}) {
+    const auto r = run_command({LOCO_BINARY, "launch", "--config", (dir.path() / "run.toml").string(),
+                                "--data.dir=" + (dir.path() / "data").string(), "--run.dir=" + (dir.path() / algorithm).string(),
+                                "--sync.algorithm=" + algorithm},
+                               (dir.path() / (algorithm + ".log")).string(), 240s);
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const auto out = artifacts("report");
+  const auto report = run_command({LOCO_BINARY, "report", (dir.path() / "diloco").string(), (dir.path() / "ddp").string(),
+                                   "--html", (out / "report.html").string(), "--svg", (out / "svg").string()},
+                                  (dir.path() / "report.log").string(), 120s);
+  ASSERT_EQ(report.status, 0) << report.output;
+  EXPECT_NE(report.output.find("| diloco | diloco |"), std::string::npos) << "the table is still printed: " << report.output;
+
+  const auto page = run_command({"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "report_page.mjs").string(),
+                                 (out / "report.html").string(), out.string()},
+                                (out / "node.log").string(), 120s);
+  ASSERT_EQ(page.status, 0) << page.output;
+  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  EXPECT_TRUE(result["requests"].empty()) << "the report loads nothing beyond itself: " << result["requests"].dump();
+  EXPECT_TRUE(result["errors"].empty()) << result["errors"].dump(1);
+  ASSERT_EQ(result["rows"].size(), 2u);
+  for (const char* chart : {"loss-tokens", "loss-bytes", "loss-wall", "train-loss", "utilization", "membership"}) {
+    const auto& c = result["charts"][chart];
+    ASSERT_TRUE(c.is_object()) << chart << " is not drawn: " << result["charts"].dump(1);
+    EXPECT_EQ(c["series"].size(), 2u) << chart << ": both runs overlaid";
+    EXPECT_GE(c["points"].get<int>(), 4) << chart << " has no data";
+  }
+  EXPECT_TRUE(fs::exists(out / "report.png"));
+  for (const char* chart : {"loss-tokens", "loss-bytes", "loss-wall", "train-loss", "utilization", "membership"}) {
+    const auto svg = slurp(out / "svg" / (std::string(chart) + ".svg"));
+    ASSERT_FALSE(svg.empty()) << chart << ".svg was not written";
+    EXPECT_NE(svg.find("<svg"), std::string::npos);
+    EXPECT_NE(svg.find("diloco (diloco)"), std::string::npos) << chart << ".svg has no DiLoCo curve";
+    EXPECT_NE(svg.find("ddp (ddp)"), std::string::npos) << chart << ".svg has no DDP curve";
+    EXPECT_NE(svg.find("<path"), std::string::npos) << chart << ".svg draws nothing";
+  }
+
+  // Without gnuplot, --svg says what to install; the HTML needs nothing.
+  const auto without = run_command({"/usr/bin/env", "PATH=/nonexistent", LOCO_BINARY, "report", (dir.path() / "ddp").string(),
+                                    "--svg", (dir.path() / "svg").string()},
+                                   (dir.path() / "without.log").string(), 60s);
+  EXPECT_EQ(without.status, 1) << without.output;
+  EXPECT_NE(without.output.find("cannot run `gnuplot"), std::string::npos) << without.output;
+  EXPECT_NE(without.output.find("apt install gnuplot-nox"), std::string::npos) << without.output;
+}
+
 }  // namespace
 }  // namespace loco

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 
@@ -82,76 +83,8 @@ fs::path require_folder(const fs::path& dir) {
 
 // ---- running npm and tar ------------------------------------------------------------------------
 
-struct CommandResult {
-  int exit_code = 0;   // valid when signal == 0
-  int signal = 0;      // the signal that killed it, or 0
-  std::string output;  // stdout and stderr together (the tail)
-};
-
-std::string join_argv(const std::vector<std::string>& argv) {
-  std::string out;
-  for (const auto& a : argv) out += (out.empty() ? "" : " ") + a;
-  return out;
-}
-
-// Runs argv (no shell) with stdin from /dev/null and stdout+stderr into `log_file`, waits at most
-// kCommandTimeout. Throws Error when the program cannot be started or times out.
-CommandResult run_command(const std::vector<std::string>& argv, const fs::path& log_file, std::string_view hint) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    throw Error(kModule, fmt::format("cannot run `{}`: {}. hint: {}", join_argv(argv), std::strerror(rc), hint));
-  }
-
-  auto deadline = std::chrono::steady_clock::now() + kCommandTimeout;
-  int status = 0;
-  while (true) {
-    pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) {
-      throw InternalError(kModule, fmt::format("waitpid for `{}` failed: {}", join_argv(argv), std::strerror(errno)));
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      throw Error(kModule, fmt::format("`{}` did not finish within {} s. hint: {}", join_argv(argv),
-                                       kCommandTimeout.count(), hint));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-
-  CommandResult result;
-  if (WIFSIGNALED(status)) {
-    result.signal = WTERMSIG(status);
-  } else {
-    result.exit_code = WEXITSTATUS(status);
-  }
-  std::error_code ec;
-  if (fs::exists(log_file, ec)) {
-    std::string out = read_file(log_file, kModule);
-    constexpr size_t kTail = 2000;
-    if (out.size() > kTail) out = "..." + out.substr(out.size() - kTail);
-    result.output = std::string(trim(out));
-  }
-  return result;
-}
-
 void check_command(const CommandResult& result, std::string_view what, std::string_view hint) {
-  if (result.signal == 0 && result.exit_code == 0) return;
-  std::string how =
-      result.signal != 0 ? fmt::format("killed by signal {}", result.signal) : fmt::format("exit {}", result.exit_code);
-  throw Error(kModule, fmt::format("{} failed ({}): {}\nhint: {}", what, how,
-                                   result.output.empty() ? std::string("(no output)") : result.output, hint));
+  check_command_result(result, kModule, what, hint);
 }
 
 }  // namespace
@@ -391,7 +324,7 @@ fs::path fetch_npm_package(const std::string& name, const std::string& version, 
 
   std::string spec = name + "@" + version;
   constexpr std::string_view kNpmHint = "is npm installed and the npm registry reachable?";
-  CommandResult packed = run_command({"npm", "pack", spec, "--pack-destination", staging.string(), "--loglevel=error"},
+  CommandResult packed = run_command(kModule, kCommandTimeout, {"npm", "pack", spec, "--pack-destination", staging.string(), "--loglevel=error"},
                                      staging / "npm.log", kNpmHint);
   check_command(packed, fmt::format("npm pack {}", spec), kNpmHint);
   fs::path tarball;
@@ -403,7 +336,7 @@ fs::path fetch_npm_package(const std::string& name, const std::string& version, 
   }
 
   constexpr std::string_view kTarHint = "is tar installed, and is there space left in the cache folder?";
-  CommandResult unpacked = run_command({"tar", "xzf", tarball.string(), "-C", (staging / "unpacked").string()},
+  CommandResult unpacked = run_command(kModule, kCommandTimeout, {"tar", "xzf", tarball.string(), "-C", (staging / "unpacked").string()},
                                        staging / "tar.log", kTarHint);
   check_command(unpacked, fmt::format("tar xzf {}", tarball.string()), kTarHint);
   if (!fs::is_directory(staging / "unpacked" / "package", ec)) {

@@ -6,7 +6,7 @@ window.locoCharts = (function () {
   const color = (i) => palette[i % palette.length];
 
   function formatBytes(n) {
-    if (n == null || !isFinite(n)) return "–";
+    if (n == null || !isFinite(n)) return "";
     const units = ["B", "kB", "MB", "GB", "TB"];
     let i = 0;
     while (Math.abs(n) >= 1000 && i < units.length - 1) { n /= 1000; i++; }
@@ -17,15 +17,19 @@ window.locoCharts = (function () {
 
   // A line chart of series that share no x values: `tables` holds one [xs, ys] per series, and
   // `series` their {label, color, width, dash}. Returns the uPlot instance.
-  function lines(el, {xLabel, yLabel, series, tables, xValues, height}) {
+  // xLog: a logarithmic x axis; stepped: lines drawn as steps (counts that change at an instant).
+  function lines(el, {xLabel, yLabel, series, tables, xValues, height, xLog, stepped}) {
     const data = tables.length ? uPlot.join(tables) : [[]];
+    const paths = stepped ? uPlot.paths.stepped({align: 1}) : undefined;
     const opts = {
       width: widthOf(el), height: height || 300,
-      scales: {x: {time: false}},
+      scales: {x: xLog ? {time: false, distr: 3} : {time: false}},
       axes: [{label: xLabel, values: xValues}, {label: yLabel}],
       series: [{label: xLabel, value: xValues ? (u, v) => (v == null ? "–" : xValues(u, [v])[0]) : undefined}].concat(
+        // A sparse curve (a few evaluations) shows its points, or a single one would not show at all.
         series.map((s, i) => ({label: s.label, stroke: s.color || color(i), width: s.width || 1.5, dash: s.dash,
-                               spanGaps: true, points: {show: false}}))),
+                               spanGaps: true, points: {show: tables[i][0].length <= 40, size: 7, fill: s.color || color(i)},
+                               paths}))),
     };
     el.textContent = "";
     const chart = new uPlot(opts, data, el);

@@ -49,7 +49,7 @@
       cell(row, fixed(w.tokens_per_s, 0));
       cell(row, fixed(w.loss, 4));
       cell(row, w.utilization == null ? "–" : `${(100 * w.utilization).toFixed(1)}%`);
-      cell(row, C.formatBytes(w.bytes_sent));
+      cell(row, C.formatBytes(w.bytes_sent) || "–");
       cell(row, ago(w.last_report_s));
     }
   }

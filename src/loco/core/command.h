@@ -1,0 +1,30 @@
+// Running another program (npm, tar, gnuplot): no shell, stdin from /dev/null, stdout and stderr
+// into a log file, bounded in time.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loco {
+
+struct CommandResult {
+  int exit_code = 0;   // valid when signal == 0
+  int signal = 0;      // the signal that killed it, or 0
+  std::string output;  // stdout and stderr together (the tail)
+};
+
+// The command line as one string, for messages.
+std::string join_argv(const std::vector<std::string>& argv);
+
+// Runs argv (found on the PATH) and waits at most `timeout` (then kills it). Throws Error from
+// `module`, with `hint`, when the program cannot be started or times out.
+CommandResult run_command(std::string_view module, std::chrono::seconds timeout, const std::vector<std::string>& argv,
+                          const std::filesystem::path& log_file, std::string_view hint);
+
+// Throws Error from `module` naming `what`, how it ended and its output, unless it exited 0.
+void check_command_result(const CommandResult& result, std::string_view module, std::string_view what, std::string_view hint);
+
+}  // namespace loco
