@@ -42,4 +42,4 @@ run diloco-h250-warm  --sync.inner_steps=250 --train.init_from="$warm" --optim.w
 echo
 "$loco" report "$out"/ddp "$out"/diloco-h10 "$out"/diloco-h50 "$out"/diloco-h250 "$out"/local \
   "$out"/diloco-h250-lr0.4 "$out"/diloco-h250-fedavg "$out"/pretrain "$out"/ddp-warm \
-  "$out"/diloco-h250-warm
+  "$out"/diloco-h250-warm --html "$out/report.html" --svg "$out/charts"

@@ -53,4 +53,4 @@ fi
 echo
 names=(ddp single diloco-h10 diloco-h50 diloco-h250 diloco-h500 diloco-h50-label diloco-h50-drop diloco-m1-h50
        diloco-m2-h50 diloco-m8-h50 streaming-e3m0-h50)
-"$loco" report "${names[@]/#/$out/}"
+"$loco" report "${names[@]/#/$out/}" --html "$out/report.html" --svg "$out/charts"

@@ -25,4 +25,4 @@ run streaming-t5-e3m0    --sync.overlap_steps=5 --sync.exchange=e3m0
 
 echo
 "$loco" report "$out"/diloco-h50 "$out"/streaming-t1-fp32 "$out"/streaming-t5-fp32 "$out"/streaming-t1-e3m0 \
-  "$out"/streaming-t5-e3m0
+  "$out"/streaming-t5-e3m0 --html "$out/report.html" --svg "$out/charts"

@@ -108,4 +108,4 @@ for r in single ddp diloco-h50 diloco-h50-fedavg streaming-h50 streaming-e3m0-h1
          main-nesterov0.4-warmup20-alpha0.25-tau0 main-nesterov0.4-warmup30-alpha0.25; do
   [ -d "$out/$r" ] && runs+=("$out/$r")
 done
-"$loco" report "${runs[@]}"
+"$loco" report "${runs[@]}" --html "$out/report.html" --svg "$out/charts"

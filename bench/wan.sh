@@ -54,5 +54,5 @@ for rate in $links; do
   echo
   echo "## $rate, $delay one-way"
   "$loco" report "$out/$rate-ddp" "$out/$rate-diloco-h50" "$out/$rate-streaming-t1-fp32" "$out/$rate-streaming-t5-e3m0" \
-    "$out/$rate-eager-diloco-h50" "$out/$rate-eager-sgd-diloco-h50"
+    "$out/$rate-eager-diloco-h50" "$out/$rate-eager-sgd-diloco-h50" --html "$out/$rate-report.html" --svg "$out/$rate-charts"
 done

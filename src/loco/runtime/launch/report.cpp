@@ -10,6 +10,7 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/metrics/progress.h"
+#include "loco/optim/outer.h"
 #include "loco/runtime/config/config.h"
 
 namespace loco::runtime {
@@ -103,6 +104,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   } else if (config.sync.algorithm == Algorithm::kDiLoCo && config.sync.exchange != comm::Encoding::kFp32) {
     r.algorithm = fmt::format("diloco {}", comm::to_string(config.sync.exchange));
   }
+  if (config.sync.eager) r.algorithm += fmt::format(" eager {}", optim::to_string(config.outer.optimizer));
   const bool outer = config.sync.algorithm == Algorithm::kDiLoCo || config.sync.algorithm == Algorithm::kStreaming;
   r.inner_steps = outer ? config.sync.inner_steps : 1;
   const auto metrics_path = run / "metrics.jsonl";
