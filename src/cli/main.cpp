@@ -435,7 +435,7 @@ struct Launch {
                                        "(override any config key with --section.key=value)");
     cmd->add_option("--workers", workers, "worker processes (default: the config's cluster.workers)")->check(CLI::Range(int64_t{1}, int64_t{4096}));
     cmd->add_option("--config", config_file, "TOML run config (see docs/configuration.md)")->required();
-    cmd->add_option("--port", port, "the coordinator's port on 127.0.0.1 (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
+    cmd->add_option("--port", port, "the coordinator's port on 127.0.0.1, or a DiPaCo launch's status page's (default: any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
     cmd->add_flag("--resume", resume, "continue the run in run.dir from the workers' checkpoints");
     cmd->add_option("--link", links, "run each process in an emulated island (its own network namespace; needs root) "
                                       "with this link: rate=RATE,delay=DELAY, e.g. rate=100mbit,delay=50ms; again as "

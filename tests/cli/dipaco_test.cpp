@@ -273,7 +273,11 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   // `loco report`: the run's row, and what the router learned.
   auto report = run_command({LOCO_BINARY, "report", (dir_->path() / "launched").string()}, log("report"));
   ASSERT_EQ(report.status, 0) << report.output;
-  EXPECT_NE(report.output.find("| launched | dipaco 1:2,1:2 | 2 |"), std::string::npos) << report.output;
+  // Its workers are those that did tasks: on a loaded machine one of the two may have done them all.
+  const auto row = report.output.find("| launched | dipaco 1:2,1:2 | ");
+  ASSERT_NE(row, std::string::npos) << report.output;
+  const char workers = report.output[row + std::string_view("| launched | dipaco 1:2,1:2 | ").size()];
+  EXPECT_TRUE(workers == '1' || workers == '2') << report.output;
   EXPECT_NE(report.output.find(fmt::format("{:.4f}", eval["val_loss"].get<double>())), std::string::npos) << report.output;
   EXPECT_NE(report.output.find("DiPaCo's paths against the corpus's labels"), std::string::npos) << report.output;
 

@@ -90,6 +90,53 @@ TEST(StatusPage, ShowsWorkersAndLossAndMarksAKilledWorkerDead) {
   EXPECT_TRUE(fs::exists(out / "status-page-after-kill.png"));
 }
 
+// A DiPaCo launch has no coordinator: the launcher serves the page itself, with the registry's task
+// queue and every module's version.
+TEST(StatusPage, ShowsADipacoRunsTaskQueueAndModules) {
+  REQUIRE_BROWSER();
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
+  // 4 paths through 5 modules, 20 phases: long enough to be seen, stopped by the test.
+  std::ofstream(dir.path() / "dipaco.toml") << R"([model]
+context = 32
+layers = 2
+width = 32
+heads = 2
+[train]
+steps = 200
+batch_size = 4
+threads = 1
+device = "cpu"
+[sync]
+inner_steps = 10
+[eval]
+windows = 8
+[cluster]
+workers = 2
+[dipaco]
+levels = "1:2,1:2"
+lease_s = 60
+)";
+  const int port = testing_util::free_port();
+  Child launcher({LOCO_BINARY, "launch", "--config", (dir.path() / "dipaco.toml").string(), "--data.dir=" + (dir.path() / "data").string(),
+                  "--run.dir=" + (dir.path() / "run").string(), "--port", std::to_string(port)},
+                 (dir.path() / "launch.log").string());
+  const auto out = artifacts("status-page-dipaco");
+  const auto page = run_command({"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "status_page.mjs").string(),
+                                 fmt::format("http://127.0.0.1:{}/", port), out.string(), "--dipaco", "--workers=2"},
+                                (out / "node.log").string(), 180s);
+  launcher.signal(SIGINT);
+  EXPECT_NE(launcher.wait(60s), -1) << "the launcher did not stop on Ctrl-C";
+  ASSERT_EQ(page.status, 0) << page.output << "\nlaunch log:\n" << slurp(dir.path() / "launch.log");
+  EXPECT_NE(slurp(dir.path() / "launch.log").find(fmt::format("status page: http://127.0.0.1:{}/", port)), std::string::npos);
+  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  EXPECT_EQ(result["rows"].size(), 2u) << result.dump(1);
+  ASSERT_EQ(result["modules"].size(), 5u) << "every module of the plan: " << result.dump(1);
+  for (const auto& m : result["modules"]) EXPECT_NE(m[1].get<std::string>().find(" of 20"), std::string::npos) << m.dump();
+  EXPECT_NE(result["tasks"].get<std::string>().find("done "), std::string::npos) << result["tasks"];
+  EXPECT_TRUE(result["errors"].empty()) << result["errors"].dump(1);
+}
+
 // `loco report --html --svg` on two finished runs (DiLoCo and DDP): the HTML opens from disk in the
 // browser with the network cut off, and every chart holds both runs' curves; gnuplot's SVG files
 // hold them too.
@@ -135,6 +182,17 @@ TEST(Report, HtmlAndSvgChartsOfRunsOverlaid) {
     EXPECT_NE(svg.find("ddp (ddp)"), std::string::npos) << chart << ".svg has no DDP curve";
     EXPECT_NE(svg.find("<path"), std::string::npos) << chart << ".svg draws nothing";
   }
+
+  // A run folder's name is a title in gnuplot's script: a line feed in it must not start a command.
+  const auto hostile = dir.path() / "x'\nsystem(\"touch PWNED\")\n#";
+  fs::copy(dir.path() / "ddp", hostile, fs::copy_options::recursive);
+  const auto svg_dir = dir.path() / "hostile-svg";
+  const auto named = run_command({LOCO_BINARY, "report", hostile.string(), "--svg", svg_dir.string(), "--html",
+                                  (dir.path() / "hostile.html").string()},
+                                 (dir.path() / "hostile.log").string(), 60s);
+  EXPECT_EQ(named.status, 0) << named.output;
+  EXPECT_FALSE(fs::exists(svg_dir / "PWNED")) << "gnuplot ran a command from a folder name";
+  EXPECT_FALSE(fs::exists(fs::current_path() / "PWNED")) << "gnuplot ran a command from a folder name";
 
   // Without gnuplot, --svg says what to install; the HTML needs nothing.
   const auto without = run_command({"/usr/bin/env", "PATH=/nonexistent", LOCO_BINARY, "report", (dir.path() / "ddp").string(),

@@ -32,16 +32,4 @@ Telemetry::Batch Telemetry::take() {
   return batch;
 }
 
-void Telemetry::put_back(Batch batch) {
-  std::lock_guard lock(mutex_);
-  dropped_ += batch.dropped;
-  for (auto it = batch.events.rbegin(); it != batch.events.rend(); ++it) {
-    if (events_.size() >= capacity_) {
-      dropped_ += std::distance(it, batch.events.rend());
-      break;
-    }
-    events_.push_front(std::move(*it));
-  }
-}
-
 }  // namespace loco::metrics

@@ -2,7 +2,7 @@
 // every metrics.jsonl event, and what it is doing now. The training loop writes into it without
 // I/O; the worker's sender thread takes what accumulated and posts it (runtime/worker/telemetry.h).
 // A coordinator that cannot be reached costs the loop nothing: the oldest events are dropped once
-// the buffer is full, and counted.
+// the buffer is full, and counted (the sender holds one batch in flight besides).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -36,8 +36,6 @@ class Telemetry {
   };
   // The events recorded since the last call.
   Batch take();
-  // Puts a batch that could not be delivered back in front of newer events (as many as fit).
-  void put_back(Batch batch);
 
  private:
   const size_t capacity_;

@@ -380,6 +380,9 @@ TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {
   EXPECT_NE(page->body.find("<!doctype html>"), std::string::npos);
   EXPECT_NE(page->get_header_value("Content-Security-Policy").find("default-src 'self'"), std::string::npos);
   EXPECT_NE(page->body.find("assets/uPlot.min.js"), std::string::npos);
+  auto rebound = raw.Get("/v1/status", {{"Host", "attacker.example:80"}});
+  ASSERT_TRUE(rebound);
+  EXPECT_EQ(rebound->status, 401) << "a page of another site whose name was rebound to 127.0.0.1 reads nothing";
   auto text = raw.Get("/");
   ASSERT_TRUE(text);
   EXPECT_EQ(text->body.rfind("loco coordinator", 0), 0u) << "curl gets plain text: " << text->body;

@@ -69,6 +69,42 @@ TEST(Dashboard, AWorkersStateFollowsItsReportsAndItsProcess) {
   EXPECT_TRUE(exit_on_timeline) << "a failed process is a failure on the timeline";
 }
 
+// Telemetry is sent again when its answer is lost: a batch is applied once. What the dashboard
+// keeps is valid UTF-8 whatever it was given, so that its JSON always serializes. A process that
+// ended on a requested stop without its summary is stopped, not finished.
+TEST(Dashboard, AppliesABatchOnceKeepsValidTextAndTellsAStopFromAnEnd) {
+  Dashboard board;
+  auto body = report(0, 7, "training", 1, {{{"event", "sync"}, {"time", 1}, {"round", 1}, {"bytes_sent", 100}}});
+  body["seq"] = 1;
+  board.report(body, 1);
+  board.report(body, 2);  // its answer was lost: sent again
+  auto status = board.status(kFixedRun, 2);
+  EXPECT_EQ(status["workers"][0]["bytes_sent"], 100) << "counted once";
+  EXPECT_EQ(status["workers"][0]["last_report_s"], 0.0) << "but a sign of life";
+  body["seq"] = 2;
+  board.report(body, 3);
+  EXPECT_EQ(board.status(kFixedRun, 3)["workers"][0]["bytes_sent"], 200);
+
+  board.note("refused GET /\xff\xfe from 10.0.0.9", 4);
+  EXPECT_NO_THROW(board.status(kFixedRun, 4).dump()) << "a refused request's raw bytes on the timeline";
+
+  board.process_started(1, "h", 8, 5);
+  board.process_exited("h", 8, 130, /*failed=*/false, 6);
+  EXPECT_EQ(state_of(board.status(kFixedRun, 6), 8), "stopped");
+}
+
+TEST(Dashboard, ItsTableOfProcessesIsBounded) {
+  Dashboard board({.max_workers = 3});
+  for (int pid = 1; pid <= 3; ++pid) board.report(report(0, pid, "training", 1), 1);
+  expect_error<protocol::ProtocolError>([&] { board.report(report(0, 4, "training", 1), 1); }, "more than 3 worker processes");
+  board.process_exited("h", 1, 0, /*failed=*/false, 2);
+  board.report(report(0, 4, "training", 1), 3);
+  const auto status = board.status(kFixedRun, 3);
+  ASSERT_EQ(status["workers"].size(), 3u);
+  EXPECT_EQ(state_of(status, 1), "absent") << "the oldest that ended made room";
+  EXPECT_EQ(state_of(status, 4), "training");
+}
+
 // The membership's word counts too: a member declared failed (its heartbeats stopped, on a machine
 // with no launcher to see its process) is dead.
 TEST(Dashboard, AMemberDeclaredFailedIsDead) {

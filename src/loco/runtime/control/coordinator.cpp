@@ -8,8 +8,6 @@
 #include <mutex>
 #include <thread>
 
-#include <unistd.h>
-
 #include "loco/comm/key_value.h"
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/dashboard.h"
@@ -17,7 +15,7 @@
 #include "loco/runtime/control/http_server.h"
 #include "loco/runtime/control/fixed_run.h"
 #include "loco/runtime/control/run.h"
-#include "loco/runtime/control/web_assets.h"
+#include "loco/runtime/control/status_routes.h"
 
 namespace loco::runtime {
 namespace {
@@ -68,24 +66,6 @@ void reply_json(HttpResponse& response, const nlohmann::json& body, int status =
   response.set_content(body.dump(), "application/json");
 }
 
-// Requests that only read the run's status: the page and its assets, the JSON API behind it, the
-// state workers ask for, and Prometheus' metrics.
-bool status_read(const HttpRequest& request) {
-  return request.method == "GET" && (request.path == "/" || request.path == "/v1/state" || request.path == "/v1/status" ||
-                                     request.path == "/metrics" || request.path.starts_with("/assets/"));
-}
-
-// Seconds since the Unix epoch (the dashboard's clock, like the workers' events).
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// Headers of the page and its assets: nothing but this origin may be loaded or framed.
-void page_headers(HttpResponse& response) {
-  response.headers = {{"Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-                                                   "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"},
-                      {"X-Content-Type-Options", "nosniff"}, {"Referrer-Policy", "no-referrer"}, {"Cache-Control", "no-store"}};
-}
 
 // Raised by a handler's authentication check: answered 401.
 class Unauthenticated : public std::runtime_error {
@@ -140,27 +120,11 @@ struct Coordinator::Impl {
 
   // A status read that needs no signature: from this machine, of the page's static assets, or
   // carrying the view key (?key=, or "Authorization: Bearer" as Prometheus sends it).
-  bool open_read(const HttpRequest& request) const {
-    if (!status_read(request)) return false;
-    if (auth::is_loopback(request.remote_addr) || request.path.starts_with("/assets/")) return true;
-    std::string offered = request.param("key");
-    if (const auto* authorization = request.header("Authorization"); authorization != nullptr && authorization->starts_with("Bearer ")) {
-      offered = authorization->substr(7);
-    }
-    return !view_key.empty() && auth::same_key(offered, view_key);
-  }
+  bool open_read(const HttpRequest& request) const { return status_read_open(request, view_key); }
 
   // The address of the status page, with the view key where one is needed.
   std::string page_url() const {
-    std::string host = options.bind;
-    if (host == "0.0.0.0" || host == "::") {
-      char name[256] = {};
-      host = ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
-    }
-    if (host.find(':') != std::string::npos) host = "[" + host + "]";
-    const bool key = !view_key.empty() && !auth::is_loopback(options.bind);
-    return fmt::format("{}://{}:{}/{}", options.tls_cert.empty() ? "http" : "https", host, server->port(),
-                       key ? "?key=" + view_key : "");
+    return status_page_url(options.bind, server->port(), !options.tls_cert.empty(), view_key);
   }
 
   // The coordinator's state with what the page shows of the run's config.
@@ -272,40 +236,22 @@ struct Coordinator::Impl {
   // The status page (docs/status-page.md): the page and its assets, the JSON it polls, Prometheus'
   // metrics, and the workers' telemetry that feeds them.
   void install_status_routes() {
-    for (const auto* asset : web_assets()) {
-      if (asset->path == "/") continue;
-      server->route("GET", std::string(asset->path), guard([asset](const auto&, auto& response) {
-        response.set_content(std::string(asset->content), std::string(asset->content_type));
-        page_headers(response);
-      }));
-    }
-    server->route("GET", "/v1/status", guard([this](const auto&, auto& response) {
-      reply_json(response, dashboard.status(page_state(), wall_now()));
-      response.headers = {{"Cache-Control", "no-store"}};
-    }));
-    server->route("GET", "/metrics", guard([this](const auto&, auto& response) {
-      response.set_content(dashboard.prometheus(page_state(), wall_now()), "text/plain; version=0.0.4; charset=utf-8");
-    }));
+    const StatusSource source{&dashboard, [this] { return page_state(); }, [this] { return status_text(); }};
+    runtime::install_status_routes(*server, source, [this](HttpServer::Handler handler) { return guard(std::move(handler)); });
     server->route("POST", "/v1/telemetry", guard([this](const auto& request, auto& response) {
       dashboard.report(body_json(request), wall_now());
       reply_json(response, {{"ok", true}});
     }));
-    // A browser gets the page; curl and scripts the plain-text status.
-    server->route("GET", "/", guard([this](const auto& request, auto& response) {
-      const auto* accept = request.header("Accept");
-      if (accept != nullptr && accept->find("text/html") != std::string::npos) {
-        const auto* page = find_web_asset("/");
-        response.set_content(std::string(page->content), std::string(page->content_type));
-        page_headers(response);
-        return;
-      }
-      std::lock_guard lock(mutex);
-      std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\n{} workers\n", options.config.run.dir,
-                                     status.run_id(), protocol::to_string(status.phase()),
-                                     status.stopping() ? " (stopping: " + status.reason() + ")" : "", run->workers());
-      for (const auto& line : run->status_lines()) text += "  " + line + "\n";
-      response.set_content(text, "text/plain");
-    }));
+  }
+
+  // The plain-text status, for clients that do not ask for the page (curl).
+  std::string status_text() const {
+    std::lock_guard lock(mutex);
+    std::string text = fmt::format("loco coordinator, run {} ({})\nphase: {}{}\n{} workers\n", options.config.run.dir,
+                                   status.run_id(), protocol::to_string(status.phase()),
+                                   status.stopping() ? " (stopping: " + status.reason() + ")" : "", run->workers());
+    for (const auto& line : run->status_lines()) text += "  " + line + "\n";
+    return text;
   }
 
   // Joining, starting, stopping and ending: every run.

@@ -24,6 +24,14 @@ int64_t integer(const nlohmann::json& object, const char* key, int64_t fallback)
   return it != object.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
 }
 
+// `text` as valid UTF-8: bytes that are not are replaced (U+FFFD), by nlohmann-json's own checker.
+// Everything the dashboard keeps passes here, so that its JSON always serializes (a refused
+// request's path is logged, and may hold any bytes).
+std::string valid_utf8(const std::string& text) {
+  return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+      .get<std::string>();
+}
+
 // A required field of a report, checked.
 template <class T>
 T field(const nlohmann::json& body, const char* key) {
@@ -33,16 +41,17 @@ T field(const nlohmann::json& body, const char* key) {
     if (!it->is_string()) throw ProtocolError(fmt::format("telemetry: field '{}' is not a string", key));
     auto text = it->get<std::string>();
     if (text.size() > kMaxText) throw ProtocolError(fmt::format("telemetry: field '{}' is longer than {} bytes", key, kMaxText));
-    return text;
+    return valid_utf8(text);
   } else {
     if (!it->is_number_integer()) throw ProtocolError(fmt::format("telemetry: field '{}' is not an integer", key));
     return it->get<T>();
   }
 }
 
-const std::vector<std::string> kActivities = {"starting", "training", "syncing", "evaluating", "checkpointing", "finished"};
-const std::vector<std::string> kStates = {"joining", "training", "syncing", "evaluating", "checkpointing", "stalled",
-                                          "finished", "stopped", "dead", "replaced"};
+const std::vector<std::string> kActivities = {"starting", "training", "syncing", "evaluating", "checkpointing", "waiting",
+                                              "finished"};
+const std::vector<std::string> kStates = {"joining", "training", "syncing", "evaluating", "checkpointing", "waiting",
+                                          "stalled", "finished", "stopped", "dead", "replaced"};
 
 // Keeps a curve within `limit` points: beyond it, every other point is dropped (the last is kept).
 template <class Point>
@@ -52,7 +61,7 @@ void append_bounded(std::vector<Point>& points, Point point, size_t limit) {
   std::vector<Point> thinned;
   thinned.reserve(points.size() / 2 + 1);
   for (size_t i = 0; i < points.size(); i += 2) thinned.push_back(points[i]);
-  if (thinned.back() != points.back()) thinned.push_back(points.back());
+  if ((points.size() - 1) % 2 != 0) thinned.push_back(points.back());  // (by index: a point may hold NaN)
   points = std::move(thinned);
 }
 
@@ -126,16 +135,22 @@ Dashboard::Dashboard(DashboardOptions options) : options_(options) {
   created_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-Dashboard::Worker& Dashboard::worker_for(const std::string& host, int64_t pid, double now) {
+Dashboard::Worker* Dashboard::worker_for(const std::string& host, int64_t pid, double now) {
   for (auto& w : workers_) {
-    if (w.host == host && w.pid == pid) return w;
+    if (w.host == host && w.pid == pid) return &w;
+  }
+  if (workers_.size() >= options_.max_workers) {
+    // Full: the oldest process that ended makes room; with none, there is no room.
+    auto ended = std::find_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit_status || w.ended; });
+    if (ended == workers_.end()) return nullptr;
+    workers_.erase(ended);
   }
   Worker w;
   w.host = host;
   w.pid = pid;
   w.started = now;
   workers_.push_back(std::move(w));
-  return workers_.back();
+  return &workers_.back();
 }
 
 void Dashboard::report(const nlohmann::json& body, double now) {
@@ -156,21 +171,29 @@ void Dashboard::report(const nlohmann::json& body, double now) {
       throw ProtocolError("telemetry: every event must be an object with a string 'event'");
     }
   }
+  const int64_t seq = integer(body, "seq", -1);
   std::lock_guard lock(mutex_);
-  auto& w = worker_for(host, pid, now);
+  auto* row = worker_for(host, pid, now);
+  if (row == nullptr) throw ProtocolError(fmt::format("telemetry: more than {} worker processes are running", options_.max_workers));
+  auto& w = *row;
   const bool first = w.last_seen == 0;
+  // A batch sent again (its answer was lost) is applied once: its events are skipped.
+  const bool seen = seq >= 0 && seq <= w.last_seq;
+  if (seq >= 0) w.last_seq = std::max(w.last_seq, seq);
   w.rank = rank;
   w.member = integer(body, "member", -1);
   w.name = name;
   w.activity = activity;
   w.step = std::max(w.step, step);
   w.last_seen = now;
-  const int64_t dropped = std::max<int64_t>(0, integer(body, "dropped", 0));
+  const int64_t dropped = seen ? 0 : std::max<int64_t>(0, integer(body, "dropped", 0));
   w.dropped += dropped;
   dropped_ += dropped;
   if (first) add_event(now, name, fmt::format("worker {} reports from {} (pid {})", rank, host, pid), false);
   if (dropped > 0) add_event(now, name, fmt::format("{} of its events were lost while the coordinator could not be reached", dropped), false);
-  for (const auto& e : *events) apply(w, e);
+  if (!seen) {
+    for (const auto& e : *events) apply(w, e);
+  }
 }
 
 void Dashboard::apply(Worker& w, const nlohmann::json& e) {
@@ -207,6 +230,11 @@ void Dashboard::apply(Worker& w, const nlohmann::json& e) {
   } else if (kind == "start" || kind == "resume" || kind == "joined") {
     add_event(time, who, fmt::format("{} at step {}", kind == "start" ? "started training" : kind == "resume" ? "resumed" : "joined the run",
                                      integer(e, "step", 0)), false);
+  } else if (kind == "step_task") {  // DiPaCo: a module's outer step
+    add_event(time, who, fmt::format("module {} took its outer step to version {}", e.value("module", std::string("?")).substr(0, 128),
+                                     integer(e, "version", -1)), false);
+  } else if (kind == "route_task") {
+    add_event(time, who, fmt::format("routed the documents again before phase {}", integer(e, "phase", -1)), false);
   } else if (kind == "peer_failure") {
     add_event(time, who, fmt::format("a collective failed at step {}: {}", integer(e, "step", 0),
                                      e.contains("error") && e["error"].is_string() ? e["error"].get<std::string>().substr(0, 512) : ""), true);
@@ -215,7 +243,9 @@ void Dashboard::apply(Worker& w, const nlohmann::json& e) {
 
 void Dashboard::process_started(int64_t rank, const std::string& host, int64_t pid, double now) {
   std::lock_guard lock(mutex_);
-  auto& w = worker_for(host, pid, now);
+  auto* row = worker_for(host, pid, now);
+  if (row == nullptr) return;  // (the table is full of live processes: this one goes unlisted)
+  auto& w = *row;
   w.rank = rank;
   w.name = fmt::format("{}:{}", host, pid);
   add_event(now, fmt::format("worker {}", rank), fmt::format("process {} started on {}", pid, host), false);
@@ -223,7 +253,9 @@ void Dashboard::process_started(int64_t rank, const std::string& host, int64_t p
 
 void Dashboard::process_exited(const std::string& host, int64_t pid, int status, bool failed, double now) {
   std::lock_guard lock(mutex_);
-  auto& w = worker_for(host, pid, now);
+  auto* row = worker_for(host, pid, now);
+  if (row == nullptr) return;
+  auto& w = *row;
   w.exit_status = status;
   w.failed = failed;
   if (!w.end_time) w.end_time = now;
@@ -238,7 +270,7 @@ void Dashboard::note(const std::string& text, double now) {
 }
 
 void Dashboard::add_event(double time, std::string who, std::string text, bool failure) {
-  events_.push_back({{"time", time}, {"who", std::move(who)}, {"text", std::move(text)}, {"failure", failure}});
+  events_.push_back({{"time", time}, {"who", valid_utf8(who)}, {"text", valid_utf8(text)}, {"failure", failure}});
   while (events_.size() > options_.max_events) events_.pop_front();
 }
 
@@ -249,12 +281,12 @@ std::string Dashboard::state_of(const Worker& w, size_t index, const nlohmann::j
   const bool failed = w.failed || ended == "failed" || member_gone(run, w.member);
   if (failed) {
     for (size_t j = index + 1; j < workers_.size(); ++j) {
-      if (workers_[j].rank == w.rank && workers_[j].started >= w.end_time.value_or(0)) return "replaced";
+      if (workers_[j].rank == w.rank) return "replaced";  // a process seen after it, on its rank
     }
     return "dead";
   }
   if (ended == "finished" || ended == "stopped") return ended;
-  if (w.exit_status) return "finished";
+  if (w.exit_status) return *w.exit_status == 0 ? "finished" : "stopped";  // a clean end, or a stop asked for
   if (w.last_seen == 0) return "joining";
   if (now - w.last_seen > options_.stalled_after_s) return "stalled";
   if (w.activity == "starting") return "joining";
@@ -339,7 +371,8 @@ std::string Dashboard::prometheus(const nlohmann::json& run, double now) const {
       double value = NAN;
       if (metric.key == nullptr) {
         const auto state = w["state"].get<std::string>();
-        value = state == "training" || state == "syncing" || state == "evaluating" || state == "checkpointing" || state == "joining";
+        value = state == "training" || state == "syncing" || state == "evaluating" || state == "checkpointing" ||
+                state == "waiting" || state == "joining";
       } else if (!w[metric.key].is_null()) {
         value = w[metric.key].get<double>();
       }

@@ -6,7 +6,7 @@
 // read as JSON (GET /v1/status, which the page polls) and in Prometheus' text format (GET /metrics).
 //
 // A worker's state: joining (started or joined, no report yet), training, syncing, evaluating,
-// checkpointing (what it last reported), stalled (no report for `stalled_after`), finished or
+// checkpointing, waiting (a DiPaCo worker with no task due) (what it last reported), stalled (no report for `stalled_after`), finished or
 // stopped (its summary came), dead (its process exited with a failure, or the membership declared
 // it failed), replaced (dead, and another process has since taken its rank).
 //
@@ -31,6 +31,7 @@ struct DashboardOptions {
   double stalled_after_s = 10;  // no report for this long: stalled
   size_t max_points = 2000;     // per curve; older points are thinned (every other one dropped) beyond
   size_t max_events = 500;      // in the timeline; the oldest go first
+  size_t max_workers = 4096;    // processes listed; beyond, the oldest that ended makes room
 };
 
 class Dashboard {
@@ -38,7 +39,8 @@ class Dashboard {
   explicit Dashboard(DashboardOptions options = {});
 
   // A worker's report: the body of POST /v1/telemetry. Throws protocol::ProtocolError naming the
-  // field when it is malformed; nothing of it is applied then.
+  // field when it is malformed; nothing of it is applied then. A batch whose "seq" was applied
+  // already (sent again after its answer was lost) only counts as a sign of life.
   void report(const nlohmann::json& body, double now);
   // The launcher started the process `pid` on `host` as worker `rank` / saw it exit with `status`,
   // `failed` unless it ended cleanly or as asked.
@@ -57,6 +59,7 @@ class Dashboard {
     int64_t rank = -1, member = -1, pid = 0;
     std::string name, host, activity = "joining";
     double started = 0, last_seen = 0;  // last_seen 0: never reported
+    int64_t last_seq = -1;              // the last telemetry batch applied
     int64_t step = 0, tokens = 0, bytes_sent = 0, rounds = 0, dropped = 0;
     double tokens_per_s = 0, loss = NAN, utilization = NAN;
     std::optional<int> exit_status;
@@ -70,7 +73,8 @@ class Dashboard {
     int64_t bytes = 0, reports = 0;
   };
 
-  Worker& worker_for(const std::string& host, int64_t pid, double now);
+  // The row of a process, added when new; nullptr when the table is full of live processes.
+  Worker* worker_for(const std::string& host, int64_t pid, double now);
   void apply(Worker& w, const nlohmann::json& event);
   void add_event(double time, std::string who, std::string text, bool failure);
   std::string state_of(const Worker& w, size_t index, const nlohmann::json& run, double now) const;

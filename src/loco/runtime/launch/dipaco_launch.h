@@ -3,7 +3,8 @@
 // processes that lease tasks until the run is finished, relays their lines, and scores every path
 // at the end. A worker that dies is not waited for: its task goes to another worker when its lease
 // runs out (dipaco.lease_s); with --restarts it is started again. Ctrl-C: each worker gives its
-// task back and exits; `--resume` continues the run where its registry stands.
+// task back and exits; `--resume` continues the run where its registry stands. The launcher serves
+// the run's status page on 127.0.0.1 (docs/status-page.md): the task queue and the modules' versions.
 #pragma once
 
 #include <string>

@@ -26,7 +26,7 @@ std::vector<Point> thinned(const std::vector<Point>& points) {
   const size_t stride = (points.size() + kMaxPoints - 1) / kMaxPoints;
   std::vector<Point> out;
   for (size_t i = 0; i < points.size(); i += stride) out.push_back(points[i]);
-  if (out.back() != points.back()) out.push_back(points.back());
+  if ((points.size() - 1) % stride != 0) out.push_back(points.back());  // (by index: a point may hold NaN)
   return out;
 }
 
@@ -58,10 +58,16 @@ std::string html_escape(std::string_view text) {
 
 // ---- gnuplot ------------------------------------------------------------------------------------
 
-// A gnuplot single-quoted string: '' stands for a quote.
+// A gnuplot single-quoted string: '' stands for a quote, and control characters become spaces (a
+// line feed would end the string and start a command: run names come from folder names).
 std::string gnuplot_string(std::string_view text) {
   std::string out = "'";
-  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\'') out += "''";
+    else if (byte < 0x20 || byte == 0x7f) out += ' ';
+    else out += c;
+  }
   return out + "'";
 }
 
@@ -195,8 +201,9 @@ std::string report_html(const std::vector<RunReport>& reports, const std::vector
     names += (names.empty() ? "" : ", ") + r.name;
   }
   for (const auto& c : curves) data["curves"].push_back(to_json(c));
-  std::string json = data.dump();
-  for (size_t at = 0; (at = json.find("</", at)) != std::string::npos; at += 3) json.replace(at, 2, "<\\/");
+  // Inside <script>, no "<" at all: "<!--" and "</script" would change how the page is parsed.
+  std::string json = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  for (size_t at = 0; (at = json.find('<', at)) != std::string::npos; at += 6) json.replace(at, 1, "\\u003c");
   return fmt::format(R"(<!doctype html>
 <html lang="en">
 <head>

@@ -34,18 +34,27 @@ void TelemetrySender::loop() {
   }
 }
 
+// A batch carries a sequence number, and is sent again with it until the coordinator answers: one
+// whose answer was lost is applied once. A batch refused as malformed (400) or too large (413) is
+// dropped rather than sent forever. Meanwhile new events wait in the (bounded) buffer. Without a
+// batch, the report says what the worker is doing, under the last number (nothing to apply).
 void TelemetrySender::send(CoordinatorClient& channel) {
-  auto batch = telemetry_.take();
+  if (!pending_) {
+    auto batch = telemetry_.take();
+    if (!batch.events.empty() || batch.dropped > 0) pending_ = std::move(batch), ++seq_;
+  }
   nlohmann::json body = {{"rank", who_.rank}, {"name", who_.name}, {"host", host_name()}, {"pid", ::getpid()},
-                         {"activity", std::string(metrics::to_string(telemetry_.activity()))},
-                         {"step", telemetry_.step()}, {"dropped", batch.dropped}, {"events", batch.events}};
+                         {"activity", std::string(metrics::to_string(telemetry_.activity()))}, {"step", telemetry_.step()},
+                         {"seq", seq_}, {"dropped", pending_ ? pending_->dropped : 0},
+                         {"events", pending_ ? nlohmann::json(pending_->events) : nlohmann::json::array()}};
   if (who_.member >= 0) body["member"] = who_.member;
+  int status = 0;
   try {
-    const auto [status, text] = channel.request("POST", "/v1/telemetry", body.dump(), std::chrono::milliseconds(2000));
-    if (status == 200) return;
+    status = channel.request("POST", "/v1/telemetry", body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                             std::chrono::milliseconds(2000)).first;
   } catch (const std::exception&) {
   }
-  telemetry_.put_back(std::move(batch));
+  if (status == 200 || status == 400 || status == 413) pending_.reset();
 }
 
 }  // namespace loco::runtime

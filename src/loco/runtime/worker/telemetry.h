@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -42,6 +43,9 @@ class TelemetrySender {
   const Identity who_;
   const std::chrono::milliseconds interval_;
   metrics::Telemetry telemetry_;
+  // The thread's own: the batch not yet acknowledged, and its number.
+  std::optional<metrics::Telemetry::Batch> pending_;
+  int64_t seq_ = 0;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -41,8 +41,11 @@ window.locoCharts = (function () {
   function bars(el, {xLabel, yLabel, label, xs, ys, yValues, height}) {
     const opts = {
       width: widthOf(el), height: height || 300,
-      scales: {x: {time: false}, y: {range: (u, min, max) => [0, max > 0 ? max * 1.05 : 1]}},
-      axes: [{label: xLabel}, {label: yLabel, values: yValues, size: 70}],
+      // Whole rounds on x, each bar whole; bytes from zero on y.
+      scales: {x: {time: false, range: (u, min, max) => [min - 0.5, max + 0.5]},
+               y: {range: (u, min, max) => [0, max > 0 ? max * 1.05 : 1]}},
+      axes: [{label: xLabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000]},
+             {label: yLabel, values: yValues, size: 70}],
       series: [{label: xLabel}, {label, fill: "#93c5fd", stroke: "#2563eb", paths: uPlot.paths.bars({size: [0.8, 40]}),
                                  points: {show: false}}],
     };

@@ -24,7 +24,8 @@
     $("run-dir").textContent = run.run_dir || "";
     const parts = [`${run.algorithm || ""}`, `phase ${run.phase}`, `epoch ${run.epoch}`];
     if (run.elastic) parts.push(`${run.elastic.rounds_completed} rounds completed`);
-    parts.push(`${s.workers.length} process(es) of ${run.workers} worker(s)`, `run ${run.run_id}`);
+    parts.push(`${s.workers.length} process(es) of ${run.workers} worker(s)`);
+    if (run.run_id) parts.push(`run ${run.run_id}`);
     if (run.stopping) parts.push(`stopping: ${run.reason}`);
     $("run-line").textContent = parts.join(" · ");
   }
@@ -98,12 +99,34 @@
     }
   }
 
+  // The task queue: an elastic run's (counts), or a DiPaCo run's (counts, who holds what, and each
+  // module's version).
   function renderTasks(s) {
-    const tasks = s.run.elastic && s.run.elastic.tasks;
-    $("tasks-section").hidden = !tasks;
-    if (tasks) {
-      $("tasks").textContent = `open ${tasks.open} · leased ${tasks.leased} · issued ${tasks.issued} · ` +
-                               `reissued ${tasks.reissued} · done ${tasks.done}`;
+    const elastic = s.run.elastic && s.run.elastic.tasks, dipaco = s.run.dipaco;
+    $("tasks-section").hidden = !elastic && !dipaco;
+    $("modules-section").hidden = !dipaco;
+    const leased = $("leased");
+    leased.textContent = "";
+    if (elastic) {
+      $("tasks").textContent = `open ${elastic.open} · leased ${elastic.leased} · issued ${elastic.issued} · ` +
+                               `reissued ${elastic.reissued} · done ${elastic.done}`;
+    }
+    if (!dipaco) return;
+    const t = dipaco.tasks;
+    $("tasks").textContent = `open ${t.open} · leased ${t.leased} · waiting ${t.waiting} · done ${t.done} · ` +
+                             `cancelled ${t.cancelled} · issued again ${dipaco.reissued}`;
+    for (const task of dipaco.leased) {
+      const li = document.createElement("li");
+      li.textContent = `${task.task}: ${task.holder}`;
+      leased.appendChild(li);
+    }
+    const body = $("modules").tBodies[0];
+    body.textContent = "";
+    for (const m of dipaco.modules) {
+      const row = body.insertRow();
+      row.dataset.module = m.module;
+      row.insertCell().textContent = m.module;
+      row.insertCell().textContent = m.version == null ? "–" : `${m.version} of ${m.of}`;
     }
   }
 
