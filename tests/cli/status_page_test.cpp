@@ -28,7 +28,7 @@ std::string browser() {
 }
 
 // Skips (saying why) only when there is no browser; a missing driver or node is a failure.
-#define REQUIRE_BROWSER()                                                                                            \
+#define LOCO_REQUIRE_BROWSER()                                                                                            \
   do {                                                                                                               \
     if (!fs::exists(browser())) {                                                                                    \
       GTEST_SKIP() << "no browser at " << browser() << ": install Debian's chromium (scripts/setup.sh does) or set " \
@@ -50,8 +50,30 @@ fs::path artifacts(const std::string& name) {
   return dir;
 }
 
+// `loco launch --config DIR/CONFIG` on a free port while tests/web/status_page.mjs looks at its page
+// with `flags`, then Ctrl-C. Checks that both ended well and that the launch printed the page's
+// address; returns what the page showed (OUT/result.json).
+nlohmann::json watch_launch(const TempDir& dir, const std::string& config, const fs::path& out, const std::vector<std::string>& flags) {
+  const int port = testing_util::free_port();
+  Child launcher({LOCO_BINARY, "launch", "--config", (dir.path() / config).string(), "--data.dir=" + (dir.path() / "data").string(),
+                  "--run.dir=" + (dir.path() / "run").string(), "--port", std::to_string(port)},
+                 (dir.path() / "launch.log").string());
+  std::vector<std::string> argv = {"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "status_page.mjs").string(),
+                                   fmt::format("http://127.0.0.1:{}/", port), out.string()};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const auto page = run_command(argv, (out / "node.log").string(), 180s);
+  launcher.signal(SIGINT);
+  const int launch_status = launcher.wait(60s);
+  const auto log = slurp(dir.path() / "launch.log");
+  EXPECT_EQ(page.status, 0) << page.output << "\nlaunch log:\n" << log;
+  EXPECT_NE(launch_status, -1) << "the launcher did not stop on Ctrl-C";
+  EXPECT_NE(log.find(fmt::format("status page: http://127.0.0.1:{}/", port)), std::string::npos)
+      << "loco launch prints the page's address";
+  return page.status == 0 ? nlohmann::json::parse(slurp(out / "result.json")) : nlohmann::json();
+}
+
 TEST(StatusPage, ShowsWorkersAndLossAndMarksAKilledWorkerDead) {
-  REQUIRE_BROWSER();
+  LOCO_REQUIRE_BROWSER();
   TempDir dir;
   ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
   // An elastic run goes on when a worker dies, so that the page can show it dead; long enough to
@@ -59,22 +81,9 @@ TEST(StatusPage, ShowsWorkersAndLossAndMarksAKilledWorkerDead) {
   auto config = testing_util::tiny_launch_config(3, "elastic = true\n");
   config.replace(config.find("steps = 40"), 10, "steps = 100000");
   std::ofstream(dir.path() / "run.toml") << config;
-  const int port = testing_util::free_port();
-  Child launcher({LOCO_BINARY, "launch", "--config", (dir.path() / "run.toml").string(), "--data.dir=" + (dir.path() / "data").string(),
-                  "--run.dir=" + (dir.path() / "run").string(), "--port", std::to_string(port)},
-                 (dir.path() / "launch.log").string());
   const auto out = artifacts("status-page");
-  const auto page = run_command({"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "status_page.mjs").string(),
-                                 fmt::format("http://127.0.0.1:{}/", port), out.string(), "--kill", "--workers=3"},
-                                (out / "node.log").string(), 180s);
-  launcher.signal(SIGINT);
-  const int launch_status = launcher.wait(60s);
-  ASSERT_EQ(page.status, 0) << page.output << "\nlaunch log:\n" << slurp(dir.path() / "launch.log");
-  EXPECT_NE(launch_status, -1) << "the launcher did not stop on Ctrl-C";
-  EXPECT_NE(slurp(dir.path() / "launch.log").find(fmt::format("status page: http://127.0.0.1:{}/", port)),
-            std::string::npos) << "loco launch prints the page's address";
-
-  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  const auto result = watch_launch(dir, "run.toml", out, {"--kill", "--workers=3"});
+  ASSERT_FALSE(result.is_null());
   ASSERT_EQ(result["rows"].size(), 3u) << result.dump(1);
   std::set<int> ranks;
   for (const auto& row : result["rows"]) ranks.insert(row["rank"].get<int>());
@@ -93,7 +102,7 @@ TEST(StatusPage, ShowsWorkersAndLossAndMarksAKilledWorkerDead) {
 // A DiPaCo launch has no coordinator: the launcher serves the page itself, with the registry's task
 // queue and every module's version.
 TEST(StatusPage, ShowsADipacoRunsTaskQueueAndModules) {
-  REQUIRE_BROWSER();
+  LOCO_REQUIRE_BROWSER();
   TempDir dir;
   ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
   // 4 paths through 5 modules, 20 phases: long enough to be seen, stopped by the test.
@@ -117,19 +126,8 @@ workers = 2
 levels = "1:2,1:2"
 lease_s = 60
 )";
-  const int port = testing_util::free_port();
-  Child launcher({LOCO_BINARY, "launch", "--config", (dir.path() / "dipaco.toml").string(), "--data.dir=" + (dir.path() / "data").string(),
-                  "--run.dir=" + (dir.path() / "run").string(), "--port", std::to_string(port)},
-                 (dir.path() / "launch.log").string());
-  const auto out = artifacts("status-page-dipaco");
-  const auto page = run_command({"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "status_page.mjs").string(),
-                                 fmt::format("http://127.0.0.1:{}/", port), out.string(), "--dipaco", "--workers=2"},
-                                (out / "node.log").string(), 180s);
-  launcher.signal(SIGINT);
-  EXPECT_NE(launcher.wait(60s), -1) << "the launcher did not stop on Ctrl-C";
-  ASSERT_EQ(page.status, 0) << page.output << "\nlaunch log:\n" << slurp(dir.path() / "launch.log");
-  EXPECT_NE(slurp(dir.path() / "launch.log").find(fmt::format("status page: http://127.0.0.1:{}/", port)), std::string::npos);
-  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  const auto result = watch_launch(dir, "dipaco.toml", artifacts("status-page-dipaco"), {"--dipaco", "--workers=2"});
+  ASSERT_FALSE(result.is_null());
   EXPECT_EQ(result["rows"].size(), 2u) << result.dump(1);
   ASSERT_EQ(result["modules"].size(), 5u) << "every module of the plan: " << result.dump(1);
   for (const auto& m : result["modules"]) EXPECT_NE(m[1].get<std::string>().find(" of 20"), std::string::npos) << m.dump();
@@ -141,7 +139,7 @@ lease_s = 60
 // browser with the network cut off, and every chart holds both runs' curves; gnuplot's SVG files
 // hold them too.
 TEST(Report, HtmlAndSvgChartsOfRunsOverlaid) {
-  REQUIRE_BROWSER();
+  LOCO_REQUIRE_BROWSER();
   TempDir dir;
   ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
   std::ofstream(dir.path() / "run.toml") << testing_util::tiny_launch_config(2);

@@ -14,6 +14,14 @@ export function launchOptions() {
   };
 }
 
+// A new page whose script errors and console errors are collected into `errors`.
+export async function openPage(browser, errors, viewport = {width: 1400, height: 1100}) {
+  const page = await browser.newPage({viewport});
+  page.on("pageerror", (e) => errors.push(String(e)));
+  page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+  return page;
+}
+
 // Polls `condition(arg)` in the page every 100 ms until it holds; throws naming `what` after `ms`.
 export async function waitFor(page, condition, arg, ms, what) {
   try {

@@ -5,16 +5,14 @@ import {chromium} from "playwright-core";
 import {writeFileSync} from "node:fs";
 import {join, resolve} from "node:path";
 import {pathToFileURL} from "node:url";
-import {launchOptions, waitFor} from "./browser.mjs";
+import {launchOptions, openPage, waitFor} from "./browser.mjs";
 
 const [file, out] = process.argv.slice(2);
 const result = {file, requests: []};
 const browser = await chromium.launch(launchOptions());
 try {
-  const page = await browser.newPage({viewport: {width: 1400, height: 1000}});
   const errors = [];
-  page.on("pageerror", (e) => errors.push(String(e)));
-  page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+  const page = await openPage(browser, errors, {width: 1400, height: 1000});
   // Anything but the file itself would be a request beyond it: recorded, and refused.
   await page.route("**/*", (route) => {
     const url = route.request().url();

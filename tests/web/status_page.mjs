@@ -8,7 +8,7 @@
 import {chromium} from "playwright-core";
 import {writeFileSync} from "node:fs";
 import {join} from "node:path";
-import {launchOptions, waitFor} from "./browser.mjs";
+import {launchOptions, openPage, waitFor} from "./browser.mjs";
 
 const [url, out, ...flags] = process.argv.slice(2);
 const kill = flags.includes("--kill");
@@ -62,10 +62,8 @@ async function dipacoRun(page) {
 
 const browser = await chromium.launch(launchOptions());
 try {
-  const page = await browser.newPage({viewport: {width: 1400, height: 1100}});
   const errors = [];
-  page.on("pageerror", (e) => errors.push(String(e)));
-  page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+  const page = await openPage(browser, errors);
   await page.goto(url);
   await (dipaco ? dipacoRun(page) : coordinatorRun(page));
   result.errors = errors;

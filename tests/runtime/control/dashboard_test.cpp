@@ -84,6 +84,10 @@ TEST(Dashboard, AppliesABatchOnceKeepsValidTextAndTellsAStopFromAnEnd) {
   body["seq"] = 2;
   board.report(body, 3);
   EXPECT_EQ(board.status(kFixedRun, 3)["workers"][0]["bytes_sent"], 200);
+  body["seq"] = 1;
+  body["session"] = 99;  // a new sender in the same process (it restarted from its checkpoint)
+  board.report(body, 3.5);
+  EXPECT_EQ(board.status(kFixedRun, 3.5)["workers"][0]["bytes_sent"], 300) << "its numbers start again";
 
   board.note("refused GET /\xff\xfe from 10.0.0.9", 4);
   EXPECT_NO_THROW(board.status(kFixedRun, 4).dump()) << "a refused request's raw bytes on the timeline";

@@ -171,13 +171,15 @@ void Dashboard::report(const nlohmann::json& body, double now) {
       throw ProtocolError("telemetry: every event must be an object with a string 'event'");
     }
   }
-  const int64_t seq = integer(body, "seq", -1);
+  const int64_t seq = integer(body, "seq", -1), session = integer(body, "session", 0);
   std::lock_guard lock(mutex_);
   auto* row = worker_for(host, pid, now);
   if (row == nullptr) throw ProtocolError(fmt::format("telemetry: more than {} worker processes are running", options_.max_workers));
   auto& w = *row;
   const bool first = w.last_seen == 0;
-  // A batch sent again (its answer was lost) is applied once: its events are skipped.
+  // A batch sent again (its answer was lost) is applied once: its events are skipped. Numbers
+  // start again with each sender (a worker restarting from its checkpoint makes a new one).
+  if (session != w.session) w.session = session, w.last_seq = -1;
   const bool seen = seq >= 0 && seq <= w.last_seq;
   if (seq >= 0) w.last_seq = std::max(w.last_seq, seq);
   w.rank = rank;

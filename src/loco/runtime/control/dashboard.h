@@ -59,7 +59,7 @@ class Dashboard {
     int64_t rank = -1, member = -1, pid = 0;
     std::string name, host, activity = "joining";
     double started = 0, last_seen = 0;  // last_seen 0: never reported
-    int64_t last_seq = -1;              // the last telemetry batch applied
+    int64_t session = 0, last_seq = -1;  // its telemetry sender, and the last batch of it applied
     int64_t step = 0, tokens = 0, bytes_sent = 0, rounds = 0, dropped = 0;
     double tokens_per_s = 0, loss = NAN, utilization = NAN;
     std::optional<int> exit_status;

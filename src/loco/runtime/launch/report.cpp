@@ -91,6 +91,21 @@ std::string dipaco_report(const std::filesystem::path& run) {
   return out;
 }
 
+void for_each_event(const std::filesystem::path& run, const std::function<void(const nlohmann::json&)>& each) {
+  const auto path = run / "metrics.jsonl";
+  std::ifstream in(path);
+  if (!in) throw DataError("report", fmt::format("{}: cannot read it", path.string()));
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json event;
+    try {
+      event = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a line cut short by a killed process
+    }
+    if (event.is_object()) each(event);
+  }
+}
+
 RunReport read_run_report(const std::filesystem::path& run) {
   RunReport r;
   r.name = run.filename().string();
@@ -108,20 +123,12 @@ RunReport read_run_report(const std::filesystem::path& run) {
   const bool outer = config.sync.algorithm == Algorithm::kDiLoCo || config.sync.algorithm == Algorithm::kStreaming;
   r.inner_steps = outer ? config.sync.inner_steps : 1;
   const auto metrics_path = run / "metrics.jsonl";
-  std::ifstream in(metrics_path);
-  if (!in) throw DataError("report", fmt::format("{}: cannot read it", metrics_path.string()));
   std::map<int64_t, nlohmann::json> last_summary;
   std::map<int64_t, std::pair<double, double>> bytes;  // per worker, summed over every sync event
   std::map<int64_t, int64_t> rounds;
   std::map<int64_t, double> peak, stall;  // per worker, over every session
   double parameters = NAN;
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json event;
-    try {
-      event = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      continue;  // a line cut short by a killed process
-    }
+  for_each_event(run, [&](const nlohmann::json& event) {
     const std::string kind = event.value("event", "");
     const int64_t worker = event.value("worker", int64_t{0});
     if (kind == "start" && event.contains("parameters")) parameters = event.value("parameters", 0.0);
@@ -135,7 +142,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
       rounds[worker] = std::max(rounds[worker], event.value("round", int64_t{0}));
       if (event.contains("stall_s")) stall[worker] += event.value("stall_s", 0.0);
     }
-  }
+  });
   if (last_summary.empty()) throw DataError("report", fmt::format("{}: no summary yet (is the run finished?)", metrics_path.string()));
   r.workers = static_cast<int64_t>(last_summary.size());
   r.finished = true;

@@ -103,25 +103,15 @@ std::string gnuplot_script(const fs::path& svg, const std::string& title, const 
 RunCurves read_run_curves(const fs::path& run, const RunReport& report) {
   RunCurves curves;
   curves.label = fmt::format("{} ({})", report.name, report.algorithm);
-  const auto path = run / "metrics.jsonl";
-  std::ifstream in(path);
-  if (!in) throw DataError("report", fmt::format("{}: cannot read it", path.string()));
   double start = INFINITY, tokens_per_step = NAN;
   std::map<int64_t, std::pair<double, double>> span;           // per worker: first and last event
   std::map<int64_t, std::array<double, 3>> train;              // per step: loss sum, count, tokens of one worker
   std::vector<std::pair<double, double>> sent;                 // (time, bytes) of every sync
   std::vector<std::array<double, 3>> evals;                    // (time, step, val_loss)
   std::vector<std::tuple<double, int64_t, double>> utilization;  // (time, worker, value)
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json e;
-    try {
-      e = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      continue;  // a line cut short by a killed process
-    }
-    if (!e.is_object()) continue;
+  for_each_event(run, [&](const nlohmann::json& e) {
     const double time = number(e, "time");
-    if (!std::isfinite(time)) continue;
+    if (!std::isfinite(time)) return;
     start = std::min(start, time);
     const std::string kind = e.value("event", "");
     const auto worker = static_cast<int64_t>(number(e, "worker", -1));
@@ -142,7 +132,7 @@ RunCurves read_run_curves(const fs::path& run, const RunReport& report) {
     } else if (kind == "eval" && std::isfinite(step) && std::isfinite(number(e, "val_loss"))) {
       evals.push_back({time, step, number(e, "val_loss")});
     }
-  }
+  });
   if (!std::isfinite(start)) return curves;
   const double workers = std::max<double>(1, static_cast<double>(report.workers));
   auto all_tokens = [&](double step) { return std::isfinite(tokens_per_step) ? step * tokens_per_step * workers : NAN; };

@@ -7,7 +7,8 @@
 namespace loco::runtime {
 
 TelemetrySender::TelemetrySender(const CoordinatorClient& client, Identity who, std::chrono::milliseconds interval)
-    : address_(client.address()), security_(client.security()), who_(std::move(who)), interval_(interval) {
+    : address_(client.address()), security_(client.security()), who_(std::move(who)), interval_(interval),
+      session_(static_cast<int64_t>(std::random_device{}() >> 1) + 1) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -45,7 +46,7 @@ void TelemetrySender::send(CoordinatorClient& channel) {
   }
   nlohmann::json body = {{"rank", who_.rank}, {"name", who_.name}, {"host", host_name()}, {"pid", ::getpid()},
                          {"activity", std::string(metrics::to_string(telemetry_.activity()))}, {"step", telemetry_.step()},
-                         {"seq", seq_}, {"dropped", pending_ ? pending_->dropped : 0},
+                         {"session", session_}, {"seq", seq_}, {"dropped", pending_ ? pending_->dropped : 0},
                          {"events", pending_ ? nlohmann::json(pending_->events) : nlohmann::json::array()}};
   if (who_.member >= 0) body["member"] = who_.member;
   int status = 0;

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -42,6 +43,7 @@ class TelemetrySender {
   const ClientSecurity security_;
   const Identity who_;
   const std::chrono::milliseconds interval_;
+  const int64_t session_;  // tells this sender's batch numbers from an earlier one's in the same process
   metrics::Telemetry telemetry_;
   // The thread's own: the batch not yet acknowledged, and its number.
   std::optional<metrics::Telemetry::Batch> pending_;
