@@ -23,7 +23,11 @@
     const run = s.run;
     $("run-dir").textContent = run.run_dir || "";
     const parts = [`${run.algorithm || ""}`, `phase ${run.phase}`, `epoch ${run.epoch}`];
-    if (run.elastic) parts.push(`${run.elastic.rounds_completed} rounds completed`);
+    if (run.elastic) {
+      parts.push(`${run.elastic.rounds_completed} rounds completed`);
+    } else if (s.rounds.length) {
+      parts.push(`round ${s.rounds[s.rounds.length - 1][0]}`);  // the latest any worker reported
+    }
     parts.push(`${s.workers.length} process(es) of ${run.workers} worker(s)`);
     if (run.run_id) parts.push(`run ${run.run_id}`);
     if (run.stopping) parts.push(`stopping: ${run.reason}`);
