@@ -191,8 +191,9 @@ void Dashboard::report(const nlohmann::json& body, double now) {
   const int64_t dropped = seen ? 0 : std::max<int64_t>(0, integer(body, "dropped", 0));
   w.dropped += dropped;
   dropped_ += dropped;
-  if (first) add_event(now, name, fmt::format("worker {} reports from {} (pid {})", rank, host, pid), false);
-  if (dropped > 0) add_event(now, name, fmt::format("{} of its events were lost while the coordinator could not be reached", dropped), false);
+  const std::string who = fmt::format("worker {}", rank);
+  if (first) add_event(now, who, fmt::format("reports from {} as {}", host, name), false);
+  if (dropped > 0) add_event(now, who, fmt::format("{} of its events were lost while the coordinator could not be reached", dropped), false);
   if (!seen) {
     for (const auto& e : *events) apply(w, e);
   }

@@ -137,7 +137,9 @@
   function renderTimeline(s) {
     const list = $("timeline");
     list.textContent = "";
-    for (const e of s.events.slice().reverse()) {
+    // Newest first. Workers' events carry the time they happened and arrive within a second, so
+    // the list is ordered by time, not by arrival.
+    for (const e of s.events.slice().sort((a, b) => b.time - a.time)) {
       const li = document.createElement("li");
       li.textContent = `${clock(e.time)}  ${e.who}: ${e.text}`;
       if (e.failure) li.className = "failure";
