@@ -16,6 +16,7 @@
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/control/status_routes.h"
 #include "test_util.h"
 
 namespace loco::runtime {
@@ -419,6 +420,40 @@ TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {
   EXPECT_EQ(metrics->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_NE(metrics->body.find(R"(loco_worker_loss{worker="1",name="w:9",host="w"} 6.5)"), std::string::npos) << metrics->body;
   EXPECT_NE(running.coordinator.page_url().find(fmt::format("http://127.0.0.1:{}/", running.coordinator.port())), std::string::npos);
+}
+
+// Who may read the status without a signature, decided on the request alone (the test below checks
+// it over a real non-loopback address where the machine has one).
+TEST(Coordinator, StatusReadsOpenOnlyFromThisMachineOrWithTheViewKey) {
+  const auto key = auth::view_key("tok");
+  auto request = [](std::string method, std::string path, std::string from, std::string host) {
+    HttpRequest r;
+    r.method = std::move(method);
+    r.path = r.target = std::move(path);
+    r.remote_addr = std::move(from);
+    if (!host.empty()) r.headers["Host"] = host;
+    return r;
+  };
+  EXPECT_TRUE(status_read_open(request("GET", "/v1/status", "127.0.0.1", "127.0.0.1:8080"), key));
+  EXPECT_TRUE(status_read_open(request("GET", "/metrics", "::1", "[::1]:8080"), key));
+  EXPECT_TRUE(status_read_open(request("GET", "/", "127.0.0.1", "localhost:8080"), key));
+  EXPECT_FALSE(status_read_open(request("GET", "/v1/status", "127.0.0.1", "attacker.example"), key)) << "DNS rebinding";
+  EXPECT_FALSE(status_read_open(request("GET", "/v1/status", "127.0.0.1", ""), key)) << "no Host header";
+  EXPECT_FALSE(status_read_open(request("GET", "/v1/status", "10.0.0.5", "10.0.0.1:8080"), key));
+  EXPECT_TRUE(status_read_open(request("GET", "/assets/uPlot.min.js", "10.0.0.5", "10.0.0.1:8080"), key));
+  auto with_key = request("GET", "/v1/status", "10.0.0.5", "10.0.0.1:8080");
+  with_key.params.emplace("key", key);
+  EXPECT_TRUE(status_read_open(with_key, key));
+  EXPECT_FALSE(status_read_open(with_key, "")) << "a run without a token has no view key";
+  auto bearer = request("GET", "/metrics", "10.0.0.5", "10.0.0.1:8080");
+  bearer.headers["Authorization"] = "Bearer " + key;
+  EXPECT_TRUE(status_read_open(bearer, key));
+  bearer.headers["Authorization"] = "Bearer " + std::string(32, '0');
+  EXPECT_FALSE(status_read_open(bearer, key));
+  auto stop = request("POST", "/v1/stop", "127.0.0.1", "127.0.0.1:8080");
+  stop.params.emplace("key", key);
+  EXPECT_FALSE(status_read_open(stop, key)) << "only reads of the status";
+  EXPECT_FALSE(status_read_open(request("GET", "/v1/kv/get", "127.0.0.1", "127.0.0.1:8080"), key));
 }
 
 // An IPv4 address of this machine other than loopback, or "".

@@ -63,9 +63,8 @@ int64_t int_param(const HttpRequest& request, const char* name) {
 
 void reply_json(HttpResponse& response, const nlohmann::json& body, int status = 200) {
   response.status = status;
-  response.set_content(body.dump(), "application/json");
+  response.set_content(protocol::to_wire(body), "application/json");
 }
-
 
 // Raised by a handler's authentication check: answered 401.
 class Unauthenticated : public std::runtime_error {
@@ -118,8 +117,6 @@ struct Coordinator::Impl {
     since = 0;
   }
 
-  // A status read that needs no signature: from this machine, of the page's static assets, or
-  // carrying the view key (?key=, or "Authorization: Bearer" as Prometheus sends it).
   bool open_read(const HttpRequest& request) const { return status_read_open(request, view_key); }
 
   // The address of the status page, with the view key where one is needed.

@@ -28,8 +28,7 @@ int64_t integer(const nlohmann::json& object, const char* key, int64_t fallback)
 // Everything the dashboard keeps passes here, so that its JSON always serializes (a refused
 // request's path is logged, and may hold any bytes).
 std::string valid_utf8(const std::string& text) {
-  return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
-      .get<std::string>();
+  return nlohmann::json::parse(protocol::to_wire(text)).get<std::string>();
 }
 
 // A required field of a report, checked.
@@ -308,14 +307,22 @@ nlohmann::json Dashboard::worker_json(const Worker& w, size_t index, const nlohm
   return out;
 }
 
-nlohmann::json Dashboard::status(const nlohmann::json& run, double now) const {
-  std::lock_guard lock(mutex_);
-  nlohmann::json workers = nlohmann::json::array(), losses = nlohmann::json::array(), counts = nlohmann::json::object();
+nlohmann::json Dashboard::rows_locked(const nlohmann::json& run, double now) const {
+  nlohmann::json workers = nlohmann::json::array(), counts = nlohmann::json::object();
   for (const auto& s : kStates) counts[s] = 0;
   for (size_t i = 0; i < workers_.size(); ++i) {
     auto row = worker_json(workers_[i], i, run, now);
-    counts[row["state"].get<std::string>()] = counts[row["state"].get<std::string>()].get<int64_t>() + 1;
+    auto& count = counts[row["state"].get<std::string>()];
+    count = count.get<int64_t>() + 1;
     workers.push_back(std::move(row));
+  }
+  return {{"workers", std::move(workers)}, {"counts", std::move(counts)}, {"telemetry_dropped", dropped_}};
+}
+
+nlohmann::json Dashboard::status(const nlohmann::json& run, double now) const {
+  std::lock_guard lock(mutex_);
+  nlohmann::json status = rows_locked(run, now), losses = nlohmann::json::array();
+  for (size_t i = 0; i < workers_.size(); ++i) {
     nlohmann::json points = nlohmann::json::array();
     for (const auto& p : workers_[i].losses) points.push_back({p[0], p[1], p[2], finite_or_null(p[3])});
     losses.push_back({{"worker", i}, {"rank", workers_[i].rank}, {"points", std::move(points)}});
@@ -323,13 +330,21 @@ nlohmann::json Dashboard::status(const nlohmann::json& run, double now) const {
   nlohmann::json val = nlohmann::json::array(), rounds = nlohmann::json::array();
   for (const auto& p : val_) val.push_back({p[0], p[1], p[2], finite_or_null(p[3]), p[4]});
   for (const auto& [round, r] : rounds_) rounds.push_back({round, r.time, r.bytes});
-  return {{"run", run}, {"time", now}, {"started", created_}, {"workers", workers}, {"counts", counts},
-          {"loss", losses}, {"val", val}, {"rounds", rounds}, {"events", nlohmann::json(events_)},
-          {"telemetry_dropped", dropped_}};
+  status.update({{"run", run}, {"time", now}, {"started", created_}, {"loss", std::move(losses)}, {"val", std::move(val)},
+                 {"rounds", std::move(rounds)}, {"events", nlohmann::json(events_)}});
+  return status;
 }
 
+// The rows and the latest validation loss only: a scrape serializes no curves.
 std::string Dashboard::prometheus(const nlohmann::json& run, double now) const {
-  const auto status = this->status(run, now);
+  nlohmann::json status;
+  double val_loss = NAN;
+  bool evaluated = false;
+  {
+    std::lock_guard lock(mutex_);
+    status = rows_locked(run, now);
+    if (!val_.empty()) evaluated = true, val_loss = val_.back()[3];
+  }
   Exposition out;
   out.family("loco_run_info", "gauge", "The run: its id and phase (always 1).");
   out.sample({{"run_id", run.value("run_id", "")}, {"phase", run.value("phase", "")}}, 1);
@@ -345,10 +360,9 @@ std::string Dashboard::prometheus(const nlohmann::json& run, double now) const {
   out.sample({}, rounds);
   out.family("loco_telemetry_dropped_events_total", "counter", "Worker events lost while the coordinator could not be reached.");
   out.sample({}, status["telemetry_dropped"].get<double>());
-  if (!status["val"].empty()) {
+  if (evaluated) {
     out.family("loco_val_loss", "gauge", "The latest validation loss of the global parameters.");
-    const auto& last = status["val"].back();
-    out.sample({}, last[3].is_null() ? NAN : last[3].get<double>());
+    out.sample({}, val_loss);
   }
   struct PerWorker {
     const char* name;

@@ -78,6 +78,8 @@ class Dashboard {
   void apply(Worker& w, const nlohmann::json& event);
   void add_event(double time, std::string who, std::string text, bool failure);
   std::string state_of(const Worker& w, size_t index, const nlohmann::json& run, double now) const;
+  // {"workers": every process's row, "counts": processes per state, "telemetry_dropped"}; under the lock.
+  nlohmann::json rows_locked(const nlohmann::json& run, double now) const;
   nlohmann::json worker_json(const Worker& w, size_t index, const nlohmann::json& run, double now) const;
 
   const DashboardOptions options_;

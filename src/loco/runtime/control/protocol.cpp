@@ -79,6 +79,10 @@ constexpr std::array<std::string_view, 2> kReportNames = {"run", "round"};
 
 }  // namespace
 
+std::string to_wire(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 bool nested_deeper_than(const nlohmann::json& value, size_t limit) {
   std::vector<std::pair<const nlohmann::json*, size_t>> pending = {{&value, 0}};
   while (!pending.empty()) {

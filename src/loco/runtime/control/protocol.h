@@ -36,6 +36,10 @@ constexpr size_t kMaxJsonDepth = 32;
 // kilobytes of '[' would overflow the stack of whoever copies them.
 bool nested_deeper_than(const nlohmann::json& value, size_t limit);
 
+// `value` as a message's text. Strings that are not valid UTF-8 (a peer's, a path logged from a
+// refused request) have their bad bytes replaced (U+FFFD) rather than failing the whole answer.
+std::string to_wire(const nlohmann::json& value);
+
 // `value` as the integer type T, for what comes off the network or out of a state file.
 // nlohmann's get<T>() converts a float with a static_cast (undefined behaviour beyond T's range)
 // and wraps a negative number into an unsigned type; this accepts only a JSON integer that T

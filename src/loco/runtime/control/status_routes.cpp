@@ -7,6 +7,7 @@
 
 #include "loco/core/error.h"
 #include "loco/runtime/control/auth.h"
+#include "loco/runtime/control/protocol.h"
 #include "loco/runtime/control/web_assets.h"
 
 namespace loco::runtime {
@@ -64,7 +65,7 @@ void install_status_routes(HttpServer& server, const StatusSource& source, const
     }));
   }
   server.route("GET", "/v1/status", wrap([source](const HttpRequest&, HttpResponse& response) {
-    response.set_content(source.dashboard->status(source.run(), wall_now()).dump(), "application/json");
+    response.set_content(protocol::to_wire(source.dashboard->status(source.run(), wall_now())), "application/json");
     response.headers = {{"Cache-Control", "no-store"}};
   }));
   server.route("GET", "/metrics", wrap([source](const HttpRequest&, HttpResponse& response) {
@@ -107,8 +108,8 @@ StatusServer::StatusServer(const std::string& bind, int64_t port, const std::str
     if (status_read_open(request, view_key_)) return std::nullopt;
     HttpResponse refusal;
     refusal.status = is_status_read(request) ? 401 : 404;
-    refusal.set_content(nlohmann::json{{"error", refusal.status == 401 ? "the status page needs its view key from this address"
-                                                                       : "not found"}}.dump(),
+    refusal.set_content(protocol::to_wire({{"error", refusal.status == 401 ? "the status page needs its view key from this address"
+                                                                          : "not found"}}),
                         "application/json");
     return refusal;
   });
@@ -118,7 +119,7 @@ StatusServer::StatusServer(const std::string& bind, int64_t port, const std::str
         handler(request, response);
       } catch (const std::exception& e) {
         response.status = 500;
-        response.set_content(nlohmann::json{{"error", e.what()}}.dump(), "application/json");
+        response.set_content(protocol::to_wire({{"error", e.what()}}), "application/json");
       }
     };
   };

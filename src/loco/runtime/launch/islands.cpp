@@ -521,58 +521,96 @@ sockaddr_in socket_address(const std::string& host, int port) {
   return address;
 }
 
+// The receiving end of measure_link, in island `to`: echoes `pings` pings, then times the bulk
+// transfer (its last three quarters) and sends its rate back. Whatever it throws before it listens
+// reaches the caller through `listening`.
+double receive_measurement(const Islands& islands, size_t to, int64_t bulk_bytes, int pings, std::promise<int>& listening) {
+  std::optional<Socket> server;
+  try {
+    islands.enter(to);
+    server.emplace(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in address = socket_address(islands.address(to), 0);
+    socklen_t length = sizeof address;
+    if (server->fd < 0 || ::bind(server->fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(server->fd, 1) != 0 || ::getsockname(server->fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      throw Error("link", fmt::format("measuring the link: listen: {}", std::strerror(errno)));
+    }
+    listening.set_value(ntohs(address.sin_port));
+  } catch (...) {
+    listening.set_exception(std::current_exception());
+    return 0;
+  }
+  pollfd wait{server->fd, POLLIN, 0};
+  Socket peer(::poll(&wait, 1, 60000) == 1 ? ::accept4(server->fd, nullptr, nullptr, SOCK_CLOEXEC) : -1);
+  if (peer.fd < 0) throw Error("link", "measuring the link: no connection within 60 s");
+  set_timeouts(peer.fd, 120);
+  const int on = 1;
+  ::setsockopt(peer.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  char byte = 0;
+  for (int i = 0; i < pings; ++i) {
+    receive_all(peer.fd, &byte, 1);
+    send_all(peer.fd, &byte, 1);
+  }
+  std::vector<char> chunk(1 << 20);
+  int64_t received = 0, at_quarter = -1;
+  Clock::time_point quarter, end;
+  while (received < bulk_bytes) {
+    const ssize_t n = ::recv(peer.fd, chunk.data(),
+                             static_cast<size_t>(std::min<int64_t>(bulk_bytes - received, static_cast<int64_t>(chunk.size()))), 0);
+    if (n <= 0) throw Error("link", "measuring the link: the transfer broke off");
+    received += n;
+    end = Clock::now();
+    if (at_quarter < 0 && received >= bulk_bytes / 4) at_quarter = received, quarter = end;
+  }
+  const double seconds = std::chrono::duration<double>(end - quarter).count();
+  const double rate = seconds > 0 ? static_cast<double>(received - at_quarter) * 8 / seconds : INFINITY;
+  send_all(peer.fd, &rate, sizeof rate);
+  return rate;
+}
+
+// The sending end, in island `from`: `pings` round trips, then the bulk transfer; the receiver
+// answers its rate. Its socket closes on any error, which ends the receiver's wait at once.
+LinkMeasurement send_measurement(const Islands& islands, size_t from, size_t to, int port, int64_t bulk_bytes, int pings) {
+  islands.enter(from);
+  Socket socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  set_timeouts(socket.fd, 120);
+  const sockaddr_in address = socket_address(islands.address(to), port);
+  if (socket.fd < 0 || ::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
+    throw Error("link", fmt::format("measuring the link: connect to {}: {}", islands.address(to), std::strerror(errno)));
+  }
+  const int on = 1;
+  ::setsockopt(socket.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  std::vector<double> trips;
+  char byte = 'p';
+  for (int i = 0; i < pings; ++i) {
+    const auto start = Clock::now();
+    send_all(socket.fd, &byte, 1);
+    receive_all(socket.fd, &byte, 1);
+    trips.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::vector<char> chunk(1 << 20, 'x');
+  for (int64_t sent = 0; sent < bulk_bytes;) {
+    const auto n = static_cast<size_t>(std::min<int64_t>(bulk_bytes - sent, static_cast<int64_t>(chunk.size())));
+    send_all(socket.fd, chunk.data(), n);
+    sent += static_cast<int64_t>(n);
+  }
+  LinkMeasurement result;
+  receive_all(socket.fd, &result.rate_bps, sizeof result.rate_bps);
+  std::nth_element(trips.begin(), trips.begin() + static_cast<std::ptrdiff_t>(trips.size() / 2), trips.end());
+  result.round_trip_s = trips[trips.size() / 2];
+  result.bytes = bulk_bytes;
+  return result;
+}
+
 }  // namespace
 
 LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int64_t bulk_bytes, int pings) {
   LOCO_CHECK(from < islands.size() && to < islands.size() && from != to, "measure_link: islands {} and {} of {}", from, to, islands.size());
   LOCO_CHECK(bulk_bytes >= 1024 && pings >= 1, "measure_link: {} bytes, {} pings", bulk_bytes, pings);
+  // Each end on a thread of its own, so that the caller's namespace is untouched.
   std::promise<int> listening;
   auto port = listening.get_future();
-  // The receiver, in island `to`: echoes pings, then times the bulk transfer and sends its rate
-  // back. Whatever it throws before it listens reaches the caller through `listening`.
-  auto receiver = std::async(std::launch::async, [&]() -> double {
-    std::optional<Socket> server;
-    try {
-      islands.enter(to);
-      server.emplace(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      sockaddr_in address = socket_address(islands.address(to), 0);
-      socklen_t length = sizeof address;
-      if (server->fd < 0 || ::bind(server->fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-          ::listen(server->fd, 1) != 0 || ::getsockname(server->fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-        throw Error("link", fmt::format("measuring the link: listen: {}", std::strerror(errno)));
-      }
-      listening.set_value(ntohs(address.sin_port));
-    } catch (...) {
-      listening.set_exception(std::current_exception());
-      return 0;
-    }
-    pollfd wait{server->fd, POLLIN, 0};
-    Socket peer(::poll(&wait, 1, 60000) == 1 ? ::accept4(server->fd, nullptr, nullptr, SOCK_CLOEXEC) : -1);
-    if (peer.fd < 0) throw Error("link", "measuring the link: no connection within 60 s");
-    set_timeouts(peer.fd, 120);
-    const int on = 1;
-    ::setsockopt(peer.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-    char byte = 0;
-    for (int i = 0; i < pings; ++i) {
-      receive_all(peer.fd, &byte, 1);
-      send_all(peer.fd, &byte, 1);
-    }
-    std::vector<char> chunk(1 << 20);
-    int64_t received = 0, at_quarter = -1;
-    Clock::time_point quarter, end;
-    while (received < bulk_bytes) {
-      const ssize_t n = ::recv(peer.fd, chunk.data(),
-                               static_cast<size_t>(std::min<int64_t>(bulk_bytes - received, static_cast<int64_t>(chunk.size()))), 0);
-      if (n <= 0) throw Error("link", "measuring the link: the transfer broke off");
-      received += n;
-      end = Clock::now();
-      if (at_quarter < 0 && received >= bulk_bytes / 4) at_quarter = received, quarter = end;
-    }
-    const double seconds = std::chrono::duration<double>(end - quarter).count();
-    const double rate = seconds > 0 ? static_cast<double>(received - at_quarter) * 8 / seconds : INFINITY;
-    send_all(peer.fd, &rate, sizeof rate);
-    return rate;
-  });
+  auto receiver = std::async(std::launch::async, [&] { return receive_measurement(islands, to, bulk_bytes, pings, listening); });
   int port_number = 0;
   try {
     port_number = port.get();
@@ -580,39 +618,7 @@ LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int
     receiver.get();
     throw;
   }
-  // The sender, in island `from`, on a thread of its own so the caller's namespace is untouched.
-  // Its socket closes on any error, which ends the receiver's wait at once.
-  auto sender = std::async(std::launch::async, [&]() -> LinkMeasurement {
-    islands.enter(from);
-    Socket socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    set_timeouts(socket.fd, 120);
-    const sockaddr_in address = socket_address(islands.address(to), port_number);
-    if (socket.fd < 0 || ::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-      throw Error("link", fmt::format("measuring the link: connect to {}: {}", islands.address(to), std::strerror(errno)));
-    }
-    const int on = 1;
-    ::setsockopt(socket.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-    std::vector<double> trips;
-    char byte = 'p';
-    for (int i = 0; i < pings; ++i) {
-      const auto start = Clock::now();
-      send_all(socket.fd, &byte, 1);
-      receive_all(socket.fd, &byte, 1);
-      trips.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    std::vector<char> chunk(1 << 20, 'x');
-    for (int64_t sent = 0; sent < bulk_bytes;) {
-      const auto n = static_cast<size_t>(std::min<int64_t>(bulk_bytes - sent, static_cast<int64_t>(chunk.size())));
-      send_all(socket.fd, chunk.data(), n);
-      sent += static_cast<int64_t>(n);
-    }
-    LinkMeasurement result;
-    receive_all(socket.fd, &result.rate_bps, sizeof result.rate_bps);
-    std::nth_element(trips.begin(), trips.begin() + static_cast<std::ptrdiff_t>(trips.size() / 2), trips.end());
-    result.round_trip_s = trips[trips.size() / 2];
-    result.bytes = bulk_bytes;
-    return result;
-  });
+  auto sender = std::async(std::launch::async, [&] { return send_measurement(islands, from, to, port_number, bulk_bytes, pings); });
   std::exception_ptr failure;
   LinkMeasurement result;
   try {

@@ -10,6 +10,7 @@
 #include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/runtime/control/protocol.h"
 #include "loco/runtime/control/web_assets.h"
 
 namespace loco::runtime {
@@ -192,7 +193,7 @@ std::string report_html(const std::vector<RunReport>& reports, const std::vector
   }
   for (const auto& c : curves) data["curves"].push_back(to_json(c));
   // Inside <script>, no "<" at all: "<!--" and "</script" would change how the page is parsed.
-  std::string json = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string json = protocol::to_wire(data);
   for (size_t at = 0; (at = json.find('<', at)) != std::string::npos; at += 6) json.replace(at, 1, "\\u003c");
   return fmt::format(R"(<!doctype html>
 <html lang="en">

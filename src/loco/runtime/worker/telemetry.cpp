@@ -51,8 +51,7 @@ void TelemetrySender::send(CoordinatorClient& channel) {
   if (who_.member >= 0) body["member"] = who_.member;
   int status = 0;
   try {
-    status = channel.request("POST", "/v1/telemetry", body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                             std::chrono::milliseconds(2000)).first;
+    status = channel.request("POST", "/v1/telemetry", protocol::to_wire(body), std::chrono::milliseconds(2000)).first;
   } catch (const std::exception&) {
   }
   if (status == 200 || status == 400 || status == 413) pending_.reset();

@@ -158,6 +158,8 @@ class TrainingLoop {
   TrainingState training_state() const;
   void save_checkpoint(bool prune);
   EvalResult score();
+  // The inner steps' share of their wall time spent outside the sync hooks, so far.
+  double compute_share() const { return steps_s_ > 0 ? (steps_s_ - hooks_s_) / steps_s_ : 0; }
   void doing(metrics::Activity activity) {
     if (options_.telemetry != nullptr) options_.telemetry->set_activity(activity);
   }
@@ -496,7 +498,7 @@ void TrainingLoop::log_step(int64_t step_before, double lr, double grad_norm, do
   if (!log_now) return;
   log_->write("train", {{"worker", worker_.rank}, {"step", step_}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                         {"tokens", tokens_}, {"tokens_per_s", tokens_per_s}, {"bytes_sent", summary_.bytes_sent},
-                        {"utilization", steps_s_ > 0 ? (steps_s_ - hooks_s_) / steps_s_ : 0.0}, {"wall_s", wall_s()}});
+                        {"utilization", compute_share()}, {"wall_s", wall_s()}});
   interval_start_ = Clock::now();
   interval_tokens_ = 0;
   interval_loss_ = 0;
@@ -578,7 +580,7 @@ TrainSummary TrainingLoop::finish() {
   }
   summary_.interrupted = (stopped_ || peer_failure_) && step_ < config_.train.steps;
   if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score()) last_eval_ = score();
-  summary_.compute_utilization = steps_s_ > 0 ? (steps_s_ - hooks_s_) / steps_s_ : 0;
+  summary_.compute_utilization = compute_share();
   summary_.compute_s = std::max(0.0, steps_s_ - hooks_s_);
   const double call_s = seconds_since(call_start_);
   summary_.end_to_end_utilization = call_s > 0 ? std::min(1.0, summary_.compute_s / call_s) : 0;
