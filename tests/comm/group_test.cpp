@@ -220,9 +220,9 @@ TEST(GroupTest, EncodedAllReduceIsIdenticalOnEveryRankAndWithinTheBound) {
           const auto& [t, stats] = *results[static_cast<size_t>(r)].value;
           EXPECT_TRUE(torch::equal(t, results[0].value->first)) << what << ": rank " << r << " differs from rank 0";
           EXPECT_LE((t - exact).abs().max().item<double>(), allowed) << what;
-          if (encoding == Encoding::kFp32) continue;  // Gloo's own all-reduce, counted elsewhere
-          // The flag of non-finite values (8 bytes, ring) comes first; then the encoded data.
-          const int64_t flag = 2 * (size - 1) * 8 / size;
+          // A few numbers go to every other rank with the data: the direct algorithms' header (the
+          // non-finite count and a goodput, 16 bytes), the ring's count in an exchange of its own.
+          const int64_t flag = (size - 1) * (algorithm == ReduceAlgorithm::kRing && encoding != Encoding::kFp32 ? 8 : 16);
           const int64_t whole = encoded_bytes(encoding, kCount);
           if (algorithm == ReduceAlgorithm::kGather) {
             EXPECT_EQ(stats.bytes_sent, flag + (size - 1) * whole) << what;
@@ -332,6 +332,171 @@ TEST(GroupTest, ScatterInPiecesOverSeveralConnectionsIsItsClosedForm) {
   }
   const double whole = static_cast<double>(encoded_bytes(encoding, kCount));
   EXPECT_NEAR(static_cast<double>(results[0].value->second.bytes_sent), 2.0 * (kSize - 1) / kSize * whole, whole * 0.01);
+}
+
+// The direct all-reduce in fp32 is exactly Σ_r x_r added in rank order from zero, on every rank,
+// at every M from 2 to 16, by both algorithms, with messages in several pieces, and for a tensor
+// of fewer blocks than ranks (gathered).
+TEST(GroupTest, DirectAllReduceIsTheRankOrderSumBitForBit) {
+  for (int64_t size : {2, 3, 5, 8, 16}) {
+    for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kScatter, ReduceAlgorithm::kAuto}) {
+      for (int64_t count : {int64_t{5}, int64_t{10'007}}) {
+        std::vector<torch::Tensor> inputs;
+        for (int64_t rank = 0; rank < size; ++rank) {
+          torch::manual_seed(static_cast<uint64_t>(7 + rank));
+          inputs.push_back(torch::randn({count}) * std::pow(10.0, static_cast<double>(rank % 3)));
+        }
+        auto reference = torch::zeros({count});
+        for (const auto& x : inputs) reference.add_(x);
+        auto store = std::make_shared<MemoryKeyValueStore>();
+        ReduceOptions reduce{Encoding::kFp32, algorithm};
+        reduce.piece_bytes = 4096;  // 1,024 values: several pieces per chunk
+        auto results = run_ranks<std::pair<torch::Tensor, CommStats>>(size, [&](int64_t rank) {
+          auto group = Group::connect(store, options(rank, size, 20s));
+          auto t = inputs[static_cast<size_t>(rank)].clone();
+          auto stats = group.all_reduce_sum(t, reduce);
+          return std::pair{t, stats};
+        });
+        expect_all_ok(results);
+        const std::string what = fmt::format("M {} {} {} values", size, to_string(algorithm), count);
+        const bool gathered = algorithm == ReduceAlgorithm::kGather || count < size * kEncodingBlock ||
+                              (algorithm == ReduceAlgorithm::kAuto && size == 2);
+        for (int64_t r = 0; r < size; ++r) {
+          const auto& [t, stats] = *results[static_cast<size_t>(r)].value;
+          EXPECT_TRUE(torch::equal(t, reference)) << what << ": rank " << r;
+          EXPECT_EQ(stats.participants, size);
+          EXPECT_EQ(stats.route, gathered ? "gather" : "scatter") << what;
+          const int64_t header = (size - 1) * 16, whole = count * 4;
+          if (gathered) {
+            EXPECT_EQ(stats.bytes_sent, header + (size - 1) * whole) << what;
+          } else {
+            const double expected = 2.0 * static_cast<double>(size - 1) / static_cast<double>(size) * static_cast<double>(whole);
+            EXPECT_NEAR(static_cast<double>(stats.bytes_sent - header), expected, 2.0 * kEncodingBlock * 4 * size) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A tally's numbers reach every rank with the data, and its weights scale each rank's term as
+// x·w (rounded to fp32) before the rank-order sum; with an encoding, each rank's decoded term.
+TEST(GroupTest, ATallyTravelsWithTheDataAndWeightsEachRank) {
+  constexpr int64_t kSize = 4, kCount = 3'000;
+  std::vector<torch::Tensor> inputs;
+  for (int64_t rank = 0; rank < kSize; ++rank) {
+    torch::manual_seed(static_cast<uint64_t>(60 + rank));
+    inputs.push_back(torch::randn({kCount}));
+  }
+  auto weights = [](const std::vector<std::vector<double>>& all) {
+    double total = 0;
+    for (const auto& row : all) total += row[0];
+    std::vector<double> out;
+    for (const auto& row : all) out.push_back(row[0] / total);
+    return out;
+  };
+  for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kScatter}) {
+    auto store = std::make_shared<MemoryKeyValueStore>();
+    auto results = run_ranks<std::pair<torch::Tensor, Tally>>(kSize, [&](int64_t rank) {
+      auto group = Group::connect(store, options(rank, kSize));
+      auto t = inputs[static_cast<size_t>(rank)].clone();
+      Tally tally;
+      tally.mine = {static_cast<double>(rank + 1), 10.0 * static_cast<double>(rank)};
+      tally.weights = weights;
+      group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, algorithm}, &tally);
+      return std::pair{t, tally};
+    });
+    expect_all_ok(results);
+    auto expected = torch::zeros({kCount});
+    for (int64_t r = 0; r < kSize; ++r) expected.add_(inputs[static_cast<size_t>(r)] * ((r + 1) / 10.0));
+    for (int64_t r = 0; r < kSize; ++r) {
+      const auto& [t, tally] = *results[static_cast<size_t>(r)].value;
+      EXPECT_TRUE(torch::equal(t, expected)) << to_string(algorithm) << ": rank " << r;
+      ASSERT_EQ(tally.all.size(), static_cast<size_t>(kSize));
+      for (int64_t q = 0; q < kSize; ++q) {
+        EXPECT_EQ(tally.all[static_cast<size_t>(q)], (std::vector<double>{q + 1.0, 10.0 * q}));
+        EXPECT_EQ(tally.applied[static_cast<size_t>(q)], (q + 1) / 10.0);
+      }
+      EXPECT_EQ(tally.sum(0), 10.0);
+      EXPECT_EQ(tally.sum(1), 60.0);
+    }
+  }
+  // Encoded, scattered: the owner weights each decoded term; every rank ends alike, near the
+  // weighted sum.
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  auto results = run_ranks<torch::Tensor>(kSize, [&](int64_t rank) {
+    auto group = Group::connect(store, options(rank, kSize));
+    auto t = inputs[static_cast<size_t>(rank)].clone();
+    Tally tally{{static_cast<double>(rank + 1)}, weights, {}, {}};
+    group.all_reduce_sum(t, ReduceOptions{Encoding::kInt8, ReduceAlgorithm::kScatter}, &tally);
+    return t;
+  });
+  expect_all_ok(results);
+  auto exact = torch::zeros({kCount});
+  for (int64_t r = 0; r < kSize; ++r) exact.add_(inputs[static_cast<size_t>(r)] * ((r + 1) / 10.0));
+  for (int64_t r = 0; r < kSize; ++r) {
+    EXPECT_TRUE(torch::equal(*results[static_cast<size_t>(r)].value, *results[0].value)) << "rank " << r;
+  }
+  EXPECT_LT(((*results[0].value - exact).norm() / exact.norm()).item<double>(), 0.02);
+}
+
+// Every group measures its round trip when it connects (two tiny exchanges with every peer): on
+// loopback, well under a millisecond or so, and never zero. kAuto gathers at M = 2 and scatters
+// at M > 2 until a goodput is known.
+TEST(GroupTest, AGroupMeasuresItsRoundTripWhenItConnects) {
+  for (int64_t size : {2, 4}) {
+    auto store = std::make_shared<MemoryKeyValueStore>();
+    auto results = run_ranks<std::pair<LinkEstimate, ReduceAlgorithm>>(size, [&](int64_t rank) {
+      auto group = Group::connect(store, options(rank, size));
+      return std::pair{group.link(), group.choose(1 << 20)};
+    });
+    expect_all_ok(results);
+    for (const auto& r : results) {
+      EXPECT_GT(r.value->first.round_trip_s, 0);
+      EXPECT_LT(r.value->first.round_trip_s, 0.05);
+      EXPECT_EQ(r.value->first.round_trip_s, results[0].value->first.round_trip_s) << "every rank takes the same";
+      EXPECT_EQ(r.value->second, size == 2 ? ReduceAlgorithm::kGather : ReduceAlgorithm::kScatter);
+    }
+  }
+}
+
+// A direct all-reduce whose peer never takes part fails within the timeout, and one whose peer
+// has gone (its connections closed) fails at once; either way with PeerError on the survivors.
+TEST(GroupTest, DirectAllReduceFailsWithinItsTimeoutWhenAPeerIsSilentOrGone) {
+  for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kScatter}) {
+    for (bool gone : {false, true}) {
+      auto store = std::make_shared<MemoryKeyValueStore>();
+      std::barrier sync(3);
+      auto results = run_ranks<std::pair<std::string, double>>(3, [&](int64_t rank) {
+        auto group = Group::connect(store, options(rank, 3, gone ? 20s : 1s));
+        sync.arrive_and_wait();
+        if (rank == 2) {
+          if (!gone) sync.arrive_and_wait();  // silent: stays connected until the others gave up
+          return std::pair{std::string(), 0.0};
+        }
+        if (gone) std::this_thread::sleep_for(200ms);  // rank 2's group is destroyed by then
+        auto t = torch::ones({100'000});
+        const auto start = std::chrono::steady_clock::now();
+        std::string error;
+        try {
+          group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, algorithm});
+        } catch (const PeerError& e) {
+          error = e.what();
+        }
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (!gone) sync.arrive_and_wait();
+        return std::pair{error, elapsed};
+      });
+      expect_all_ok(results);
+      for (int64_t r = 0; r < 2; ++r) {
+        const auto& [error, elapsed] = *results[static_cast<size_t>(r)].value;
+        const std::string what = fmt::format("{} {} rank {}", to_string(algorithm), gone ? "gone" : "silent", r);
+        EXPECT_FALSE(error.empty()) << what;
+        EXPECT_LT(elapsed, 5.0) << what;
+        if (!gone) EXPECT_GE(elapsed, 0.9) << what;
+      }
+    }
+  }
 }
 
 TEST(GroupTest, EncodedAllReduceRefusesNanOnEveryRank) {

@@ -8,7 +8,7 @@ Ddp::Ddp(comm::Group group, DdpOptions options) : group_(std::move(group)), opti
 
 SyncReports Ddp::on_start(model::Transformer& model, int64_t step) {
   parameters_ = model->parameters();
-  buffer_ = std::make_unique<FlatBuffer>(parameters_, options_.bucket_bytes);
+  buffer_ = std::make_unique<FlatBuffer>(parameters_, options_.piece_bytes);
   check_identical(group_, parameters_, "the parameters at step " + std::to_string(step));
   rounds_ = step;
   return {};

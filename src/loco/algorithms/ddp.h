@@ -11,7 +11,7 @@
 namespace loco::algorithms {
 
 struct DdpOptions {
-  int64_t bucket_bytes = 32 << 20;  // gradient bytes per all-reduce
+  int64_t piece_bytes = 1 << 20;  // gradient bytes per message of the all-reduce
 };
 
 class Ddp final : public SyncStrategy {

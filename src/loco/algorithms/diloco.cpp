@@ -9,7 +9,7 @@ namespace loco::algorithms {
 void DiLoCoOptions::validate() const {
   if (inner_steps < 1) throw ConfigError("algorithms", fmt::format("sync.inner_steps must be >= 1, got {}", inner_steps));
   if (total_steps < 1) throw ConfigError("algorithms", fmt::format("the run must have >= 1 step, got {}", total_steps));
-  if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
+  if (piece_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
   if (round_seconds < 0) throw ConfigError("algorithms", fmt::format("sync.round_seconds must be >= 0, got {}", round_seconds));
   outer.validate();
 }
@@ -29,7 +29,7 @@ StreamingOptions DiLoCoOptions::as_streaming() const {
   o.shard_tokens = shard_tokens;
   o.drop_probability = drop_probability;
   o.drop_seed = drop_seed;
-  o.bucket_bytes = bucket_bytes;
+  o.piece_bytes = piece_bytes;
   o.eager = eager;
   return o;
 }

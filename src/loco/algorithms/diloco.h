@@ -39,7 +39,7 @@ struct DiLoCoOptions {
   double drop_probability = 0;      // an experiment: see StreamingOptions
   comm::Encoding exchange = comm::Encoding::kFp32;  // outer gradients on the wire (fp32: θ̄ travels)
   uint64_t drop_seed = 0;
-  int64_t bucket_bytes = 32 << 20;  // outer-gradient bytes per all-reduce
+  int64_t piece_bytes = 1 << 20;  // outer-gradient bytes per message of the all-reduce
   bool eager = false;               // eager outer updates (streaming.h): a round's exchange overlaps the next
   void validate() const;            // ConfigError
 

@@ -7,8 +7,8 @@
 
 namespace loco::algorithms {
 
-FlatBuffer::FlatBuffer(const std::vector<torch::Tensor>& like, int64_t bucket_bytes) {
-  LOCO_CHECK(bucket_bytes >= 4, "bucket of {} bytes", bucket_bytes);
+FlatBuffer::FlatBuffer(const std::vector<torch::Tensor>& like, int64_t piece_bytes) : piece_bytes_(piece_bytes) {
+  LOCO_CHECK(piece_bytes >= 4, "pieces of {} bytes", piece_bytes);
   int64_t total = 0;
   for (const auto& t : like) total += t.numel();
   flat_ = torch::zeros({total}, torch::kFloat32);
@@ -17,20 +17,13 @@ FlatBuffer::FlatBuffer(const std::vector<torch::Tensor>& like, int64_t bucket_by
     views_.push_back(flat_.narrow(0, offset, t.numel()).view(t.sizes()));
     offset += t.numel();
   }
-  const int64_t per_bucket = std::max<int64_t>(1, bucket_bytes / 4);
-  for (int64_t start = 0; start < total; start += per_bucket) {
-    bucket_ranges_.emplace_back(start, std::min(per_bucket, total - start));
-  }
 }
 
-comm::CommStats FlatBuffer::all_reduce_sum(comm::Group& group) {
-  comm::CommStats total;
-  for (const auto& [offset, length] : bucket_ranges_) {
-    auto bucket = flat_.narrow(0, offset, length);
-    total += group.all_reduce_sum(bucket);
-  }
-  total.participants = group.size();
-  return total;
+comm::CommStats FlatBuffer::all_reduce_sum(comm::Group& group, comm::Encoding encoding, comm::Tally* tally) {
+  comm::ReduceOptions options;
+  options.encoding = encoding;
+  options.piece_bytes = piece_bytes_;
+  return group.all_reduce_sum(flat_, options, tally);
 }
 
 uint64_t hash_tensors(const std::vector<torch::Tensor>& tensors) {

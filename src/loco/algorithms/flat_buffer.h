@@ -11,21 +11,23 @@
 
 namespace loco::algorithms {
 
-// One contiguous fp32 CPU buffer with a view shaped like each of `like`, all-reduced in buckets of
-// at most `bucket_bytes` (one collective per bucket, not one per tensor).
+// One contiguous fp32 CPU buffer with a view shaped like each of `like`, all-reduced as one
+// operation whose messages are pieces of at most `piece_bytes` (pipelined, spread over the
+// group's connections; comm/group.h).
 class FlatBuffer {
  public:
-  FlatBuffer(const std::vector<torch::Tensor>& like, int64_t bucket_bytes);
+  FlatBuffer(const std::vector<torch::Tensor>& like, int64_t piece_bytes);
   std::vector<torch::Tensor>& views() { return views_; }
   torch::Tensor& flat() { return flat_; }
-  int64_t buckets() const { return static_cast<int64_t>(bucket_ranges_.size()); }
-  // Sums the buffer across the group, bucket by bucket. Throws PeerError on a peer's failure.
-  comm::CommStats all_reduce_sum(comm::Group& group);
+  // Sums the buffer across the group, with `encoding` on the wire and `tally` carried along (see
+  // Group::all_reduce_sum). Throws PeerError on a peer's failure.
+  comm::CommStats all_reduce_sum(comm::Group& group, comm::Encoding encoding = comm::Encoding::kFp32,
+                                 comm::Tally* tally = nullptr);
 
  private:
   torch::Tensor flat_;
   std::vector<torch::Tensor> views_;
-  std::vector<std::pair<int64_t, int64_t>> bucket_ranges_;  // (offset, length) in elements
+  int64_t piece_bytes_;
 };
 
 // XXH3-64 over the bytes of `tensors` (copied to CPU when needed), in order.

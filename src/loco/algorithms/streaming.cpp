@@ -35,7 +35,7 @@ void StreamingOptions::validate() const {
   if (!(merge_alpha >= 0 && merge_alpha <= 1)) {
     throw ConfigError("algorithms", fmt::format("sync.merge_alpha must be in [0, 1], got {}", merge_alpha));
   }
-  if (bucket_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
+  if (piece_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
   if (!(drop_probability >= 0 && drop_probability < 1)) {
     throw ConfigError("algorithms", fmt::format("sync.drop_probability must be in [0, 1), got {}", drop_probability));
   }
@@ -148,9 +148,9 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       f.global.push_back(global_[s.index].narrow(0, s.begin, s.rows));
     }
     f.outer = std::make_unique<optim::OuterOptimizer>(names, f.global, options_.outer);
-    f.sent = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
-    f.result = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
-    if (options_.eager) f.step_by = std::make_unique<FlatBuffer>(f.global, options_.bucket_bytes);
+    f.sent = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
+    f.result = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
+    if (options_.eager) f.step_by = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
     f.offset = static_cast<int64_t>(p) * options_.inner_steps / options_.fragments;
     f.started = step;
     f.exact = step;
@@ -265,6 +265,29 @@ void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   f.reduction = submit(f, plan_ && plan_->has_joiners());
 }
 
+namespace {
+
+// What each worker sends with a sync's data: (s_m, counted_m, kept_m), and the weights they give,
+// w_m = s_m / Σ s (or 1/K over the K kept workers when every s is 0; 0 for a dropped worker or a
+// joiner), computed alike on every worker from every worker's numbers.
+comm::Tally sync_tally(double size, double counted, double kept) {
+  comm::Tally tally;
+  tally.mine = {size, counted, kept};
+  tally.weights = [](const std::vector<std::vector<double>>& all) {
+    double total = 0, kept_total = 0;
+    for (const auto& row : all) {
+      total += row[0];
+      kept_total += row[2];
+    }
+    std::vector<double> weights;
+    for (const auto& row : all) weights.push_back(row[2] == 0 ? 0.0 : total > 0 ? row[0] / total : 1.0 / kept_total);
+    return weights;
+  };
+  return tally;
+}
+
+}  // namespace
+
 bool StreamingDiLoCo::dropped(size_t index) {
   if (options_.drop_probability <= 0) return false;
   const uint64_t key[4] = {options_.drop_seed, index, static_cast<uint64_t>(fragments_[index].round),
@@ -283,40 +306,30 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
       auto which = torch::tensor({index}, torch::kInt64);
       told = elastic_.group().broadcast(which, 0);
     }
-    // w_m = s_m / Σ s, from one small all-reduce of (s_m, 1, kept_m), where s_m is the tokens
-    // worker m trained since this fragment's last sync, or the size of its shard (1 when uniform),
-    // and 0 when its outer gradient is dropped.
+    // w_m = s_m / Σ s, where s_m is the tokens worker m trained since this fragment's last sync,
+    // or the size of its shard (1 when uniform), and 0 when its outer gradient is dropped: each
+    // worker sends (s_m, 1, kept_m) with its data, and the sum weights each term as it arrives
+    // (no collective of its own: the numbers ride with the data).
     double size = options_.weighting == Weighting::kShard     ? static_cast<double>(options_.shard_tokens)
                   : options_.weighting == Weighting::kUniform ? 1.0
                                                               : static_cast<double>(f.pending_tokens);
     if (drop) size = 0;
-    auto control = torch::tensor({size, 1.0, drop ? 0.0 : 1.0}, torch::kFloat64);
-    comm::CommStats stats = elastic_.group().all_reduce_sum(control);
-    const double total_size = control[0].item<double>();
-    const int64_t participants = std::llround(control[1].item<double>());
-    const int64_t kept = std::llround(control[2].item<double>());
-    const double weight = drop ? 0.0 : total_size > 0 ? size / total_size : 1.0 / static_cast<double>(kept);
+    comm::Tally tally = sync_tally(size, 1.0, drop ? 0.0 : 1.0);
     auto& result = f.result->views();
     const auto& sent = f.sent->views();
-    if (options_.eager) {
-      // Σ w_m Δ_m: `sent` holds this worker's Δ_m already (eager_sync), for θ_p moves on meanwhile.
+    if (options_.eager || options_.exchange == comm::Encoding::kFp32) {
+      // Eager: Σ w_m Δ_m (`sent` holds this worker's Δ_m already, eager_sync, for θ_p moves on
+      // meanwhile). Otherwise with fp32: Σ w_m θ_m, DiLoCo's own collective (see diloco.cpp).
       for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
-      if (weight != 1.0) f.result->flat().mul_(weight);
-      stats += options_.exchange == comm::Encoding::kFp32
-                   ? f.result->all_reduce_sum(elastic_.group())
-                   : elastic_.group().all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
-    } else if (options_.exchange == comm::Encoding::kFp32) {
-      // Σ w_m θ_m, bucket by bucket: DiLoCo's own collective (see diloco.cpp).
-      for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
-      if (weight != 1.0) f.result->flat().mul_(weight);
-      stats += f.result->all_reduce_sum(elastic_.group());
     } else {
       // Σ w_m Δ_m with Δ_m = θ_p − θ_{m,p}, each worker's term encoded on the wire. θ_p changes
       // only when this fragment's result is applied, after this task.
       for (size_t i = 0; i < result.size(); ++i) torch::sub_out(result[i], f.global[i], sent[i]);
-      if (weight != 1.0) f.result->flat().mul_(weight);
-      stats += elastic_.group().all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
     }
+    comm::CommStats stats = f.result->all_reduce_sum(elastic_.group(), options_.exchange, &tally);
+    const int64_t participants = std::llround(tally.sum(1));
+    const int64_t kept = std::llround(tally.sum(2));
+    const double weight = tally.applied[static_cast<size_t>(elastic_.group().rank())];
     stats += told;
     stats.participants = participants;
     return Reduced{stats, participants, weight, kept == 0};
@@ -551,19 +564,14 @@ SyncReport StreamingDiLoCo::join_round() {
     const int64_t index = which.item<int64_t>();
     LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
     auto& f = fragments_[static_cast<size_t>(index)];
-    auto control = torch::zeros({3}, torch::kFloat64);  // as submit() sends it: nothing, not counted
-    stats += group.all_reduce_sum(control);
+    comm::Tally tally = sync_tally(0, 0, 0);  // as submit() sends it: nothing, not counted
     f.result->flat().zero_();
-    if (options_.exchange == comm::Encoding::kFp32) {
-      stats += f.result->all_reduce_sum(group);
-    } else {
-      stats += group.all_reduce_sum(f.result->flat(), comm::ReduceOptions{options_.exchange});
-    }
+    stats += f.result->all_reduce_sum(group, options_.exchange, &tally);
     stats += transfer_state(group, step_);
     SyncReport report;
     report.round = rounds_;
     report.step = step_;
-    report.world_size = std::llround(control[1].item<double>());
+    report.world_size = std::llround(tally.sum(1));
     report.stats = stats;
     report.params_hash = hash_tensors(global_);
     report.fragment = options_.fragments > 1 ? index : -1;

@@ -88,7 +88,7 @@ struct StreamingOptions {
   // a sync that every worker dropped leaves θ as it was.
   double drop_probability = 0;
   uint64_t drop_seed = 0;
-  int64_t bucket_bytes = 32 << 20;  // fp32 exchange: bytes per all-reduce
+  int64_t piece_bytes = 1 << 20;  // fp32 bytes per message of an exchange
   bool eager = false;               // eager outer updates (above)
   void validate() const;            // ConfigError naming the bad option
 };

@@ -311,8 +311,12 @@ class GlooGroup final : public GroupImpl {
     GlooPosted(GlooGroup& group, c10::intrusive_ptr<c10d::Work> work, int64_t bytes, int64_t peer, bool sending)
         : group_(group), work_(std::move(work)), bytes_(bytes), peer_(peer), sending_(sending) {}
     CommStats wait() override {
+      // Bounded from when the wait begins: an operation posts all its receives at once and waits
+      // for them in turn, so a long exchange needs progress within the timeout, not its whole
+      // length (a big tensor over a slow link takes longer than any one timeout).
+      const auto waiting = Clock::now();
       try {
-        group_.wait_for(work_, begin_ + group_.options_.timeout);
+        group_.wait_for(work_, waiting + group_.options_.timeout);
       } catch (const std::exception& e) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - begin_).count();
         throw PeerError("comm", fmt::format("{} {} bytes {} rank {} in group '{}' (rank {} of {}) failed after {:.1f} s: {}",

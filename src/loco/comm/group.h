@@ -40,6 +40,9 @@ struct CommStats {
   int64_t bytes_received = 0;  // payload bytes this rank received
   double seconds = 0;          // wall time of the operation on this rank
   int64_t participants = 0;    // ranks that took part
+  // How the data travelled: an all-reduce's algorithm ("gather", "scatter", "ring", "gloo-ring");
+  // "" for other operations. += keeps the last one that is set.
+  std::string route;
   CommStats& operator+=(const CommStats& other);
 };
 
@@ -61,33 +64,65 @@ struct GroupOptions {
   void validate() const;                        // ConfigError on nonsense
 };
 
-// How an all-reduce puts values on the wire (PCCL's pattern: quantization is an option of the
-// operation). With an encoding other than fp32, each rank's values are encoded before they are
-// sent and received values are decoded and accumulated in fp32, by one of three algorithms (E is
-// the encoded size of the whole tensor):
-//   kGather   every rank all-gathers every rank's encoded tensor and sums the decoded tensors in
-//             rank order: (M − 1) · E bytes sent per rank; each input is quantized once.
-//   kScatter  the tensor is cut into M chunks of whole blocks; each rank encodes each of its
-//             chunks once and sends it to the chunk's owner (an all-to-all); the owner sums the
-//             decoded chunks and its own fp32 values in rank order, encodes the sum once, and an
-//             all-gather hands it round: 2 (M − 1) / M · E bytes per rank, and every value is
-//             quantized at most twice, whatever M is (Streaming DiLoCo's "quantize what is sent,
-//             accumulate in fp32").
-//   kRing     ring reduce-scatter with decode-add-encode at every hop, then a ring all-gather:
-//             the bytes of kScatter, but a partial sum is re-encoded at each of up to M − 1 hops,
-//             so the error grows with M. Kept to measure that against (loco-bench-comm).
-//   kAuto     kScatter when M > 2; kGather at M = 2 (both send E, and kGather quantizes once).
-// Every algorithm ends with bit-identical values on every rank (they all decode the same bytes,
-// in the same order). A tensor of fewer blocks than ranks is always gathered.
+// How an all-reduce moves its data (PCCL's pattern: quantization is an option of the operation).
+// With an encoding other than fp32, each rank's values are encoded before they are sent and
+// received values are decoded and accumulated in fp32; with fp32 the values travel as they are.
+// Two direct algorithms, both latency-aware: every receive of the whole operation is posted before
+// anything is sent (Gloo sends a message only once its receiver has announced the buffer, so a
+// receive posted late costs a round trip), a rank talks to every other rank at once, and the data
+// travels in pieces of ReduceOptions::piece_bytes, pipelined and spread over the connections
+// (E is the encoded size of the whole tensor, d the one-way delay):
+//   kGather   every rank sends its encoded tensor to every other rank, and each sums the decoded
+//             tensors in rank order: (M − 1) · E bytes sent per rank, 2d (the announcement, then
+//             the data); each input is quantized once.
+//   kScatter  the tensor is cut into M chunks of whole blocks; each rank sends each chunk to its
+//             owner (an all-to-all); the owner sums the decoded chunks and its own fp32 values in
+//             rank order, encodes the sum once and sends it to every other rank: 2 (M − 1) / M · E
+//             bytes per rank, 3d (the second phase's buffers were announced at the start), and
+//             every value is quantized at most twice, whatever M is (Streaming DiLoCo's "quantize
+//             what is sent, accumulate in fp32").
+//   kRing     (encoded only) ring reduce-scatter with decode-add-encode at every hop, then a ring
+//             all-gather: the bytes of kScatter in 2 (M − 1) hops of a round trip each, and a
+//             partial sum is re-encoded at up to M − 1 hops, so the error grows with M. Kept to
+//             measure that against (loco-bench-comm).
+//   kAuto     whichever of kGather and kScatter takes less time by the group's link model: its
+//             measured round trip and the goodput its ranks measured in earlier all-reduces (the
+//             least of theirs, which every rank learns with each all-reduce, so all choose alike).
+//             kGather at M = 2 (the same bytes in fewer hops) and for tensors of fewer blocks than
+//             ranks; kScatter for M > 2 until a goodput is known.
+// Every algorithm ends with bit-identical values on every rank (they all decode the same bytes, in
+// the same order), and with fp32 the sum is exactly Σ_r x_r added in rank order from zero.
 enum class ReduceAlgorithm { kAuto, kGather, kScatter, kRing };
 const char* to_string(ReduceAlgorithm algorithm);
 struct ReduceOptions {
   Encoding encoding = Encoding::kFp32;
   ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;
+  int64_t piece_bytes = 1 << 20;  // fp32 bytes per message (rounded down to whole blocks, at least one)
+};
+
+// A few numbers that travel with an all-reduce at no extra round trip (PCCL's lesson: the result
+// says who took part): each rank brings `mine` (the same count on every rank) and learns every
+// rank's. With `weights`, rank r's tensor enters the sum multiplied by weights(all)[r] (in fp32,
+// as x·w; rank order as always); the function runs on every rank with the same input, so it must
+// be a pure function of it. What a Streaming DiLoCo sync needs besides its data (the tokens each
+// worker trained, who is counted) rides here instead of costing a collective of its own.
+struct Tally {
+  std::vector<double> mine;  // in
+  std::function<std::vector<double>(const std::vector<std::vector<double>>& all)> weights;  // in, optional
+  std::vector<std::vector<double>> all;  // out: every rank's `mine`, in rank order
+  std::vector<double> applied;           // out: the factors used (1 for every rank without `weights`)
+  // Σ over ranks of all[r][i], added in rank order (identical on every rank).
+  double sum(size_t i) const;
+};
+
+// What a group knows of its link, learned by its operations (Group::link()).
+struct LinkEstimate {
+  double round_trip_s = 0;  // measured when the group connected: the fastest rank's exchange with all
+  double goodput_bps = 0;   // payload bits/s the slowest rank moved in the last all-reduce that showed it; 0 = not yet known
 };
 
 // A send or receive that was posted and moves in the background. wait() blocks until it is done
-// (bounded by the group's timeout from when it was posted, and its abort hook) and returns what
+// (bounded by the group's timeout from when wait() was called, and its abort hook) and returns what
 // it moved, or throws PeerError. A tensor given to a posted operation must not be touched until
 // then.
 class Posted {
@@ -134,9 +169,11 @@ class Group {
   // Element-wise sum across ranks, in place. Every rank ends with bit-identical tensors.
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors);
   CommStats all_reduce_sum(torch::Tensor& tensor);
-  // The sum with `options.encoding` on the wire (see ReduceOptions). `tensor` is fp32. Throws
-  // DataError, on every rank alike, when some rank's values are not finite.
-  CommStats all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& options);
+  // The sum with `options.encoding` on the wire, by a direct algorithm (see ReduceOptions), with
+  // `tally`'s numbers carried along and its weights applied when given. `tensor` is fp32. With an
+  // encoding, throws DataError, on every rank alike, when some rank's values are not finite (the
+  // tensor is then left as it was).
+  CommStats all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& options, Tally* tally = nullptr);
   // Copies `root`'s tensor into every rank's `tensor` (same shape and dtype on every rank).
   CommStats broadcast(torch::Tensor& tensor, int64_t root);
   // out[r] = rank r's `tensor`, for every r (same shape and dtype on every rank).
@@ -152,16 +189,22 @@ class Group {
   // Payload bytes this group's operations have sent so far, all threads together: updated as each
   // operation completes (a bucket, a ring hop), so a caller can see when bytes moved.
   int64_t bytes_sent() const { return counters_->bytes_sent.load(); }
+  // The group's link as its operations measured it (read from the thread that issues them).
+  LinkEstimate link() const { return counters_->link; }
+  // The algorithm kAuto picks for an all-reduce of `bytes` encoded bytes, by the link estimate.
+  ReduceAlgorithm choose(int64_t bytes) const;
 
  private:
   struct Counters {
     std::atomic<int64_t> bytes_sent{0};
+    LinkEstimate link;         // touched only by the thread issuing operations
+    double measured_bps = 0;   // this rank's last goodput measurement, told to the others with the next all-reduce
   };
+  class Exchange;
   template <class F>
   CommStats timed(F&& operation);
-  CommStats reduce_gather(torch::Tensor& flat, Encoding encoding);
-  CommStats reduce_scatter(torch::Tensor& flat, Encoding encoding);
-  CommStats reduce_ring(torch::Tensor& flat, Encoding encoding);
+  void measure_round_trip();
+  CommStats reduce_ring(torch::Tensor& flat, Encoding encoding, Tally* tally);
 
   std::shared_ptr<GroupImpl> impl_;
   std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();

@@ -118,7 +118,7 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.sync.weighting, {{WeightingChoice::kAuto, "auto"}, {WeightingChoice::kTokens, "tokens"},
                                      {WeightingChoice::kShard, "shard"}, {WeightingChoice::kUniform, "uniform"}})},
       between(0, 0.99, {"sync.drop_probability", "an experiment (DiLoCo paper, dropped outer gradients): each worker's outer gradient is left out of each sync with this probability, the others' weights renormalized; 0 = off", &c.sync.drop_probability}),
-      positive({"sync.bucket_mb", "megabytes per all-reduce of gradients (ddp) or outer gradients (diloco)", &c.sync.bucket_mb}),
+      positive({"sync.bucket_mb", "megabytes per message of an all-reduce of gradients (ddp) or outer gradients: each exchange is one operation whose pieces travel pipelined, spread over cluster.connections", &c.sync.bucket_mb}),
       at_least(1, {"sync.fragments", "streaming: fragments P, synchronized in turn every sync.inner_steps / P steps (at most the model's blocks)", &c.sync.fragments}),
       {"sync.fragment_pattern", "streaming: strided (block i in fragment i mod P) or sequential (runs of consecutive blocks)",
        enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
@@ -411,7 +411,7 @@ Options outer_round_options(const RunConfig& config, int64_t shard_tokens) {
   o.drop_probability = config.sync.drop_probability;
   o.drop_seed = static_cast<uint64_t>(config.train.seed);
   o.exchange = config.sync.exchange;
-  o.bucket_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
+  o.piece_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   o.eager = config.sync.eager;
   return o;
 }

@@ -77,7 +77,7 @@ struct SyncSection {
   WeightingChoice weighting = WeightingChoice::kAuto;
   double drop_probability = 0;       // an experiment: each outer gradient left out with this probability
   bool eager = false;                // eager outer updates: a whole round's exchange overlapped (streaming.h)
-  double bucket_mb = 32;             // bytes per all-reduce of gradients (ddp) or outer gradients (diloco)
+  double bucket_mb = 1;              // megabytes per message (piece) of an exchange's all-reduce
   // Streaming DiLoCo
   int64_t fragments = 4;             // P
   algorithms::FragmentPattern fragment_pattern = algorithms::FragmentPattern::kStrided;

@@ -479,6 +479,7 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
                           {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
                           {"stall_s", report.stall_seconds}, {"params_hash", hex64(report.params_hash)}};
   if (report.fragment >= 0) event["fragment"] = report.fragment;
+  if (!report.stats.route.empty()) event["route"] = report.stats.route;
   if (report.attempts > 1) event["attempts"] = report.attempts;
   if (report.weight >= 0) event["weight"] = report.weight;
   if (report.tokens >= 0) event["tokens"] = report.tokens;
