@@ -31,6 +31,7 @@
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/launch/dipaco_launch.h"
+#include "loco/runtime/launch/exchange_check.h"
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/launcher.h"
 #include "loco/runtime/launch/report.h"
@@ -767,10 +768,20 @@ struct LinkCheck {
     cmd->add_option("--bytes", bytes, "bytes of the bulk transfer (default: about 4 s at the rate, 64 MB unshaped)")
         ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
     cmd->add_option("--pings", pings, "round trips timed (the median is shown)")->check(CLI::Range(1, 100000));
+    cmd->add_option("--ranks", ranks, "also time an all-reduce among this many islands (threads of this process, each "
+                                      "on its own island)")->check(CLI::Range(2, 64));
+    cmd->add_option("--values", values, "fp32 values of that all-reduce")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+    cmd->add_option("--exchange", exchange, "its wire encoding: fp32, bf16, fp8, e3m0, int8, int4, or gloo-ring (fp32 by "
+                                            "Gloo's own ring all-reduce, loco's transport before its direct algorithms)");
+    cmd->add_option("--algorithm", algorithm, "auto, gather, scatter or ring")
+        ->check(CLI::IsMember({"auto", "gather", "scatter", "ring"}));
+    cmd->add_option("--rounds", rounds, "timed all-reduces (the median is shown)")->check(CLI::Range(1, 1000));
   }
   int run() {
     const auto spec = loco::runtime::LinkSpec::parse(link);
     if (bytes == 0) bytes = spec.rate_bps > 0 ? static_cast<int64_t>(spec.rate_bps / 8 * 4) : int64_t{64} << 20;
+    loco::runtime::ExchangeCheck check;
+    if (ranks > 0) check = exchange_check();  // bad options are refused before the islands are made
     loco::runtime::Islands islands({spec, spec});
     fmt::print("{}\n", islands.describe());
     const auto m = loco::runtime::measure_link(islands, 1, 0, bytes, pings);
@@ -779,12 +790,43 @@ struct LinkCheck {
                m.round_trip_s * 1e3, pings, spec.delay_s * 2e3, m.rate_bps / 1e6, loco::metrics::format_bytes(static_cast<double>(bytes)),
                spec.rate_bps > 0 ? fmt::format("{:.2f} Mbit/s", spec.rate_bps / 1e6) : "not shaped", islands.frames_relayed(),
                islands.frames_dropped());
+    if (ranks == 0) return 0;
+    loco::runtime::Islands group_islands(std::vector<loco::runtime::LinkSpec>(static_cast<size_t>(ranks), spec));
+    const auto e = loco::runtime::measure_exchange(group_islands, check);
+    // What the bytes alone take at the measured rate: the rest is the transport's latency.
+    const double wire_s = static_cast<double>(e.bytes_sent) * 8 / m.rate_bps;
+    fmt::print("all-reduce of {} values in {} among {} islands: {} {:.1f} ms (median of {}), rank 0 sent {}: {:.1f} ms at "
+               "the measured rate + {:.2f} round trips of {:.1f} ms (the group measured {:.1f} ms)\n",
+               values, exchange, ranks, e.route, e.median_s * 1e3, rounds,
+               loco::metrics::format_bytes(static_cast<double>(e.bytes_sent)), wire_s * 1e3,
+               (e.median_s - wire_s) / m.round_trip_s, m.round_trip_s * 1e3, e.round_trip_s * 1e3);
     return 0;
+  }
+  loco::runtime::ExchangeCheck exchange_check() const {
+    loco::runtime::ExchangeCheck check;
+    check.values = values;
+    check.rounds = rounds;
+    check.gloo_ring = exchange == "gloo-ring";
+    if (!check.gloo_ring) {
+      const auto encoding = loco::comm::parse_encoding(exchange);
+      if (!encoding) throw loco::ConfigError("link-check", fmt::format("--exchange '{}' is not an encoding (fp32, bf16, fp8, e3m0, int8, int4) nor gloo-ring", exchange));
+      check.encoding = *encoding;
+    }
+    check.algorithm = algorithm == "gather"    ? loco::comm::ReduceAlgorithm::kGather
+                      : algorithm == "scatter" ? loco::comm::ReduceAlgorithm::kScatter
+                      : algorithm == "ring"    ? loco::comm::ReduceAlgorithm::kRing
+                                               : loco::comm::ReduceAlgorithm::kAuto;
+    return check;
   }
   CLI::App* cmd;
   std::string link;
   int64_t bytes = 0;
   int pings = 20;
+  int64_t ranks = 0;
+  int64_t values = 327'680;
+  std::string exchange = "e3m0";
+  std::string algorithm = "auto";
+  int rounds = 5;
 };
 
 struct Simulate {
@@ -836,6 +878,8 @@ struct Simulate {
     if (!run_dir.empty()) {
       measured = rt::measure_run(run_dir);
       o.steps = measured->steps;  // the steps it ran, which its measurements cover
+      if (!measured->direct) o.transport = rt::SimulationOptions::Transport::kGlooRing;  // a run from before
+      if (measured->route == "gather" || measured->route == "scatter") o.route = measured->route;
     }
     std::string step_source = "--step-time";
     if (step_s > 0) {

@@ -207,7 +207,7 @@ class GlooGroup final : public GroupImpl {
       }
     }
     const int64_t moved = ring_all_reduce_bytes(bytes_of(flat), size());
-    return {moved, moved, 0, size()};
+    return {moved, moved, 0, size(), "gloo-ring"};
   }
 
   CommStats broadcast(torch::Tensor& tensor, int64_t root) override {

@@ -327,6 +327,7 @@ class Group::Exchange {
     PostedValues values(impl_, header, kTallyTag);
     if (scatter_) send_chunks(); else send_whole();
     auto rows = values.rows(stats_);
+    every_rank_started_ = Clock::now();
     take_header(rows);
     if (scatter_) reduce_and_share(); else sum_everything();
     values.finish(stats_);
@@ -467,13 +468,15 @@ class Group::Exchange {
     finish_all(sending_);
   }
 
-  // This rank's goodput, from an exchange whose bytes took clearly longer than its one-way delays
-  // (3 to scatter, 2 to gather); it goes out with this rank's next all-reduce.
+  // This rank's goodput, timed from when every rank's header had arrived (so that a rank that
+  // started late is not counted as a slow link), less the one-way delay still ahead then (the
+  // scatter's second phase); only when the bytes took clearly longer than that delay. It goes
+  // out with this rank's next all-reduce.
   void learn_goodput() {
-    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    const double delays = (scatter_ ? 1.5 : 1.0) * group_.counters_->link.round_trip_s;
-    if (seconds > 0.01 && seconds > 2 * delays && stats_.bytes_sent > 0) {
-      group_.counters_->measured_bps = static_cast<double>(stats_.bytes_sent) * 8 / (seconds - delays);
+    const double seconds = std::chrono::duration<double>(Clock::now() - every_rank_started_).count();
+    const double delay = scatter_ ? 0.5 * group_.counters_->link.round_trip_s : 0.0;
+    if (seconds > 0.005 && seconds > 2 * delay && stats_.bytes_sent > 0) {
+      group_.counters_->measured_bps = static_cast<double>(stats_.bytes_sent) * 8 / (seconds - delay);
     }
   }
 
@@ -507,7 +510,7 @@ class Group::Exchange {
   std::vector<torch::Tensor> own_;                        // what this rank sent, by piece
   PostedList sending_;
   CommStats stats_;
-  Clock::time_point start_ = Clock::now();
+  Clock::time_point every_rank_started_;
 };
 
 void Group::measure_round_trip() {

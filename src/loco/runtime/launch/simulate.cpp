@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "loco/core/error.h"
 #include "loco/runtime/launch/islands.h"
@@ -36,6 +37,7 @@ void SimulationOptions::validate() const {
   if (!(bandwidth_bps > 0)) fail(fmt::format("the bandwidth must be > 0, got {}", bandwidth_bps));
   if (!(latency_s >= 0)) fail(fmt::format("the latency must be >= 0, got {}", latency_s));
   if (steps < 0) fail(fmt::format("steps must be >= 0, got {}", steps));
+  if (!route.empty() && route != "gather" && route != "scatter") fail(fmt::format("route must be gather, scatter or empty, got '{}'", route));
 }
 
 double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double hop_latency_s) {
@@ -55,16 +57,33 @@ SimulationResult simulate(const SimulationOptions& o) {
   // One fragment's exchange, and the share of its last layer (what must follow the backward pass).
   const double bytes = o.parameters / static_cast<double>(p_count) * o.bits / 8;
   const double layers_per_fragment = std::max(1.0, static_cast<double>(o.layers) / static_cast<double>(p_count));
-  const double hop_s = o.gloo ? 2 * o.latency_s : o.latency_s;
-  // One exchange of `b` bytes: its data once, its hops once per collective (fp32 goes in buckets).
-  const auto collective_s = [&](double b, bool fp32) {
-    const double collectives = o.gloo && fp32 && o.bucket_bytes > 0 ? std::max(1.0, std::ceil(b / o.bucket_bytes)) : 1.0;
-    return ring_all_reduce_s(b, o.workers, o.bandwidth_bps, 0) + collectives * ring_all_reduce_s(0, o.workers, o.bandwidth_bps, hop_s);
+  using Transport = SimulationOptions::Transport;
+  // One all-reduce of `b` bytes: its seconds and the bytes each worker sends.
+  struct Cost {
+    double seconds = 0, bytes = 0;
   };
-  // A sync of DiLoCo or Streaming DiLoCo on Gloo: the weights' all-reduce (24 bytes), then the data's.
-  const double control_s = o.gloo && !ddp ? ring_all_reduce_s(24, o.workers, o.bandwidth_bps, hop_s) : 0;
-  const double exchange_s = control_s + collective_s(bytes, o.bits >= 32);
-  const double tail_s = ring_all_reduce_s(bytes / layers_per_fragment, o.workers, o.bandwidth_bps, hop_s);
+  const auto all_reduce = [&](double b, bool fp32, bool control) -> Cost {
+    if (o.workers <= 1) return {};
+    const double ring_bytes = 2 * (m - 1) / m * b;
+    if (o.transport == Transport::kDirect) {
+      const Cost scatter{ring_bytes * 8 / o.bandwidth_bps + 3 * o.latency_s, ring_bytes};
+      const Cost gather{(m - 1) * b * 8 / o.bandwidth_bps + 2 * o.latency_s, (m - 1) * b};
+      if (o.route == "gather") return gather;
+      if (o.route == "scatter") return scatter;
+      if (o.workers == 2) return gather;
+      if ((m - 1) * b > 64.0 * (1 << 20)) return scatter;
+      return gather.seconds < scatter.seconds ? gather : scatter;
+    }
+    const double hop_s = o.transport == Transport::kGlooRing ? 2 * o.latency_s : o.latency_s;
+    const double collectives =
+        o.transport == Transport::kGlooRing && fp32 && o.bucket_bytes > 0 ? std::max(1.0, std::ceil(b / o.bucket_bytes)) : 1.0;
+    double seconds = ring_all_reduce_s(b, o.workers, o.bandwidth_bps, 0) + collectives * ring_all_reduce_s(0, o.workers, o.bandwidth_bps, hop_s);
+    // A sync on the Gloo ring starts with the weights' all-reduce (24 bytes), a ring of its own.
+    if (control && o.transport == Transport::kGlooRing) seconds += ring_all_reduce_s(24, o.workers, o.bandwidth_bps, hop_s);
+    return {seconds, ring_bytes};
+  };
+  const Cost exchange = all_reduce(bytes, o.bits >= 32, !ddp);
+  const double tail_s = all_reduce(bytes / layers_per_fragment, true, false).seconds;
   const double backward_s = o.step_s * 2 / 3;
   const double window_s = o.overlap_backward ? backward_s * (1 - 1 / static_cast<double>(o.layers)) : 0;
 
@@ -82,12 +101,12 @@ SimulationResult simulate(const SimulationOptions& o) {
     const double start = o.concurrent_exchanges ? t - window_s : std::max(t - window_s, link_free);
     // DDP's last layer's gradients exist only once the backward pass ends (outer gradients are
     // whole when the exchange is issued).
-    f.finish = std::max(start + exchange_s, o.overlap_backward && ddp ? t + tail_s : 0.0);
+    f.finish = std::max(start + exchange.seconds, o.overlap_backward && ddp ? t + tail_s : 0.0);
     link_free = f.finish;
     f.started = step;
     f.due = due;
     f.pending = true;
-    result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * bytes : 0;
+    result.bytes_sent += exchange.bytes;
   };
   int64_t step = 0;
   const auto wait = [&](Fragment& f) {
@@ -116,10 +135,10 @@ SimulationResult simulate(const SimulationOptions& o) {
         if (last) {
           // loco's eager end: the last exchange, then the workers' θ averaged in fp32.
           wait(f);
-          const double average = o.parameters / static_cast<double>(p_count) * 4;
-          t = std::max(t, link_free) + collective_s(average, true);
+          const Cost average = all_reduce(o.parameters / static_cast<double>(p_count) * 4, true, false);
+          t = std::max(t, link_free) + average.seconds;
           link_free = t;
-          result.bytes_sent += o.workers > 1 ? 2 * (m - 1) / m * average : 0;
+          result.bytes_sent += average.bytes;
         }
       } else {
         issue(f, step, o.final_sync ? std::min(step + tau, total) : step + tau);
@@ -177,12 +196,22 @@ T field(const nlohmann::json& json, const char* name) {
 
 }  // namespace
 
+const char* transport_name(SimulationOptions::Transport transport) {
+  switch (transport) {
+    case SimulationOptions::Transport::kDirect: return "direct";
+    case SimulationOptions::Transport::kGlooRing: return "gloo-ring";
+    case SimulationOptions::Transport::kIdeal: return "ideal";
+  }
+  return "?";
+}
+
 nlohmann::json to_json(const SimulationOptions& o) {
   return {{"parameters", o.parameters}, {"layers", o.layers}, {"step_s", o.step_s}, {"workers", o.workers},
           {"algorithm", algorithm_name(o.algorithm)}, {"inner_steps", o.inner_steps}, {"fragments", o.fragments},
           {"overlap_steps", o.overlap_steps}, {"eager", o.eager}, {"bits", o.bits}, {"bandwidth_bps", o.bandwidth_bps},
           {"latency_s", o.latency_s}, {"overlap_backward", o.overlap_backward}, {"final_sync", o.final_sync},
-          {"concurrent_exchanges", o.concurrent_exchanges}, {"gloo", o.gloo}, {"bucket_bytes", o.bucket_bytes}, {"steps", o.steps}};
+          {"concurrent_exchanges", o.concurrent_exchanges}, {"transport", transport_name(o.transport)}, {"route", o.route},
+          {"bucket_bytes", o.bucket_bytes}, {"steps", o.steps}};
 }
 
 SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
@@ -206,7 +235,17 @@ SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
   o.overlap_backward = field<bool>(j, "overlap_backward");
   o.final_sync = field<bool>(j, "final_sync");
   o.concurrent_exchanges = field<bool>(j, "concurrent_exchanges");
-  o.gloo = field<bool>(j, "gloo");
+  // Entries written before the direct transport say "gloo": true for the Gloo ring, false for ideal.
+  if (j.contains("route")) o.route = field<std::string>(j, "route");
+  if (j.contains("transport")) {
+    const auto transport = field<std::string>(j, "transport");
+    if (transport == "direct") o.transport = SimulationOptions::Transport::kDirect;
+    else if (transport == "gloo-ring") o.transport = SimulationOptions::Transport::kGlooRing;
+    else if (transport == "ideal") o.transport = SimulationOptions::Transport::kIdeal;
+    else throw DataError("simulate", fmt::format("simulation JSON: unknown transport '{}'", transport));
+  } else {
+    o.transport = field<bool>(j, "gloo") ? SimulationOptions::Transport::kGlooRing : SimulationOptions::Transport::kIdeal;
+  }
   o.bucket_bytes = field<double>(j, "bucket_bytes");
   o.steps = field<int64_t>(j, "steps");
   return o;
@@ -275,11 +314,17 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
   std::ifstream in(run / "metrics.jsonl");
   if (!in) throw DataError("simulate", fmt::format("{} holds no metrics.jsonl: not a finished run", run.string()));
   std::map<int64_t, nlohmann::json> last;  // each worker's last summary
+  bool direct = false;
+  std::map<std::string, int64_t> routes;
   for (std::string line; std::getline(in, line);) {
     try {
       auto event = nlohmann::json::parse(line);
       const auto kind = event.value("event", "");
       if (kind == "summary") last[event.value("worker", int64_t{0})] = event;
+      if (kind == "sync" && event.contains("route")) {
+        direct = true;
+        routes[event.value("route", "")] += 1;
+      }
       if (kind == "resume") {
         throw DataError("simulate", fmt::format("{} was resumed: its summaries time its last session only; "
                                                 "compare with a run trained in one go", run.string()));
@@ -310,6 +355,11 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
   m.utilization /= n;
   m.end_to_end /= n;
   m.bytes_sent /= n;
+  m.direct = direct;
+  int64_t most = 0;
+  for (const auto& [route, count] : routes) {
+    if (count > most) std::tie(m.route, most) = std::tie(route, count);
+  }
   return m;
 }
 
@@ -347,7 +397,7 @@ SimulationOptions published_options(const PublishedRow& row) {
   o.workers = 2;
   o.overlap_backward = true;
   o.latency_s = 0;
-  o.gloo = false;
+  o.transport = SimulationOptions::Transport::kIdeal;
   o.final_sync = false;
   if (row.method == "Data-Parallel") {
     o.algorithm = SimulatedAlgorithm::kDdp;

@@ -6,8 +6,9 @@
 // The model of time:
 //   - each inner step computes for `step_s` seconds (forward a third, backward two thirds, spread
 //     evenly over the layers);
-//   - a ring all-reduce of B bytes over M workers costs 2(M − 1)/M · B · 8 / bandwidth plus
-//     2(M − 1) hops of latency (a round trip each on loco's transport, `gloo`; one-way ideally);
+//   - an all-reduce of B bytes over M workers costs its bytes at the bandwidth plus its delays, by
+//     the transport (SimulationOptions::Transport: loco's direct all-reduce, 2 or 3 one-way delays;
+//     the Gloo ring loco used before, 2(M − 1) round trips; an ideal ring, 2(M − 1) one-way hops);
 //     each worker's link carries one at a time, in the order they were issued;
 //   - DDP all-reduces every step's gradients after the backward pass and waits for them; DiLoCo
 //     every H steps its outer gradients, waiting at once; Streaming DiLoCo one fragment (1/P of
@@ -48,20 +49,32 @@ struct SimulationOptions {
   // The run's end: the last step synchronizes every fragment at once (and eager updates wait for
   // everything, then average θ), as loco ends a run. false: the steady state alone.
   bool final_sync = true;
-  // How loco's transport behaves (true) or an idealized one (false). Gloo's TCP pairs send a
-  // buffer only once the receiver has announced it, so each of a ring's 2(M − 1) hops costs a round
-  // trip (2 × latency), not a one-way trip; and each DiLoCo or Streaming DiLoCo sync starts with a
-  // small all-reduce of the workers' weights (3 numbers), a ring of its own.
-  bool gloo = true;
-  // loco's fp32 exchanges (DDP's gradients, fp32 outer gradients, eager's final average) travel in
-  // buckets of sync.bucket_mb bytes, each a collective of its own with its own hops; 0 = one.
-  double bucket_bytes = 32e6;
+  // How an exchange crosses the link:
+  //   kDirect   loco's transport (comm/group.h): one direct all-reduce per exchange, whatever its
+  //             size, every receive posted first; a gather costs (M − 1)·B bytes and 2 one-way
+  //             delays, a scatter 2(M − 1)/M·B and 3, and the faster of the two is taken (a gather
+  //             only while the others' tensors take at most 64 MiB, as loco's choice); the weights
+  //             ride with the data.
+  //   kGlooRing loco's transport before (runs without a "route" in their sync events): Gloo's
+  //             TCP pairs send a buffer only once the receiver has announced it, so each of a ring's
+  //             2(M − 1) hops costs a round trip; each DiLoCo or Streaming DiLoCo sync starts with a
+  //             small all-reduce of the workers' weights, a ring of its own; fp32 exchanges go in
+  //             buckets of `bucket_bytes`, each with its own hops.
+  //   kIdeal    a ring with one-way hops and nothing else (the published simulations' model).
+  enum class Transport { kDirect, kGlooRing, kIdeal };
+  Transport transport = Transport::kDirect;
+  // kDirect: the route every exchange takes ("gather", "scatter"), or "" for the faster (loco's
+  // choice once it knows the goodput); `--from-run` takes the one its run took most.
+  std::string route;
+  double bucket_bytes = 32e6;     // kGlooRing: bytes per fp32 bucket; 0 = one
   // false: exchanges share each worker's link one at a time (loco's one background thread); true:
   // each runs at the full bandwidth whatever else is on the wire (an idealized link).
   bool concurrent_exchanges = false;
   int64_t steps = 0;              // steps replayed; 0 = max(20 H, 200)
   void validate() const;          // ConfigError naming the bad option
 };
+
+const char* transport_name(SimulationOptions::Transport transport);  // "direct", "gloo-ring", "ideal"
 
 struct SimulationResult {
   double wall_s = 0;              // the replayed steps' wall time
@@ -98,6 +111,8 @@ SimulationOptions simulation_options(const RunConfig& config);
 struct MeasuredRun {
   double step_s = 0, loop_s = 0, utilization = 0, end_to_end = 0, bytes_sent = 0;
   int64_t steps = 0, workers = 0;
+  bool direct = false;  // its syncs name their route: it ran on the direct transport (kDirect)
+  std::string route;    // the route its syncs took most
 };
 MeasuredRun measure_run(const std::filesystem::path& run);
 nlohmann::json to_json(const MeasuredRun& measured);
