@@ -122,6 +122,22 @@ TEST(IslandsTest, ShapedLinkCarriesItsRate) {
   EXPECT_EQ(islands.frames_dropped(), 0);
 }
 
+// The relay is one thread carrying every island's frames: four transfers at once, each on its own
+// shaped link with a delay, must each still get the rate, and lose no frame to the relay's queue.
+TEST(IslandsTest, TheRelayCarriesFourFlowsAtOnceEachAtItsRate) {
+  LOCO_NEEDS_ROOT();
+  const LinkSpec link = LinkSpec::parse("rate=200mbit,delay=10ms");
+  Islands islands({link, link, link, link});
+  const auto flows = measure_links(islands, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}, static_cast<int64_t>(link.rate_bps / 8 * 3));
+  ASSERT_EQ(flows.size(), 4u);
+  for (size_t i = 0; i < flows.size(); ++i) {
+    EXPECT_NEAR(flows[i].rate_bps, link.rate_bps, 0.1 * link.rate_bps) << "flow " << i;
+    EXPECT_NEAR(flows[i].round_trip_s, 0.020, 0.005) << "flow " << i;
+  }
+  EXPECT_EQ(islands.frames_dropped(), 0);
+  EXPECT_GT(islands.frames_relayed(), 0);
+}
+
 TEST(IslandsTest, RoundTripIsTwiceTheDelayAndASlowIslandIsSlowToEveryone) {
   LOCO_NEEDS_ROOT();
   Islands islands({LinkSpec::parse("delay=50ms"), LinkSpec::parse("delay=50ms"), LinkSpec::parse("rate=5mbit,delay=150ms")});

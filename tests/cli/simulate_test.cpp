@@ -172,25 +172,45 @@ TEST(SimulateTest, OptionsAreValidated) {
   EXPECT_THROW(simulate(o), ConfigError);
 }
 
-// The published simulation's Data-Parallel and Streaming DiLoCo rows (the Streaming DiLoCo paper's
-// own): every value within 25% once ours is rounded up to the same grid of bandwidths, but one:
-// 100B Streaming DiLoCo at 99%, where we need 13.3 Gbit/s and the table 19.3 (31% less; see
-// docs/slow-links.md). The overlapped FP4 rows are not asserted: the paper's simulator does not
-// say how it shares the link between overlapping exchanges, and ours (one at a time) differs
-// (docs/slow-links.md prints both).
-TEST(SimulateTest, MatchesThePublishedSimulationOfDataParallelAndStreamingDiLoCo) {
+// The Streaming DiLoCo paper's own table (Douillard et al. 2025, Table 4: Data-Parallel, DiLoCo,
+// Streaming DiLoCo with τ = 0, τ = 1, and τ = 1 in FP4; 75 cells): every cell within one step of
+// the published grid (21%) once ours is rounded up to it, but one: 100B Streaming DiLoCo (τ = 0) at
+// 99%, where we need 13.3 Gbit/s and the table 19.3, two steps (docs/slow-links.md says why).
+TEST(SimulateTest, MatchesTheStreamingDiLoCoPapersSimulationWithinOneGridStep) {
   int checked = 0;
   for (const auto& row : published_simulation()) {
-    if (row.method != "Data-Parallel" && row.method != "Streaming DiLoCo") continue;
+    if (row.tables.find("Douillard T4") == std::string::npos) continue;
     for (size_t i = 0; i < kPublishedTargets.size(); ++i) {
       const double ours = on_published_grid(bandwidth_for(published_options(row), kPublishedTargets[i]) / 1e9);
+      const int steps = std::abs(published_grid_index(ours) - published_grid_index(row.gbits[i]));
       const bool exception = row.model == "100B" && row.method == "Streaming DiLoCo" && i == 4;
-      EXPECT_NEAR(ours, row.gbits[i], (exception ? 0.35 : 0.25) * row.gbits[i])
-          << row.model << " " << row.method << " at " << kPublishedTargets[i] * 100 << "%";
+      EXPECT_LE(steps, exception ? 2 : 1) << row.model << " " << row.method << " at " << kPublishedTargets[i] * 100
+                                          << "%: published " << row.gbits[i] << ", ours " << ours;
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 30);
+  EXPECT_EQ(checked, 75);
+}
+
+// Kale et al.'s own rows (FP4 overlapped by τ = 1 at H = 30, and eager at H = 30 and 100) are not
+// matched (docs/slow-links.md prints both), and cannot all be by a simulation in which every worker
+// sends every fragment once a round: for eager at H = 100, and eager or τ = 1 at 100B and H = 30,
+// the table's bandwidth for 99% carries less than one FP4 copy of the model per round of compute,
+// the least any all-reduce among 2 workers sends (each needs the other's half, then the other's sum).
+TEST(SimulateTest, SomeOfKaleEtAlsOverlappedRowsCarryLessThanTheModelOnceARound) {
+  int below = 0;
+  for (const auto& row : published_simulation()) {
+    if (row.tables != "Kale T5") continue;
+    const auto o = published_options(row);
+    const double round_s = static_cast<double>(o.inner_steps) * o.step_s / 0.99;
+    const double least_gbits = o.parameters * o.bits / round_s / 1e9;
+    const bool expected_below = row.method.find("H=100") != std::string::npos || row.model == "100B" ||
+                                (row.model == "10B" && row.method.starts_with("1-outer"));
+    EXPECT_EQ(row.gbits[4] < least_gbits, expected_below) << row.model << " " << row.method << ": " << row.gbits[4]
+                                                          << " Gbit/s published, one copy a round needs " << least_gbits;
+    below += row.gbits[4] < least_gbits;
+  }
+  EXPECT_EQ(below, 6);
 }
 
 TEST(SimulateTest, PublishedGridRoundsUp) {
@@ -325,7 +345,8 @@ TEST(SimulateTest, TheCommandPrintsThePredictionAndTheBandwidthNeeded) {
   r = testing_util::run_command({LOCO_BINARY, "simulate", "--published"}, (dir.path() / "published.log").string(),
                                 std::chrono::seconds(60));
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("| 100B | Streaming DiLoCo | 2.4 / 2.9 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 100B | Streaming DiLoCo | Douillard T4, Kale T5 | 2.4 / 2.9 (+1) |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 1B | DiLoCo | Douillard T4 | 1.4 / 1.7 (+1) | 6.2 / 6.3 |"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -86,9 +86,13 @@ class Islands {
   // there), or back to the namespace it came from.
   void enter(size_t island) const;
   void leave() const;
-  // Frames the relay carried, and dropped because a queue was full (tbf's or a socket's).
+  // Frames the relay carried, and dropped because a queue was full (tbf's, a socket's or the relay's).
   int64_t frames_relayed() const { return frames_relayed_.load(); }
   int64_t frames_dropped() const { return frames_dropped_.load(); }
+  // The longest a frame waited in the relay's socket before the relay read it (its backlog: held
+  // for its delay from its arrival all the same), and the latest it left after it was due.
+  double relay_backlog_s() const { return relay_backlog_s_.load(); }
+  double relay_late_s() const { return relay_late_s_.load(); }
   // Why the relay stopped carrying frames ("" while it runs): the links are down from then on.
   std::string relay_error() const;
 
@@ -98,6 +102,7 @@ class Islands {
  private:
   void set_up_island(size_t island);
   void relay();
+  int64_t held_limit(size_t island) const;
 
   std::vector<LinkSpec> links_;
   int original_fd_ = -1, hub_fd_ = -1;
@@ -106,6 +111,7 @@ class Islands {
   int wake_fd_ = -1;           // an eventfd that stops the relay
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> frames_relayed_{0}, frames_dropped_{0};
+  std::atomic<double> relay_backlog_s_{0}, relay_late_s_{0};
   mutable std::mutex error_mutex_;
   std::string relay_error_;
   std::thread relay_;
@@ -119,5 +125,9 @@ struct LinkMeasurement {
   int64_t bytes = 0;
 };
 LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int64_t bulk_bytes, int pings = 20);
+// Several transfers at once, each (from, to) its own connection: every flow's pings first, then all
+// the bulk transfers together (the relay carries them side by side). One result per flow, in order.
+std::vector<LinkMeasurement> measure_links(const Islands& islands, const std::vector<std::pair<size_t, size_t>>& flows,
+                                           int64_t bulk_bytes, int pings = 20);
 
 }  // namespace loco::runtime

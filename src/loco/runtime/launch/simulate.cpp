@@ -23,9 +23,10 @@ void SimulationOptions::validate() const {
   if (!(step_s > 0)) fail(fmt::format("the step time must be > 0 s, got {}", step_s));
   if (workers < 1) fail(fmt::format("workers must be >= 1, got {}", workers));
   if (inner_steps < 1) fail(fmt::format("inner steps H must be >= 1, got {}", inner_steps));
-  if (algorithm == SimulatedAlgorithm::kStreaming &&
-      (fragments < 1 || fragments > inner_steps || fragments > layers)) {
-    fail(fmt::format("fragments P must be in [1, min(H = {}, layers = {})], got {}", inner_steps, layers, fragments));
+  // More fragments than inner steps is allowed here (some steps then start several syncs), as the
+  // published simulation has it; loco itself asks P <= H.
+  if (algorithm == SimulatedAlgorithm::kStreaming && (fragments < 1 || fragments > layers)) {
+    fail(fmt::format("fragments P must be in [1, layers = {}], got {}", layers, fragments));
   }
   if (overlap_steps < 0 || overlap_steps >= inner_steps) {
     fail(fmt::format("overlap steps must be in [0, H = {}), got {}", inner_steps, overlap_steps));
@@ -367,24 +368,30 @@ const std::vector<double> kPublishedTargets = {0.5, 0.8, 0.9, 0.95, 0.99};
 
 const std::vector<PublishedRow>& published_simulation() {
   static const std::vector<PublishedRow> rows = {
-      {"1B", 1e9, 24, 0.1, "Data-Parallel", {86.8, 152.6, 184.2, 222.3, 569.0}},
-      {"1B", 1e9, 24, 0.1, "Streaming DiLoCo", {1.4, 5.2, 9.1, 16.0, 28.1}},
-      {"1B", 1e9, 24, 0.1, "1-inner-step overlapped FP4, H=30", {2.4, 3.6, 4.3, 4.3, 4.3}},
-      {"1B", 1e9, 24, 0.1, "1-inner-step overlapped FP4, H=100", {0.4, 0.9, 1.7, 2.0, 3.0}},
-      {"1B", 1e9, 24, 0.1, "1-outer-step overlapped FP4, H=30", {1.1, 2.0, 2.0, 2.0, 2.4}},
-      {"1B", 1e9, 24, 0.1, "1-outer-step overlapped FP4, H=100", {0.1, 0.2, 0.2, 0.2, 0.2}},
-      {"10B", 1e10, 48, 0.8, "Data-Parallel", {104.8, 222.3, 222.3, 268.3, 471.5}},
-      {"10B", 1e10, 48, 0.8, "Streaming DiLoCo", {1.7, 5.2, 9.1, 13.3, 19.3}},
-      {"10B", 1e10, 48, 0.8, "1-inner-step overlapped FP4, H=30", {1.4, 2.4, 2.4, 3.0, 3.0}},
-      {"10B", 1e10, 48, 0.8, "1-inner-step overlapped FP4, H=100", {0.4, 0.9, 1.4, 1.4, 1.7}},
-      {"10B", 1e10, 48, 0.8, "1-outer-step overlapped FP4, H=30", {0.7, 1.1, 1.4, 1.4, 1.4}},
-      {"10B", 1e10, 48, 0.8, "1-outer-step overlapped FP4, H=100", {0.1, 0.2, 0.2, 0.3, 0.3}},
-      {"100B", 1e11, 108, 4.9, "Data-Parallel", {184.2, 323.8, 390.7, 390.7, 471.5}},
-      {"100B", 1e11, 108, 4.9, "Streaming DiLoCo", {2.4, 6.2, 9.1, 11.0, 19.3}},
-      {"100B", 1e11, 108, 4.9, "1-inner-step overlapped FP4, H=30", {0.9, 1.7, 2.0, 2.0, 2.0}},
-      {"100B", 1e11, 108, 4.9, "1-inner-step overlapped FP4, H=100", {0.5, 0.9, 1.1, 1.1, 1.4}},
-      {"100B", 1e11, 108, 4.9, "1-outer-step overlapped FP4, H=30", {0.5, 0.8, 0.9, 0.9, 0.9}},
-      {"100B", 1e11, 108, 4.9, "1-outer-step overlapped FP4, H=100", {0.2, 0.3, 0.3, 0.3, 0.4}},
+      {"1B", 1e9, 24, 0.1, "Data-Parallel", "Douillard T4, Kale T5", {86.8, 152.6, 184.2, 222.3, 569.0}},
+      {"1B", 1e9, 24, 0.1, "DiLoCo", "Douillard T4", {1.4, 6.2, 13.3, 23.3, 86.8}},
+      {"1B", 1e9, 24, 0.1, "Streaming DiLoCo", "Douillard T4, Kale T5", {1.4, 5.2, 9.1, 16.0, 28.1}},
+      {"1B", 1e9, 24, 0.1, "Streaming DiLoCo, 1-inner-step overlapped", "Douillard T4", {1.4, 4.3, 6.2, 9.1, 11.0}},
+      {"1B", 1e9, 24, 0.1, "1-inner-step overlapped FP4, H=100", "Douillard T4, Kale T5", {0.4, 0.9, 1.7, 2.0, 3.0}},
+      {"1B", 1e9, 24, 0.1, "1-inner-step overlapped FP4, H=30", "Kale T5", {2.4, 3.6, 4.3, 4.3, 4.3}},
+      {"1B", 1e9, 24, 0.1, "1-outer-step overlapped FP4, H=30", "Kale T5", {1.1, 2.0, 2.0, 2.0, 2.4}},
+      {"1B", 1e9, 24, 0.1, "1-outer-step overlapped FP4, H=100", "Kale T5", {0.1, 0.2, 0.2, 0.2, 0.2}},
+      {"10B", 1e10, 48, 0.8, "Data-Parallel", "Douillard T4, Kale T5", {104.8, 222.3, 222.3, 268.3, 471.5}},
+      {"10B", 1e10, 48, 0.8, "DiLoCo", "Douillard T4", {1.7, 7.5, 16.0, 33.9, 104.8}},
+      {"10B", 1e10, 48, 0.8, "Streaming DiLoCo", "Douillard T4, Kale T5", {1.7, 5.2, 9.1, 13.3, 19.3}},
+      {"10B", 1e10, 48, 0.8, "Streaming DiLoCo, 1-inner-step overlapped", "Douillard T4", {1.7, 3.6, 5.2, 6.2, 7.5}},
+      {"10B", 1e10, 48, 0.8, "1-inner-step overlapped FP4, H=100", "Douillard T4, Kale T5", {0.4, 0.9, 1.4, 1.4, 1.7}},
+      {"10B", 1e10, 48, 0.8, "1-inner-step overlapped FP4, H=30", "Kale T5", {1.4, 2.4, 2.4, 3.0, 3.0}},
+      {"10B", 1e10, 48, 0.8, "1-outer-step overlapped FP4, H=30", "Kale T5", {0.7, 1.1, 1.4, 1.4, 1.4}},
+      {"10B", 1e10, 48, 0.8, "1-outer-step overlapped FP4, H=100", "Kale T5", {0.1, 0.2, 0.2, 0.3, 0.3}},
+      {"100B", 1e11, 108, 4.9, "Data-Parallel", "Douillard T4, Kale T5", {184.2, 323.8, 390.7, 390.7, 471.5}},
+      {"100B", 1e11, 108, 4.9, "DiLoCo", "Douillard T4", {3.0, 11.0, 23.3, 49.4, 184.2}},
+      {"100B", 1e11, 108, 4.9, "Streaming DiLoCo", "Douillard T4, Kale T5", {2.4, 6.2, 9.1, 11.0, 19.3}},
+      {"100B", 1e11, 108, 4.9, "Streaming DiLoCo, 1-inner-step overlapped", "Douillard T4", {1.7, 3.6, 4.3, 5.2, 5.2}},
+      {"100B", 1e11, 108, 4.9, "1-inner-step overlapped FP4, H=100", "Douillard T4, Kale T5", {0.5, 0.9, 1.1, 1.1, 1.4}},
+      {"100B", 1e11, 108, 4.9, "1-inner-step overlapped FP4, H=30", "Kale T5", {0.9, 1.7, 2.0, 2.0, 2.0}},
+      {"100B", 1e11, 108, 4.9, "1-outer-step overlapped FP4, H=30", "Kale T5", {0.5, 0.8, 0.9, 0.9, 0.9}},
+      {"100B", 1e11, 108, 4.9, "1-outer-step overlapped FP4, H=100", "Kale T5", {0.2, 0.3, 0.3, 0.3, 0.4}},
   };
   return rows;
 }
@@ -405,11 +412,14 @@ SimulationOptions published_options(const PublishedRow& row) {
     o.steps = 200;
     return o;
   }
-  o.algorithm = SimulatedAlgorithm::kStreaming;
+  const bool fp4 = row.method.find("FP4") != std::string::npos;
+  o.algorithm = row.method == "DiLoCo" ? SimulatedAlgorithm::kDiLoCo : SimulatedAlgorithm::kStreaming;
   o.inner_steps = row.method.find("H=30") != std::string::npos ? 30 : 100;
-  o.fragments = std::min<int64_t>(row.layers / 3, o.inner_steps);
-  o.bits = row.method == "Streaming DiLoCo" ? 16 : 4;
-  o.overlap_steps = row.method.starts_with("1-inner") ? 1 : 0;
+  // Fragments of 3 layers, however many that makes: 8, 16 and 36 (more than H = 30 at 100B, so
+  // that some steps start two fragments' syncs).
+  o.fragments = o.algorithm == SimulatedAlgorithm::kStreaming ? row.layers / 3 : 1;
+  o.bits = fp4 ? 4 : 16;
+  o.overlap_steps = row.method.find("1-inner") != std::string::npos ? 1 : 0;
   o.eager = row.method.starts_with("1-outer");
   o.steps = 20 * o.inner_steps;
   return o;
@@ -421,6 +431,11 @@ double on_published_grid(double gbits) {
     if (value >= gbits * (1 - 1e-9)) return value;
   }
   return std::numeric_limits<double>::infinity();
+}
+
+int published_grid_index(double gbits) {
+  if (!std::isfinite(gbits)) return 50;
+  return static_cast<int>(std::lround((std::log10(gbits) + 1) * 49 / 4));
 }
 
 }  // namespace loco::runtime

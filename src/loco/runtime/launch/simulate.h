@@ -118,20 +118,23 @@ MeasuredRun measure_run(const std::filesystem::path& run);
 nlohmann::json to_json(const MeasuredRun& measured);
 MeasuredRun measured_run_from_json(const nlohmann::json& json);
 
-// The published simulation this one is checked against: Kale et al. 2025 (arXiv 2502.12996),
-// Table 5, whose Data-Parallel and Streaming DiLoCo rows are the Streaming DiLoCo paper's simulation
-// and whose other rows add overlapped FP4 exchanges (τ = 1 inner step, or a whole outer step:
-// eager). Gbit/s needed for 50, 80, 90, 95 and 99% compute utilization; models of 1B, 10B and
-// 100B parameters (24, 48, 108 layers; steps of 0.1, 0.8, 4.9 s at 60% MFU); H = 100 unless the
-// method says 30; fragments of 3 layers. Each value is, evidently, the first of 50 log-spaced
-// bandwidths from 0.1 to 1000 Gbit/s that reaches the target (every value lies within 7% of one of
-// them, printed with one decimal).
+// The published simulations this one is checked against: the Streaming DiLoCo paper's (Douillard
+// et al. 2025, arXiv 2501.18512, Table 4: Data-Parallel, DiLoCo, Streaming DiLoCo with τ = 0, with
+// τ = 1 inner step, and with τ = 1 in FP4), and Kale et al. 2025 (arXiv 2502.12996, Table 5), which
+// repeats three of those rows and adds FP4 exchanges overlapped by τ = 1 at H = 30 and by a whole
+// outer step (eager) at H = 30 and 100. Gbit/s needed for 50, 80, 90, 95 and 99% compute
+// utilization; models of 1B, 10B and 100B parameters (24, 48, 108 layers; steps of 0.1, 0.8, 4.9 s
+// at 60% MFU); H = 100 unless the method says 30; fragments of 3 layers (8, 16 and 36 of them, the
+// paper's appendix, whatever H). Each value is, evidently, the first of 50 log-spaced bandwidths
+// from 0.1 to 1000 Gbit/s that reaches the target (every value lies within 7% of one of them,
+// printed with one decimal).
 struct PublishedRow {
   std::string model;
   double parameters = 0;
   int64_t layers = 0;
   double step_s = 0;
   std::string method;
+  std::string tables;         // where it is published: "Douillard T4", "Kale T5" or both
   std::vector<double> gbits;  // for kPublishedTargets
 };
 extern const std::vector<double> kPublishedTargets;  // 0.5, 0.8, 0.9, 0.95, 0.99
@@ -142,5 +145,9 @@ const std::vector<PublishedRow>& published_simulation();
 SimulationOptions published_options(const PublishedRow& row);
 // `gbits` rounded up to the published grid (logspace(-1, 3, 50) Gbit/s).
 double on_published_grid(double gbits);
+// The place on that grid nearest to `gbits` (0..49; 50 for infinity): a published value (printed
+// with one decimal) and ours rounded up to the grid lie within one grid step when their places
+// differ by at most 1.
+int published_grid_index(double gbits);
 
 }  // namespace loco::runtime
