@@ -3,7 +3,7 @@
 # benchmark's model (bench/streaming.toml, 1.3M parameters) on emulated islands (`loco launch
 # --link`, needs root) joined by 1 Gbit/s, 100 Mbit/s and 10 Mbit/s links with 50 ms one-way delay:
 #   DDP  |  DiLoCo H = 50  |  Streaming P = 4, tau = 1, fp32  |  Streaming P = 4, tau = 5, e3m0  |
-#   eager DiLoCo H = 50 (outer Nesterov, and outer SGD)
+#   eager DiLoCo H = 50 (its default outer Nesterov lr 0.7 / momentum 0, and outer SGD)
 # every run the same tokens per worker. Prints one `loco report` table per link: validation loss,
 # bytes sent, stall, compute utilization (end to end) and wall time; and writes what `loco simulate`
 # predicts for each run, with what it measured, to bench/results/wan.json.
@@ -28,9 +28,9 @@ for rate in $links; do
   run "$rate-diloco-h50"        --link "$link" --sync.algorithm=diloco
   run "$rate-streaming-t1-fp32" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=1 --sync.exchange=fp32
   run "$rate-streaming-t5-e3m0" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=5 --sync.exchange=e3m0
+  # Eager with its defaults (outer Nesterov lr 0.7, momentum 0: bench/eager.sh), and with outer
+  # SGD (FedAvg, lr 1, no momentum).
   run "$rate-eager-diloco-h50"  --link "$link" --sync.algorithm=diloco --sync.eager=true
-  # Eager with outer SGD (FedAvg, lr 1, no momentum): with Nesterov's momentum eager updates
-  # oscillated in our checks (docs/slow-links.md).
   run "$rate-eager-sgd-diloco-h50" --link "$link" --sync.algorithm=diloco --sync.eager=true --outer.optimizer=sgd
 done
 

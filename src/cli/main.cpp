@@ -258,6 +258,10 @@ struct Prepare {
   std::string cache_dir;
 };
 
+void print_warnings(const loco::runtime::RunConfig& config) {
+  for (const auto& warning : loco::runtime::config_warnings(config)) fmt::print(stderr, "warning: {}\n", warning);
+}
+
 struct Train {
   explicit Train(CLI::App& app) {
     cmd = app.add_subcommand("train", "Train a model (override any config key with --section.key=value)");
@@ -268,6 +272,7 @@ struct Train {
   int run() {
     auto config = loco::runtime::load_config(config_file, collect_overrides(cmd->remaining()));
     loco::runtime::check_trainable(config);
+    print_warnings(config);
     if (config.cluster.workers > 1) {
       throw loco::ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` "
                                                  "(or `loco coordinator` and `loco worker`)", config.cluster.workers));
@@ -451,6 +456,7 @@ struct Launch {
     auto config = loco::runtime::load_config(config_file, overrides);
     const bool dipaco = loco::runtime::path_options(config).enabled();
     if (!dipaco) loco::runtime::check_trainable(config);
+    print_warnings(config);
     install(on_launch_interrupt);
     loco::runtime::LaunchOptions options;
     options.config_file = config_file;

@@ -33,6 +33,28 @@ steps = 50
   EXPECT_DOUBLE_EQ(outer_options(c).lr, 0.1);
 }
 
+// Eager updates have outer defaults of their own (bench/eager.sh), and a config that steps harder
+// than the sweep found stable is warned about, not refused.
+TEST(Config, EagerUpdatesHaveTheirOwnOuterDefaultsAndAWarningBeyondThem) {
+  auto c = parse_config("[sync]\nalgorithm = \"diloco\"\neager = true\n", "eager.toml");
+  EXPECT_DOUBLE_EQ(outer_options(c).lr, kEagerOuterLr);
+  EXPECT_DOUBLE_EQ(outer_options(c).momentum, kEagerOuterMomentum);
+  EXPECT_TRUE(config_warnings(c).empty());
+  c.sync.eager = false;  // synchronous DiLoCo keeps Nesterov's published 0.7 / 0.9, unwarned
+  EXPECT_DOUBLE_EQ(outer_options(c).lr, 0.7);
+  EXPECT_DOUBLE_EQ(outer_options(c).momentum, 0.9);
+  EXPECT_TRUE(config_warnings(c).empty());
+  c.sync.eager = true;  // eager with DiLoCo's Nesterov: a step of 7 (it oscillated at M = 4)
+  c.outer.lr = 0.7;
+  c.outer.momentum = 0.9;
+  const auto warnings = config_warnings(c);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("sync.eager with outer lr 0.7 and momentum 0.9 takes steps of lr / (1 - momentum) = 7"),
+            std::string::npos) << warnings[0];
+  c.outer.optimizer = optim::OuterKind::kAdam;  // Adam's steps are not lr / (1 - momentum)
+  EXPECT_TRUE(config_warnings(c).empty());
+}
+
 TEST(Config, UnknownKeyIsNamedWithSuggestionAndLine) {
   expect_error<ConfigError>([] { parse_config("[train]\nstesp = 3\n", "f.toml"); }, "unknown key 'train.stesp' (f.toml:2); did you mean 'train.steps'?");
   expect_error<ConfigError>([] { parse_config("[nonsense]\nx = 3\n", "f.toml"); }, "unknown key 'nonsense.x'");

@@ -124,14 +124,14 @@ std::vector<Field> fields_of(RunConfig& c) {
        enum_field(c.sync.fragment_pattern, {{algorithms::FragmentPattern::kStrided, "strided"}, {algorithms::FragmentPattern::kSequential, "sequential"}})},
       at_least(0, {"sync.overlap_steps", "streaming: inner steps tau a fragment's sync overlaps before its result is applied (0 = wait at once)", &c.sync.overlap_steps}),
       between(0, 1, {"sync.merge_alpha", "streaming: share alpha of the local fragment kept when the global one arrives (0 = take the global)", &c.sync.merge_alpha}),
-      {"sync.eager", "diloco and streaming: eager outer updates (Kale et al. 2025): each sync's exchange overlaps the next sync.inner_steps inner steps, and each worker steps at once with the others' one-round-stale outer gradients plus its own fresh one; needs sync.overlap_steps = 0 and a fixed membership; with outer Nesterov momentum it oscillated in our checks, outer.optimizer = \"sgd\" did not (docs/slow-links.md)", &c.sync.eager},
+      {"sync.eager", "diloco and streaming: eager outer updates (Kale et al. 2025): each sync's exchange overlaps the next sync.inner_steps inner steps, and each worker steps at once with the others' one-round-stale outer gradients plus its own fresh one; needs sync.overlap_steps = 0 and a fixed membership; its outer Nesterov defaults are lr 0.7, momentum 0 (bench/eager.sh; DiLoCo's 0.7 / 0.9 oscillated), and steps lr / (1 - momentum) beyond 1 are warned about (docs/slow-links.md)", &c.sync.eager},
       {"sync.exchange", "diloco and streaming: encoding of outer gradients on the wire: fp32, bf16, fp8, e3m0 (4-bit), int8, int4 (ddp sends fp32 gradients and ignores it)",
        enum_field(c.sync.exchange, {{comm::Encoding::kFp32, "fp32"}, {comm::Encoding::kBf16, "bf16"}, {comm::Encoding::kFp8, "fp8"},
                                     {comm::Encoding::kE3M0, "e3m0"}, {comm::Encoding::kInt8, "int8"}, {comm::Encoding::kInt4, "int4"}})},
       {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
        enum_field(c.outer.optimizer, {{optim::OuterKind::kNesterov, "nesterov"}, {optim::OuterKind::kSgd, "sgd"}, {optim::OuterKind::kAdam, "adam"}})},
       at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.1)", &c.outer.lr}),
-      between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, sgd 0, adam 0.9)", &c.outer.momentum}),
+      between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, or 0 with sync.eager; sgd 0, adam 0.9)", &c.outer.momentum}),
       between(0, 0.999999, {"outer.beta2", "adam outer optimizer: beta2", &c.outer.beta2}),
       positive({"outer.eps", "adam outer optimizer: epsilon (0.1: the DiLoCo paper found outer Adam stable only with a large one)", &c.outer.eps}),
       at_least(0, {"outer.momentum_warmup", "outer steps over which the momentum (nesterov, sgd) rises linearly from 0 to outer.momentum; 0 = off", &c.outer.momentum_warmup}),
@@ -370,12 +370,34 @@ const char* to_string(Algorithm algorithm) {
 
 optim::OuterOptions outer_options(const RunConfig& config) {
   optim::OuterOptions o = optim::default_outer_options(config.outer.optimizer);
+  // Eager updates step mostly with a round-old consensus, and DiLoCo's Nesterov 0.7 / 0.9
+  // oscillates on it; bench/eager.sh's sweep found these train (docs/slow-links.md).
+  if (config.sync.eager && config.outer.optimizer == optim::OuterKind::kNesterov) {
+    o.lr = kEagerOuterLr;
+    o.momentum = kEagerOuterMomentum;
+  }
   if (config.outer.lr > 0) o.lr = config.outer.lr;
   if (config.outer.momentum >= 0) o.momentum = config.outer.momentum;
   o.beta2 = config.outer.beta2;
   o.eps = config.outer.eps;
   o.momentum_warmup = config.outer.momentum_warmup;
   return o;
+}
+
+std::vector<std::string> config_warnings(const RunConfig& config) {
+  std::vector<std::string> out;
+  const auto o = outer_options(config);
+  if (config.sync.eager && o.kind != optim::OuterKind::kAdam && o.momentum < 1) {
+    const double step = o.lr / (1 - o.momentum);
+    if (step > kEagerLargestStableStep) {
+      out.push_back(fmt::format(
+          "sync.eager with outer lr {:g} and momentum {:g} takes steps of lr / (1 - momentum) = {:.3g} times the averaged "
+          "outer gradient; beyond {:g}, eager updates trained worse or oscillated in bench/eager.sh (docs/slow-links.md). "
+          "The eager defaults are lr {:g}, momentum {:g}",
+          o.lr, o.momentum, step, kEagerLargestStableStep, kEagerOuterLr, kEagerOuterMomentum));
+    }
+  }
+  return out;
 }
 
 void resolve_defaults(RunConfig& config) {

@@ -171,8 +171,16 @@ struct RunConfig {
   LinkSection link;
 };
 
-// The outer optimizer's options, with outer.lr = 0 / outer.momentum = -1 resolved to the defaults.
+// The outer Nesterov defaults with sync.eager (bench/eager.sh), and the largest step
+// lr / (1 - momentum) eager updates trained well with in that sweep.
+inline constexpr double kEagerOuterLr = 0.7;
+inline constexpr double kEagerOuterMomentum = 0.0;
+inline constexpr double kEagerLargestStableStep = 1.0;
+// The outer optimizer's options, with outer.lr = 0 / outer.momentum = -1 resolved to the defaults
+// (with sync.eager, outer Nesterov's are kEagerOuterLr and kEagerOuterMomentum).
 optim::OuterOptions outer_options(const RunConfig& config);
+// What a config asks that is allowed but unwise, one sentence each (printed by train and launch).
+std::vector<std::string> config_warnings(const RunConfig& config);
 // Replaces the "default" stand-ins (outer.lr = 0, outer.momentum = -1) by the values they mean.
 void resolve_defaults(RunConfig& config);
 // How outer gradients are weighted, sync.weighting = "auto" resolved.
