@@ -419,6 +419,35 @@ std::string Islands::describe() const {
                      links_.size(), links);
 }
 
+namespace {
+
+// When a frame arrived: the kernel's receive stamp in `message` (SO_TIMESTAMPNS, on the wall clock),
+// moved onto the steady clock; `now` without a stamp. A wait of over a second is taken as a second.
+Clock::time_point arrival(msghdr& message, Clock::time_point now) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+    timespec stamp{};
+    std::memcpy(&stamp, CMSG_DATA(c), sizeof stamp);
+    const auto wall = std::chrono::system_clock::now().time_since_epoch();
+    const auto waited = wall - (std::chrono::seconds(stamp.tv_sec) + std::chrono::nanoseconds(stamp.tv_nsec));
+    return now - std::clamp(std::chrono::duration_cast<Clock::duration>(waited), Clock::duration::zero(),
+                            std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(1)));
+  }
+  return now;
+}
+
+// How long from now until `due` (never negative), as ppoll takes it.
+timespec until(Clock::time_point due) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(Clock::duration::zero(), due - Clock::now())).count();
+  return {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+}
+
+void record_max(std::atomic<double>& slot, double value) {
+  if (value > slot.load(std::memory_order_relaxed)) slot.store(value, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 // The bytes the relay holds for frames from `island` at most: what its link carries in its longest
 // delay plus 100 ms (a router's buffer), at least 1 MiB; an unshaped link counts as 10 Gbit/s.
 // Beyond it frames are dropped, as a full router drops them, and TCP sends them again.
@@ -455,25 +484,14 @@ void Islands::relay() {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
   // struct virtio_net_hdr (linux/virtio_net.h, which C++ cannot include: a member is named `class`).
   constexpr size_t kHeader = 10;
-  const auto record_max = [](std::atomic<double>& slot, double value) {
-    if (value > slot.load(std::memory_order_relaxed)) slot.store(value, std::memory_order_relaxed);
-  };
   const auto send_frame = [&](const Frame& frame) {
     record_max(relay_late_s_, std::chrono::duration<double>(Clock::now() - frame.due).count());
     if (::send(sockets_[frame.to], frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) < 0) ++frames_dropped_;
     else ++frames_relayed_;
   };
   while (!stopping_) {
-    int timeout_ms = -1;
-    timespec timeout{};
-    if (!held.empty()) {
-      const auto wait = std::max(Clock::duration::zero(), held.top().due - Clock::now());
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
-      timeout.tv_sec = ns / 1000000000;
-      timeout.tv_nsec = ns % 1000000000;
-      timeout_ms = 0;
-    }
-    if (::ppoll(fds.data(), fds.size(), timeout_ms < 0 ? nullptr : &timeout, nullptr) < 0 && errno != EINTR) {
+    const timespec timeout = held.empty() ? timespec{} : until(held.top().due);
+    if (::ppoll(fds.data(), fds.size(), held.empty() ? nullptr : &timeout, nullptr) < 0 && errno != EINTR) {
       std::lock_guard lock(error_mutex_);
       relay_error_ = fmt::format("the relay's ppoll failed: {}", std::strerror(errno));
       return;
@@ -505,18 +523,8 @@ void Islands::relay() {
           ++frames_dropped_;
           continue;
         }
-        // When the frame arrived: the kernel's stamp, moved from the wall clock to the steady one.
         const auto now = Clock::now();
-        auto arrived = now;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-          if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
-          timespec stamp{};
-          std::memcpy(&stamp, CMSG_DATA(c), sizeof stamp);
-          const auto wall = std::chrono::system_clock::now().time_since_epoch();
-          const auto waited = wall - (std::chrono::seconds(stamp.tv_sec) + std::chrono::nanoseconds(stamp.tv_nsec));
-          arrived = now - std::clamp(std::chrono::duration_cast<Clock::duration>(waited), Clock::duration::zero(),
-                                     std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(1)));
-        }
+        const auto arrived = arrival(message, now);
         record_max(relay_backlog_s_, std::chrono::duration<double>(now - arrived).count());
         const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kHeader);
         const auto hold = [&](size_t to) {

@@ -47,6 +47,37 @@ double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, do
   return 2 * (m - 1) / m * bytes * 8 / bandwidth_bps + 2 * (m - 1) * hop_latency_s;
 }
 
+namespace {
+
+// One all-reduce of `b` bytes on `o`'s transport: its seconds and the bytes each worker sends.
+// `control`: a sync's, which on the Gloo ring started with the weights' all-reduce.
+struct Cost {
+  double seconds = 0, bytes = 0;
+};
+Cost all_reduce_cost(const SimulationOptions& o, double b, bool fp32, bool control) {
+  using Transport = SimulationOptions::Transport;
+  if (o.workers <= 1) return {};
+  const double m = static_cast<double>(o.workers);
+  const double ring_bytes = 2 * (m - 1) / m * b;
+  if (o.transport == Transport::kDirect) {
+    const Cost scatter{ring_bytes * 8 / o.bandwidth_bps + 3 * o.latency_s, ring_bytes};
+    const Cost gather{(m - 1) * b * 8 / o.bandwidth_bps + 2 * o.latency_s, (m - 1) * b};
+    if (o.route == "gather") return gather;
+    if (o.route == "scatter") return scatter;
+    if (o.workers == 2) return gather;
+    if ((m - 1) * b > 64.0 * (1 << 20)) return scatter;
+    return gather.seconds < scatter.seconds ? gather : scatter;
+  }
+  const double hop_s = o.transport == Transport::kGlooRing ? 2 * o.latency_s : o.latency_s;
+  const double collectives =
+      o.transport == Transport::kGlooRing && fp32 && o.bucket_bytes > 0 ? std::max(1.0, std::ceil(b / o.bucket_bytes)) : 1.0;
+  double seconds = ring_all_reduce_s(b, o.workers, o.bandwidth_bps, 0) + collectives * ring_all_reduce_s(0, o.workers, o.bandwidth_bps, hop_s);
+  if (control && o.transport == Transport::kGlooRing) seconds += ring_all_reduce_s(24, o.workers, o.bandwidth_bps, hop_s);
+  return {seconds, ring_bytes};
+}
+
+}  // namespace
+
 SimulationResult simulate(const SimulationOptions& o) {
   o.validate();
   const bool ddp = o.algorithm == SimulatedAlgorithm::kDdp;
@@ -54,37 +85,11 @@ SimulationResult simulate(const SimulationOptions& o) {
   const int64_t p_count = o.algorithm == SimulatedAlgorithm::kStreaming ? o.fragments : 1;
   const int64_t tau = o.algorithm == SimulatedAlgorithm::kStreaming ? o.overlap_steps : 0;
   const int64_t total = o.steps > 0 ? o.steps : std::max<int64_t>(20 * h, 200);
-  const double m = static_cast<double>(o.workers);
   // One fragment's exchange, and the share of its last layer (what must follow the backward pass).
   const double bytes = o.parameters / static_cast<double>(p_count) * o.bits / 8;
   const double layers_per_fragment = std::max(1.0, static_cast<double>(o.layers) / static_cast<double>(p_count));
-  using Transport = SimulationOptions::Transport;
-  // One all-reduce of `b` bytes: its seconds and the bytes each worker sends.
-  struct Cost {
-    double seconds = 0, bytes = 0;
-  };
-  const auto all_reduce = [&](double b, bool fp32, bool control) -> Cost {
-    if (o.workers <= 1) return {};
-    const double ring_bytes = 2 * (m - 1) / m * b;
-    if (o.transport == Transport::kDirect) {
-      const Cost scatter{ring_bytes * 8 / o.bandwidth_bps + 3 * o.latency_s, ring_bytes};
-      const Cost gather{(m - 1) * b * 8 / o.bandwidth_bps + 2 * o.latency_s, (m - 1) * b};
-      if (o.route == "gather") return gather;
-      if (o.route == "scatter") return scatter;
-      if (o.workers == 2) return gather;
-      if ((m - 1) * b > 64.0 * (1 << 20)) return scatter;
-      return gather.seconds < scatter.seconds ? gather : scatter;
-    }
-    const double hop_s = o.transport == Transport::kGlooRing ? 2 * o.latency_s : o.latency_s;
-    const double collectives =
-        o.transport == Transport::kGlooRing && fp32 && o.bucket_bytes > 0 ? std::max(1.0, std::ceil(b / o.bucket_bytes)) : 1.0;
-    double seconds = ring_all_reduce_s(b, o.workers, o.bandwidth_bps, 0) + collectives * ring_all_reduce_s(0, o.workers, o.bandwidth_bps, hop_s);
-    // A sync on the Gloo ring starts with the weights' all-reduce (24 bytes), a ring of its own.
-    if (control && o.transport == Transport::kGlooRing) seconds += ring_all_reduce_s(24, o.workers, o.bandwidth_bps, hop_s);
-    return {seconds, ring_bytes};
-  };
-  const Cost exchange = all_reduce(bytes, o.bits >= 32, !ddp);
-  const double tail_s = all_reduce(bytes / layers_per_fragment, true, false).seconds;
+  const Cost exchange = all_reduce_cost(o, bytes, o.bits >= 32, !ddp);
+  const double tail_s = all_reduce_cost(o, bytes / layers_per_fragment, true, false).seconds;
   const double backward_s = o.step_s * 2 / 3;
   const double window_s = o.overlap_backward ? backward_s * (1 - 1 / static_cast<double>(o.layers)) : 0;
 
@@ -136,7 +141,7 @@ SimulationResult simulate(const SimulationOptions& o) {
         if (last) {
           // loco's eager end: the last exchange, then the workers' θ averaged in fp32.
           wait(f);
-          const Cost average = all_reduce(o.parameters / static_cast<double>(p_count) * 4, true, false);
+          const Cost average = all_reduce_cost(o, o.parameters / static_cast<double>(p_count) * 4, true, false);
           t = std::max(t, link_free) + average.seconds;
           link_free = t;
           result.bytes_sent += average.bytes;
