@@ -2,30 +2,39 @@
 # Slow links, for real (docs/slow-links.md): M = 4 worker processes of the Streaming DiLoCo
 # benchmark's model (bench/streaming.toml, 1.3M parameters) on emulated islands (`loco launch
 # --link`, needs root) joined by 1 Gbit/s, 100 Mbit/s and 10 Mbit/s links with 50 ms one-way delay:
-#   DDP  |  DiLoCo H = 50  |  Streaming P = 4, tau = 1, fp32  |  Streaming P = 4, tau = 5, e3m0  |
-#   eager DiLoCo H = 50 (its default outer Nesterov lr 0.7 / momentum 0, and outer SGD)
+#   DDP  |  DiLoCo H = 50 (fp32, and e3m0)  |  Streaming P = 4, tau = 1, fp32  |
+#   Streaming P = 4, tau = 5, e3m0  |  eager DiLoCo H = 50 (its default outer Nesterov lr 0.7 /
+#   momentum 0, and outer SGD)
 # every run the same tokens per worker. Prints one `loco report` table per link: validation loss,
 # bytes sent, stall, compute utilization (end to end) and wall time; and writes what `loco simulate`
-# predicts for each run, with what it measured, to bench/results/wan.json.
+# predicts for each run, with what it measured, to bench/results/wan.json (RESULTS=FILE: elsewhere).
 #
 #   sudo bench/wan.sh [OUT]              OUT defaults to runs/bench-wan; finished runs are skipped
 #   sudo STEPS=100 bench/wan.sh          shorter (DDP over 10 Mbit/s costs ~6 s a step: 300 steps ~ 30 min)
 #   sudo LINKS="100mbit" bench/wan.sh    some links only
+#   sudo DELAY=25ms LINKS=100mbit RESULTS=bench/results/wan-25ms.json bench/wan.sh   another delay
+#   sudo CPU=0 bench/wan.sh               the workers share the machine's cores as they come (default:
+#                                        0.45 cores each, a CPU control group per island, so that the
+#                                        4 workers compute at one speed as 4 machines would)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/bench-wan}
 steps=${STEPS:-300}
 links=${LINKS:-"1gbit 100mbit 10mbit"}
 delay=${DELAY:-50ms}
+cpu=${CPU:-0.45}
 config=bench/streaming.toml
+results=${RESULTS:-bench/results/wan.json}
 loco=${LOCO:-build/loco}  # LOCO=/path/to/a/copy keeps a rebuild from changing the binary mid-benchmark
 source bench/common.sh
 prepare
 
 for rate in $links; do
   link="rate=$rate,delay=$delay"
+  [ "$cpu" = 0 ] || link="$link,cpu=$cpu"
   run "$rate-ddp"               --link "$link" --sync.algorithm=ddp
   run "$rate-diloco-h50"        --link "$link" --sync.algorithm=diloco
+  run "$rate-diloco-h50-e3m0"   --link "$link" --sync.algorithm=diloco --sync.exchange=e3m0
   run "$rate-streaming-t1-fp32" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=1 --sync.exchange=fp32
   run "$rate-streaming-t5-e3m0" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=5 --sync.exchange=e3m0
   # Eager with its defaults (outer Nesterov lr 0.7, momentum 0: bench/eager.sh), and with outer
@@ -35,24 +44,26 @@ for rate in $links; do
 done
 
 # What `loco simulate` predicts for each run, from its measured step time, next to what it measured:
-# bench/results/wan.json (tests/cli/simulate_test.cpp checks the predictions against it).
-mkdir -p bench/results
+# $results (tests/cli/simulate_test.cpp checks the predictions against bench/results/wan.json).
+mkdir -p "$(dirname "$results")"
+methods="ddp diloco-h50 diloco-h50-e3m0 streaming-t1-fp32 streaming-t5-e3m0 eager-diloco-h50 eager-sgd-diloco-h50"
 {
   echo "["
   first=1
   for rate in $links; do
-    for name in ddp diloco-h50 streaming-t1-fp32 streaming-t5-e3m0 eager-diloco-h50 eager-sgd-diloco-h50; do
+    for name in $methods; do
       [ $first = 1 ] || echo ","
       first=0
       "$loco" simulate --from-run "$out/$rate-$name" --link "rate=$rate,delay=$delay" --json
     done
   done
   echo "]"
-} > bench/results/wan.json
+} > "$results"
 
 for rate in $links; do
   echo
   echo "## $rate, $delay one-way"
-  "$loco" report "$out/$rate-ddp" "$out/$rate-diloco-h50" "$out/$rate-streaming-t1-fp32" "$out/$rate-streaming-t5-e3m0" \
-    "$out/$rate-eager-diloco-h50" "$out/$rate-eager-sgd-diloco-h50" --html "$out/$rate-report.html" --svg "$out/$rate-charts"
+  runs=()
+  for name in $methods; do runs+=("$out/$rate-$name"); done
+  "$loco" report "${runs[@]}" --html "$out/$rate-report.html" --svg "$out/$rate-charts"
 done

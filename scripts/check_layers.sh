@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks that every file under src/loco includes only the loco folders its own folder may use
+# Checks that every file under src/loco and src/cli includes only the loco folders its own folder may use
 # (docs/architecture.md, "Folders and their dependencies"). CTest runs it as `layers`. The targets'
 # link dependencies (src/loco/**/CMakeLists.txt) follow the same table.
 set -euo pipefail
@@ -16,9 +16,14 @@ declare -A may_use=(
   [loco/algorithms]="loco/core loco/data loco/model loco/optim loco/comm"
   [loco/runtime/config]="loco/core loco/data loco/model loco/optim loco/comm loco/algorithms"
   [loco/runtime/store]="loco/core loco/data"
-  [loco/runtime/control]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store"
-  [loco/runtime/worker]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/control"
-  [loco/runtime/launch]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/control loco/runtime/worker"
+  [loco/runtime/tasks]="loco/core loco/runtime/store"
+  [loco/runtime/simulate]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config"
+  [loco/runtime/control]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks"
+  [loco/runtime/report]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control"
+  [loco/runtime/worker]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control"
+  [loco/runtime/dipaco]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control loco/runtime/worker"
+  [loco/runtime/launch]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control loco/runtime/worker loco/runtime/dipaco"
+  [cli]="loco"
 )
 
 checked=0 broken=0
@@ -42,7 +47,7 @@ while IFS= read -r file; do
     fi
   done < <(sed -n 's/^#include "\(loco\/[^"]*\)".*/\1/p' "$file")
   checked=$((checked + 1))
-done < <(find loco -name '*.h' -o -name '*.cpp')
+done < <(find loco cli -name '*.h' -o -name '*.cpp')
 
 if ((checked < 50)); then echo "layers: only $checked files found under src/loco" >&2; exit 1; fi
 if ((broken)); then echo "layers: $broken include(s) break the layers" >&2; exit 1; fi

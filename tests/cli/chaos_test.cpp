@@ -245,6 +245,9 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   const int status = launcher.wait(240s);
   const auto output = read_file(log("chaos"), "test");
   ASSERT_EQ(status, 0) << output;
+  // Only the workers the test killed died: a survivor writing to a killed peer's connection gets
+  // EPIPE (a failed collective), not SIGPIPE (status 141), which once killed one.
+  EXPECT_EQ(output.find("exited with status 141"), std::string::npos) << output;
   for (size_t i = 0; i < replacements.size(); ++i) {
     // A replacement may find the run full (a dropped worker rejoined first): it says so and waits
     // for a slot, until the run is over.
@@ -282,7 +285,10 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
 
   if (const char* keep = std::getenv("LOCO_CHAOS_LOG")) fs::copy_file(log("chaos"), keep, fs::copy_options::overwrite_existing);
   const double chaos_loss = final_val_loss("chaos");
-  EXPECT_NEAR(chaos_loss, calm_loss, 0.05 * calm_loss) << "calm " << calm_loss << ", chaos " << chaos_loss;
+  // The killed workers' inner steps since their last round are lost (docs/failure-model.md), and
+  // the kills land at random: over 14 runs on a 2-core machine the chaos run ended 2% below to
+  // 5.7% above the calm one, so 8% is the bound (a run that lost whole rounds would be far above).
+  EXPECT_NEAR(chaos_loss, calm_loss, 0.08 * calm_loss) << "calm " << calm_loss << ", chaos " << chaos_loss;
   std::printf("final val_loss: without failures %.4f, with chaos %.4f; %ld round(s) read a vacant slot's shard\n", calm_loss,
               chaos_loss, static_cast<long>(adopting));
 }

@@ -17,9 +17,11 @@
 #include "loco/core/files.h"
 #include "loco/model/paths.h"
 #include "loco/runtime/store/modules.h"
-#include "loco/runtime/worker/dipaco_worker.h"
+#include "loco/runtime/dipaco/evaluation.h"
+#include "loco/runtime/dipaco/run.h"
+#include "loco/runtime/dipaco/worker.h"
 #include "process_util.h"
-#include "runtime/store/postgres_server.h"
+#include "runtime/dipaco/postgres_server.h"
 #include "test_util.h"
 
 namespace loco::runtime {
@@ -161,7 +163,7 @@ lease_s = 2
     while (std::chrono::steady_clock::now() < deadline) {
       int64_t n = 0;
       try {
-        for (const auto& t : open_run_registry(c)->tasks()) n += t.state == "done";
+        for (const auto& t : open_run_registry(c)->tasks()) n += t.state == TaskState::kDone;
       } catch (const DataError&) {  // the launcher has not made the run folder yet
       }
       if (n >= done) return;
@@ -190,7 +192,7 @@ lease_s = 2
     while (!killed && std::chrono::steady_clock::now() < deadline) {
       freeze(a);
       for (const auto& t : registry->tasks()) {
-        if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A") killed = t.key;
+        if (t.key.scope == TaskScope::kPath && t.state == TaskState::kLeased && t.holder == "A") killed = t.key;
       }
       a.signal(killed ? SIGKILL : SIGCONT);
       if (!killed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -203,7 +205,7 @@ lease_s = 2
     const auto modules = registry->layout();
     for (const auto& t : registry->tasks()) {
       if (t.key != *killed) continue;
-      EXPECT_EQ(t.state, "done");
+      EXPECT_EQ(t.state, TaskState::kDone);
       EXPECT_GE(t.leases, 2) << describe(t.key) << " was not issued again";
       EXPECT_EQ(t.holder, "B");
     }
@@ -359,7 +361,7 @@ TEST_F(DipacoRunTest, APhaseDeadlineLeavesAStragglerBehind) {
   while (!frozen && std::chrono::steady_clock::now() < deadline) {
     freeze(a);
     for (const auto& t : registry->tasks()) {
-      if (t.key.kind == TaskKey::Kind::kPath && t.state == "leased" && t.holder == "A" && t.key.phase < 3) frozen = t.key;
+      if (t.key.scope == TaskScope::kPath && t.state == TaskState::kLeased && t.holder == "A" && t.key.phase < 3) frozen = t.key;
     }
     if (!frozen) a.signal(SIGCONT), std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -370,12 +372,55 @@ TEST_F(DipacoRunTest, APhaseDeadlineLeavesAStragglerBehind) {
   a.signal(SIGCONT);
   ASSERT_EQ(a.wait(std::chrono::seconds(60)), 0) << read_file(log("straggler-a"), "test");
   for (const auto& t : registry->tasks()) {
-    if (t.key == *frozen) EXPECT_EQ(t.state, "cancelled") << describe(t.key);
+    if (t.key == *frozen) EXPECT_EQ(t.state, TaskState::kCancelled) << describe(t.key);
   }
   EXPECT_NE(read_file(log("straggler-a"), "test").find("dropped " + describe(*frozen)), std::string::npos)
       << read_file(log("straggler-a"), "test");
   // The modules of the frozen path's phase stepped with the other paths' reports only.
   EXPECT_EQ(registry->reports("embed", frozen->phase).size(), 3u);
+}
+
+// A DiPaCo worker is a function of the runtime, not only a process: one path task run in this
+// test's process records its reports (one per module of its path, weighted by the path's tokens)
+// and its typed event; two more workers in this process, one after the other, finish the run on
+// the same modules, bit for bit, as the `loco path-worker` process did.
+TEST_F(DipacoRunTest, TasksRunInProcessAsInAWorkerProcess) {
+  const auto c = config("in-process");
+  prepare_dipaco_run(c, stderr);
+  DipacoWorkerOptions one;
+  one.name = "first";
+  one.max_tasks = 1;
+  const auto summary = run_dipaco_worker(c, one);
+  EXPECT_EQ(summary.path_tasks, 1);
+  EXPECT_EQ(summary.step_tasks, 0);
+  auto registry = open_run_registry(c);
+  const auto layout = registry->layout();
+  ASSERT_TRUE(layout.has_value());
+  std::optional<TaskRow> done;
+  for (const auto& t : registry->tasks()) {
+    if (t.state == TaskState::kDone) done = t;
+  }
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->holder, "first");
+  ASSERT_EQ(done->key.scope, TaskScope::kPath);
+  const auto& modules = layout->path_modules.at(static_cast<size_t>(done->key.path));
+  for (const auto& m : modules) {
+    const auto reports = registry->reports(m, 0);
+    ASSERT_EQ(reports.size(), 1u) << m;
+    EXPECT_EQ(reports[0].path, done->key.path);
+    EXPECT_GT(reports[0].weight, 0);
+    EXPECT_TRUE(fs::exists(dir_->path() / "in-process" / reports[0].file)) << reports[0].file;
+  }
+  const auto events = path_tasks("in-process");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["worker"], "first");
+  EXPECT_EQ(events[0]["steps"], c.sync.inner_steps);
+  DipacoWorkerOptions rest;
+  rest.name = "second";
+  run_dipaco_worker(c, rest);
+  rest.name = "third";  // nothing left: it returns at once
+  EXPECT_EQ(run_dipaco_worker(c, rest).path_tasks, 0);
+  expect_same_modules(final_modules(c), reference());
 }
 
 // Ctrl-C at `loco launch`: the workers give their tasks back and exit; --resume finishes the run on
@@ -391,7 +436,7 @@ TEST_F(DipacoRunTest, AStoppedLaunchResumesExactly) {
   const auto first = read_file(log("stopped-1"), "test");
   EXPECT_NE(first.find("continue with: loco launch --config"), std::string::npos) << first;
   EXPECT_FALSE(open_run_registry(c)->finished());
-  for (const auto& t : open_run_registry(c)->tasks()) EXPECT_NE(t.state, "leased") << describe(t.key) << " was not given back";
+  for (const auto& t : open_run_registry(c)->tasks()) EXPECT_NE(t.state, TaskState::kLeased) << describe(t.key) << " was not given back";
 
   auto again = run_command(command("launch", "stopped", {"cluster.workers=1"}), log("stopped-again"));
   EXPECT_EQ(again.status, 1) << again.output;  // a fresh launch into the used folder refuses

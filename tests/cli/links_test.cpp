@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "loco/core/error.h"
 #include "loco/runtime/launch/islands.h"
+#include "loco/runtime/launch/link_check.h"
 #include "process_util.h"
 #include "test_util.h"
 
@@ -69,8 +70,10 @@ TEST(LinkSpecTest, ParsesRatesAndDelaysInTcsUnits) {
   EXPECT_DOUBLE_EQ(LinkSpec::parse("delay=250us").delay_s, 250e-6);
   EXPECT_DOUBLE_EQ(LinkSpec::parse("delay=0.2s").delay_s, 0.2);
   EXPECT_EQ(LinkSpec::parse("rate=100mbit,delay=50ms").describe(), "100 Mbit/s, 50 ms one-way");
+  EXPECT_DOUBLE_EQ(LinkSpec::parse("rate=1gbit,cpu=0.45").cpu, 0.45);
+  EXPECT_EQ(LinkSpec::parse("delay=50ms,cpu=0.5").describe(), "rate not shaped, 50 ms one-way, 0.5 of a core");
   for (const std::string bad : {"rate=100", "rate=fast", "rate=-1mbit", "delay=50", "speed=1gbit", "rate=100mbit;delay=5ms",
-                                "rate=1bit", "delay=1h", "delay=20s", ""}) {
+                                "rate=1bit", "delay=1h", "delay=20s", "", "cpu=0", "cpu=lots", "cpu=0.5cores", "cpu=2000"}) {
     EXPECT_THROW(LinkSpec::parse(bad), ConfigError) << bad;
   }
   try {
@@ -102,6 +105,11 @@ TEST(LinkSpecTest, PlansGiveEachWorkerTheDefaultUnlessItsOwnKeysSayOtherwise) {
   EXPECT_EQ(from_config.for_worker(3), LinkSpec::parse("rate=10mbit,delay=50ms"));
   // A worker's keys over the final default: the command line's rate reaches worker 0 too.
   EXPECT_EQ(from_config.for_worker(0), LinkSpec::parse("rate=100mbit,delay=5ms"));
+  section.cpu = 0.45;  // every worker island's CPU share, unless a worker's own keys set another
+  const auto with_cpu = LinkPlan::from_config(section, {"worker=1,cpu=0.9"}, 4);
+  EXPECT_DOUBLE_EQ(with_cpu.for_worker(0).cpu, 0.45);
+  EXPECT_DOUBLE_EQ(with_cpu.for_worker(3).cpu, 0.45);
+  EXPECT_DOUBLE_EQ(with_cpu.for_worker(1).cpu, 0.9);
   section.workers = "3=rate=10mbit";
   EXPECT_THROW(LinkPlan::from_config(section, {}, 4), ConfigError);
   EXPECT_FALSE(LinkPlan::from_config(LinkSection{}, {}, 4).enabled);
@@ -258,7 +266,7 @@ TEST_F(LaunchLinksTest, InterruptedOrKilledLauncherLeavesNoIsland) {
 TEST_F(LaunchLinksTest, DipacoRunsRefuseLinks) {
   auto result = run_command(launch_args("dipaco", {"--dipaco.levels=1:2,1:2", "--link", "rate=10mbit"}), log("dipaco"), 60s);
   EXPECT_EQ(result.status, 1) << result.output;
-  EXPECT_NE(result.output.find("not supported for DiPaCo runs yet"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("not supported for DiPaCo runs"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -442,20 +442,37 @@ TEST(GroupTest, ATallyTravelsWithTheDataAndWeightsEachRank) {
 
 // Every group measures its round trip when it connects (two tiny exchanges with every peer): on
 // loopback, well under a millisecond or so, and never zero. kAuto gathers at M = 2 and scatters
-// at M > 2 until a goodput is known.
+// at M > 2 until a goodput is known; an encoded all-reduce at M > 2 scatters even once one is
+// known (its bits depend on the route: a choice by timing would make training depend on timing).
 TEST(GroupTest, AGroupMeasuresItsRoundTripWhenItConnects) {
   for (int64_t size : {2, 4}) {
+    struct Seen {
+      LinkEstimate link;
+      ReduceAlgorithm fp32_first, encoded_first, encoded_later;
+      double goodput = 0;
+    };
     auto store = std::make_shared<MemoryKeyValueStore>();
-    auto results = run_ranks<std::pair<LinkEstimate, ReduceAlgorithm>>(size, [&](int64_t rank) {
+    auto results = run_ranks<Seen>(size, [&](int64_t rank) {
       auto group = Group::connect(store, options(rank, size));
-      return std::pair{group.link(), group.choose(1 << 20)};
+      Seen seen{group.link(), group.choose(1 << 20), group.choose(1 << 20, Encoding::kE3M0), {}, 0};
+      auto t = torch::ones({1 << 18});
+      group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, ReduceAlgorithm::kScatter});
+      group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, ReduceAlgorithm::kScatter});  // tells the others its goodput
+      seen.goodput = group.link().goodput_bps;
+      seen.encoded_later = group.choose(64, Encoding::kE3M0);  // tiny: a gather would be faster
+      return seen;
     });
     expect_all_ok(results);
     for (const auto& r : results) {
-      EXPECT_GT(r.value->first.round_trip_s, 0);
-      EXPECT_LT(r.value->first.round_trip_s, 0.05);
-      EXPECT_EQ(r.value->first.round_trip_s, results[0].value->first.round_trip_s) << "every rank takes the same";
-      EXPECT_EQ(r.value->second, size == 2 ? ReduceAlgorithm::kGather : ReduceAlgorithm::kScatter);
+      const auto& seen = *r.value;
+      EXPECT_GT(seen.link.round_trip_s, 0);
+      EXPECT_LT(seen.link.round_trip_s, 0.05);
+      EXPECT_EQ(seen.link.round_trip_s, results[0].value->link.round_trip_s) << "every rank takes the same";
+      const auto expected = size == 2 ? ReduceAlgorithm::kGather : ReduceAlgorithm::kScatter;
+      EXPECT_EQ(seen.fp32_first, expected);
+      EXPECT_EQ(seen.encoded_first, expected);
+      EXPECT_GT(seen.goodput, 0) << "the all-reduces should have measured a goodput";
+      EXPECT_EQ(seen.encoded_later, expected);
     }
   }
 }

@@ -1,4 +1,4 @@
-// DiLoCo (Douillard et al. 2023, arXiv 2311.08105, Algorithm 1; ALGORITHMS.md "DiLoCo"):
+// DiLoCo (Douillard et al. 2023, arXiv 2311.08105, Algorithm 1; docs/diloco.md):
 //
 //   every worker m: H inner AdamW steps from θ on its own shard -> θ_m    (the loop does these)
 //   Δ_m = θ − θ_m                                          outer gradient, fp32

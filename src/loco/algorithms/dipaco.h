@@ -1,5 +1,5 @@
-// DiPaCo's outer step of one module (Douillard et al. 2024, arXiv 2403.10616; ALGORITHMS.md
-// "DiPaCo"; the structure is model/paths.h). After a phase, every path that went through module m
+// DiPaCo's outer step of one module (Douillard et al. 2024, arXiv 2403.10616;
+// docs/dipaco.md; the structure is model/paths.h). After a phase, every path that went through module m
 // reports its outer gradient for m's tensors, Δ_p = θ_m − θ_p (the module's global copy minus what
 // path p trained it to), with the size of p's shard as its weight. The module's outer gradient is
 // their weighted average rescaled by the square root of how many paths went into it,

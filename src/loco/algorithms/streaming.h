@@ -1,4 +1,4 @@
-// Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512; ALGORITHMS.md "Streaming DiLoCo"):
+// Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512; docs/streaming.md):
 // DiLoCo with three changes.
 //
 // 1. Fragments. The model's parameters are split into P fragments (plan_fragments below); fragment
@@ -18,7 +18,7 @@
 // At the run's last step every fragment synchronizes with τ = 0 and the model takes θ (α is not
 // applied), so a finished run's model is θ.
 //
-// Eager outer updates (Kale et al. 2025, arXiv 2502.12996; ALGORITHMS.md "Related ideas"), an
+// Eager outer updates (Kale et al. 2025, arXiv 2502.12996; docs/streaming.md, "Eager outer updates"), an
 // option: a fragment's whole exchange overlaps its next H inner steps. At each of its syncs (step t,
 // its r-th), worker m computes its fresh outer gradient Δ_m^r = θ_{m,p} − θ_{m,p}(t), starts the
 // all-reduce of w_m·Δ_m^r, and at once waits for the previous one's (started H steps earlier) and

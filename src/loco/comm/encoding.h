@@ -1,5 +1,5 @@
 // Encodings of fp32 values for the wire: how Streaming DiLoCo sends outer gradients in fewer bits
-// (Douillard et al. 2025, arXiv 2501.18512, section 2.3; ALGORITHMS.md "Streaming DiLoCo").
+// (Douillard et al. 2025, arXiv 2501.18512, section 2.3; docs/streaming.md).
 //
 //   fp32   4 bytes per value, exact
 //   bf16   2 bytes: the top half of the fp32, rounded to nearest even; saturates at ±3.39e38

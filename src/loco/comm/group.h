@@ -191,8 +191,13 @@ class Group {
   int64_t bytes_sent() const { return counters_->bytes_sent.load(); }
   // The group's link as its operations measured it (read from the thread that issues them).
   LinkEstimate link() const { return counters_->link; }
-  // The algorithm kAuto picks for an all-reduce of `bytes` encoded bytes, by the link estimate.
-  ReduceAlgorithm choose(int64_t bytes) const;
+  // The algorithm kAuto picks for an all-reduce of `bytes` encoded bytes in `encoding`: a gather
+  // at M = 2; at M > 2, for fp32 the faster by the link estimate (both are the rank-order sum, bit
+  // for bit), and for any other encoding a scatter, whatever the link: an encoded sum's bits depend
+  // on the route (a gather quantizes each rank's values once, a scatter its partial sums again),
+  // and a choice by measured time would make training depend on timing (a resumed run would not
+  // repeat an uninterrupted one).
+  ReduceAlgorithm choose(int64_t bytes, Encoding encoding = Encoding::kFp32) const;
 
  private:
   struct Counters {

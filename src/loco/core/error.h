@@ -4,8 +4,12 @@
 // hint of what to do. Four kinds, kept apart on purpose:
 //   - Error and its children: bad input or a bad environment (a malformed config, a corrupt file,
 //     a missing folder). The user can fix these; the CLI prints them and exits non-zero.
-//   - PeerError: a recoverable distributed failure (a peer died, a timeout). Caught in exactly one
-//     place, the recovery loop of the runtime.
+//   - PeerError: a recoverable distributed failure (a peer died, a timeout). Caught where a
+//     failure is recovered from, and nowhere else: the training loop (it saves the last consistent
+//     state, runtime/worker/trainer.cpp); the elastic retry loops that convene a round again with
+//     the workers left (algorithms/elastic_rounds.h, runtime/worker/elastic.cpp, and Streaming
+//     DiLoCo's fragments, which keep the failure to report it when the fragment completes); and
+//     the CLI, which turns it into exit status 2.
 //   - MembershipEnded: this worker's place in an elastic run ended under it (it was evicted, the
 //     coordinator is gone, or the run continues from a checkpoint). Not a peer's failure: nothing
 //     is retried or saved where it passes; it is caught in one place, where the worker joins.

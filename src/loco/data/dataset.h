@@ -98,5 +98,7 @@ Manifest decode_manifest(const std::string& text, const fs::path& file);
 // A document index (train.docs / val.docs, docs/data-format.md) from its bytes, checked on its own
 // (magic, version, size, checksum; not yet against the shards). Throws DataError naming `file`.
 std::vector<DocumentEntry> decode_document_index(std::string_view bytes, const fs::path& file);
+// ... and its bytes, for `documents`.
+std::string encode_document_index(const std::vector<DocumentEntry>& documents);
 
 }  // namespace loco::data

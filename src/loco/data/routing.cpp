@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "loco/core/error.h"
 #include "loco/data/sharding.h"
 
@@ -147,6 +149,52 @@ KMeansRouter fit_product_kmeans(const torch::Tensor& points, int64_t k, uint64_t
     members[static_cast<size_t>(p)] = 1;
   }
   return router;
+}
+
+torch::Tensor LinearRouter::scores(const torch::Tensor& features) const {
+  return ((features.to(torch::kFloat32) - mean) / scale).matmul(weight) + bias;
+}
+
+std::vector<int64_t> LinearRouter::route(const torch::Tensor& features) const {
+  const auto best = scores(features).argmax(1).contiguous();
+  return {best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + best.numel()};
+}
+
+LinearRouter fit_linear_router(const torch::Tensor& features, const torch::Tensor& labels, int64_t paths,
+                               const torch::Tensor& balance) {
+  LinearRouter r;  // (no randomness: zero initial weights, full-batch Adam)
+  r.mean = features.mean(0);
+  r.scale = features.std(0).clamp_min(1e-6);
+  const auto x = (features - r.mean) / r.scale;
+  auto weight = torch::zeros({x.size(1), paths}, torch::requires_grad());
+  auto bias = torch::zeros({paths}, torch::requires_grad());
+  torch::optim::Adam adam({weight, bias}, torch::optim::AdamOptions(0.05));
+  for (int step = 0; step < 300; ++step) {
+    adam.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(x.matmul(weight) + bias, labels) + 1e-2 * weight.pow(2).sum();
+    loss.backward();
+    adam.step();
+  }
+  r.weight = weight.detach();
+  auto tuned = bias.detach().clone();
+  const auto z = ((balance.to(torch::kFloat32) - r.mean) / r.scale).matmul(r.weight);
+  const double target = static_cast<double>(balance.size(0)) / static_cast<double>(paths);
+  // Sinkhorn's updates of the biases (the dual of an even transport of documents to paths) at a
+  // falling temperature, keeping the biases whose hard assignment came closest to even.
+  double best = INFINITY;
+  r.bias = tuned.clone();
+  for (const double temperature : {1.0, 0.5, 0.25, 0.1, 0.05}) {
+    for (int round = 0; round < 200; ++round) {
+      const auto scores = z + tuned;
+      const auto counts = torch::bincount(scores.argmax(1), {}, paths).to(torch::kFloat32);
+      const double off = (counts - target).abs().max().item<double>();
+      if (off < best) best = off, r.bias = tuned.clone();
+      if (off <= std::max(1.0, 0.05 * target)) return r;
+      const auto mass = torch::softmax(scores / temperature, 1).sum(0).clamp_min(1e-12);  // (P)
+      tuned += temperature * (std::log(target) - mass.log());
+    }
+  }
+  return r;
 }
 
 }  // namespace loco::data

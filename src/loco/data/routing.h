@@ -1,5 +1,5 @@
 // DiPaCo's routing of documents to paths (Douillard et al. 2024, arXiv 2403.10616, section 2.2;
-// ALGORITHMS.md "DiPaCo"), decided before training from a feature per document (the runtime's:
+// docs/dipaco.md), decided before training from a feature per document (the runtime's:
 // the mean of the initial model's last hidden states over the document's first tokens).
 //
 //   k-means          k centres; every path gets between floor(N/k) and ceil(N/k) documents
@@ -7,6 +7,9 @@
 //   product k-means  the feature's two halves clustered separately, k centres each: k² paths, path
 //                    = a · k + b for the halves' clusters a and b; a path no document fell into
 //                    takes the document nearest to it from a path that has more than one
+//   linear           the discriminative router (the paper's re-routing): softmax regression from
+//                    a document's feature to the path that scored it best, its biases tuned so
+//                    that the documents spread over the paths evenly
 //
 // Both are deterministic for a seed. A fitted router keeps its centres, so documents it never saw
 // (validation, a prompt) are routed to the path of their nearest centre (or pair of centres).
@@ -45,5 +48,21 @@ std::vector<int64_t> balanced_assignment(const torch::Tensor& cost);
 KMeansRouter fit_balanced_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations = 50);
 // points (N, D) float32 with D >= 2, N >= k² (DataError otherwise).
 KMeansRouter fit_product_kmeans(const torch::Tensor& points, int64_t k, uint64_t seed, int64_t iterations = 50);
+
+// DiPaCo's discriminative router: softmax regression on standardized document features.
+struct LinearRouter {
+  torch::Tensor weight, bias, mean, scale;  // (D, P), (P), (D), (D) float32
+  // Each row's score of every path (N, P), for `features` (N, D).
+  torch::Tensor scores(const torch::Tensor& features) const;
+  // The best-scoring path of each row.
+  std::vector<int64_t> route(const torch::Tensor& features) const;
+};
+
+// Fits the router on `features` (N, D) labelled with their best paths (`labels`, N int64 in
+// [0, paths)), then tunes its biases so that `balance` (the training documents' features) spread
+// over the paths evenly: within 5% (or one document) of an equal share each, or as close as 1000
+// rounds of Sinkhorn's updates came. Deterministic.
+LinearRouter fit_linear_router(const torch::Tensor& features, const torch::Tensor& labels, int64_t paths,
+                               const torch::Tensor& balance);
 
 }  // namespace loco::data

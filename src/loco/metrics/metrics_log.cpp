@@ -19,4 +19,10 @@ void MetricsLog::write(const std::string& event, const nlohmann::json& fields) {
   if (tee_ != nullptr) tee_->record(nlohmann::json(line));
 }
 
+void MetricsLog::write(const Event& event) {
+  auto fields = to_json(event);
+  fields.erase("event");
+  write(kind_of(event), fields);
+}
+
 }  // namespace loco::metrics

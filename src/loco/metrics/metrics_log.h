@@ -1,9 +1,6 @@
 // metrics.jsonl: one JSON object per line, each with an "event" field and a wall-clock "time"
-// (seconds since the Unix epoch). Events written by the trainer (docs/configuration.md lists them):
-//   train   {step, loss, lr, grad_norm, tokens, tokens_per_s}
-//   eval    {step, val_loss, val_ppl}
-//   summary {steps, tokens, val_loss, val_ppl, wall_s, ...}
-// Every line is flushed as it is written: a killed process loses at most the line in flight.
+// (seconds since the Unix epoch); the events and their fields are events.h's. Every line is
+// flushed as it is written: a killed process loses at most the line in flight.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,6 +8,7 @@
 #include <filesystem>
 
 #include "loco/core/files.h"
+#include "loco/metrics/events.h"
 #include "loco/metrics/telemetry.h"
 
 namespace loco::metrics {
@@ -21,6 +19,7 @@ class MetricsLog {
   explicit MetricsLog(const std::filesystem::path& path);
   // `fields` must be an object; "event" and "time" are added in front. Throws Error on I/O failure.
   void write(const std::string& event, const nlohmann::json& fields);
+  void write(const Event& event);
   // Every event written from now on is also recorded there (nullptr: not); it must outlive this log.
   void tee(Telemetry* telemetry) { tee_ = telemetry; }
 

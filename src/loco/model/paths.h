@@ -1,5 +1,5 @@
-// DiPaCo's modular model (Douillard et al. 2024, arXiv 2403.10616, section 2; ALGORITHMS.md
-// "DiPaCo"): the blocks of a base transformer are grouped into levels, each level holds
+// DiPaCo's modular model (Douillard et al. 2024, arXiv 2403.10616, section 2;
+// docs/dipaco.md): the blocks of a base transformer are grouped into levels, each level holds
 // alternative parameter sets (modules), and a path picks one module per level. A path is an
 // ordinary Transformer of the base shape; a module is a named set of its parameter groups
 // (TransformerImpl::parameter_groups(): "embed", "block.<i>", "head"), and no process ever needs

@@ -1,6 +1,6 @@
 // AdamW (Loshchilov & Hutter 2019) with the exact update of torch.optim.AdamW, and with its state
 // addressable by parameter name, so that checkpoints store it in safetensors and DiLoCo can keep
-// one per worker (never averaged, never reset; ALGORITHMS.md).
+// one per worker (never averaged, never reset; docs/diloco.md).
 //
 // Weight decay is applied only to the parameters flagged `decay` (matrices and embeddings; not
 // norm weights or biases). The learning rate is passed to every step() by the schedule.

@@ -1,5 +1,5 @@
 // The outer optimizer of DiLoCo: it applies the averaged outer gradient Δ = θ − mean(θ_m) to the
-// global parameters θ (fp32), once per round (ALGORITHMS.md, "DiLoCo"; Douillard et al. 2023, Alg. 1).
+// global parameters θ (fp32), once per round (docs/diloco.md; Douillard et al. 2023, Alg. 1).
 //
 //   nesterov  v ← μ v + Δ ;  θ ← θ − η (Δ + μ v)          the published choice (η 0.7, μ 0.9)
 //   sgd       μ = 0: θ ← θ − η Δ  (η 1: FedAvg, θ becomes the workers' average θ̄)

@@ -1,5 +1,5 @@
-// Learning-rate schedule: linear warmup, then cosine decay to min_lr_ratio * lr (ALGORITHMS.md:
-// "warmup then cosine decay").
+// Learning-rate schedule: linear warmup, then cosine decay to min_lr_ratio * lr (the DiLoCo
+// papers' inner schedule; docs/diloco.md).
 #pragma once
 
 #include <cstdint>

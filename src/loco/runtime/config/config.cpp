@@ -60,6 +60,7 @@ struct Field {
 };
 
 // The table of keys. Ranges here are the first line of validation; components add cross-field checks.
+// (a data table)
 std::vector<Field> fields_of(RunConfig& c) {
   using model::MlpKind;
   using model::NormKind;
@@ -166,6 +167,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"link.rate", "`loco launch`: run each process in an emulated island (its own network namespace; needs root) whose link has this rate, e.g. \"100mbit\" or \"1gbit\" (shaped by the kernel's tbf, both directions); \"\" = not shaped (docs/slow-links.md)", &c.link.rate},
       {"link.delay", "`loco launch`: the islands' one-way delay, e.g. \"50ms\" (added by loco's relay: this kernel has no netem); \"\" = none", &c.link.delay},
       {"link.workers", "`loco launch`: links of single workers, \"RANK:rate=...,delay=...;RANK:...\" (a slow island among fast ones); keys left out are link.rate and link.delay's", &c.link.workers},
+      {"link.cpu", "`loco launch`: each worker island's share of the machine's CPU, in cores (a CPU control group's quota), so that islands compute at equal speed as separate machines would; 0 = the machine's cores as they come (docs/slow-links.md)", &c.link.cpu, 0, 1024},
   };
 }
 
@@ -357,115 +359,11 @@ RunConfig load_config(const fs::path& file, const std::vector<std::string>& over
   return config;
 }
 
-const char* to_string(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::kNone: return "none";
-    case Algorithm::kDdp: return "ddp";
-    case Algorithm::kDiLoCo: return "diloco";
-    case Algorithm::kStreaming: return "streaming";
-    case Algorithm::kLocal: return "local";
-  }
-  return "?";
-}
-
-optim::OuterOptions outer_options(const RunConfig& config) {
-  optim::OuterOptions o = optim::default_outer_options(config.outer.optimizer);
-  // Eager updates step mostly with a round-old consensus, and DiLoCo's Nesterov 0.7 / 0.9
-  // oscillates on it; bench/eager.sh's sweep found these train (docs/slow-links.md).
-  if (config.sync.eager && config.outer.optimizer == optim::OuterKind::kNesterov) {
-    o.lr = kEagerOuterLr;
-    o.momentum = kEagerOuterMomentum;
-  }
-  if (config.outer.lr > 0) o.lr = config.outer.lr;
-  if (config.outer.momentum >= 0) o.momentum = config.outer.momentum;
-  o.beta2 = config.outer.beta2;
-  o.eps = config.outer.eps;
-  o.momentum_warmup = config.outer.momentum_warmup;
-  return o;
-}
-
-std::vector<std::string> config_warnings(const RunConfig& config) {
-  std::vector<std::string> out;
-  const auto o = outer_options(config);
-  if (config.sync.eager && o.kind != optim::OuterKind::kAdam && o.momentum < 1) {
-    const double step = o.lr / (1 - o.momentum);
-    if (step > kEagerLargestStableStep) {
-      out.push_back(fmt::format(
-          "sync.eager with outer lr {:g} and momentum {:g} takes steps of lr / (1 - momentum) = {:.3g} times the averaged "
-          "outer gradient; beyond {:g}, eager updates trained worse or oscillated in bench/eager.sh (docs/slow-links.md). "
-          "The eager defaults are lr {:g}, momentum {:g}",
-          o.lr, o.momentum, step, kEagerLargestStableStep, kEagerOuterLr, kEagerOuterMomentum));
-    }
-  }
-  return out;
-}
-
-void resolve_defaults(RunConfig& config) {
-  const auto o = outer_options(config);
-  config.outer.lr = o.lr;
-  config.outer.momentum = o.momentum;
-}
-
-algorithms::Weighting weighting(const RunConfig& config) {
-  switch (config.sync.weighting) {
-    case WeightingChoice::kAuto:
-      return config.data.shard == ShardPolicy::kIid || config.sync.round_seconds > 0 ? algorithms::Weighting::kTokens
-                                                                                     : algorithms::Weighting::kShard;
-    case WeightingChoice::kTokens: return algorithms::Weighting::kTokens;
-    case WeightingChoice::kShard: return algorithms::Weighting::kShard;
-    case WeightingChoice::kUniform: return algorithms::Weighting::kUniform;
-  }
-  LOCO_CHECK(false, "unknown weighting");
-}
-
-namespace {
-
-// What DiLoCo and Streaming DiLoCo read alike: the rounds' length, the outer step, the weights and
-// the exchange.
-template <typename Options>
-Options outer_round_options(const RunConfig& config, int64_t shard_tokens) {
-  Options o;
-  o.inner_steps = config.sync.inner_steps;
-  o.total_steps = config.train.steps;
-  o.outer = outer_options(config);
-  o.weighting = weighting(config);
-  o.shard_tokens = shard_tokens;
-  o.drop_probability = config.sync.drop_probability;
-  o.drop_seed = static_cast<uint64_t>(config.train.seed);
-  o.exchange = config.sync.exchange;
-  o.piece_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
-  o.eager = config.sync.eager;
-  return o;
-}
-
-}  // namespace
-
-algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens) {
-  auto o = outer_round_options<algorithms::DiLoCoOptions>(config, shard_tokens);
-  o.round_seconds = config.sync.round_seconds;
-  return o;
-}
-
-algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t shard_tokens) {
-  auto o = outer_round_options<algorithms::StreamingOptions>(config, shard_tokens);
-  o.fragments = config.sync.fragments;
-  o.pattern = config.sync.fragment_pattern;
-  o.overlap_steps = config.sync.overlap_steps;
-  o.merge_alpha = config.sync.merge_alpha;
-  return o;
-}
-
 const std::vector<std::string> kPerWorkerKeys = {"run.dir",       "data.dir",     "train.device",
                                                  "train.threads", "train.log_every", "cluster.host",
                                                  "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s",
                                                  "cluster.join_token", "cluster.tls_cert", "cluster.tls_key", "cluster.tls_ca",
-                                                 "link.rate", "link.delay", "link.workers"};
-
-std::string join_token(const ClusterSection& cluster) {
-  if (!cluster.join_token.empty()) return cluster.join_token;
-  const char* env = std::getenv("LOCO_JOIN_TOKEN");
-  return env != nullptr ? env : "";
-}
+                                                 "link.rate", "link.delay", "link.workers", "link.cpu"};
 
 void apply_override(RunConfig& config, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -475,22 +373,6 @@ void apply_override(RunConfig& config, const std::string& assignment) {
   auto fields = fields_of(config);
   auto& field = find_field(fields, assignment.substr(0, eq), " (command line)");
   set_from_text(field, assignment.substr(eq + 1));
-}
-
-model::PathOptions path_options(const RunConfig& config) {
-  model::PathOptions options;
-  options.levels = model::PathOptions::parse_levels(config.dipaco.levels);
-  options.embed_path_specific = config.dipaco.embed_path_specific;
-  return options;
-}
-
-void check_trainable(const RunConfig& config) {
-  if (path_options(config).enabled()) {
-    throw ConfigError("config", fmt::format("dipaco.levels = \"{}\": a DiPaCo run trains its paths as tasks: start it with "
-                                            "`loco launch --config FILE` (or `loco path-worker` processes on a prepared run; "
-                                            "docs/dipaco.md). Hint: leave dipaco.levels empty to train a dense model here",
-                                            config.dipaco.levels));
-  }
 }
 
 void validate(const RunConfig& c) {

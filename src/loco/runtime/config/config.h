@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loco/algorithms/diloco.h"
+#include "loco/data/dataset.h"
 #include "loco/algorithms/streaming.h"
 #include "loco/model/paths.h"
 #include "loco/model/transformer.h"
@@ -148,7 +149,8 @@ struct LinkSection {
   std::string rate;     // every island's link rate, e.g. "100mbit"; "" = not shaped
   std::string delay;    // every island's one-way delay, e.g. "50ms"; "" = none added
   std::string workers;  // per-worker links, "RANK:rate=...,delay=...;RANK:..."
-  bool enabled() const { return !rate.empty() || !delay.empty() || !workers.empty(); }
+  double cpu = 0;       // every worker island's share of the CPU, in cores; 0 = none of its own
+  bool enabled() const { return !rate.empty() || !delay.empty() || !workers.empty() || cpu > 0; }
 };
 
 struct RunConfig {
@@ -183,6 +185,10 @@ optim::OuterOptions outer_options(const RunConfig& config);
 std::vector<std::string> config_warnings(const RunConfig& config);
 // Replaces the "default" stand-ins (outer.lr = 0, outer.momentum = -1) by the values they mean.
 void resolve_defaults(RunConfig& config);
+// The config as a run on the dataset of `manifest` trains it, the one way every command resolves
+// it: the defaults resolved, model.vocab_size = 0 taken from the dataset, and everything
+// validated. Throws ConfigError when model.vocab_size is set and is not the dataset's.
+RunConfig resolve_for_dataset(RunConfig config, const data::Manifest& manifest);
 // How outer gradients are weighted, sync.weighting = "auto" resolved.
 algorithms::Weighting weighting(const RunConfig& config);
 // DiLoCo's and Streaming DiLoCo's options from the config, for a worker whose shard holds

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "loco/comm/key_value.h"
+#include "loco/data/dataset.h"
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/dashboard.h"
 #include "loco/runtime/control/elastic_run.h"
@@ -473,6 +474,24 @@ void Coordinator::fail(const std::string& reason) {
 nlohmann::json Coordinator::state() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->state_locked();
+}
+
+CoordinatorOptions standalone_coordinator_options(const RunConfig& config, const std::string& bind, bool insecure,
+                                                  int64_t port, bool resume) {
+  CoordinatorOptions options;
+  const auto user_token = join_token(config.cluster);
+  options.bind = !bind.empty() ? bind : user_token.empty() ? "127.0.0.1" : "0.0.0.0";
+  options.insecure = insecure;
+  options.token = auth::coordinator_token(user_token, config.run.dir, options.bind, insecure);
+  options.tls_cert = config.cluster.tls_cert;
+  options.tls_key = config.cluster.tls_key;
+  options.port = port > 0 ? port : config.cluster.port;
+  options.config = config;
+  options.resume = resume;
+  if (std::filesystem::exists(std::filesystem::path(config.data.dir) / "manifest.json")) {
+    options.dataset = protocol::DatasetIdentity::of(data::read_manifest(config.data.dir));
+  }
+  return options;
 }
 
 }  // namespace loco::runtime

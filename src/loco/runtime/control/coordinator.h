@@ -1,5 +1,6 @@
 // The coordinator: owns the membership of a run and serves the key-value store through which the
-// workers form their process group. One HTTP port (cpp-httplib), JSON messages (protocol.h):
+// workers form their process group. One HTTP port (an event-driven Boost.Beast server,
+// http_server.h), JSON messages (protocol.h):
 //
 //   POST /v1/join        a worker asks to join: its config, dataset and rank are checked against
 //                        the run's, and a refusal names the difference
@@ -54,6 +55,14 @@ struct CoordinatorOptions {
   // TLS (PEM files): when set, the coordinator serves HTTPS only.
   std::string tls_cert, tls_key;
 };
+
+// The options of a coordinator of its own (`loco coordinator`) for `config`: listening on `bind`
+// (default: 0.0.0.0 when the run has a join token, else 127.0.0.1) at `port` (0: cluster.port),
+// the run's token (the user's, or on loopback the run folder's generated one), TLS, and the
+// reference dataset when data.dir holds one. Throws ConfigError (auth.h) for an address it may not
+// listen on without a token.
+CoordinatorOptions standalone_coordinator_options(const RunConfig& config, const std::string& bind, bool insecure,
+                                                  int64_t port, bool resume);
 
 enum class RunOutcome { kFinished, kStopped, kFailed };
 

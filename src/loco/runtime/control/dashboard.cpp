@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loco/metrics/events.h"
 #include "loco/runtime/control/protocol.h"
 
 namespace loco::runtime {
@@ -198,49 +199,102 @@ void Dashboard::report(const nlohmann::json& body, double now) {
   }
 }
 
-void Dashboard::apply(Worker& w, const nlohmann::json& e) {
-  const auto kind = e["event"].get<std::string>();
-  const double time = number(e, "time", 0);
+namespace {
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+std::string clipped(const std::string& text, size_t most) { return text.substr(0, most); }
+
+}  // namespace
+
+void Dashboard::apply(Worker& w, const nlohmann::json& json) {
+  const auto parsed = metrics::parse_event(json);
+  if (!parsed) return;
+  const double time = std::isfinite(parsed->time) ? parsed->time : 0;
   const std::string who = fmt::format("worker {}", w.rank);
-  if (kind == "train") {
-    w.step = std::max(w.step, integer(e, "step", w.step));
-    w.tokens = integer(e, "tokens", w.tokens);
-    w.tokens_per_s = number(e, "tokens_per_s", w.tokens_per_s);
-    w.loss = number(e, "loss", NAN);
-    w.utilization = number(e, "utilization", w.utilization);
-    append_bounded(w.losses, std::array<double, 4>{time, number(e, "step", 0), number(e, "tokens", 0), w.loss},
+  auto add_loss_point = [&](int64_t step, int64_t tokens, double loss) {
+    w.loss = loss;
+    append_bounded(w.losses, std::array<double, 4>{time, static_cast<double>(step), static_cast<double>(tokens), loss},
                    options_.max_points);
-  } else if (kind == "sync") {
-    const int64_t sent = std::max<int64_t>(0, integer(e, "bytes_sent", 0));
+  };
+  auto add_round_bytes = [&](int64_t round, int64_t bytes) {
+    const int64_t sent = std::max<int64_t>(0, bytes);
     w.bytes_sent += sent;
     ++w.rounds;
-    auto& round = rounds_[integer(e, "round", 0)];
-    round.time = std::max(round.time, time);
-    round.bytes += sent;
-    ++round.reports;
+    auto& r = rounds_[round];
+    r.time = std::max(r.time, time);
+    r.bytes += sent;
+    ++r.reports;
     while (rounds_.size() > options_.max_points) rounds_.erase(rounds_.begin());
-  } else if (kind == "eval") {
-    int64_t sent = 0;
-    for (const auto& other : workers_) sent += other.bytes_sent;
-    // (the event's "tokens" are those scored; the curve's are those the evaluating worker trained on)
-    append_bounded(val_, std::array<double, 5>{time, number(e, "step", 0), static_cast<double>(w.tokens), number(e, "val_loss", NAN),
-                                               static_cast<double>(sent)}, options_.max_points);
-  } else if (kind == "summary") {
-    w.ended = e.value("interrupted", false) ? "stopped" : "finished";
-    w.end_time = time;
-    add_event(time, who, fmt::format("{} at step {}", *w.ended, integer(e, "steps", w.step)), false);
-  } else if (kind == "start" || kind == "resume" || kind == "joined") {
-    add_event(time, who, fmt::format("{} at step {}", kind == "start" ? "started training" : kind == "resume" ? "resumed" : "joined the run",
-                                     integer(e, "step", 0)), false);
-  } else if (kind == "step_task") {  // DiPaCo: a module's outer step
-    add_event(time, who, fmt::format("module {} took its outer step to version {}", e.value("module", std::string("?")).substr(0, 128),
-                                     integer(e, "version", -1)), false);
-  } else if (kind == "route_task") {
-    add_event(time, who, fmt::format("routed the documents again before phase {}", integer(e, "phase", -1)), false);
-  } else if (kind == "peer_failure") {
-    add_event(time, who, fmt::format("a collective failed at step {}: {}", integer(e, "step", 0),
-                                     e.contains("error") && e["error"].is_string() ? e["error"].get<std::string>().substr(0, 512) : ""), true);
-  }
+  };
+  std::visit(
+      Overloaded{
+          [&](const metrics::TrainEvent& e) {
+            w.step = std::max(w.step, e.step);
+            w.tokens = e.tokens;
+            w.tokens_per_s = e.tokens_per_s;
+            if (std::isfinite(e.utilization)) w.utilization = e.utilization;
+            add_loss_point(e.step, e.tokens, e.loss);
+          },
+          [&](const metrics::SyncEvent& e) { add_round_bytes(e.round, e.bytes_sent); },
+          [&](const metrics::EvalEvent& e) {
+            int64_t sent = 0;
+            for (const auto& other : workers_) sent += other.bytes_sent;
+            // (the event's "tokens" are those scored; the curve's are those the evaluating worker trained on)
+            append_bounded(val_, std::array<double, 5>{time, static_cast<double>(e.step), static_cast<double>(w.tokens),
+                                                       e.val_loss, static_cast<double>(sent)}, options_.max_points);
+          },
+          [&](const metrics::SummaryEvent& e) {
+            w.ended = e.summary.interrupted ? "stopped" : "finished";
+            w.end_time = time;
+            add_event(time, who, fmt::format("{} at step {}", *w.ended, e.summary.steps), false);
+          },
+          [&](const metrics::StartEvent& e) {
+            add_event(time, who, fmt::format("{} at step {}", e.resumed ? "resumed" : "started training", e.step), false);
+          },
+          // DiPaCo: a path task is a stretch of training (a loss point) and its phase's traffic (the bytes it wrote).
+          [&](const metrics::PathTaskEvent& e) {
+            w.step += std::max<int64_t>(0, e.steps);
+            w.tokens += std::max<int64_t>(0, e.tokens);
+            if (e.compute_s > 0) w.tokens_per_s = static_cast<double>(e.tokens) / e.compute_s;
+            add_loss_point(w.step, w.tokens, e.loss);
+            add_round_bytes(e.phase, e.bytes_written);
+          },
+          [&](const metrics::StepTaskEvent& e) {
+            add_event(time, who, fmt::format("module {} took its outer step to version {}", clipped(e.module, 128), e.version),
+                      false);
+          },
+          [&](const metrics::RouteTaskEvent& e) {
+            add_event(time, who, fmt::format("routed the documents again before phase {}", e.phase), false);
+          },
+          [&](const metrics::WorkerSummaryEvent& e) {
+            w.ended = e.interrupted ? "stopped" : "finished";
+            w.end_time = time;
+            add_event(time, who, fmt::format("{} after {} path task(s) and {} outer step(s)", *w.ended, e.path_tasks,
+                                             e.step_tasks), false);
+          },
+          [&](const metrics::OtherEvent& e) {
+            if (e.kind == "joined") {
+              const auto step = e.fields.find("step");
+              add_event(time, who, fmt::format("joined the run at step {}",
+                                               step != e.fields.end() && step->is_number_integer() ? step->get<int64_t>() : 0),
+                        false);
+            } else if (e.kind == "peer_failure") {
+              const auto step = e.fields.find("step");
+              const auto error = e.fields.find("error");
+              add_event(time, who, fmt::format("a collective failed at step {}: {}",
+                                               step != e.fields.end() && step->is_number_integer() ? step->get<int64_t>() : 0,
+                                               error != e.fields.end() && error->is_string() ? clipped(error->get<std::string>(), 512) : ""),
+                        true);
+            }
+          },
+      },
+      parsed->event);
 }
 
 void Dashboard::process_started(int64_t rank, const std::string& host, int64_t pid, double now) {

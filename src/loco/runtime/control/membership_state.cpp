@@ -162,7 +162,8 @@ nlohmann::json MembershipTable::describe() const {
                           {"complete", complete_}, {"members", list}, {"slots", slots}, {"rounds_missed", rounds_missed_}};
   const auto counts = tasks_.counts();
   const auto count = [&](TaskState st) { return counts.count(st) ? counts.at(st) : int64_t{0}; };
-  state["tasks"] = {{"open", count(TaskState::kOpen)}, {"leased", count(TaskState::kLeased)},
+  state["tasks"] = {{to_string(TaskState::kOpen), count(TaskState::kOpen)},
+                    {to_string(TaskState::kLeased), count(TaskState::kLeased)},
                     {"issued", tasks_.totals().issued}, {"reissued", tasks_.totals().reissued},
                     {"done", tasks_.totals().done}};
   if (convened_) {

@@ -74,7 +74,6 @@ E parse_name(const std::array<std::string_view, N>& names, std::string_view text
 constexpr std::array<std::string_view, 5> kPhaseNames = {"waiting", "running", "stopping", "finished", "failed"};
 constexpr std::array<std::string_view, 6> kActionNames = {"wait", "go", "rejoin", "stop", "finished", "restore"};
 constexpr std::array<std::string_view, 3> kStatusNames = {"finished", "stopped", "failed"};
-constexpr std::array<std::string_view, 3> kScopeNames = {"model", "fragment", "path"};
 constexpr std::array<std::string_view, 2> kReportNames = {"run", "round"};
 
 }  // namespace
@@ -109,7 +108,6 @@ bool legal_transition(Phase from, Phase to) {
 std::string_view to_string(Phase phase) { return kPhaseNames.at(static_cast<size_t>(phase)); }
 std::string_view to_string(RoundAction action) { return kActionNames.at(static_cast<size_t>(action)); }
 std::string_view to_string(EndStatus status) { return kStatusNames.at(static_cast<size_t>(status)); }
-std::string_view to_string(TaskScope scope) { return kScopeNames.at(static_cast<size_t>(scope)); }
 std::string_view to_string(TaskReport report) { return kReportNames.at(static_cast<size_t>(report)); }
 Phase parse_phase(std::string_view text, const char* field) { return parse_name<Phase>(kPhaseNames, text, field); }
 RoundAction parse_round_action(std::string_view text, const char* field) {
@@ -213,7 +211,11 @@ nlohmann::json Task::to_json() const {
 Task Task::from_json(const nlohmann::json& json) {
   Task t;
   t.id = nonnegative(json, "id");
-  t.scope = parse_name<TaskScope>(kScopeNames, field<std::string>(json, "scope"), "scope");
+  const auto scope = parse_task_scope(field<std::string>(json, "scope"));
+  if (!scope || (*scope != TaskScope::kModel && *scope != TaskScope::kFragment)) {
+    throw ProtocolError("field 'scope' must be \"model\" or \"fragment\" (a coordinator's task)");
+  }
+  t.scope = *scope;
   t.part = field<int64_t>(json, "part");
   if (t.part < -1) throw ProtocolError("field 'part' must be -1 or a part's index");
   t.version = nonnegative(json, "version");

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "loco/runtime/tasks/task.h"
 #include "loco/core/error.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
@@ -99,13 +100,13 @@ Phase parse_phase(std::string_view text, const char* field = "phase");
 RoundAction parse_round_action(std::string_view text, const char* field = "action");
 EndStatus parse_end_status(std::string_view text, const char* field = "status");
 
-// A task (control/tasks.h): what a worker trains, from where, for how long, and what it sends back.
-enum class TaskScope { kModel, kFragment, kPath };  // every parameter; a Streaming DiLoCo fragment; a DiPaCo path
+// A task of the coordinator's (control/tasks.h; the vocabulary of tasks/task.h): what a worker
+// trains (kModel or kFragment), from where, for how long, and what it sends back.
+using runtime::TaskScope;
 enum class TaskReport {
   kRun,    // a fixed run's whole part: every synchronization happens inside it; reported at the end
   kRound,  // one round of an elastic run: the outer gradient in the round's collective, then the shard's position
 };
-std::string_view to_string(TaskScope scope);
 std::string_view to_string(TaskReport report);
 
 struct Task {

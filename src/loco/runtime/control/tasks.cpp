@@ -11,28 +11,15 @@
 namespace loco::runtime {
 namespace {
 
-constexpr std::array<std::string_view, 4> kStateNames = {"open", "leased", "done", "cancelled"};
-
 TaskState state_from(const std::string& name) {
-  for (size_t i = 0; i < kStateNames.size(); ++i) {
-    if (kStateNames[i] == name) return static_cast<TaskState>(i);
+  const auto state = parse_task_state(name);
+  if (!state || *state == TaskState::kWaiting) {
+    throw std::invalid_argument(fmt::format("unknown task state '{}'", name.substr(0, 32)));
   }
-  throw std::invalid_argument(fmt::format("unknown task state '{}'", name.substr(0, 32)));
+  return *state;
 }
 
 }  // namespace
-
-std::string_view to_string(TaskState state) { return kStateNames.at(static_cast<size_t>(state)); }
-
-bool legal_transition(TaskState from, TaskState to) {
-  switch (from) {
-    case TaskState::kOpen: return to == TaskState::kLeased || to == TaskState::kDone || to == TaskState::kCancelled;
-    case TaskState::kLeased: return to == TaskState::kDone || to == TaskState::kOpen || to == TaskState::kCancelled;
-    case TaskState::kDone:
-    case TaskState::kCancelled: return false;
-  }
-  return false;
-}
 
 TaskRecord& TaskTable::at(int64_t id) {
   auto it = tasks_.find(id);

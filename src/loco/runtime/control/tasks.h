@@ -1,4 +1,6 @@
-// The coordinator's task table: the unit of work of every run (docs/architecture.md, "Tasks").
+// The coordinator's task table: the in-memory queue of the dense runs' tasks (the vocabulary and the
+// states' legal transitions are tasks/task.h's, shared with DiPaCo's SQL queue; docs/architecture.md,
+// "Tasks").
 //
 // A task says what a worker is to train (the whole model, a fragment, later a DiPaCo path), from
 // which global version, on which shard from which data position, for how many steps or seconds,
@@ -27,18 +29,6 @@
 #include "loco/runtime/control/protocol.h"
 
 namespace loco::runtime {
-
-// A task's state. Legal transitions:
-//   kOpen    -> kLeased     leased to a member
-//   kLeased  -> kDone       its holder reported it (kRound: its round completed)
-//   kLeased  -> kOpen       its lease expired or its holder failed: it is issued again
-//   kOpen    -> kDone       its holder reported it, then failed, and its round completed with the report
-//   kOpen, kLeased -> kCancelled   superseded by a new plan (the round was convened again), or the
-//                                  run restarted from a checkpoint
-// kDone and kCancelled are final.
-enum class TaskState { kOpen, kLeased, kDone, kCancelled };
-std::string_view to_string(TaskState state);
-bool legal_transition(TaskState from, TaskState to);
 
 struct TaskRecord {
   protocol::Task task;

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "loco/runtime/launch/launcher.h"
-#include "loco/runtime/worker/dipaco_worker.h"
+#include "loco/runtime/dipaco/evaluation.h"
+#include "loco/runtime/dipaco/run.h"
 
 namespace loco::runtime {
 

@@ -39,20 +39,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A number with a unit suffix from `units` (suffix -> multiplier); the suffix is required.
-double parse_with_unit(const std::string& text, const std::vector<std::pair<std::string, double>>& units,
-                       const std::string& what, const std::string& example) {
-  double value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  const std::string suffix(end, text.data() + text.size());
-  if (ec == std::errc() && std::isfinite(value) && value >= 0) {
-    for (const auto& [unit, multiplier] : units) {
-      if (suffix == unit) return value * multiplier;
-    }
-  }
-  throw ConfigError("link", fmt::format("{} '{}' is not a number with a unit (e.g. {})", what, text, example));
-}
-
 // The capability bits of this process's effective set (/proc/self/status, CapEff).
 uint64_t effective_capabilities() {
   std::ifstream status("/proc/self/status");
@@ -150,153 +136,7 @@ std::vector<std::string> tbf_arguments(const std::string& device, double rate_bp
           "burst", std::to_string(burst), "limit", std::to_string(limit)};
 }
 
-std::string format_rate(double bps) {
-  if (bps >= 1e9) return fmt::format("{:g} Gbit/s", bps / 1e9);
-  if (bps >= 1e6) return fmt::format("{:g} Mbit/s", bps / 1e6);
-  if (bps >= 1e3) return fmt::format("{:g} kbit/s", bps / 1e3);
-  return fmt::format("{:g} bit/s", bps);
-}
-
-void set_timeouts(int fd, double seconds) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(seconds);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-void send_all(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-    if (n <= 0) throw Error("link", fmt::format("measuring the link: send: {}", n == 0 ? "closed" : std::strerror(errno)));
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-void receive_all(int fd, void* data, size_t size) {
-  auto* p = static_cast<char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::recv(fd, p, size, 0);
-    if (n <= 0) throw Error("link", fmt::format("measuring the link: receive: {}", n == 0 ? "closed" : std::strerror(errno)));
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
-
-std::string format_bandwidth(double bps) {
-  if (bps >= 1e9) return fmt::format("{:.3g} Gbit/s", bps / 1e9);
-  if (bps >= 1e6) return fmt::format("{:.3g} Mbit/s", bps / 1e6);
-  if (bps >= 1e3) return fmt::format("{:.3g} kbit/s", bps / 1e3);
-  return fmt::format("{:.3g} bit/s", bps);
-}
-
-double parse_rate_bps(const std::string& text, const std::string& what) {
-  return parse_with_unit(text, {{"bit", 1}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9}, {"bps", 8}, {"kbps", 8e3},
-                                {"mbps", 8e6}, {"gbps", 8e9}},
-                         what, "100mbit, 1gbit or 12.5mbps");
-}
-
-double parse_delay_s(const std::string& text, const std::string& what) {
-  return parse_with_unit(text, {{"us", 1e-6}, {"ms", 1e-3}, {"s", 1}}, what, "50ms");
-}
-
-LinkSpec LinkSpec::parse(const std::string& text) {
-  LinkSpec spec;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, end - start);
-    const size_t eq = item.find('=');
-    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    if (key == "rate") {
-      spec.rate_bps = parse_rate_bps(value, "link rate");
-      if (spec.rate_bps < 8000) throw ConfigError("link", fmt::format("link rate '{}' is below 8 kbit/s", value));
-    } else if (key == "delay") {
-      spec.delay_s = parse_delay_s(value, "link delay");
-      if (spec.delay_s > 10) throw ConfigError("link", fmt::format("link delay '{}' is over 10 s", value));
-    } else {
-      throw ConfigError("link", fmt::format("'{}' in link '{}' is not rate=RATE or delay=DELAY (e.g. rate=100mbit,delay=50ms)",
-                                            item, text));
-    }
-    start = end + 1;
-  }
-  return spec;
-}
-
-std::string LinkSpec::describe() const {
-  return fmt::format("{}, {} one-way", rate_bps > 0 ? format_rate(rate_bps) : "rate not shaped",
-                     delay_s > 0 ? fmt::format("{:g} ms", delay_s * 1e3) : "no added delay");
-}
-
-namespace {
-
-// `base` with the keys that `text` gives replaced.
-LinkSpec merged(LinkSpec base, const std::string& text) {
-  const LinkSpec given = LinkSpec::parse(text);
-  if (text.find("rate=") != std::string::npos) base.rate_bps = given.rate_bps;
-  if (text.find("delay=") != std::string::npos) base.delay_s = given.delay_s;
-  return base;
-}
-
-}  // namespace
-
-LinkPlan LinkPlan::parse(const std::vector<std::string>& arguments, int64_t world) {
-  LinkPlan plan;
-  std::vector<std::pair<int64_t, std::string>> per_worker;
-  for (const auto& argument : arguments) {
-    plan.enabled = true;
-    if (argument.rfind("worker=", 0) != 0) {
-      plan.all = merged(plan.all, argument);
-      continue;
-    }
-    const size_t comma = argument.find(',');
-    const std::string rank_text = argument.substr(7, comma == std::string::npos ? std::string::npos : comma - 7);
-    int64_t rank = -1;
-    const auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
-    if (ec != std::errc() || end != rank_text.data() + rank_text.size() || rank < 0 || rank >= world) {
-      throw ConfigError("link", fmt::format("'{}': worker must be a rank in [0, {})", argument, world));
-    }
-    per_worker.emplace_back(rank, comma == std::string::npos ? "" : argument.substr(comma + 1));
-  }
-  // A worker's own keys override the default link, whichever order they were given in; later
-  // arguments for the same worker override earlier ones.
-  for (const auto& [rank, text] : per_worker) {
-    auto found = std::find_if(plan.workers.begin(), plan.workers.end(), [&](const auto& w) { return w.first == rank; });
-    if (found == plan.workers.end()) plan.workers.emplace_back(rank, merged(plan.all, text));
-    else found->second = merged(found->second, text);
-  }
-  return plan;
-}
-
-LinkPlan LinkPlan::from_config(const LinkSection& section, const std::vector<std::string>& more, int64_t world) {
-  std::vector<std::string> arguments;
-  std::string all;
-  if (!section.rate.empty()) all = "rate=" + section.rate;
-  if (!section.delay.empty()) all += (all.empty() ? "delay=" : ",delay=") + section.delay;
-  if (!all.empty()) arguments.push_back(all);
-  for (size_t start = 0; start < section.workers.size();) {
-    const size_t end = std::min(section.workers.find(';', start), section.workers.size());
-    const std::string item = section.workers.substr(start, end - start);
-    const size_t colon = item.find(':');
-    if (colon == std::string::npos) {
-      throw ConfigError("link", fmt::format("link.workers item '{}' is not RANK:rate=...,delay=...", item));
-    }
-    arguments.push_back(fmt::format("worker={},{}", item.substr(0, colon), item.substr(colon + 1)));
-    start = end + 1;
-  }
-  arguments.insert(arguments.end(), more.begin(), more.end());
-  return parse(arguments, world);
-}
-
-LinkSpec LinkPlan::for_worker(int64_t rank) const {
-  for (const auto& [r, spec] : workers) {
-    if (r == rank) return spec;
-  }
-  return all;
-}
 
 void check_network_privileges() {
   const uint64_t caps = effective_capabilities();
@@ -311,6 +151,9 @@ void check_network_privileges() {
 Islands::Islands(const std::vector<LinkSpec>& links) : links_(links) {
   LOCO_CHECK(!links_.empty() && links_.size() < 65000, "islands: {} links", links_.size());
   check_network_privileges();
+  std::vector<double> cores;
+  for (const auto& link : links_) cores.push_back(link.cpu);
+  cpu_ = std::make_unique<CpuShares>(cores);
   try {
     original_fd_ = open_namespace("/proc/thread-self/ns/net");
     hub_fd_ = new_namespace(original_fd_);
@@ -415,8 +258,11 @@ std::string Islands::describe() const {
   for (const auto& text : order) links += fmt::format("{}{} ({} island{})", links.empty() ? "" : "; ", text, counts[text], counts[text] > 1 ? "s" : "");
   return fmt::format("{} emulated islands, each in its own network namespace: {}. Rate: the kernel's tbf on both ends "
                      "of each island's link; delay: loco's relay holds each frame (delay(from) + delay(to)) / 2 in "
-                     "userspace (this kernel has no netem)",
-                     links_.size(), links);
+                     "userspace (this kernel has no netem){}",
+                     links_.size(), links,
+                     std::any_of(links_.begin(), links_.end(), [](const LinkSpec& l) { return l.cpu > 0; })
+                         ? "; CPU: each worker island's share is a CPU control group's quota"
+                         : "");
 }
 
 namespace {
@@ -557,175 +403,6 @@ void Islands::relay() {
       held.pop();
     }
   }
-}
-
-namespace {
-
-// A socket closed when it goes out of scope, however the measurement ends.
-struct Socket {
-  int fd = -1;
-  explicit Socket(int descriptor) : fd(descriptor) {}
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  ~Socket() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-sockaddr_in socket_address(const std::string& host, int port) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, host.c_str(), &address.sin_addr);
-  return address;
-}
-
-// The receiving end of measure_link, in island `to`: echoes `pings` pings, then times the bulk
-// transfer (its last three quarters) and sends its rate back. Whatever it throws before it listens
-// reaches the caller through `listening`.
-double receive_measurement(const Islands& islands, size_t to, int64_t bulk_bytes, int pings, std::promise<int>& listening) {
-  std::optional<Socket> server;
-  try {
-    islands.enter(to);
-    server.emplace(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in address = socket_address(islands.address(to), 0);
-    socklen_t length = sizeof address;
-    if (server->fd < 0 || ::bind(server->fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        ::listen(server->fd, 1) != 0 || ::getsockname(server->fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      throw Error("link", fmt::format("measuring the link: listen: {}", std::strerror(errno)));
-    }
-    listening.set_value(ntohs(address.sin_port));
-  } catch (...) {
-    listening.set_exception(std::current_exception());
-    return 0;
-  }
-  pollfd wait{server->fd, POLLIN, 0};
-  Socket peer(::poll(&wait, 1, 60000) == 1 ? ::accept4(server->fd, nullptr, nullptr, SOCK_CLOEXEC) : -1);
-  if (peer.fd < 0) throw Error("link", "measuring the link: no connection within 60 s");
-  set_timeouts(peer.fd, 120);
-  const int on = 1;
-  ::setsockopt(peer.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-  char byte = 0;
-  for (int i = 0; i < pings; ++i) {
-    receive_all(peer.fd, &byte, 1);
-    send_all(peer.fd, &byte, 1);
-  }
-  std::vector<char> chunk(1 << 20);
-  int64_t received = 0, at_quarter = -1;
-  Clock::time_point quarter, end;
-  while (received < bulk_bytes) {
-    const ssize_t n = ::recv(peer.fd, chunk.data(),
-                             static_cast<size_t>(std::min<int64_t>(bulk_bytes - received, static_cast<int64_t>(chunk.size()))), 0);
-    if (n <= 0) throw Error("link", "measuring the link: the transfer broke off");
-    received += n;
-    end = Clock::now();
-    if (at_quarter < 0 && received >= bulk_bytes / 4) at_quarter = received, quarter = end;
-  }
-  const double seconds = std::chrono::duration<double>(end - quarter).count();
-  const double rate = seconds > 0 ? static_cast<double>(received - at_quarter) * 8 / seconds : INFINITY;
-  send_all(peer.fd, &rate, sizeof rate);
-  return rate;
-}
-
-// Counts a latch down once: when told, or at the latest when it goes out of scope, so that however
-// a sender ends, no other sender waits for it forever.
-struct Arrival {
-  std::latch& latch;
-  bool arrived = false;
-  void arrive() {
-    if (!arrived) latch.count_down(), arrived = true;
-  }
-  ~Arrival() { arrive(); }
-};
-
-// The sending end, in island `from`: `pings` round trips, then the bulk transfer; the receiver
-// answers its rate. With several flows, every sender pings before any starts its transfer
-// (`pinged`). Its socket closes on any error, which ends the receiver's wait at once.
-LinkMeasurement send_measurement(const Islands& islands, size_t from, size_t to, int port, int64_t bulk_bytes, int pings,
-                                 std::latch& pinged) {
-  Arrival arrival{pinged};
-  islands.enter(from);
-  Socket socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  set_timeouts(socket.fd, 120);
-  const sockaddr_in address = socket_address(islands.address(to), port);
-  if (socket.fd < 0 || ::connect(socket.fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) {
-    throw Error("link", fmt::format("measuring the link: connect to {}: {}", islands.address(to), std::strerror(errno)));
-  }
-  const int on = 1;
-  ::setsockopt(socket.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-  std::vector<double> trips;
-  char byte = 'p';
-  for (int i = 0; i < pings; ++i) {
-    const auto start = Clock::now();
-    send_all(socket.fd, &byte, 1);
-    receive_all(socket.fd, &byte, 1);
-    trips.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  arrival.arrive();
-  pinged.wait();
-  std::vector<char> chunk(1 << 20, 'x');
-  for (int64_t sent = 0; sent < bulk_bytes;) {
-    const auto n = static_cast<size_t>(std::min<int64_t>(bulk_bytes - sent, static_cast<int64_t>(chunk.size())));
-    send_all(socket.fd, chunk.data(), n);
-    sent += static_cast<int64_t>(n);
-  }
-  LinkMeasurement result;
-  receive_all(socket.fd, &result.rate_bps, sizeof result.rate_bps);
-  std::nth_element(trips.begin(), trips.begin() + static_cast<std::ptrdiff_t>(trips.size() / 2), trips.end());
-  result.round_trip_s = trips[trips.size() / 2];
-  result.bytes = bulk_bytes;
-  return result;
-}
-
-}  // namespace
-
-LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int64_t bulk_bytes, int pings) {
-  return measure_links(islands, {{from, to}}, bulk_bytes, pings).front();
-}
-
-std::vector<LinkMeasurement> measure_links(const Islands& islands, const std::vector<std::pair<size_t, size_t>>& flows,
-                                           int64_t bulk_bytes, int pings) {
-  LOCO_CHECK(!flows.empty(), "measure_links: no flows");
-  for (const auto& [from, to] : flows) {
-    LOCO_CHECK(from < islands.size() && to < islands.size() && from != to, "measure_link: islands {} and {} of {}", from, to, islands.size());
-  }
-  LOCO_CHECK(bulk_bytes >= 1024 && pings >= 1, "measure_link: {} bytes, {} pings", bulk_bytes, pings);
-  // Each end on a thread of its own, so that the caller's namespace is untouched.
-  const size_t n = flows.size();
-  std::vector<std::promise<int>> listening(n);
-  std::vector<std::future<double>> receivers;
-  std::exception_ptr failure;
-  const auto keep_first = [&](auto&& get) {
-    try {
-      get();
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-  };
-  std::vector<int> ports(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    auto port = listening[i].get_future();
-    receivers.push_back(std::async(std::launch::async, [&, i] {
-      return receive_measurement(islands, flows[i].second, bulk_bytes, pings, listening[i]);
-    }));
-    keep_first([&] { ports[i] = port.get(); });
-    if (failure) break;
-  }
-  std::vector<LinkMeasurement> results(n);
-  if (!failure) {
-    std::latch pinged(static_cast<std::ptrdiff_t>(n));
-    std::vector<std::future<LinkMeasurement>> senders;
-    for (size_t i = 0; i < n; ++i) {
-      senders.push_back(std::async(std::launch::async, [&, i] {
-        return send_measurement(islands, flows[i].first, flows[i].second, ports[i], bulk_bytes, pings, pinged);
-      }));
-    }
-    for (size_t i = 0; i < n; ++i) keep_first([&] { results[i] = senders[i].get(); });
-  }
-  // A receiver whose sender failed ends when its connection closes, or at its own timeout.
-  for (auto& receiver : receivers) keep_first([&] { receiver.get(); });
-  if (failure) std::rethrow_exception(failure);
-  return results;
 }
 
 }  // namespace loco::runtime

@@ -14,7 +14,8 @@
 // The namespaces are anonymous, held only by this object's descriptors (and by the processes in
 // them): when the launcher exits, is interrupted or is killed, the kernel removes them with their
 // links and addresses, so no run can leave a stale set-up behind. Creating them needs
-// CAP_SYS_ADMIN and CAP_NET_ADMIN (root); without them, an Error says so.
+// CAP_SYS_ADMIN and CAP_NET_ADMIN (root); without them, an Error says so. An island whose link
+// sets cpu=C also gets C cores of the machine's CPU of its own (cpu_shares.h).
 #pragma once
 
 #include <atomic>
@@ -26,42 +27,10 @@
 #include <vector>
 
 #include "loco/runtime/config/config.h"
+#include "loco/runtime/config/links.h"
+#include "loco/runtime/launch/cpu_shares.h"
 
 namespace loco::runtime {
-
-// One island's link to the rest: rate in bits/s (0 = not shaped) and one-way delay in seconds.
-struct LinkSpec {
-  double rate_bps = 0;
-  double delay_s = 0;
-
-  // "rate=100mbit,delay=50ms" (either key may be left out). Rates in tc's units: bit, kbit, mbit,
-  // gbit (powers of 1000, bits per second), or bps, kbps, mbps, gbps (bytes per second); delays in
-  // us, ms or s. Throws ConfigError naming the bad part.
-  static LinkSpec parse(const std::string& text);
-  std::string describe() const;  // "100 Mbit/s, 50 ms one-way"
-  bool operator==(const LinkSpec&) const = default;
-};
-
-// "97.6 Mbit/s": a rate in bits/s with three significant digits.
-std::string format_bandwidth(double bps);
-
-// Parses a rate ("100mbit") or a delay ("50ms") alone; throws ConfigError naming `what`.
-double parse_rate_bps(const std::string& text, const std::string& what);
-double parse_delay_s(const std::string& text, const std::string& what);
-
-// The links of a launch: `all` for every island (the coordinator's too), and per-worker ones.
-// Each `--link` argument is a spec whose keys replace the default's, or "worker=R,<keys>" for
-// worker R alone (its other keys taken from the default).
-struct LinkPlan {
-  LinkSpec all;
-  std::vector<std::pair<int64_t, LinkSpec>> workers;  // (rank, its link)
-  bool enabled = false;
-
-  static LinkPlan parse(const std::vector<std::string>& arguments, int64_t world);
-  // The config's [link] section, then `more` (the command line's --link arguments) over it.
-  static LinkPlan from_config(const LinkSection& section, const std::vector<std::string>& more, int64_t world);
-  LinkSpec for_worker(int64_t rank) const;
-};
 
 // Throws Error("[link] ...") unless this process may create network namespaces and configure
 // links (CAP_SYS_ADMIN and CAP_NET_ADMIN in its effective set).
@@ -82,6 +51,9 @@ class Islands {
   std::string address(size_t island) const;  // "10.77.0.<island + 1>"
   // A descriptor of the island's network namespace, for setns(2) in a child before exec.
   int netns_fd(size_t island) const { return island_fds_[island]; }
+  // Where a process started in the island writes its pid to take the island's CPU share
+  // (cpu_shares.h); "" when its link sets none.
+  std::string cpu_procs_file(size_t island) const { return cpu_->procs_file(island); }
   // Moves the calling thread into the island's namespace (sockets it opens from then on live
   // there), or back to the namespace it came from.
   void enter(size_t island) const;
@@ -105,6 +77,7 @@ class Islands {
   int64_t held_limit(size_t island) const;
 
   std::vector<LinkSpec> links_;
+  std::unique_ptr<CpuShares> cpu_;  // the islands' CPU groups (none without cpu=)
   int original_fd_ = -1, hub_fd_ = -1;
   std::vector<int> island_fds_;
   std::vector<int> sockets_;   // the relay's packet sockets, one per island's hub end
@@ -116,18 +89,5 @@ class Islands {
   std::string relay_error_;
   std::thread relay_;
 };
-
-// Measurements across one emulated link (`loco link-check`, and the tests): the median round trip
-// of small TCP messages, and the steady rate of a bulk TCP transfer from one island to another.
-struct LinkMeasurement {
-  double round_trip_s = 0;     // median of `pings`
-  double rate_bps = 0;         // bits/s over the transfer's last three quarters (past slow start)
-  int64_t bytes = 0;
-};
-LinkMeasurement measure_link(const Islands& islands, size_t from, size_t to, int64_t bulk_bytes, int pings = 20);
-// Several transfers at once, each (from, to) its own connection: every flow's pings first, then all
-// the bulk transfers together (the relay carries them side by side). One result per flow, in order.
-std::vector<LinkMeasurement> measure_links(const Islands& islands, const std::vector<std::pair<size_t, size_t>>& flows,
-                                           int64_t bulk_bytes, int pings = 20);
 
 }  // namespace loco::runtime

@@ -1,24 +1,18 @@
 #include "loco/runtime/launch/launcher.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <utility>
 
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/launch/islands.h"
-#include "loco/runtime/launch/processes.h"
+#include "loco/runtime/launch/supervisor.h"
 #include "loco/metrics/progress.h"
 #include "loco/runtime/worker/worker.h"
 
@@ -27,6 +21,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
+
+// A worker's latest progress, as its JSON lines report it.
+struct WorkerStatus {
+  bool running = true;
+  int64_t step = 0, steps = 0, round = -1, bytes_sent = 0;
+  double loss = NAN, tokens_per_s = 0;
+};
 
 class Display {
  public:
@@ -38,13 +39,13 @@ class Display {
     redraw();
   }
 
-  void progress(const std::vector<WorkerProcess>& workers) {
+  void progress(const std::map<int64_t, WorkerStatus>& workers) {
     int64_t min_step = INT64_MAX, steps = 0, min_round = INT64_MAX, max_bytes = 0;
     double loss = 0, tokens_per_s = 0;
     int reporting = 0;
-    for (const auto& w : workers) {
-      if (w.exit_code) continue;  // a worker that died (an elastic run goes on; a replacement takes over)
-      if (w.steps == 0) return;   // not every worker has reported yet
+    for (const auto& [rank, w] : workers) {
+      if (!w.running) continue;  // a worker that died (an elastic run goes on; a replacement takes over)
+      if (w.steps == 0) return;  // not every worker has reported yet
       min_step = std::min(min_step, w.step);
       steps = w.steps;
       min_round = std::min(min_round, w.round);
@@ -115,22 +116,24 @@ void check_run_dir(const RunConfig& config, bool resume) {
   }
 }
 
-// One `loco launch`: the coordinator in this process, the workers as child processes, their
-// output relayed, and their ends (and Ctrl-C) turned into the run's outcome. launch() below calls
-// the stages in order.
+// One `loco launch`: the coordinator in this process, the workers as child processes of the
+// supervisor, their output relayed, and their ends (and Ctrl-C) turned into the run's outcome.
+// launch() below calls the stages in order.
 class Launch {
  public:
   Launch(const RunConfig& config, const LaunchOptions& options)
       : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every),
-        islands_(make_islands()), back_home_(islands_.get()), coordinator_(coordinator_options()), restarts_left_(options.restarts), elastic_(config.cluster.elastic),
-        grace_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config.cluster.timeout_s + 60))) {
+        islands_(make_islands()), back_home_(islands_.get()), coordinator_(coordinator_options()),
+        workers_(config.cluster.workers, std::chrono::duration_cast<Supervisor::Clock::duration>(
+                                             std::chrono::duration<double>(config.cluster.timeout_s + 60))),
+        restarts_left_(options.restarts), elastic_(config.cluster.elastic) {
     coordinator_.start();
   }
 
   void start_workers();
   // Elastic runs go on when a worker dies, and may have members this launcher did not start
   // (replacements): the run ends when the coordinator says so.
-  bool going() const { return alive() > 0 || (elastic_ && !run_over_); }
+  bool going() const { return workers_.alive() > 0 || (elastic_ && !run_over_); }
   void restart_dead();
   void relay_output();
   void handle_interrupts();
@@ -145,7 +148,9 @@ class Launch {
   std::unique_ptr<Islands> make_islands() {
     const auto plan = LinkPlan::from_config(config_.link, options_.links, config_.cluster.workers);
     if (!plan.enabled) return nullptr;
-    std::vector<LinkSpec> links = {plan.all};
+    LinkSpec coordinator = plan.all;
+    coordinator.cpu = 0;  // (it runs in this process, which keeps the machine's cores)
+    std::vector<LinkSpec> links = {coordinator};
     for (int64_t r = 0; r < config_.cluster.workers; ++r) links.push_back(plan.for_worker(r));
     auto islands = std::make_unique<Islands>(links);
     islands->enter(0);
@@ -168,21 +173,23 @@ class Launch {
     o.log = [this](const std::string& text) { display_.line("[coordinator] " + text); };
     return o;
   }
-  int island_of(int64_t rank) const { return islands_ ? islands_->netns_fd(static_cast<size_t>(rank) + 1) : -1; }
-  int64_t alive() const {
-    return std::count_if(workers_.begin(), workers_.end(), [](const auto& w) { return !w.exit_code; });
+  Placement island_of(int64_t rank) const {
+    if (!islands_) return {};
+    const auto island = static_cast<size_t>(rank) + 1;
+    return {islands_->netns_fd(island), islands_->cpu_procs_file(island)};
   }
-  void stop_all(int sig) {
-    for (auto& w : workers_) {
-      if (!w.exit_code) ::kill(w.pid, sig);
-    }
+  void start_worker(int64_t rank) {
+    const pid_t pid = workers_.start(rank, argvs_[static_cast<size_t>(rank)], island_of(rank));
+    coordinator_.process_started(rank, host_name(), pid);
+    status_[rank] = WorkerStatus{};
   }
-  // Stops the others after a failure or a stop: SIGTERM (or SIGINT) now, SIGKILL after the grace.
-  void stop_workers(int sig) {
-    stop_all(sig);
-    kill_at_ = Clock::now() + grace_;
+  // Stops the workers after a failure: they save their state, and are killed after the grace.
+  void fail(const std::string& why) {
+    failure_ = why;
+    coordinator_.request_stop(failure_);
+    workers_.stop_all(SIGTERM);
   }
-  void relay(WorkerProcess& w, bool is_out, const std::string& text);
+  void relay(const ChildLine& line);
 
   const Clock::time_point started_ = Clock::now();
   const RunConfig& config_;
@@ -198,35 +205,26 @@ class Launch {
     }
   } back_home_;
   Coordinator coordinator_;
-  std::vector<WorkerProcess> workers_;
+  Supervisor workers_;                           // after the coordinator: workers go first
   std::vector<std::vector<std::string>> argvs_;  // by rank
+  std::map<int64_t, WorkerStatus> status_;       // by rank: its latest process's progress
   int64_t restarts_left_;
   std::vector<int64_t> to_restart_;              // ranks whose process died, to start again (elastic --restarts)
   const bool elastic_;
-  const Clock::duration grace_;
-  int interrupts_seen_ = 0;
-  bool stopping_ = false, run_over_ = false;
-  std::optional<Clock::time_point> kill_at_;     // after a failure or stop: the last moment before SIGKILL
+  bool run_over_ = false;
   std::string failure_;
 };
 
 void Launch::start_workers() {
   const int64_t m = config_.cluster.workers;
-  try {
-    for (int64_t r = 0; r < m; ++r) {
-      std::vector<std::string> argv = {options_.executable.string(), "worker", "--coordinator",
-                                       fmt::format("{}:{}", coordinator_host(), coordinator_.port()), "--config",
-                                       options_.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
-      if (options_.resume) argv.push_back("--resume");
-      for (const auto& o : options_.overrides) argv.push_back("--" + o);
-      workers_.push_back(spawn(r, argv, m, island_of(r)));
-      coordinator_.process_started(r, host_name(), workers_.back().pid);
-      argvs_.push_back(std::move(argv));
-    }
-  } catch (...) {
-    stop_all(SIGKILL);
-    for (auto& w : workers_) ::waitpid(w.pid, nullptr, 0);
-    throw;
+  for (int64_t r = 0; r < m; ++r) {
+    std::vector<std::string> argv = {options_.executable.string(), "worker", "--coordinator",
+                                     fmt::format("{}:{}", coordinator_host(), coordinator_.port()), "--config",
+                                     options_.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
+    if (options_.resume) argv.push_back("--resume");
+    for (const auto& o : options_.overrides) argv.push_back("--" + o);
+    argvs_.push_back(std::move(argv));
+    start_worker(r);  // one that cannot start: the supervisor kills the others as the launch unwinds
   }
   display_.line(fmt::format("launch: {} workers ({}), coordinator on {}:{}, run {}", m, to_string(config_.sync.algorithm),
                             coordinator_host(), coordinator_.port(), config_.run.dir));
@@ -234,10 +232,9 @@ void Launch::start_workers() {
 
 void Launch::restart_dead() {
   for (int64_t rank : std::exchange(to_restart_, {})) {
-    auto argv = argvs_[static_cast<size_t>(rank)];
+    auto& argv = argvs_[static_cast<size_t>(rank)];
     argv.erase(std::remove(argv.begin(), argv.end(), std::string("--resume")), argv.end());  // it joins the run under way
-    workers_.push_back(spawn(rank, argv, config_.cluster.workers, island_of(rank)));
-    coordinator_.process_started(rank, host_name(), workers_.back().pid);
+    start_worker(rank);
     display_.line(fmt::format("launch: started worker {} again ({} restart(s) left): it joins the run as a replacement",
                               rank, restarts_left_));
   }
@@ -246,101 +243,73 @@ void Launch::restart_dead() {
 // Waits up to 200 ms for output, then relays every complete line: progress into the status line,
 // messages and anything else as lines prefixed with the worker's rank.
 void Launch::relay_output() {
-  if (islands_ && !stopping_ && !islands_->relay_error().empty()) {
-    stopping_ = true;
-    failure_ = "the emulated links stopped: " + islands_->relay_error();
-    display_.line("launch: " + failure_ + "; stopping the workers");
-    coordinator_.request_stop(failure_);
-    stop_workers(SIGTERM);
+  if (islands_ && !workers_.stopping() && !islands_->relay_error().empty()) {
+    display_.line("launch: the emulated links stopped: " + islands_->relay_error() + "; stopping the workers");
+    fail("the emulated links stopped: " + islands_->relay_error());
   }
-  std::vector<pollfd> fds;
-  std::vector<std::pair<size_t, bool>> owners;  // (worker, is stdout)
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    if (workers_[i].out_fd >= 0) fds.push_back({workers_[i].out_fd, POLLIN, 0}), owners.emplace_back(i, true);
-    if (workers_[i].err_fd >= 0) fds.push_back({workers_[i].err_fd, POLLIN, 0}), owners.emplace_back(i, false);
-  }
-  ::poll(fds.data(), fds.size(), 200);
-  for (size_t f = 0; f < fds.size(); ++f) {
-    if (!(fds[f].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    auto& w = workers_[owners[f].first];
-    const bool is_out = owners[f].second;
-    int& fd = is_out ? w.out_fd : w.err_fd;
-    std::vector<std::string> lines;
-    if (!read_lines(fd, is_out ? w.out_buffer : w.err_buffer, lines)) {
-      ::close(fd);
-      fd = -1;
-    }
-    for (const auto& text : lines) relay(w, is_out, text);
-  }
+  for (const auto& line : workers_.read(std::chrono::milliseconds(200))) relay(line);
 }
 
-void Launch::relay(WorkerProcess& w, bool is_out, const std::string& text) {
+void Launch::relay(const ChildLine& line) {
   nlohmann::json event;
-  if (is_out && !text.empty() && text.front() == '{') {
+  if (line.is_stdout && !line.text.empty() && line.text.front() == '{') {
     try {
-      event = nlohmann::json::parse(text);
+      event = nlohmann::json::parse(line.text);
     } catch (const nlohmann::json::exception&) {
     }
   }
   if (event.is_object() && event.contains("progress")) {
     const auto& p = event["progress"];
+    auto& w = status_[line.rank];
     w.step = p.value("step", w.step);
     w.steps = p.value("steps", w.steps);
     w.loss = p.value("loss", w.loss);
     w.tokens_per_s = p.value("tokens_per_s", w.tokens_per_s);
     w.round = p.value("round", w.round);
     w.bytes_sent = p.value("bytes_sent", w.bytes_sent);
-    display_.progress(workers_);
+    display_.progress(status_);
   } else if (event.is_object() && event.contains("message")) {
-    display_.line(fmt::format("[w{}] {}", w.rank, event["message"].get<std::string>()));
-  } else if (!text.empty()) {
-    display_.line(fmt::format("[w{}] {}", w.rank, text));
+    display_.line(fmt::format("[w{}] {}", line.rank, event["message"].get<std::string>()));
+  } else if (!line.text.empty()) {
+    display_.line(fmt::format("[w{}] {}", line.rank, line.text));
   }
 }
 
 // Ctrl-C: the workers finish their step and checkpoint. Again: kill them.
 void Launch::handle_interrupts() {
-  const int interrupts = options_.interrupts != nullptr ? options_.interrupts->load() : 0;
-  if (interrupts <= interrupts_seen_) return;
-  interrupts_seen_ = interrupts;
-  if (interrupts == 1) {
-    stopping_ = true;
+  const int count = options_.interrupts != nullptr ? options_.interrupts->load() : 0;
+  if (!workers_.interrupt(count)) return;
+  if (count == 1) {
     coordinator_.request_stop("interrupted (Ctrl-C)");
     display_.line("launch: stopping: each worker finishes its step and saves a checkpoint (Ctrl-C again to kill them)");
-    stop_workers(SIGINT);
   } else {
     display_.line("launch: killing the workers");
-    stop_all(SIGKILL);
   }
 }
 
 // A worker that exited: fine when it finished (or stopped on request); in an elastic run its
 // member failed and the run goes on (started again with --restarts); in a fixed run the others stop.
 void Launch::reap_exited() {
-  for (auto& w : workers_) {
-    int raw = 0;
-    if (w.exit_code || ::waitpid(w.pid, &raw, WNOHANG) != w.pid) continue;
-    w.exit_code = decode_status(raw);
-    const bool clean = *w.exit_code == 0 || (*w.exit_code == 130 && stopping_);
-    coordinator_.process_exited(host_name(), w.pid, *w.exit_code, /*failed=*/!clean);
+  for (const auto& exit : workers_.reap()) {
+    status_[exit.rank].running = false;
+    const bool clean = exit.code == 0 || (exit.code == 130 && workers_.stopping());
+    coordinator_.process_exited(host_name(), exit.pid, exit.code, /*failed=*/!clean);
     if (clean) continue;
     if (elastic_) {
-      if (stopping_ || run_over_) continue;
+      if (workers_.stopping() || run_over_) continue;
       const bool restart = restarts_left_ > 0;
-      display_.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", w.rank,
-                                *w.exit_code, restart ? " until it is started again" : ""));
+      display_.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", exit.rank,
+                                exit.code, restart ? " until it is started again" : ""));
       if (restart) {
         --restarts_left_;
-        to_restart_.push_back(w.rank);
+        to_restart_.push_back(exit.rank);
       }
       continue;
     }
-    if (!stopping_) {
-      stopping_ = true;
-      failure_ = fmt::format("worker {} exited with status {}", w.rank, *w.exit_code);
-      display_.line(fmt::format("launch: {}; stopping the others (they save their state)", failure_));
-      coordinator_.request_stop(failure_);
-      stop_workers(SIGTERM);
+    if (!workers_.stopping()) {
+      display_.line(fmt::format("launch: worker {} exited with status {}; stopping the others (they save their state)",
+                                exit.rank, exit.code));
+      fail(fmt::format("worker {} exited with status {}", exit.rank, exit.code));
     }
   }
 }
@@ -350,36 +319,24 @@ void Launch::watch_coordinator() {
   if (run_over_) return;
   auto result = coordinator_.wait_for(std::chrono::milliseconds(0));
   if (!result) return;
-  if (result->outcome == RunOutcome::kFailed && !stopping_) {
-    stopping_ = true;
-    failure_ = result->message;
-    stop_workers(SIGTERM);
-  }
+  if (result->outcome == RunOutcome::kFailed && !workers_.stopping()) fail(result->message);
   if (!elastic_) return;
   run_over_ = true;
   // Members that left (a frozen worker declared failed) may still be running.
-  if (alive() > 0) {
-    stop_all(SIGTERM);
-    if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(10);
-  }
+  if (workers_.alive() > 0) workers_.stop_all(SIGTERM, std::chrono::seconds(10));
 }
 
 void Launch::kill_when_overdue() {
-  if (!kill_at_ || Clock::now() <= *kill_at_ || alive() == 0) return;
-  display_.line("launch: workers did not stop in time; killing them");
-  stop_all(SIGKILL);
-  kill_at_.reset();
+  if (workers_.kill_when_overdue()) display_.line("launch: workers did not stop in time; killing them");
 }
 
 LaunchResult Launch::finish() {
   display_.finish();
-  for (auto& w : workers_) {
-    if (w.out_fd >= 0) ::close(w.out_fd);
-    if (w.err_fd >= 0) ::close(w.err_fd);
-  }
+  for (const auto& line : workers_.drain()) relay(line);  // what they wrote last (an error, often)
   LaunchResult result;
-  for (const auto& w : workers_) result.exit_codes.push_back(*w.exit_code);
-  auto outcome = coordinator_.wait_for(std::chrono::milliseconds(stopping_ ? 0 : 2000));
+  for (const auto& code : workers_.exit_codes()) result.exit_codes.push_back(code.value_or(-1));
+  const bool interrupted = workers_.interrupts() > 0;
+  auto outcome = coordinator_.wait_for(std::chrono::milliseconds(workers_.stopping() ? 0 : 2000));
   const bool all_ok = std::all_of(result.exit_codes.begin(), result.exit_codes.end(), [](int c) { return c == 0; });
   if (outcome) {
     result.outcome = outcome->outcome;
@@ -390,10 +347,10 @@ LaunchResult Launch::finish() {
     result.outcome = RunOutcome::kFailed;
     result.message = failure_;
   } else if (!all_ok && !elastic_) {
-    result.outcome = interrupts_seen_ > 0 ? RunOutcome::kStopped : RunOutcome::kFailed;
-    if (result.message.empty()) result.message = interrupts_seen_ > 0 ? "interrupted (Ctrl-C)" : "a worker failed";
+    result.outcome = interrupted ? RunOutcome::kStopped : RunOutcome::kFailed;
+    if (result.message.empty()) result.message = interrupted ? "interrupted (Ctrl-C)" : "a worker failed";
   }
-  if (result.summaries.empty()) result.summaries.resize(workers_.size(), nlohmann::json::object());
+  if (result.summaries.empty()) result.summaries.resize(result.exit_codes.size(), nlohmann::json::object());
   result.wall_s = std::chrono::duration<double>(Clock::now() - started_).count();
   return result;
 }

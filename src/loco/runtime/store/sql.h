@@ -1,5 +1,5 @@
-// The registry's database connection (registry.h), one interface over SQLite and PostgreSQL so that
-// the registry's statements are written once. Statements use $1, $2, ... placeholders and the SQL
+// A database connection, one interface over SQLite and PostgreSQL so that the statements of its
+// users (DiPaCo's registry, runtime/dipaco/registry.h) are written once. Statements use $1, $2, ... placeholders and the SQL
 // both databases accept (BIGINT, DOUBLE PRECISION, TEXT, INSERT ... ON CONFLICT DO NOTHING).
 //
 // Writes are serialized: begin_write() takes the database's write lock for the whole transaction
@@ -18,6 +18,19 @@
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "loco/core/error.h"
+
+namespace loco::runtime {
+
+// The database could not be reached or answered in time (a server down or restarting, a lock held
+// past the busy timeout): the same request may succeed on a new connection later.
+class DatabaseUnavailable : public DataError {
+ public:
+  using DataError::DataError;
+};
+
+}  // namespace loco::runtime
 
 namespace loco::runtime::sql {
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "loco/core/error.h"
-#include "loco/runtime/store/registry.h"
+#include "loco/runtime/store/sql.h"
 #include "loco/runtime/store/sql.h"
 
 namespace loco::runtime::sql {

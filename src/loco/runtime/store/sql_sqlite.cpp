@@ -4,7 +4,6 @@
 #include <sqlite3.h>
 
 #include "loco/core/error.h"
-#include "loco/runtime/store/registry.h"
 #include "loco/runtime/store/sql.h"
 
 namespace loco::runtime::sql {

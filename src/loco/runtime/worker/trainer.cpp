@@ -15,10 +15,10 @@
 #include "loco/core/files.h"
 #include "loco/metrics/metrics_log.h"
 #include "loco/metrics/progress.h"
-#include "loco/model/precision.h"
 #include "loco/optim/adamw.h"
-#include "loco/optim/schedule.h"
 #include "loco/runtime/store/checkpoint.h"
+#include "loco/model/precision.h"
+#include "loco/runtime/worker/inner_step.h"
 
 namespace loco::runtime {
 namespace {
@@ -146,7 +146,6 @@ class TrainingLoop {
   void take_joined_state(int64_t joined_step);
   std::string rewarm_note() const;
 
-  double forward_backward(data::WindowSampler& source);
   // Runs a sync hook, timing it; a PeerError is kept (peer_failure_) and reported as false.
   template <class Hook>
   bool run_hook(Hook&& hook);
@@ -164,8 +163,9 @@ class TrainingLoop {
     if (options_.telemetry != nullptr) options_.telemetry->set_activity(activity);
   }
   bool can_score() const { return sync_.in_sync() || sync_.evaluation_parameters() != nullptr; }
-  int64_t tokens_per_step() const { return config_.train.batch_size * config_.train.grad_accum * config_.model.context; }
+  int64_t tokens_per_step() const { return inner_->tokens_per_step(); }
   double wall_s() const { return wall_before_ + seconds_since(call_start_); }
+  metrics::WorkerId me() const { return {worker_.rank, ""}; }
 
   const Clock::time_point call_start_ = Clock::now();
   RunConfig config_;
@@ -187,13 +187,11 @@ class TrainingLoop {
   int64_t threads_ = 1;
   model::Transformer model_{nullptr};
   std::optional<optim::AdamW> adamw_;
-  optim::ScheduleOptions schedule_;
-  std::optional<int64_t> rewarm_from_;  // a joiner whose AdamW moments started from zero: its join step
+  std::optional<InnerStep> inner_;
   std::optional<data::WindowSampler> sampler_;
   size_t train_token_count_ = 0;  // in this worker's shard (or the whole split)
   std::optional<ShardTurns> shards_;
   std::vector<data::Batch> eval_batches_;
-  std::vector<torch::Tensor> parameters_;
   std::optional<metrics::MetricsLog> log_;
   std::optional<metrics::Progress> progress_;
 
@@ -219,15 +217,7 @@ class TrainingLoop {
 
 void TrainingLoop::open_inputs() {
   dataset_.emplace(data::Dataset::open(config_.data.dir));
-  const auto& manifest = dataset_->manifest();
-  if (config_.model.vocab_size == 0) {
-    config_.model.vocab_size = manifest.vocab_size;
-  } else if (config_.model.vocab_size != manifest.vocab_size) {
-    throw ConfigError("train", fmt::format("model.vocab_size = {} but the dataset {} has a vocabulary of {}; "
-                                           "hint: leave model.vocab_size = 0 to take the dataset's",
-                                           config_.model.vocab_size, config_.data.dir, manifest.vocab_size));
-  }
-  validate(config_);
+  config_ = resolve_for_dataset(config_, dataset_->manifest());
   run_dir_ = config_.run.dir;
   // A worker keeps its own checkpoints; the run folder holds what the workers share.
   state_dir_ = worker_.distributed && !worker_.elastic ? run_dir_ / "workers" / std::to_string(worker_.rank) : run_dir_;
@@ -271,12 +261,8 @@ void TrainingLoop::build_parts() {
   model_->to(device_);
   model_->train();
 
-  std::vector<optim::NamedParameter> named;
-  for (const auto& [name, tensor] : model_weights(model_)) named.push_back({name, tensor, tensor.dim() >= 2});
-  adamw_.emplace(std::move(named), config_.optim.adamw);
-  schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.train.steps, config_.optim.min_lr_ratio};
-  schedule_.validate();
-  for (const auto& p : adamw_->parameters()) parameters_.push_back(p.tensor);
+  adamw_.emplace(make_inner_optimizer(model_, config_));
+  inner_.emplace(model_, *adamw_, config_, device_, "the last checkpoint is intact");
 
   // Each worker samples its own shard, in an order of its own (rank 0's is a single process's).
   const auto& train_tokens = worker_.train_tokens != nullptr ? *worker_.train_tokens : dataset_->train().tokens;
@@ -324,9 +310,9 @@ void TrainingLoop::announce() {
   if (!resumed_ && !config_.train.init_from.empty()) {
     progress_->message(fmt::format("{}initialized from {}", who_, config_.train.init_from));
   }
-  log_->write(resumed_ ? "resume" : "start", {{"worker", worker_.rank}, {"world_size", worker_.world_size}, {"step", step_},
-                                              {"parameters", model::parameter_count(config_.model)},
-                                              {"device", device_.str()}, {"threads", threads_}, {"sync", sync_.name()}});
+  log_->write(metrics::StartEvent{me(), resumed_.has_value(), worker_.world_size, step_,
+                                  static_cast<double>(model::parameter_count(config_.model)), device_.str(), sync_.name(),
+                                  threads_});
 }
 
 void TrainingLoop::start() {
@@ -351,7 +337,7 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
   progress_->message(fmt::format("{}joined the run at step {}", who_, step_));
   log_->write("joined", {{"worker", worker_.rank}, {"step", step_}});
   if (!slot_store_) {
-    rewarm_from_ = step_;
+    inner_->rewarm_from(step_);
     return;
   }
   const auto latest = slot_store_->latest();
@@ -359,7 +345,7 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
     progress_->message(fmt::format("{}finds no saved inner state of slot {} in {} (another host's, or none yet); its "
                                    "AdamW moments start from zero{}", who_, worker_.rank, slot_store_->root().string(),
                                    rewarm_note()));
-    rewarm_from_ = step_;
+    inner_->rewarm_from(step_);
     return;
   }
   try {
@@ -369,7 +355,7 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
   } catch (const DataError& e) {
     progress_->message(fmt::format("{}cannot use slot {}'s saved inner state ({}); its AdamW moments start from zero{}",
                                    who_, worker_.rank, e.what(), rewarm_note()));
-    rewarm_from_ = step_;
+    inner_->rewarm_from(step_);
   }
 }
 
@@ -388,17 +374,15 @@ void TrainingLoop::step() {
   }
   data::WindowSampler& source = shards_->next();
   const data::SamplerPosition position = source.position();
-  double lr = optim::learning_rate(schedule_, step_);
-  if (rewarm_from_) lr *= optim::rewarmup_factor(step_ - *rewarm_from_, config_.optim.rewarmup_steps);
-  const double loss = forward_backward(source);
+  const double lr = inner_->learning_rate(step_);
+  const double loss = inner_->forward_backward(source, step_);
   algorithms::StepContext context{step_, tokens_per_step(), &model_};
   if (!run_hook([&] { return sync_.after_backward(context); })) {
     source.restore(position);  // the step cannot complete without its peers: it never happened
     ended_ = true;
     return;
   }
-  const double grad_norm = optim::clip_grad_norm(parameters_, config_.optim.grad_clip);
-  adamw_->step(lr);
+  const double grad_norm = inner_->update(lr);
   ++step_;
   tokens_ += tokens_per_step();
   if (options_.telemetry != nullptr) options_.telemetry->set_step(step_);
@@ -428,29 +412,6 @@ void TrainingLoop::step() {
   if (stopped_) ended_ = true;
 }
 
-double TrainingLoop::forward_backward(data::WindowSampler& source) {
-  adamw_->zero_grad();
-  double step_loss = 0;
-  for (int64_t micro = 0; micro < config_.train.grad_accum; ++micro) {
-    auto batch = source.next(config_.train.batch_size);
-    torch::Tensor loss, ce;
-    {
-      model::AutocastGuard autocast(device_, true);
-      auto logits = model_->forward(batch.inputs.to(device_));  // (B, T, V)
-      auto parts = model::language_model_loss(logits, batch.targets.to(device_), config_.train.z_loss);
-      loss = parts.loss;
-      ce = parts.cross_entropy;
-    }
-    (loss / static_cast<double>(config_.train.grad_accum)).backward();
-    step_loss += ce.item<double>() / static_cast<double>(config_.train.grad_accum);
-  }
-  if (!std::isfinite(step_loss)) {
-    throw Error("train", fmt::format("the loss became {} at step {}; hint: lower optim.lr or enable optim.grad_clip "
-                                     "(the last checkpoint is intact)", step_loss, step_));
-  }
-  return step_loss;
-}
-
 template <class Hook>
 bool TrainingLoop::run_hook(Hook&& hook) {
   const auto start = Clock::now();
@@ -474,16 +435,10 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
   summary_.stall_s += report.stall_seconds;
   global_hash_ = report.params_hash;
   round_step_ = report.step;
-  nlohmann::json event = {{"round", report.round}, {"step", report.step}, {"worker", worker_.rank},
-                          {"world_size", report.world_size}, {"bytes_sent", report.stats.bytes_sent},
-                          {"bytes_received", report.stats.bytes_received}, {"seconds", report.stats.seconds},
-                          {"stall_s", report.stall_seconds}, {"params_hash", hex64(report.params_hash)}};
-  if (report.fragment >= 0) event["fragment"] = report.fragment;
-  if (!report.stats.route.empty()) event["route"] = report.stats.route;
-  if (report.attempts > 1) event["attempts"] = report.attempts;
-  if (report.weight >= 0) event["weight"] = report.weight;
-  if (report.tokens >= 0) event["tokens"] = report.tokens;
-  log_->write("sync", event);
+  log_->write(metrics::SyncEvent{me(), report.round, report.step, report.world_size, report.stats.bytes_sent,
+                                 report.stats.bytes_received, report.stats.seconds, report.stall_seconds,
+                                 hex64(report.params_hash), report.fragment, report.stats.route, report.attempts,
+                                 report.weight, report.tokens});
   progress_->set_sync_totals(report.round, summary_.bytes_sent);
 }
 
@@ -497,9 +452,8 @@ void TrainingLoop::log_step(int64_t step_before, double lr, double grad_norm, do
   const double tokens_per_s = interval_s > 0 ? static_cast<double>(interval_tokens_) / interval_s : 0;
   progress_->update(step_, interval_loss_ / static_cast<double>(interval_steps_), tokens_per_s, log_now);
   if (!log_now) return;
-  log_->write("train", {{"worker", worker_.rank}, {"step", step_}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                        {"tokens", tokens_}, {"tokens_per_s", tokens_per_s}, {"bytes_sent", summary_.bytes_sent},
-                        {"utilization", compute_share()}, {"wall_s", wall_s()}});
+  log_->write(metrics::TrainEvent{me(), step_, loss, lr, grad_norm, tokens_, tokens_per_s, summary_.bytes_sent,
+                                  compute_share(), wall_s()});
   interval_start_ = Clock::now();
   interval_tokens_ = 0;
   interval_loss_ = 0;
@@ -514,8 +468,7 @@ void TrainingLoop::evaluate_when_due(int64_t step_before) {
   eval_due_ = false;
   if (!worker_.evaluates || !sync_.leads()) return;
   last_eval_ = score();
-  log_->write("eval", {{"worker", worker_.rank}, {"step", step_}, {"val_loss", last_eval_.loss}, {"val_ppl", last_eval_.ppl},
-                       {"tokens", last_eval_.tokens}});
+  log_->write(metrics::EvalEvent{me(), step_, last_eval_.loss, last_eval_.ppl, last_eval_.tokens});
   progress_->message(fmt::format("{}step {}: val_loss {:.4f}  val_ppl {:.2f}", who_, step_, last_eval_.loss, last_eval_.ppl));
 }
 
@@ -591,9 +544,7 @@ TrainSummary TrainingLoop::finish() {
   summary_.val_ppl = last_eval_.ppl;
   summary_.wall_s = wall_s();
   summary_.global_hash = global_hash_;
-  auto event = summary_json(summary_);
-  event.update({{"worker", worker_.rank}, {"world_size", worker_.world_size}, {"sync", sync_.name()}});
-  log_->write("summary", event);
+  log_->write(metrics::SummaryEvent{me(), worker_.world_size, sync_.name(), summary_});
   doing(metrics::Activity::kFinished);
   return summary_;
 }
@@ -609,26 +560,6 @@ TrainSummary train(const RunConfig& config, algorithms::SyncStrategy& sync, cons
   loop.start();
   while (loop.running()) loop.step();
   return loop.finish();
-}
-
-nlohmann::json summary_json(const TrainSummary& s) {
-  return {{"steps", s.steps},
-          {"tokens", s.tokens},
-          {"val_loss", s.val_loss},
-          {"val_ppl", s.val_ppl},
-          {"val_unigram_entropy", s.val_unigram_entropy},
-          {"wall_s", s.wall_s},
-          {"interrupted", s.interrupted},
-          {"rounds", s.rounds},
-          {"bytes_sent", s.bytes_sent},
-          {"bytes_received", s.bytes_received},
-          {"sync_s", s.sync_s},
-          {"stall_s", s.stall_s},
-          {"peak_step_bytes", s.peak_step_bytes},
-          {"compute_utilization", s.compute_utilization},
-          {"compute_s", s.compute_s},
-          {"end_to_end_utilization", s.end_to_end_utilization},
-          {"global_hash", hex64(s.global_hash)}};
 }
 
 }  // namespace loco::runtime

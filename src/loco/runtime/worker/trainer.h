@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "loco/algorithms/sync.h"
+#include "loco/metrics/events.h"
 #include "loco/metrics/progress.h"
 #include "loco/metrics/telemetry.h"
 #include "loco/data/batcher.h"
@@ -90,30 +91,10 @@ struct TrainOptions {
   WorkerRole worker;
 };
 
-struct TrainSummary {
-  int64_t first_step = 0;  // 0, or the step resumed from
-  int64_t steps = 0;       // steps completed in total
-  int64_t tokens = 0;
-  double val_loss = 0, val_ppl = 0;
-  double val_unigram_entropy = 0;  // of the dataset, for comparison
-  double wall_s = 0;
-  bool interrupted = false;     // stopped early (a signal, or the run stopping); a checkpoint was saved
-  std::vector<double> losses;  // training loss of each step taken by this call
-  // Synchronization totals of this call: rounds, payload bytes and time in collectives.
-  int64_t rounds = 0;
-  int64_t bytes_sent = 0, bytes_received = 0;
-  double sync_s = 0;
-  double stall_s = 0;               // time the loop waited for communication
-  int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step but the last
-  double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
-  // End to end (this call): seconds computing inner steps (outside sync hooks), and their share of
-  // the call's whole wall time, start-up, evaluation and checkpoints included.
-  double compute_s = 0, end_to_end_utilization = 0;
-  uint64_t global_hash = 0;    // of the global parameters after the last synchronization
-};
-
-// The summary as JSON: the `summary` event of metrics.jsonl, and what a worker reports at its end.
-nlohmann::json summary_json(const TrainSummary& summary);
+// A training loop's totals (metrics/events.h: the `summary` event).
+using metrics::TrainSummary;
+using metrics::summary_json;
+using metrics::summary_from_json;
 
 // Runs (or resumes) the training described by `config` with `sync` plugged in. Writes
 // RUN/config.toml, RUN/metrics.jsonl and RUN/checkpoints/ (RUN/workers/<rank>/checkpoints/ for a

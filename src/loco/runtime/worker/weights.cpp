@@ -109,4 +109,23 @@ void load_initial_weights(model::Transformer& model, const RunConfig& config, ui
   load_model_weights(model, inference_weights(source), source.dir.string());
 }
 
+InferenceModel load_for_inference(const std::string& checkpoint, const std::string& data_dir, const torch::Device& device) {
+  InferenceModel loaded;
+  loaded.checkpoint = load_checkpoint(checkpoint);
+  loaded.config = parse_config(loaded.checkpoint.state.config_toml, (loaded.checkpoint.dir / "state.json").string());
+  if (!data_dir.empty()) loaded.config.data.dir = data_dir;
+  loaded.model = build_model(loaded.config);
+  load_model_weights(loaded.model, inference_weights(loaded.checkpoint), loaded.checkpoint.dir.string());
+  loaded.model->to(device);
+  loaded.model->eval();
+  return loaded;
+}
+
+void check_same_tokenizer(uint64_t tokenizer_hash, const std::string& what, const Checkpoint& checkpoint) {
+  if (tokenizer_hash == checkpoint.state.tokenizer_hash) return;
+  throw DataError("cli", fmt::format("{} uses tokenizer {}, but the checkpoint {} was trained with tokenizer {}; hint: pass "
+                                     "--data with the dataset it was trained on", what, hex64(tokenizer_hash),
+                                     checkpoint.dir.string(), hex64(checkpoint.state.tokenizer_hash)));
+}
+
 }  // namespace loco::runtime

@@ -1,10 +1,12 @@
-// DiPaCo's registry (docs/dipaco.md, "Where state lives" and "Training as tasks"): the run's task
-// queue and its module metadata, in a real database. It records which versions of each module exist
-// and in which file, which paths reported which outer gradient for a module in a phase, and the
-// tasks: each phase, one task per path (train it H inner steps from its modules' versions of that
-// phase) and, once every path through a module has reported, one task to take the module's outer
-// step. The module files themselves are modules.h's; the registry only points at them, and only
-// after they are complete.
+// DiPaCo's registry (docs/dipaco.md, "Where state lives" and "Training as tasks"): the run's module
+// metadata and its phase graph, in a real database. It records which versions of each module exist
+// and in which file, and which paths reported which outer gradient for a module in a phase; and it
+// is the policy that issues the run's tasks into the database's task queue (tasks/sql_queue.h,
+// the vocabulary of tasks/task.h): each phase, one kPath task per path (train it H inner steps
+// from its modules' versions of that phase) and, once every path through a module has reported,
+// one kModuleStep task to take the module's outer step (and a kRoute task before a re-routed
+// phase). The module files themselves are store/modules.h's; the registry only points at them,
+// and only after they are complete.
 //
 // Tasks are leased: a worker holds a task until its lease runs out (it renews it while it works).
 // A worker that dies loses only its lease, and its task goes to the next worker that asks. Every
@@ -26,12 +28,11 @@
 #include <vector>
 
 #include "loco/core/error.h"
+#include "loco/runtime/store/sql.h"
+#include "loco/runtime/tasks/sql_queue.h"
+#include "loco/runtime/tasks/task.h"
 
 namespace loco::runtime {
-
-namespace sql {
-class Connection;
-}
 
 struct ModuleReport {
   std::string module;
@@ -41,49 +42,12 @@ struct ModuleReport {
   std::string file;   // its outer gradient, relative to the run folder
 };
 
-// What a task is: train path `path` in `phase`, take module `module`'s outer step of `phase` (from
-// version phase to phase + 1), or route the documents again before `phase` (discriminative
-// re-routing, once every module reached that version).
-struct TaskKey {
-  enum class Kind { kPath, kStep, kRoute };
-  Kind kind = Kind::kPath;
-  int64_t path = -1;   // kPath
-  std::string module;  // kStep
-  int64_t phase = 0;
-  bool operator==(const TaskKey&) const = default;
-};
-std::string describe(const TaskKey& task);
-
-struct TaskRow {
-  TaskKey key;
-  std::string state;   // "open", "leased", "done"; "waiting" (an outer step before its deadline);
-                       // "cancelled" (a path task whose phase closed without it)
-  std::string holder;  // the worker that leases it or did it
-  double lease_until = 0;  // unix seconds
-  int64_t leases = 0;      // times leased (more than once: issued again after a lease ran out)
-  std::string result;      // a done task's result file (a path's inner optimizer state; a module's version)
-};
-
 // The run's shape, given once when the run starts.
 struct RunLayout {
   std::string plan;                                   // PathPlan::fingerprint()
   int64_t phases = 0;                                 // outer steps of every module
   std::vector<std::vector<std::string>> path_modules; // per path, its modules
   int64_t reroute_phase = 0;                          // > 0: a route task runs before this phase's path tasks
-};
-
-// A task this worker no longer holds (its lease ran out and another worker took it, or it is done):
-// its result must be dropped.
-class LeaseLost : public DataError {
- public:
-  using DataError::DataError;
-};
-
-// The database could not be reached or answered in time (a server down or restarting, a lock held
-// past the busy timeout): the same request may succeed on a new connection later.
-class DatabaseUnavailable : public DataError {
- public:
-  using DataError::DataError;
 };
 
 class Registry {
@@ -162,9 +126,9 @@ class Registry {
   bool finished();
 
  private:
-  void check_held(const TaskKey& task, const std::string& worker);
   void insert_report(const ModuleReport& report);
   std::unique_ptr<sql::Connection> db_;
+  SqlTaskQueue queue_;  // over db_
 };
 
 // Opens (creating if needed) the SQLite registry at `file`. Throws DataError naming the file when it

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "loco/core/error.h"
-#include "loco/runtime/store/registry.h"
+#include "loco/runtime/dipaco/registry.h"
 #include "postgres_server.h"
 #include "test_util.h"
 
@@ -136,37 +136,37 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   for (int64_t p = 0; p < 4; ++p) {
     auto task = registry->lease(fmt::format("w{}", p % 2), 1000.0, 60.0);
     ASSERT_TRUE(task.has_value());
-    EXPECT_EQ(*task, (TaskKey{TaskKey::Kind::kPath, p, "", 0}));
+    EXPECT_EQ(*task, (TaskKey{TaskScope::kPath, p, "", 0}));
   }
   EXPECT_FALSE(registry->lease("w0", 1000.0, 60.0).has_value());  // nothing else is due
-  EXPECT_TRUE(registry->holds({TaskKey::Kind::kPath, 0, "", 0}, "w0"));
-  EXPECT_FALSE(registry->holds({TaskKey::Kind::kPath, 0, "", 0}, "w1"));
+  EXPECT_TRUE(registry->holds({TaskScope::kPath, 0, "", 0}, "w0"));
+  EXPECT_FALSE(registry->holds({TaskScope::kPath, 0, "", 0}, "w1"));
   EXPECT_TRUE(registry->version_needed("L1.M0", 0)) << "paths 0 and 1 of phase 0 read it";
-  EXPECT_TRUE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w0", 1010.0, 60.0));
-  EXPECT_FALSE(registry->renew({TaskKey::Kind::kPath, 0, "", 0}, "w1", 1010.0, 60.0));  // not its task
-  expect_error<LeaseLost>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w1", path_reports(layout, 0, 0), "inner"); },
+  EXPECT_TRUE(registry->renew({TaskScope::kPath, 0, "", 0}, "w0", 1010.0, 60.0));
+  EXPECT_FALSE(registry->renew({TaskScope::kPath, 0, "", 0}, "w1", 1010.0, 60.0));  // not its task
+  expect_error<LeaseLost>([&] { registry->complete_path({TaskScope::kPath, 0, "", 0}, "w1", path_reports(layout, 0, 0), "inner"); },
                           "w1 no longer holds path 0 phase 0");
   // A report that leaves out a module is refused whole.
   auto partial = path_reports(layout, 0, 0);
   partial.pop_back();
-  expect_error<DataError>([&] { registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", partial, "inner"); }, "must report each");
+  expect_error<DataError>([&] { registry->complete_path({TaskScope::kPath, 0, "", 0}, "w0", partial, "inner"); }, "must report each");
   EXPECT_TRUE(registry->reports("L1.M0", 0).empty());
 
-  registry->complete_path({TaskKey::Kind::kPath, 0, "", 0}, "w0", path_reports(layout, 0, 0), "inner");
-  registry->complete_path({TaskKey::Kind::kPath, 1, "", 0}, "w1", path_reports(layout, 1, 0), "inner");
+  registry->complete_path({TaskScope::kPath, 0, "", 0}, "w0", path_reports(layout, 0, 0), "inner");
+  registry->complete_path({TaskScope::kPath, 1, "", 0}, "w1", path_reports(layout, 1, 0), "inner");
   // L1.M0 has both of its paths' reports: its outer step is due; embed waits for all four.
   auto step = registry->lease("w0", 1020.0, 60.0);
   ASSERT_TRUE(step.has_value());
-  EXPECT_EQ(*step, (TaskKey{TaskKey::Kind::kStep, -1, "L1.M0", 0}));
+  EXPECT_EQ(*step, (TaskKey{TaskScope::kModuleStep, -1, "L1.M0", 0}));
   EXPECT_FALSE(registry->lease("w1", 1020.0, 60.0).has_value());
 
   // Path 2's lease runs out (its worker died): the next worker to ask takes it again.
   auto again = registry->lease("w9", 1070.0, 60.0);
   ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(*again, (TaskKey{TaskKey::Kind::kPath, 2, "", 0}));
+  EXPECT_EQ(*again, (TaskKey{TaskScope::kPath, 2, "", 0}));
   auto path3 = registry->lease("w1", 1070.0, 60.0);  // path 3's lease ran out too
   ASSERT_TRUE(path3.has_value());
-  EXPECT_EQ(*path3, (TaskKey{TaskKey::Kind::kPath, 3, "", 0}));
+  EXPECT_EQ(*path3, (TaskKey{TaskScope::kPath, 3, "", 0}));
   expect_error<LeaseLost>([&] { registry->complete_path(*again, "w0", path_reports(layout, 2, 0), "inner"); }, "its lease ran out");
   registry->complete_path(*again, "w9", path_reports(layout, 2, 0), "inner");
   for (const auto& row : registry->tasks()) {
@@ -179,7 +179,7 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   std::set<std::string> stepped = {"L1.M0"};
   std::vector<TaskKey> phase1;
   while (auto task = registry->lease("w0", 1080.0, 60.0)) {
-    if (task->kind == TaskKey::Kind::kPath) {
+    if (task->scope == TaskScope::kPath) {
       phase1.push_back(*task);
       // Only paths whose modules have all stepped.
       for (const auto& m : layout.path_modules[static_cast<size_t>(task->path)]) EXPECT_TRUE(stepped.count(m)) << m;
@@ -198,14 +198,14 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   auto other = open();  // what one connection did, another continues
   for (const auto& task : phase1) other->complete_path(task, "w0", path_reports(layout, task.path, 1), "inner");
   while (auto task = other->lease("w1", 1090.0, 60.0)) {
-    ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
+    ASSERT_EQ(task->scope, TaskScope::kModuleStep);
     EXPECT_FALSE(other->finished());
     other->complete_step(*task, "w1", fmt::format("{}/v2", task->module));
   }
   EXPECT_TRUE(other->finished());
   EXPECT_FALSE(other->version_needed("L1.M0", 1)) << "no task is left to read it";
   EXPECT_EQ(other->latest_version("L2.M1"), 2);
-  for (const auto& row : other->tasks()) EXPECT_EQ(row.state, "done") << describe(row.key);
+  for (const auto& row : other->tasks()) EXPECT_EQ(row.state, TaskState::kDone) << describe(row.key);
 }
 
 // Discriminative re-routing before phase 1: no path task of phase 1 until every module reached
@@ -222,21 +222,21 @@ TEST_P(RegistryTest, ARouteTaskGatesItsPhase) {
   for (const auto& task : phase0) registry->complete_path(task, "w", path_reports(layout, task.path, 0), "inner");
   int64_t steps = 0;
   while (auto task = registry->lease("w", 20.0, 60.0)) {
-    if (task->kind == TaskKey::Kind::kRoute) {
+    if (task->scope == TaskScope::kRoute) {
       EXPECT_EQ(steps, 5) << "re-routing before every module stepped";
       EXPECT_EQ(task->phase, 1);
       EXPECT_FALSE(registry->lease("w", 20.0, 60.0).has_value()) << "a phase 1 task before the re-routing";
       registry->complete_route(*task, "w", "routing/phase1");
       break;
     }
-    ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
+    ASSERT_EQ(task->scope, TaskScope::kModuleStep);
     ++steps;
     registry->complete_step(*task, "w", fmt::format("{}/v1", task->module));
   }
-  EXPECT_EQ(registry->task_result({TaskKey::Kind::kRoute, -1, "", 1}), "routing/phase1");
+  EXPECT_EQ(registry->task_result({TaskScope::kRoute, -1, "", 1}), "routing/phase1");
   std::set<int64_t> paths;
   while (auto task = registry->lease("w", 30.0, 60.0)) {
-    EXPECT_EQ(task->kind, TaskKey::Kind::kPath);
+    EXPECT_EQ(task->scope, TaskScope::kPath);
     EXPECT_EQ(task->phase, 1);
     paths.insert(task->path);
   }
@@ -262,7 +262,7 @@ TEST_P(RegistryTest, APhaseDeadlineStepsWithTheReportsThatArrived) {
   EXPECT_EQ(due, (std::set<std::string>{"L1.M0", "L2.M0"}));
   std::set<std::string> at_deadline;
   while (auto task = registry->lease("w", 15.5, 60.0)) {
-    ASSERT_EQ(task->kind, TaskKey::Kind::kStep);
+    ASSERT_EQ(task->scope, TaskScope::kModuleStep);
     at_deadline.insert(task->module);
   }
   EXPECT_EQ(at_deadline, (std::set<std::string>{"L1.M1", "L2.M1", "embed"}));
@@ -272,7 +272,7 @@ TEST_P(RegistryTest, APhaseDeadlineStepsWithTheReportsThatArrived) {
   EXPECT_EQ(std::set<std::string>(late.begin(), late.end()), (std::set<std::string>{"L1.M1", "L2.M1", "embed"}));
   EXPECT_EQ(registry->reports("embed", 0).size(), 3u) << "a late report counted";
   for (const auto& m : {"L1.M0", "L2.M0", "L1.M1", "L2.M1", "embed"}) {
-    registry->complete_step({TaskKey::Kind::kStep, -1, m, 0}, "w", fmt::format("{}/v1", m));
+    registry->complete_step({TaskScope::kModuleStep, -1, m, 0}, "w", fmt::format("{}/v1", m));
   }
   std::set<int64_t> next;
   while (auto task = registry->lease("w", 17.0, 60.0)) next.insert(task->path);
@@ -287,7 +287,7 @@ TEST_P(RegistryTest, APhaseDeadlineStepsWithTheReportsThatArrived) {
   for (int64_t p = 0; p < 4; ++p) tasks.push_back(*other->lease("w", 0.0, 60.0));
   for (int64_t p = 0; p < 3; ++p) other->complete_path(tasks[p], "w", path_reports(layout, p, 0), "inner", 10.0, 5.0);
   while (auto task = other->lease("w", 20.0, 60.0)) {
-    if (task->kind == TaskKey::Kind::kStep) other->complete_step(*task, "w", fmt::format("{}/v1", task->module));
+    if (task->scope == TaskScope::kModuleStep) other->complete_step(*task, "w", fmt::format("{}/v1", task->module));
   }
   expect_error<LeaseLost>([&] { other->complete_path(tasks[3], "w", path_reports(layout, 3, 0), "inner", 21.0, 5.0); },
                           "cancelled");

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "loco/runtime/launch/report.h"
+#include "loco/runtime/report/report.h"
 
 namespace loco::runtime {
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,10 @@ struct SimulationOptions {
   // How an exchange crosses the link:
   //   kDirect   loco's transport (comm/group.h): one direct all-reduce per exchange, whatever its
   //             size, every receive posted first; a gather costs (M − 1)·B bytes and 2 one-way
-  //             delays, a scatter 2(M − 1)/M·B and 3, and the faster of the two is taken (a gather
-  //             only while the others' tensors take at most 64 MiB, as loco's choice); the weights
-  //             ride with the data.
+  //             delays, a scatter 2(M − 1)/M·B and 3; as loco chooses, a gather at M = 2, a
+  //             scatter for an encoded exchange at M > 2, and for fp32 the faster of the two (a
+  //             gather only while the others' tensors take at most 64 MiB); the weights ride with
+  //             the data.
   //   kGlooRing loco's transport before (runs without a "route" in their sync events): Gloo's
   //             TCP pairs send a buffer only once the receiver has announced it, so each of a ring's
   //             2(M − 1) hops costs a round trip; each DiLoCo or Streaming DiLoCo sync starts with a
@@ -118,6 +120,35 @@ MeasuredRun measure_run(const std::filesystem::path& run);
 nlohmann::json to_json(const MeasuredRun& measured);
 MeasuredRun measured_run_from_json(const nlohmann::json& json);
 
+// What `loco simulate` is asked: a config's run (or a finished run's, `run_dir`), over a link,
+// with a step time given, derived from FLOP/s, or measured by the finished run.
+struct SimulationRequest {
+  std::filesystem::path run_dir;  // a finished run: its measured step time and what it measured
+  std::string link;               // "rate=...,delay=..." over the config's [link]; "" keeps it
+  double step_s = 0, flops = 0;   // seconds per inner step; or the device's FLOP/s
+  double params = 0;              // the model's parameters instead of the config's (0: the config's)
+  int64_t layers = 0;             // ... and its layers
+  bool overlap_backward = false, steady_state = false;
+};
+
+struct PreparedSimulation {
+  SimulationOptions options;
+  std::optional<MeasuredRun> measured;  // with a run_dir
+  std::string step_source;              // where the step time came from, in words
+  std::string run;                      // the finished run's folder name ("" without one)
+};
+
+// The options for `config` (model.vocab_size = 0 read from the dataset unless `params` sets the
+// size) under `request`. Throws ConfigError when no step time can be had, DataError for a run
+// folder that holds no finished run.
+PreparedSimulation prepare_simulation(RunConfig config, const SimulationRequest& request);
+// `loco simulate --json`: the options, the bandwidth needed for each of `targets`, the prediction
+// (when the link has a rate) and the measurement.
+nlohmann::json simulation_json(const PreparedSimulation& prepared, const std::vector<double>& targets);
+// `loco simulate`'s text: the setting, the prediction against the measurement, and the bandwidth
+// each of `targets` needs.
+std::string describe_simulation(const PreparedSimulation& prepared, const std::vector<double>& targets);
+
 // The published simulations this one is checked against: the Streaming DiLoCo paper's (Douillard
 // et al. 2025, arXiv 2501.18512, Table 4: Data-Parallel, DiLoCo, Streaming DiLoCo with τ = 0, with
 // τ = 1 inner step, and with τ = 1 in FP4), and Kale et al. 2025 (arXiv 2502.12996, Table 5), which
@@ -149,5 +180,7 @@ double on_published_grid(double gbits);
 // with one decimal) and ours rounded up to the grid lie within one grid step when their places
 // differ by at most 1.
 int published_grid_index(double gbits);
+// `loco simulate --published`: every published row against ours, as a Markdown table.
+std::string published_comparison_markdown();
 
 }  // namespace loco::runtime

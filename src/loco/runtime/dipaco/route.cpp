@@ -1,4 +1,4 @@
-#include "loco/runtime/worker/route.h"
+#include "loco/runtime/dipaco/route.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -59,8 +59,7 @@ RouteSummary route_documents(const RunConfig& config) {
     throw ConfigError("route", "route: the config sets no dipaco.levels, so there are no paths to route documents to");
   }
   const auto dataset = data::Dataset::open(config.data.dir);
-  RunConfig resolved = config;
-  resolved.model.vocab_size = dataset.manifest().vocab_size;
+  const RunConfig resolved = resolve_for_dataset(config, dataset.manifest());
   const model::PathPlan plan(resolved.model, options);
   const int64_t paths = plan.paths();
   int64_t k = paths;

@@ -1,4 +1,4 @@
-#include "loco/runtime/launch/report.h"
+#include "loco/runtime/report/report.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -9,6 +9,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/metrics/events.h"
 #include "loco/metrics/progress.h"
 #include "loco/optim/outer.h"
 #include "loco/runtime/config/config.h"
@@ -26,24 +27,20 @@ RunReport read_dipaco_report(const std::filesystem::path& run, const RunConfig& 
   r.inner_steps = config.sync.inner_steps;
   r.steps = config.train.steps;
   r.rounds = (config.train.steps + config.sync.inner_steps - 1) / config.sync.inner_steps;
-  std::ifstream in(run / "metrics.jsonl");
   std::map<std::string, std::pair<double, double>> bytes;  // per worker: written, read
   std::map<std::string, double> wall;
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json event;
-    try {
-      event = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      continue;
+  for (const auto& [time, event] : metrics::read_events(run / "metrics.jsonl")) {
+    const auto worker = metrics::worker_of(event).label();
+    if (const auto* e = std::get_if<metrics::PathTaskEvent>(&event)) {
+      r.tokens += e->tokens;
+      bytes[worker].first += static_cast<double>(e->bytes_written);
+      bytes[worker].second += static_cast<double>(e->bytes_read);
+    } else if (const auto* e = std::get_if<metrics::StepTaskEvent>(&event)) {
+      bytes[worker].first += static_cast<double>(e->bytes_written);
+      bytes[worker].second += static_cast<double>(e->bytes_read);
+    } else if (const auto* e = std::get_if<metrics::WorkerSummaryEvent>(&event)) {
+      wall[worker] += e->wall_s;
     }
-    const std::string kind = event.value("event", "");
-    const std::string worker = event.value("worker", std::string());
-    if (kind == "path_task") r.tokens += event.value("tokens", int64_t{0});
-    if (kind == "path_task" || kind == "step_task") {
-      bytes[worker].first += event.value("bytes_written", 0.0);
-      bytes[worker].second += event.value("bytes_read", 0.0);
-    }
-    if (kind == "worker_summary") wall[worker] += event.value("wall_s", 0.0);
   }
   r.workers = static_cast<int64_t>(bytes.size());
   for (const auto& [worker, b] : bytes) {
@@ -91,21 +88,6 @@ std::string dipaco_report(const std::filesystem::path& run) {
   return out;
 }
 
-void for_each_event(const std::filesystem::path& run, const std::function<void(const nlohmann::json&)>& each) {
-  const auto path = run / "metrics.jsonl";
-  std::ifstream in(path);
-  if (!in) throw DataError("report", fmt::format("{}: cannot read it", path.string()));
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json event;
-    try {
-      event = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      continue;  // a line cut short by a killed process
-    }
-    if (event.is_object()) each(event);
-  }
-}
-
 RunReport read_run_report(const std::filesystem::path& run) {
   RunReport r;
   r.name = run.filename().string();
@@ -123,44 +105,39 @@ RunReport read_run_report(const std::filesystem::path& run) {
   const bool outer = config.sync.algorithm == Algorithm::kDiLoCo || config.sync.algorithm == Algorithm::kStreaming;
   r.inner_steps = outer ? config.sync.inner_steps : 1;
   const auto metrics_path = run / "metrics.jsonl";
-  std::map<int64_t, nlohmann::json> last_summary;
+  std::map<int64_t, metrics::TrainSummary> last_summary;
   std::map<int64_t, std::pair<double, double>> bytes;  // per worker, summed over every sync event
   std::map<int64_t, int64_t> rounds;
   std::map<int64_t, double> peak, stall;  // per worker, over every session
   double parameters = NAN;
-  for_each_event(run, [&](const nlohmann::json& event) {
-    const std::string kind = event.value("event", "");
-    const int64_t worker = event.value("worker", int64_t{0});
-    if (kind == "start" && event.contains("parameters")) parameters = event.value("parameters", 0.0);
-    if (kind == "summary") {
-      last_summary[worker] = event;
-      if (event.contains("peak_step_bytes")) peak[worker] = std::max(peak[worker], event.value("peak_step_bytes", 0.0));
+  for (const auto& [time, event] : metrics::read_events(metrics_path)) {
+    const int64_t worker = std::max<int64_t>(0, metrics::worker_of(event).rank);
+    if (const auto* e = std::get_if<metrics::StartEvent>(&event); e != nullptr && !e->resumed) parameters = e->parameters;
+    if (const auto* e = std::get_if<metrics::SummaryEvent>(&event)) {
+      last_summary[worker] = e->summary;
+      peak[worker] = std::max(peak[worker], static_cast<double>(e->summary.peak_step_bytes));
     }
-    if (kind == "sync") {
-      bytes[worker].first += event.value("bytes_sent", 0.0);
-      bytes[worker].second += event.value("bytes_received", 0.0);
-      rounds[worker] = std::max(rounds[worker], event.value("round", int64_t{0}));
-      if (event.contains("stall_s")) stall[worker] += event.value("stall_s", 0.0);
+    if (const auto* e = std::get_if<metrics::SyncEvent>(&event)) {
+      bytes[worker].first += static_cast<double>(e->bytes_sent);
+      bytes[worker].second += static_cast<double>(e->bytes_received);
+      rounds[worker] = std::max(rounds[worker], e->round);
+      if (std::isfinite(e->stall_s)) stall[worker] += e->stall_s;
     }
-  });
+  }
   if (last_summary.empty()) throw DataError("report", fmt::format("{}: no summary yet (is the run finished?)", metrics_path.string()));
   r.workers = static_cast<int64_t>(last_summary.size());
   r.finished = true;
   double loss_sum = 0, ppl_sum = 0, utilization_sum = 0;
-  int64_t utilization_count = 0;
   for (const auto& [worker, s] : last_summary) {
-    if (s.contains("end_to_end_utilization")) r.worker_utilization.push_back(s.value("end_to_end_utilization", 0.0));
-    if (s.contains("compute_utilization")) {
-      utilization_sum += s.value("compute_utilization", 0.0);
-      ++utilization_count;
-    }
-    r.finished = r.finished && !s.value("interrupted", false);
-    r.tokens += s.value("tokens", int64_t{0});
-    r.wall_s = std::max(r.wall_s, s.value("wall_s", 0.0));
-    r.steps = std::max(r.steps, s.value("steps", int64_t{0}));
-    if (s.contains("val_loss") && s["val_loss"].is_number()) {
-      loss_sum += s["val_loss"].get<double>();
-      ppl_sum += s["val_ppl"].get<double>();
+    r.worker_utilization.push_back(s.end_to_end_utilization);
+    utilization_sum += s.compute_utilization;
+    r.finished = r.finished && !s.interrupted;
+    r.tokens += s.tokens;
+    r.wall_s = std::max(r.wall_s, s.wall_s);
+    r.steps = std::max(r.steps, s.steps);
+    if (std::isfinite(s.val_loss)) {
+      loss_sum += s.val_loss;
+      ppl_sum += s.val_ppl;
     }
   }
   const auto& first = last_summary.begin()->second;
@@ -168,15 +145,13 @@ RunReport read_run_report(const std::filesystem::path& run) {
     r.val_loss = loss_sum / static_cast<double>(r.workers);
     r.val_ppl = ppl_sum / static_cast<double>(r.workers);
   } else {
-    r.val_loss = first.contains("val_loss") && first["val_loss"].is_number() ? first["val_loss"].get<double>() : NAN;
-    r.val_ppl = first.contains("val_ppl") && first["val_ppl"].is_number() ? first["val_ppl"].get<double>() : NAN;
+    r.val_loss = first.val_loss;
+    r.val_ppl = first.val_ppl;
   }
-  if (utilization_count > 0) r.compute_utilization = utilization_sum / static_cast<double>(utilization_count);
-  if (!r.worker_utilization.empty()) {
-    double sum = 0;
-    for (double u : r.worker_utilization) sum += u;
-    r.end_to_end_utilization = sum / static_cast<double>(r.worker_utilization.size());
-  }
+  r.compute_utilization = utilization_sum / static_cast<double>(r.workers);
+  double sum = 0;
+  for (double u : r.worker_utilization) sum += u;
+  r.end_to_end_utilization = sum / static_cast<double>(r.worker_utilization.size());
   for (const auto& [worker, p] : peak) r.peak_step_bytes = std::isnan(r.peak_step_bytes) ? p : std::max(r.peak_step_bytes, p);
   for (const auto& [worker, t] : stall) r.stall_s = std::isnan(r.stall_s) ? t : std::max(r.stall_s, t);
   for (const auto& [worker, b] : bytes) {

@@ -1,4 +1,4 @@
-#include "loco/runtime/launch/simulate.h"
+#include "loco/runtime/simulate/simulate.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -12,7 +12,10 @@
 #include <tuple>
 
 #include "loco/core/error.h"
-#include "loco/runtime/launch/islands.h"
+#include "loco/data/dataset.h"
+#include "loco/metrics/events.h"
+#include "loco/metrics/progress.h"
+#include "loco/runtime/config/links.h"
 
 namespace loco::runtime {
 
@@ -65,7 +68,7 @@ Cost all_reduce_cost(const SimulationOptions& o, double b, bool fp32, bool contr
     if (o.route == "gather") return gather;
     if (o.route == "scatter") return scatter;
     if (o.workers == 2) return gather;
-    if ((m - 1) * b > 64.0 * (1 << 20)) return scatter;
+    if (!fp32 || (m - 1) * b > 64.0 * (1 << 20)) return scatter;  // as loco chooses (comm/group.h)
     return gather.seconds < scatter.seconds ? gather : scatter;
   }
   const double hop_s = o.transport == Transport::kGlooRing ? 2 * o.latency_s : o.latency_s;
@@ -317,42 +320,36 @@ SimulationOptions simulation_options(const RunConfig& config) {
 }
 
 MeasuredRun measure_run(const std::filesystem::path& run) {
-  std::ifstream in(run / "metrics.jsonl");
-  if (!in) throw DataError("simulate", fmt::format("{} holds no metrics.jsonl: not a finished run", run.string()));
-  std::map<int64_t, nlohmann::json> last;  // each worker's last summary
+  if (!std::filesystem::exists(run / "metrics.jsonl")) {
+    throw DataError("simulate", fmt::format("{} holds no metrics.jsonl: not a finished run", run.string()));
+  }
+  std::map<int64_t, metrics::TrainSummary> last;  // each worker's last summary
   bool direct = false;
   std::map<std::string, int64_t> routes;
-  for (std::string line; std::getline(in, line);) {
-    try {
-      auto event = nlohmann::json::parse(line);
-      const auto kind = event.value("event", "");
-      if (kind == "summary") last[event.value("worker", int64_t{0})] = event;
-      if (kind == "sync" && event.contains("route")) {
-        direct = true;
-        routes[event.value("route", "")] += 1;
-      }
-      if (kind == "resume") {
-        throw DataError("simulate", fmt::format("{} was resumed: its summaries time its last session only; "
-                                                "compare with a run trained in one go", run.string()));
-      }
-    } catch (const nlohmann::json::exception&) {
+  for (const auto& [time, event] : metrics::read_events(run / "metrics.jsonl")) {
+    if (const auto* s = std::get_if<metrics::SummaryEvent>(&event)) last[s->worker.rank] = s->summary;
+    if (const auto* s = std::get_if<metrics::SyncEvent>(&event); s != nullptr && !s->route.empty()) {
+      direct = true;
+      routes[s->route] += 1;
+    }
+    if (const auto* s = std::get_if<metrics::StartEvent>(&event); s != nullptr && s->resumed) {
+      throw DataError("simulate", fmt::format("{} was resumed: its summaries time its last session only; compare with a run "
+                                              "trained in one go", run.string()));
     }
   }
   if (last.empty()) throw DataError("simulate", fmt::format("{}/metrics.jsonl has no worker summary: the run did not finish", run.string()));
   MeasuredRun m;
   for (const auto& [worker, s] : last) {
-    const double compute = s.value("compute_s", 0.0), utilization = s.value("compute_utilization", 0.0);
-    const int64_t steps = s.value("steps", int64_t{0});
-    if (steps <= 0 || compute <= 0 || utilization <= 0) {
+    if (s.steps <= 0 || s.compute_s <= 0 || s.compute_utilization <= 0) {
       throw DataError("simulate", fmt::format("{}: worker {}'s summary has no compute time (a run from before loco measured it?)",
                                               run.string(), worker));
     }
-    m.step_s += compute / static_cast<double>(steps);
-    m.loop_s += compute / utilization;
-    m.utilization += utilization;
-    m.end_to_end += s.value("end_to_end_utilization", 0.0);
-    m.bytes_sent += s.value("bytes_sent", 0.0);
-    m.steps = std::max(m.steps, steps);
+    m.step_s += s.compute_s / static_cast<double>(s.steps);
+    m.loop_s += s.compute_s / s.compute_utilization;
+    m.utilization += s.compute_utilization;
+    m.end_to_end += s.end_to_end_utilization;
+    m.bytes_sent += static_cast<double>(s.bytes_sent);
+    m.steps = std::max(m.steps, s.steps);
   }
   const double n = static_cast<double>(last.size());
   m.workers = static_cast<int64_t>(last.size());
@@ -441,6 +438,109 @@ double on_published_grid(double gbits) {
 int published_grid_index(double gbits) {
   if (!std::isfinite(gbits)) return 50;
   return static_cast<int>(std::lround((std::log10(gbits) + 1) * 49 / 4));
+}
+
+PreparedSimulation prepare_simulation(RunConfig config, const SimulationRequest& request) {
+  if (config.model.vocab_size == 0) {  // the dataset's; not needed when --params sets the size
+    config.model.vocab_size = request.params > 0 ? 1 : data::read_manifest(config.data.dir).vocab_size;
+  }
+  PreparedSimulation out;
+  auto& o = out.options;
+  o = simulation_options(config);
+  if (request.params > 0) o.parameters = request.params;
+  if (request.layers > 0) o.layers = request.layers;
+  if (!request.link.empty()) {
+    const auto spec = LinkSpec::parse(request.link);
+    o.bandwidth_bps = spec.rate_bps;
+    o.latency_s = spec.delay_s;
+  }
+  o.overlap_backward = request.overlap_backward;
+  o.final_sync = !request.steady_state;
+  if (!request.run_dir.empty()) {
+    out.measured = measure_run(request.run_dir);
+    out.run = request.run_dir.filename().string();
+    o.steps = out.measured->steps;  // the steps it ran, which its measurements cover
+    if (!out.measured->direct) o.transport = SimulationOptions::Transport::kGlooRing;  // a run from before
+    if (out.measured->route == "gather" || out.measured->route == "scatter") o.route = out.measured->route;
+  }
+  out.step_source = "--step-time";
+  if (request.step_s > 0) {
+    o.step_s = request.step_s;
+  } else if (request.flops > 0) {
+    const int64_t tokens = config.train.batch_size * config.train.grad_accum * config.model.context;
+    o.step_s = 6 * o.parameters * static_cast<double>(tokens) / request.flops;
+    out.step_source = fmt::format("6 x {:.3g} parameters x {} tokens / {:.3g} FLOP/s", o.parameters, tokens, request.flops);
+  } else if (out.measured) {
+    o.step_s = out.measured->step_s;
+    out.step_source = fmt::format("measured: the workers' compute time / {} steps", out.measured->steps);
+  } else {
+    throw ConfigError("simulate", "give the step time: --step-time SECONDS, --flops FLOP/s, or --from-run RUN");
+  }
+  return out;
+}
+
+nlohmann::json simulation_json(const PreparedSimulation& prepared, const std::vector<double>& targets) {
+  const auto& o = prepared.options;
+  nlohmann::json out = {{"options", to_json(o)}};
+  nlohmann::json needed = nlohmann::json::array();
+  for (double target : targets) {
+    const double bps = bandwidth_for(o, target);
+    needed.push_back({{"utilization", target}, {"bandwidth_bps", std::isinf(bps) ? nlohmann::json(nullptr) : nlohmann::json(bps)}});
+  }
+  out["bandwidth_needed"] = needed;
+  if (o.bandwidth_bps > 0) out["predicted"] = to_json(simulate(o));
+  if (prepared.measured) out["measured"] = to_json(*prepared.measured);
+  if (!prepared.run.empty()) out["run"] = prepared.run;
+  return out;
+}
+
+std::string describe_simulation(const PreparedSimulation& prepared, const std::vector<double>& targets) {
+  const auto& o = prepared.options;
+  std::string method = algorithm_name(o.algorithm);
+  if (o.algorithm != SimulatedAlgorithm::kDdp) method += fmt::format(" H={}", o.inner_steps);
+  if (o.algorithm == SimulatedAlgorithm::kStreaming) method += fmt::format(" P={} tau={}", o.fragments, o.overlap_steps);
+  if (o.eager) method += " eager";
+  std::string out = fmt::format("model {:.4g} parameters, {} layers; step {:.4g} s ({}); {} workers; {}, {:g} bits per value; "
+                                "{} steps\n", o.parameters, o.layers, o.step_s, prepared.step_source, o.workers, method,
+                                o.bits, o.steps);
+  if (o.bandwidth_bps > 0) {
+    const auto r = simulate(o);
+    out += fmt::format("over {}, {}: compute utilization {:.1f}%, {} for the steps ({} computing), {} sent per worker\n",
+                       LinkSpec{o.bandwidth_bps, o.latency_s}.describe(),
+                       o.overlap_backward ? "overlapping the backward pass" : "as loco runs it", 100 * r.utilization,
+                       metrics::format_duration(r.wall_s), metrics::format_duration(r.compute_s),
+                       metrics::format_bytes(r.bytes_sent));
+    if (const auto& m = prepared.measured) {
+      out += fmt::format("measured by {}: compute utilization {:.1f}% in the training loop ({}), {:.1f}% end to end; {} sent "
+                         "per worker; predicted / measured loop time {:.2f}\n",
+                         prepared.run, 100 * m->utilization, metrics::format_duration(m->loop_s), 100 * m->end_to_end,
+                         metrics::format_bytes(m->bytes_sent), r.wall_s / m->loop_s);
+    }
+  }
+  if (o.workers == 1) return out + "one worker: no link is needed\n";
+  out += fmt::format("bandwidth needed ({:g} ms one-way):", o.latency_s * 1e3);
+  for (double target : targets) {
+    const double needed = bandwidth_for(o, target);
+    out += fmt::format("  {:g}%: {}", 100 * target, std::isinf(needed) ? std::string("unreachable") : format_bandwidth(needed));
+  }
+  return out + "\n(unreachable: part of each exchange costs time no bandwidth removes: its latency, or a wait no overlap "
+               "hides)\n";
+}
+
+std::string published_comparison_markdown() {
+  std::string out = "| model | method | published in | 50% | 80% | 90% | 95% | 99% |\n|---|---|---|---|---|---|---|---|\n";
+  for (const auto& row : published_simulation()) {
+    std::string cells;
+    for (size_t i = 0; i < kPublishedTargets.size(); ++i) {
+      const double ours = bandwidth_for(published_options(row), kPublishedTargets[i]) / 1e9;
+      const double on_grid = on_published_grid(ours);
+      const int steps = published_grid_index(on_grid) - published_grid_index(row.gbits[i]);
+      cells += fmt::format(" {:g} / {:.1f}{} |", row.gbits[i], on_grid, steps == 0 ? "" : fmt::format(" ({:+d})", steps));
+    }
+    out += fmt::format("| {} | {} | {} |{}\n", row.model, row.method, row.tables, cells);
+  }
+  return out + "\nGbit/s needed: published / this simulator (rounded up to the published grid); in parentheses, how many "
+               "steps of the grid (21% each) ours lies above (+) or below (-) theirs\n";
 }
 
 }  // namespace loco::runtime

@@ -1,4 +1,4 @@
-#include "loco/runtime/launch/report_charts.h"
+#include "loco/runtime/report/report_charts.h"
 
 #include <fmt/format.h>
 
@@ -10,6 +10,7 @@
 #include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/metrics/events.h"
 #include "loco/runtime/control/protocol.h"
 #include "loco/runtime/control/web_assets.h"
 
@@ -29,11 +30,6 @@ std::vector<Point> thinned(const std::vector<Point>& points) {
   for (size_t i = 0; i < points.size(); i += stride) out.push_back(points[i]);
   if ((points.size() - 1) % stride != 0) out.push_back(points.back());  // (by index: a point may hold NaN)
   return out;
-}
-
-double number(const nlohmann::json& event, const char* key, double fallback = NAN) {
-  auto it = event.find(key);
-  return it != event.end() && it->is_number() ? it->get<double>() : fallback;
 }
 
 // A web asset's text, made safe to inline in a <script> or <style> element.
@@ -110,30 +106,27 @@ RunCurves read_run_curves(const fs::path& run, const RunReport& report) {
   std::vector<std::pair<double, double>> sent;                 // (time, bytes) of every sync
   std::vector<std::array<double, 3>> evals;                    // (time, step, val_loss)
   std::vector<std::tuple<double, int64_t, double>> utilization;  // (time, worker, value)
-  for_each_event(run, [&](const nlohmann::json& e) {
-    const double time = number(e, "time");
-    if (!std::isfinite(time)) return;
+  for (const auto& [time, event] : metrics::read_events(run / "metrics.jsonl")) {
+    if (!std::isfinite(time)) continue;
     start = std::min(start, time);
-    const std::string kind = e.value("event", "");
-    const auto worker = static_cast<int64_t>(number(e, "worker", -1));
+    const int64_t worker = metrics::worker_of(event).rank;
     if (worker >= 0) {
       auto [it, fresh] = span.try_emplace(worker, time, time);
       if (!fresh) it->second = {std::min(it->second.first, time), std::max(it->second.second, time)};
     }
-    const double step = number(e, "step");
-    if (kind == "train" && std::isfinite(step) && std::isfinite(number(e, "loss"))) {
-      auto& t = train[static_cast<int64_t>(step)];
-      t[0] += number(e, "loss");
+    if (const auto* e = std::get_if<metrics::TrainEvent>(&event); e != nullptr && std::isfinite(e->loss)) {
+      auto& t = train[e->step];
+      t[0] += e->loss;
       t[1] += 1;
-      t[2] = number(e, "tokens", NAN);
-      if (step > 0 && std::isfinite(t[2])) tokens_per_step = t[2] / step;
-      if (std::isfinite(number(e, "utilization"))) utilization.emplace_back(time, worker, number(e, "utilization"));
-    } else if (kind == "sync") {
-      sent.emplace_back(time, number(e, "bytes_sent", 0));
-    } else if (kind == "eval" && std::isfinite(step) && std::isfinite(number(e, "val_loss"))) {
-      evals.push_back({time, step, number(e, "val_loss")});
+      t[2] = static_cast<double>(e->tokens);
+      if (e->step > 0) tokens_per_step = t[2] / static_cast<double>(e->step);
+      if (std::isfinite(e->utilization)) utilization.emplace_back(time, worker, e->utilization);
+    } else if (const auto* s = std::get_if<metrics::SyncEvent>(&event)) {
+      sent.emplace_back(time, static_cast<double>(s->bytes_sent));
+    } else if (const auto* v = std::get_if<metrics::EvalEvent>(&event); v != nullptr && std::isfinite(v->val_loss)) {
+      evals.push_back({time, static_cast<double>(v->step), v->val_loss});
     }
-  });
+  }
   if (!std::isfinite(start)) return curves;
   const double workers = std::max<double>(1, static_cast<double>(report.workers));
   auto all_tokens = [&](double step) { return std::isfinite(tokens_per_step) ? step * tokens_per_step * workers : NAN; };

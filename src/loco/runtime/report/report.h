@@ -42,11 +42,6 @@ RunReport report_from_json(const nlohmann::json& json, const std::string& where)
 // (RUN/routing/clusters.md: what the router learned) and each path's score once it finished.
 std::string dipaco_report(const std::filesystem::path& run);
 
-// Calls `each` with every event of RUN/metrics.jsonl, in order; a line that is not a JSON object
-// (one cut short by a killed process) is skipped. Throws DataError naming the file when it cannot
-// be read.
-void for_each_event(const std::filesystem::path& run, const std::function<void(const nlohmann::json&)>& each);
-
 // Reads one run folder (a DiPaCo run's too: its bytes are those written to and read from the
 // shared store). Throws DataError naming the file when it holds no run.
 RunReport read_run_report(const std::filesystem::path& run);

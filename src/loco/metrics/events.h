@@ -1,0 +1,185 @@
+// A run's events, typed: what its processes write to RUN/metrics.jsonl (one JSON object per line,
+// with "event", the kind, and "time", seconds since the Unix epoch), what a worker's telemetry
+// carries to the coordinator's status page, and what `loco report`, `loco simulate`, the
+// launchers' summaries and the DiPaCo launcher's status page read back. This module alone turns
+// them into JSON and back, so that a writer and its readers cannot drift apart.
+//
+//   start / resume   a training loop began (StartEvent)         train   a logged inner step
+//   sync             one synchronization (a round or a fragment) eval    the global parameters scored
+//   summary          a training loop's end (TrainSummary)
+//   path_task, step_task, route_task, worker_summary            a DiPaCo worker's tasks and its end
+// Anything else (checkpoints, joins, the coordinator's membership events) is an OtherEvent: its
+// kind, its worker, its fields as written.
+//
+// Reading never throws on a bad line or a bad field (a line cut short by a killed process, a
+// hostile telemetry body): a line that is no event is skipped, a missing or mistyped number reads
+// as its default.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace loco::metrics {
+
+// Who wrote an event: a dense run's worker by rank (an integer on the wire), a DiPaCo worker by
+// name ("host:pid", a string on the wire), or nobody (the coordinator).
+struct WorkerId {
+  int64_t rank = -1;
+  std::string name;
+  bool known() const { return rank >= 0 || !name.empty(); }
+  std::string label() const;  // "0", "host:pid", or "" for nobody
+  auto operator<=>(const WorkerId&) const = default;
+};
+
+// One training loop's totals (the `summary` event, and what a worker reports at its end).
+struct TrainSummary {
+  int64_t first_step = 0;  // 0, or the step resumed from
+  int64_t steps = 0;       // steps completed in total
+  int64_t tokens = 0;
+  double val_loss = 0, val_ppl = 0;
+  double val_unigram_entropy = 0;  // of the dataset, for comparison
+  double wall_s = 0;
+  bool interrupted = false;     // stopped early (a signal, or the run stopping); a checkpoint was saved
+  std::vector<double> losses;  // training loss of each step taken by this call (not in JSON)
+  // Synchronization totals of this call: rounds, payload bytes and time in collectives.
+  int64_t rounds = 0;
+  int64_t bytes_sent = 0, bytes_received = 0;
+  double sync_s = 0;
+  double stall_s = 0;               // time the loop waited for communication
+  int64_t peak_step_bytes = 0;      // most bytes sent during any one inner step but the last
+  double compute_utilization = 0;   // share of the inner steps' wall time not spent in sync hooks
+  // End to end (this call): seconds computing inner steps (outside sync hooks), and their share of
+  // the call's whole wall time, start-up, evaluation and checkpoints included.
+  double compute_s = 0, end_to_end_utilization = 0;
+  uint64_t global_hash = 0;    // of the global parameters after the last synchronization
+};
+nlohmann::json summary_json(const TrainSummary& summary);
+// nullopt for JSON that is no summary (no "steps": a worker that ended before it had one); a
+// missing or null val_loss / val_ppl reads as NaN (a worker that did not evaluate).
+std::optional<TrainSummary> summary_from_json(const nlohmann::json& json);
+
+struct StartEvent {
+  WorkerId worker;
+  bool resumed = false;  // "resume" rather than "start"
+  int64_t world_size = 1, step = 0;
+  double parameters = 0;
+  std::string device, sync;
+  int64_t threads = 1;
+};
+
+struct TrainEvent {
+  WorkerId worker;
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  int64_t tokens = 0;  // trained on so far by this worker
+  double tokens_per_s = 0;
+  int64_t bytes_sent = 0;
+  double utilization = 0;  // the inner steps' share of their time outside sync hooks, so far
+  double wall_s = 0;
+};
+
+struct SyncEvent {
+  WorkerId worker;
+  int64_t round = 0, step = 0, world_size = 1;
+  int64_t bytes_sent = 0, bytes_received = 0;
+  double seconds = 0, stall_s = 0;
+  std::string params_hash;
+  int64_t fragment = -1;  // Streaming DiLoCo's fragment (-1: the whole model)
+  std::string route;      // the transport's route ("gather", "scatter", "ring"; "" before it named one)
+  int64_t attempts = 1;
+  double weight = -1;     // this worker's weight in the average (-1: not recorded)
+  int64_t tokens = -1;
+};
+
+struct EvalEvent {
+  WorkerId worker;
+  int64_t step = 0;
+  double val_loss = 0, val_ppl = 0;
+  int64_t tokens = 0;  // scored
+};
+
+struct SummaryEvent {
+  WorkerId worker;
+  int64_t world_size = 1;
+  std::string sync;
+  TrainSummary summary;
+};
+
+// DiPaCo (runtime/dipaco): bytes are those of the shared store a worker wrote and read.
+struct PathTaskEvent {
+  WorkerId worker;
+  int64_t path = 0, phase = 0, steps = 0;
+  double loss = 0;
+  int64_t tokens = 0;
+  double compute_s = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+  std::map<std::string, int64_t> module_bytes_read, module_bytes_written;
+};
+
+struct StepTaskEvent {
+  WorkerId worker;
+  std::string module;
+  int64_t version = 0, paths = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+};
+
+struct RouteTaskEvent {
+  WorkerId worker;
+  int64_t phase = 0, router_documents = 0;
+  std::string documents_per_path;
+};
+
+struct WorkerSummaryEvent {
+  WorkerId worker;
+  int64_t path_tasks = 0, step_tasks = 0, lost_tasks = 0, inner_steps = 0, tokens = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+  double wall_s = 0, busy_s = 0;
+  int64_t peak_rss_bytes = 0;
+  bool interrupted = false;
+};
+
+struct OtherEvent {
+  std::string kind;
+  WorkerId worker;
+  nlohmann::json fields = nlohmann::json::object();  // without "event" and "time"
+};
+
+using Event = std::variant<StartEvent, TrainEvent, SyncEvent, EvalEvent, SummaryEvent, PathTaskEvent, StepTaskEvent,
+                           RouteTaskEvent, WorkerSummaryEvent, OtherEvent>;
+
+struct TimedEvent {
+  double time = 0;  // seconds since the Unix epoch
+  Event event;
+};
+
+// The event's kind on the wire ("train", ...).
+std::string kind_of(const Event& event);
+const WorkerId& worker_of(const Event& event);
+// The event's fields, "event" first ("time" is the writer's to add).
+nlohmann::json to_json(const Event& event);
+// An event from its JSON (an object with a string "event"; nullopt otherwise).
+std::optional<TimedEvent> parse_event(const nlohmann::json& json);
+
+// Every event of a metrics.jsonl file, in order; DataError when it cannot be read.
+std::vector<TimedEvent> read_events(const std::filesystem::path& file);
+
+// The events appended to a metrics.jsonl file since the last call (a file that does not exist yet
+// has none); a line not yet complete waits for the next call.
+class EventTail {
+ public:
+  explicit EventTail(std::filesystem::path file) : file_(std::move(file)) {}
+  std::vector<TimedEvent> read_new();
+
+ private:
+  std::filesystem::path file_;
+  size_t offset_ = 0;
+};
+
+}  // namespace loco::metrics

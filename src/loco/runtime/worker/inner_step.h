@@ -1,0 +1,71 @@
+// One inner training step: what the training loop (trainer.h) and DiPaCo's path tasks
+// (runtime/dipaco/path_task.h) share, written once. A step is grad_accum micro-batches of forward
+// and backward from a sampler, a check that the loss is finite, gradient clipping and the AdamW
+// step at the schedule's learning rate (re-warmed after a join whose AdamW moments started from
+// zero). Whatever happens between the backward pass and the update (DDP's gradient all-reduce) is
+// the caller's.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loco/data/batcher.h"
+#include "loco/model/transformer.h"
+#include "loco/optim/adamw.h"
+#include "loco/optim/schedule.h"
+#include "loco/runtime/config/config.h"
+
+namespace loco::runtime {
+
+// The model's parameters under AdamW, decayed when they are matrices (the transformer's weights;
+// not its norms and biases): what every inner optimizer of a run is built from.
+optim::AdamW make_inner_optimizer(const model::Transformer& model, const RunConfig& config);
+
+// The schedule of `config`'s inner steps (optim.lr, warm-up, train.steps, the floor), validated.
+// Throws ConfigError.
+optim::ScheduleOptions inner_schedule(const RunConfig& config);
+
+class InnerStep {
+ public:
+  // `model` and `adamw` are the caller's and must outlive this. `intact` says what a failed step
+  // leaves safe ("the last checkpoint is intact"), for the error's hint.
+  InnerStep(model::Transformer& model, optim::AdamW& adamw, const RunConfig& config, torch::Device device,
+            std::string intact);
+
+  // The learning rate of step `step` (0-based): the schedule's, times the re-warm-up factor over
+  // optim.rewarmup_steps from the step given to rewarm_from().
+  double learning_rate(int64_t step) const;
+  // AdamW's moments start from zero at `step` (a joiner, or a DiPaCo path whose inner state was
+  // lost): the learning rate warms up again from there (optim.rewarmup_steps; 0: it does not).
+  void rewarm_from(int64_t step) { rewarm_from_ = step; }
+  std::optional<int64_t> rewarmed_from() const { return rewarm_from_; }
+
+  // Zeroes the gradients, then forward and backward of the step's micro-batches from `source`
+  // (train.grad_accum of train.batch_size windows). A micro-batch with no target to score (only
+  // routing tokens, in DiPaCo) is skipped. Returns the step's mean cross entropy. Throws Error
+  // naming `step` when it is not finite.
+  double forward_backward(data::WindowSampler& source, int64_t step);
+  // Clips the gradients to optim.grad_clip and takes the AdamW step at `lr`. Returns the norm
+  // before clipping.
+  double update(double lr);
+
+  int64_t tokens_per_step() const { return batch_size_ * grad_accum_ * context_; }
+
+ private:
+  model::Transformer& model_;
+  optim::AdamW& adamw_;
+  torch::Device device_;
+  std::string intact_;
+  optim::ScheduleOptions schedule_;
+  int64_t rewarmup_steps_ = 0;
+  std::optional<int64_t> rewarm_from_;
+  int64_t batch_size_ = 0, grad_accum_ = 1, context_ = 0;
+  double z_loss_ = 0, grad_clip_ = 0;
+  std::vector<torch::Tensor> parameters_;
+};
+
+}  // namespace loco::runtime
