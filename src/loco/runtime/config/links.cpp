@@ -120,7 +120,8 @@ LinkPlan LinkPlan::parse(const std::vector<std::string>& arguments, int64_t worl
   }
   // A worker's own keys override the default link, whichever order they were given in; later
   // arguments for the same worker override earlier ones.
-  for (const auto& [rank, text] : per_worker) {
+  for (const auto& [worker, text] : per_worker) {
+    const int64_t rank = worker;  // (a structured binding cannot be captured in C++20 by clang 14)
     auto found = std::find_if(plan.workers.begin(), plan.workers.end(), [&](const auto& w) { return w.first == rank; });
     if (found == plan.workers.end()) plan.workers.emplace_back(rank, merged(plan.all, text));
     else found->second = merged(found->second, text);
