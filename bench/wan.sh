@@ -13,6 +13,7 @@
 #   sudo STEPS=100 bench/wan.sh          shorter (DDP over 10 Mbit/s costs ~6 s a step: 300 steps ~ 30 min)
 #   sudo LINKS="100mbit" bench/wan.sh    some links only
 #   sudo DELAY=25ms LINKS=100mbit RESULTS=bench/results/wan-25ms.json bench/wan.sh   another delay
+#   sudo METHODS="diloco-h50 streaming-t5-e3m0" bench/wan.sh   some methods only
 #   sudo CPU=0 bench/wan.sh               the workers share the machine's cores as they come (default:
 #                                        0.45 cores each, a CPU control group per island, so that the
 #                                        4 workers compute at one speed as 4 machines would)
@@ -29,29 +30,44 @@ loco=${LOCO:-build/loco}  # LOCO=/path/to/a/copy keeps a rebuild from changing t
 source bench/common.sh
 prepare
 
+methods=${METHODS:-"ddp diloco-h50 diloco-h50-e3m0 streaming-t1-fp32 streaming-t5-e3m0 eager-diloco-h50 eager-sgd-diloco-h50"}
+# One method's overrides, by name.
+overrides() {
+  case $1 in
+    ddp)                  echo --sync.algorithm=ddp ;;
+    diloco-h50)           echo --sync.algorithm=diloco ;;
+    diloco-h50-e3m0)      echo --sync.algorithm=diloco --sync.exchange=e3m0 ;;
+    streaming-t1-fp32)    echo --sync.algorithm=streaming --sync.overlap_steps=1 --sync.exchange=fp32 ;;
+    streaming-t5-e3m0)    echo --sync.algorithm=streaming --sync.overlap_steps=5 --sync.exchange=e3m0 ;;
+    # Eager with its defaults (outer Nesterov lr 0.7, momentum 0: bench/eager.sh), and with outer
+    # SGD (FedAvg, lr 1, no momentum).
+    eager-diloco-h50)     echo --sync.algorithm=diloco --sync.eager=true ;;
+    eager-sgd-diloco-h50) echo --sync.algorithm=diloco --sync.eager=true --outer.optimizer=sgd ;;
+    *) echo "bench/wan.sh: unknown method $1" >&2; exit 2 ;;
+  esac
+}
+
 for rate in $links; do
   link="rate=$rate,delay=$delay"
   [ "$cpu" = 0 ] || link="$link,cpu=$cpu"
-  run "$rate-ddp"               --link "$link" --sync.algorithm=ddp
-  run "$rate-diloco-h50"        --link "$link" --sync.algorithm=diloco
-  run "$rate-diloco-h50-e3m0"   --link "$link" --sync.algorithm=diloco --sync.exchange=e3m0
-  run "$rate-streaming-t1-fp32" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=1 --sync.exchange=fp32
-  run "$rate-streaming-t5-e3m0" --link "$link" --sync.algorithm=streaming --sync.overlap_steps=5 --sync.exchange=e3m0
-  # Eager with its defaults (outer Nesterov lr 0.7, momentum 0: bench/eager.sh), and with outer
-  # SGD (FedAvg, lr 1, no momentum).
-  run "$rate-eager-diloco-h50"  --link "$link" --sync.algorithm=diloco --sync.eager=true
-  run "$rate-eager-sgd-diloco-h50" --link "$link" --sync.algorithm=diloco --sync.eager=true --outer.optimizer=sgd
+  for name in $methods; do
+    # shellcheck disable=SC2046  # the overrides are words
+    run "$rate-$name" --link "$link" $(overrides "$name")
+  done
 done
 
 # What `loco simulate` predicts for each run, from its measured step time, next to what it measured:
 # $results (tests/cli/simulate_test.cpp checks the predictions against bench/results/wan.json).
 mkdir -p "$(dirname "$results")"
-methods="ddp diloco-h50 diloco-h50-e3m0 streaming-t1-fp32 streaming-t5-e3m0 eager-diloco-h50 eager-sgd-diloco-h50"
+# Every finished run of OUT is predicted, also those of earlier calls with other LINKS or METHODS.
+all_methods="ddp diloco-h50 diloco-h50-e3m0 streaming-t1-fp32 streaming-t5-e3m0 eager-diloco-h50 eager-sgd-diloco-h50"
+all_links=$(echo 1gbit 100mbit 10mbit $links | tr ' ' '\n' | awk '!seen[$0]++')
 {
   echo "["
   first=1
-  for rate in $links; do
-    for name in $methods; do
+  for rate in $all_links; do
+    for name in $all_methods; do
+      finished "$out/$rate-$name" || continue
       [ $first = 1 ] || echo ","
       first=0
       "$loco" simulate --from-run "$out/$rate-$name" --link "rate=$rate,delay=$delay" --json
@@ -60,10 +76,11 @@ methods="ddp diloco-h50 diloco-h50-e3m0 streaming-t1-fp32 streaming-t5-e3m0 eage
   echo "]"
 } > "$results"
 
-for rate in $links; do
+for rate in $all_links; do
+  runs=()
+  for name in $all_methods; do finished "$out/$rate-$name" && runs+=("$out/$rate-$name"); done
+  [ ${#runs[@]} -gt 0 ] || continue
   echo
   echo "## $rate, $delay one-way"
-  runs=()
-  for name in $methods; do runs+=("$out/$rate-$name"); done
   "$loco" report "${runs[@]}" --html "$out/$rate-report.html" --svg "$out/$rate-charts"
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that every file under src/loco and src/cli includes only the loco folders its own folder may use
-# (docs/architecture.md, "Folders and their dependencies"). CTest runs it as `layers`. The targets'
+# (docs/architecture.md, "Folders and their dependencies", the table). CTest runs it as `layers`. The targets'
 # link dependencies (src/loco/**/CMakeLists.txt) follow the same table.
 set -euo pipefail
 cd "$(dirname "$0")/../src"

@@ -89,14 +89,24 @@ TEST_F(LaunchTest, DiLoCoWorkersHoldIdenticalParametersAfterEveryRound) {
   EXPECT_EQ(per_worker, (std::map<int64_t, int>{{0, 8}, {1, 8}, {2, 8}}));
   EXPECT_NE(hashes[1], hashes[8]) << "θ must move";
 
-  // One summary per worker with its totals; the bytes are the direct scatter's: 2 (M − 1) / M of
-  // the parameters, give or take a chunk's rounding to whole 256-value blocks.
+  // One summary per worker with its totals. Each round's bytes are those of the route its sync event
+  // names (kAuto picks by the measured link, so it may differ between machines): the direct
+  // scatter sends 2 (M − 1) / M of the parameters, give or take a chunk's rounding to whole
+  // 256-value blocks, the gather (M − 1) times them.
+  const double parameter_bytes = 34976 * 4;
+  std::map<int64_t, double> expected;
+  for (const auto& e : events("diloco", "sync")) {
+    const auto route = e["route"].get<std::string>();
+    ASSERT_TRUE(route == "scatter" || route == "gather") << route;
+    expected[e["worker"].get<int64_t>()] += route == "scatter" ? 2 * 2 * parameter_bytes / 3 : 2 * parameter_bytes;
+  }
   auto summaries = events("diloco", "summary");
   ASSERT_EQ(summaries.size(), 3u);
   for (const auto& s : summaries) {
     EXPECT_EQ(s["rounds"], 8);
     EXPECT_EQ(s["bytes_sent"], s["bytes_received"]);
-    EXPECT_NEAR(s["bytes_sent"].get<double>(), 8 * 2 * 2 * 34976 * 4 / 3.0, 8 * 2 * 256 * 4) << "8 rounds of 34,976 fp32 parameters";
+    EXPECT_NEAR(s["bytes_sent"].get<double>(), expected[s["worker"].get<int64_t>()], 8 * 2 * 256 * 4)
+        << "8 rounds of 34,976 fp32 parameters";
   }
   // The global parameters are scored once, by worker 0, and `loco eval` finds them in the run.
   for (const auto& e : events("diloco", "eval")) EXPECT_EQ(e["worker"], 0);

@@ -8,8 +8,9 @@
 //     failure is recovered from, and nowhere else: the training loop (it saves the last consistent
 //     state, runtime/worker/trainer.cpp); the elastic retry loops that convene a round again with
 //     the workers left (algorithms/elastic_rounds.h, runtime/worker/elastic.cpp, and Streaming
-//     DiLoCo's fragments, which keep the failure to report it when the fragment completes); and
-//     the CLI, which turns it into exit status 2.
+//     DiLoCo's fragments, which keep the failure to report it when the fragment completes); the
+//     elastic join loop, for RunStopping (a PeerError that means the run is stopping: a clean
+//     end); and the CLI, which turns it into exit status 2.
 //   - MembershipEnded: this worker's place in an elastic run ended under it (it was evicted, the
 //     coordinator is gone, or the run continues from a checkpoint). Not a peer's failure: nothing
 //     is retried or saved where it passes; it is caught in one place, where the worker joins.

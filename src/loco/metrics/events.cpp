@@ -117,7 +117,7 @@ json fields(const OtherEvent& e) {
 Event parse(const std::string& kind, const json& j) {
   const auto worker = worker_from(j);
   if (kind == "start" || kind == "resume") {
-    return StartEvent{worker, kind == "resume", integer(j, "world_size", 1), integer(j, "step"), number(j, "parameters", 0),
+    return StartEvent{worker, kind == "resume", integer(j, "world_size", 1), integer(j, "step"), integer(j, "parameters"),
                       text(j, "device"), text(j, "sync"), integer(j, "threads", 1)};
   }
   if (kind == "train") {

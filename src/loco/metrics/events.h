@@ -68,8 +68,7 @@ std::optional<TrainSummary> summary_from_json(const nlohmann::json& json);
 struct StartEvent {
   WorkerId worker;
   bool resumed = false;  // "resume" rather than "start"
-  int64_t world_size = 1, step = 0;
-  double parameters = 0;
+  int64_t world_size = 1, step = 0, parameters = 0;
   std::string device, sync;
   int64_t threads = 1;
 };

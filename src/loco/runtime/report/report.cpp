@@ -112,7 +112,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   double parameters = NAN;
   for (const auto& [time, event] : metrics::read_events(metrics_path)) {
     const int64_t worker = std::max<int64_t>(0, metrics::worker_of(event).rank);
-    if (const auto* e = std::get_if<metrics::StartEvent>(&event); e != nullptr && !e->resumed) parameters = e->parameters;
+    if (const auto* e = std::get_if<metrics::StartEvent>(&event); e != nullptr && !e->resumed) parameters = static_cast<double>(e->parameters);
     if (const auto* e = std::get_if<metrics::SummaryEvent>(&event)) {
       last_summary[worker] = e->summary;
       peak[worker] = std::max(peak[worker], static_cast<double>(e->summary.peak_step_bytes));

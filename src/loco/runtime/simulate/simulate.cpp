@@ -441,8 +441,11 @@ int published_grid_index(double gbits) {
 }
 
 PreparedSimulation prepare_simulation(RunConfig config, const SimulationRequest& request) {
-  if (config.model.vocab_size == 0) {  // the dataset's; not needed when --params sets the size
-    config.model.vocab_size = request.params > 0 ? 1 : data::read_manifest(config.data.dir).vocab_size;
+  // The model's size from the dataset's vocabulary, as training takes it; --params sets it instead.
+  if (request.params > 0) {
+    if (config.model.vocab_size == 0) config.model.vocab_size = 1;
+  } else {
+    config = resolve_for_dataset(config, data::read_manifest(config.data.dir));
   }
   PreparedSimulation out;
   auto& o = out.options;

@@ -1,5 +1,5 @@
 // One inner training step: what the training loop (trainer.h) and DiPaCo's path tasks
-// (runtime/dipaco/path_task.h) share, written once. A step is grad_accum micro-batches of forward
+// (runtime/dipaco/path_task.cpp) share, written once. A step is grad_accum micro-batches of forward
 // and backward from a sampler, a check that the loss is finite, gradient clipping and the AdamW
 // step at the schedule's learning rate (re-warmed after a join whose AdamW moments started from
 // zero). Whatever happens between the backward pass and the update (DDP's gradient all-reduce) is

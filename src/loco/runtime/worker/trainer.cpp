@@ -311,7 +311,7 @@ void TrainingLoop::announce() {
     progress_->message(fmt::format("{}initialized from {}", who_, config_.train.init_from));
   }
   log_->write(metrics::StartEvent{me(), resumed_.has_value(), worker_.world_size, step_,
-                                  static_cast<double>(model::parameter_count(config_.model)), device_.str(), sync_.name(),
+                                  model::parameter_count(config_.model), device_.str(), sync_.name(),
                                   threads_});
 }
 

@@ -28,8 +28,7 @@ torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& data
 }
 
 torch::Tensor embed_documents(const RunConfig& config, const data::Dataset& dataset, const data::Split& split) {
-  RunConfig resolved = config;
-  resolved.model.vocab_size = dataset.manifest().vocab_size;
+  const RunConfig resolved = resolve_for_dataset(config, dataset.manifest());
   auto model = build_model(resolved);
   if (!config.train.init_from.empty()) load_initial_weights(model, resolved, dataset.manifest().tokenizer_hash);
   model->eval();
