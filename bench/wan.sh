@@ -15,15 +15,16 @@
 #   sudo DELAY=25ms LINKS=100mbit RESULTS=bench/results/wan-25ms.json bench/wan.sh   another delay
 #   sudo METHODS="diloco-h50 streaming-t5-e3m0" bench/wan.sh   some methods only
 #   sudo CPU=0 bench/wan.sh               the workers share the machine's cores as they come (default:
-#                                        0.45 cores each, a CPU control group per island, so that the
-#                                        4 workers compute at one speed as 4 machines would)
+#                                        0.35 cores each, a CPU control group per island, so that the
+#                                        4 workers compute nearer one speed, as 4 machines would; on 2
+#                                        cores they still differ: docs/slow-links.md, "CPU")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/bench-wan}
 steps=${STEPS:-300}
 links=${LINKS:-"1gbit 100mbit 10mbit"}
 delay=${DELAY:-50ms}
-cpu=${CPU:-0.45}
+cpu=${CPU:-0.35}
 config=bench/streaming.toml
 results=${RESULTS:-bench/results/wan.json}
 loco=${LOCO:-build/loco}  # LOCO=/path/to/a/copy keeps a rebuild from changing the binary mid-benchmark

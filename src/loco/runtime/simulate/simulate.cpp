@@ -344,7 +344,7 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
       throw DataError("simulate", fmt::format("{}: worker {}'s summary has no compute time (a run from before loco measured it?)",
                                               run.string(), worker));
     }
-    m.step_s += s.compute_s / static_cast<double>(s.steps);
+    m.step_s = std::max(m.step_s, s.compute_s / static_cast<double>(s.steps));
     m.loop_s += s.compute_s / s.compute_utilization;
     m.utilization += s.compute_utilization;
     m.end_to_end += s.end_to_end_utilization;
@@ -353,7 +353,6 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
   }
   const double n = static_cast<double>(last.size());
   m.workers = static_cast<int64_t>(last.size());
-  m.step_s /= n;
   m.loop_s /= n;
   m.utilization /= n;
   m.end_to_end /= n;

@@ -106,9 +106,10 @@ nlohmann::json to_json(const SimulationResult& result);
 // and the link of its [link] section (bandwidth 0 when it sets no rate). The step time is left 0.
 SimulationOptions simulation_options(const RunConfig& config);
 
-// What a finished run measured, from RUN/metrics.jsonl's summaries (the workers' means): the step
-// time (compute_s / steps), the seconds in the training loop (compute_s / compute_utilization),
-// its compute utilization there and end to end, and the bytes each worker sent. Throws DataError
+// What a finished run measured, from RUN/metrics.jsonl's summaries: the step time of its slowest
+// worker (compute_s / steps; every method waits for the slowest at a sync, so it sets the pace),
+// and the workers' means of the seconds in the training loop (compute_s / compute_utilization),
+// the compute utilization there and end to end, and the bytes each worker sent. Throws DataError
 // when the run has no summaries.
 struct MeasuredRun {
   double step_s = 0, loop_s = 0, utilization = 0, end_to_end = 0, bytes_sent = 0;
