@@ -474,7 +474,7 @@ PreparedSimulation prepare_simulation(RunConfig config, const SimulationRequest&
     out.step_source = fmt::format("6 x {:.3g} parameters x {} tokens / {:.3g} FLOP/s", o.parameters, tokens, request.flops);
   } else if (out.measured) {
     o.step_s = out.measured->step_s;
-    out.step_source = fmt::format("measured: the workers' compute time / {} steps", out.measured->steps);
+    out.step_source = fmt::format("measured: the slowest worker's compute time / {} steps", out.measured->steps);
   } else {
     throw ConfigError("simulate", "give the step time: --step-time SECONDS, --flops FLOP/s, or --from-run RUN");
   }
