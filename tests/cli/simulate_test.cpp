@@ -333,8 +333,8 @@ TEST(SimulateTest, PredictsTheDirectTransportsRunsWithin15Percent) {
 // at 10 Mbit/s), also methods the simulator's direct model was not checked on before: DiLoCo with
 // e3m0, eager DiLoCo, Streaming τ = 1 in fp32. DDP's two runs are predicted 14–16% fast, and are held to 20%: each of
 // its 300 steps waits for the slowest of the four workers at that step, and at 0.35 of a core the
-// sum of four 5 MB tensors takes time of its own; the simulator knows the slowest worker's mean
-// step time and nothing of either (docs/slow-links.md, "The simulator against these runs").
+// sum of four 5 MB tensors likely takes time of its own; the simulator knows the slowest worker's
+// mean step time and nothing of either (docs/slow-links.md, "The simulator against these runs").
 TEST(SimulateTest, PredictsTheWholeBenchmarkOnTheDirectTransportWithin15Percent) {
   EXPECT_EQ(expect_predicted_within_15_percent("bench/results/wan.json", SimulationOptions::Transport::kDirect, 0.20),
             20u);
