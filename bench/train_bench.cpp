@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loco/core/allocator.h"
 #include "loco/core/error.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
@@ -94,6 +95,7 @@ double matmul_peak() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loco::keep_freed_memory();  // as `loco` does, so that both loops run as training does
   CLI::App app{"loco-bench: training-loop overhead and model FLOP utilization", "loco-bench"};
   std::string config_file;
   int64_t steps = 30, warmup = 5, rounds = 5;
