@@ -434,8 +434,9 @@ TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
 // a new one on gamma takes its slot: it receives the state from its peers, finds no slot state on
 // its own disk (and says so), and every file lands on the host that wrote it.
 TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
+  static constexpr const char* kCrossHostToken = "1c8e2f7a94d3b6e05a7f19c2d48b3e6f";  // 128 bits, as `openssl rand -hex 16`
   struct Token {
-    Token() { ::setenv("LOCO_JOIN_TOKEN", "cross-host secret", 1); }
+    Token() { ::setenv("LOCO_JOIN_TOKEN", kCrossHostToken, 1); }
     ~Token() { ::unsetenv("LOCO_JOIN_TOKEN"); }
   } token;
   const int port = testing_util::free_port();
@@ -469,7 +470,7 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
   auto intruder = worker("gamma", "127.0.0.3", {}, "intruder");
   EXPECT_EQ(intruder->wait(60s), 1);
   EXPECT_NE(read_file(log("intruder"), "test").find("join token"), std::string::npos) << read_file(log("intruder"), "test");
-  ::setenv("LOCO_JOIN_TOKEN", "cross-host secret", 1);
+  ::setenv("LOCO_JOIN_TOKEN", kCrossHostToken, 1);
 
   auto gamma = worker("gamma", "127.0.0.3", {}, "gamma");
   EXPECT_EQ(alpha0->wait(180s), 0) << read_file(log("alpha-0"), "test");

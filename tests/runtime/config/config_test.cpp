@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 #include "loco/runtime/config/config.h"
+#include "loco/runtime/config/secrets.h"
 #include "test_util.h"
 
 namespace loco::runtime {
@@ -221,6 +225,29 @@ TEST(Config, ReferenceListsEveryKey) {
   for (const char* key : {"run.dir", "data.dir", "model.layers", "optim.lr", "train.steps", "eval.every", "checkpoint.keep"}) {
     EXPECT_NE(ref.find(std::string("`") + key + "`"), std::string::npos) << key;
   }
+}
+
+// A launcher passes secret overrides to its workers through their environment (config/secrets.h),
+// and a worker reads them back from there.
+TEST(Config, SecretOverridesLeaveTheCommandLineForTheEnvironment) {
+  std::vector<std::string> overrides = {"train.steps=10", "cluster.join_token=abc=def", "dipaco.database=host=db password=pw",
+                                        "run.dir=runs/x"};
+  const auto environment = take_secret_overrides(overrides);
+  EXPECT_EQ(overrides, (std::vector<std::string>{"train.steps=10", "run.dir=runs/x"}));
+  const std::vector<std::pair<std::string, std::string>> expected = {{"LOCO_JOIN_TOKEN", "abc=def"},
+                                                                     {"LOCO_DIPACO_DATABASE", "host=db password=pw"}};
+  EXPECT_EQ(environment, expected);
+  EXPECT_FALSE(secret_variable("train.steps"));
+  EXPECT_EQ(secret_variable("cluster.join_token"), "LOCO_JOIN_TOKEN");
+
+  testing_util::TempDir dir;
+  const auto file = dir.path() / "run.toml";
+  write_file_atomic(file, "[train]\nsteps = 5\n", "test");
+  ASSERT_EQ(::setenv("LOCO_DIPACO_DATABASE", "host=db password=pw", 1), 0);
+  EXPECT_EQ(load_config(file, {}).dipaco.database, "host=db password=pw");
+  EXPECT_EQ(load_config(file, {"dipaco.database=host=other"}).dipaco.database, "host=other") << "the key itself comes first";
+  ::unsetenv("LOCO_DIPACO_DATABASE");
+  EXPECT_EQ(load_config(file, {}).dipaco.database, "");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
@@ -13,6 +14,9 @@ namespace loco::runtime::auth {
 namespace {
 
 using testing_util::expect_error;
+
+// A token as `openssl rand -hex 32` makes one.
+constexpr const char* kStrong = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
 TEST(Auth, TheMacCoversEveryPartOfTheRequest) {
   const Key key("token");
@@ -77,13 +81,63 @@ TEST(Auth, TheRunsTokenIsGeneratedOnceAndPrivate) {
   EXPECT_EQ(generated_token(run), token) << "a second coordinator on the run reads the first's";
   EXPECT_EQ(resolve_token("", run), token) << "a worker on this machine finds it";
   EXPECT_EQ(resolve_token("mine", run), "mine") << "the user's token comes first";
-  EXPECT_EQ(coordinator_token("mine", run, "127.0.0.1", false), "mine");
+  EXPECT_EQ(coordinator_token(kStrong, run, "127.0.0.1", false), kStrong);
   EXPECT_EQ(coordinator_token("", run, "127.0.0.1", true), "") << "--insecure: none";
   struct stat info {};
   ASSERT_EQ(::stat((run / "join_token").c_str(), &info), 0);
   EXPECT_EQ(info.st_mode & 0777, 0600u);
+  for (const auto& entry : std::filesystem::directory_iterator(run)) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".join_token", 0), std::string::npos) << "a temporary file was left";
+  }
   write_file_atomic(run / "join_token", "\n", "test");
+  ASSERT_EQ(::chmod((run / "join_token").c_str(), 0600), 0);
   expect_error<ConfigError>([&] { resolve_token("", run); }, "does not hold a join token");
+}
+
+// In a shared run folder another user may plant the token file before the coordinator starts: a
+// token they know, or a link to one. Neither is adopted, and nothing is written through the link.
+TEST(Auth, APlantedOrLinkedTokenFileIsRefused) {
+  testing_util::TempDir dir;
+  const auto run = dir.path() / "run";
+  std::filesystem::create_directories(run);
+  const auto known = dir.path() / "attackers-token";
+  write_file_atomic(known, std::string(kStrong) + "\n", "test");
+  ASSERT_EQ(::chmod(known.c_str(), 0600), 0);
+  std::filesystem::create_symlink(known, run / "join_token");
+  expect_error<ConfigError>([&] { coordinator_token("", run, "127.0.0.1", false); }, "is a symbolic link");
+  expect_error<ConfigError>([&] { resolve_token("", run); }, "is a symbolic link");
+  std::filesystem::remove(run / "join_token");
+  std::filesystem::create_symlink(dir.path() / "nothing-yet", run / "join_token");  // dangling: a write would create it
+  expect_error<ConfigError>([&] { coordinator_token("", run, "127.0.0.1", false); }, "is a symbolic link");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "nothing-yet")) << "the token was written through the link";
+  std::filesystem::remove(run / "join_token");
+
+  std::filesystem::copy_file(known, run / "join_token");
+  ASSERT_EQ(::chmod((run / "join_token").c_str(), 0644), 0);
+  expect_error<ConfigError>([&] { coordinator_token("", run, "127.0.0.1", false); }, "other users may read or write it (mode 0644)");
+  ASSERT_EQ(::chmod((run / "join_token").c_str(), 0600), 0);
+  EXPECT_EQ(resolve_token("", run), kStrong) << "the same file, private, is the run's token";
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "a file of another user's needs root to make (chown); CI runs as root";
+  }
+  ASSERT_EQ(::chown((run / "join_token").c_str(), 65534, 65534), 0);
+  expect_error<ConfigError>([&] { resolve_token("", run); }, "belongs to user 65534");
+}
+
+TEST(Auth, AWeakTokenIsRefusedUnlessInsecure) {
+  testing_util::TempDir dir;
+  const auto run = dir.path() / "run";
+  EXPECT_GE(token_bits(kStrong), 256);  // what `openssl rand -hex 32` makes
+  EXPECT_EQ(token_bits("0123456789abcdef0123456789abcdef"), 128) << "16 random bytes in hex: enough";
+  EXPECT_LT(token_bits("0123456789abcdef0123456789abcde"), 128);
+  EXPECT_LT(token_bits("s3cret-token-value"), 128);
+  EXPECT_EQ(token_bits(std::string(100, 'a')), 0) << "one character repeated";
+  for (const auto& weak : std::vector<std::string>{"a", "s3cret-token-value", "password1234", std::string(100, 'a')}) {
+    expect_error<ConfigError>([&] { coordinator_token(weak, run, "0.0.0.0", false); }, "too weak");
+    EXPECT_EQ(coordinator_token(weak, run, "0.0.0.0", true), weak) << "--insecure takes any token";
+  }
+  expect_error<ConfigError>([&] { coordinator_token("password1234", run, "127.0.0.1", false); },
+                            "LOCO_JOIN_TOKEN=$(openssl rand -hex 32)");
 }
 
 }  // namespace

@@ -220,12 +220,56 @@ TEST(Coordinator, HostileRequestsGetAnErrorAndChangeNothing) {
     EXPECT_EQ(result->status, 400) << path << ": " << result->body;
     EXPECT_NE(result->body.find("error"), std::string::npos);
   }
-  auto too_big = raw.Post("/v1/kv/set?key=big", std::string(5 << 20, 'x'), "application/octet-stream");
+  auto too_big = raw.Post("/v1/kv/set?key=big", std::string(5 << 20, 'x'), "application/json");
   ASSERT_TRUE(too_big);
   EXPECT_EQ(too_big->status, 413);
   EXPECT_EQ(running.coordinator.state()["members"].size(), 0u) << "nothing joined";
   CoordinatorClient client(running.address(), 5s);
   EXPECT_EQ(client.join(join_request(config)).rank, 0) << "a good worker is still served";
+}
+
+// What a web page in a browser could send, to a coordinator without a join token (--insecure):
+// a cross-site form or fetch that would stop the run, and reads through a DNS name rebound to
+// this machine. Refused with 403; the coordinator serves its own clients on.
+TEST(Coordinator, WithoutATokenWhatAWebPageSendsIsRefused) {
+  const auto config = run_config(1);
+  Running running(options_for(config));
+  const int port = static_cast<int>(running.coordinator.port());
+  httplib::Client raw("127.0.0.1", port);
+  raw.set_read_timeout(5s);
+  auto csrf = raw.Post("/v1/stop", httplib::Headers{{"Origin", "http://attacker.example"}}, "{}", "application/json");
+  ASSERT_TRUE(csrf);
+  EXPECT_EQ(csrf->status, 403) << csrf->body;
+  auto form = raw.Post("/v1/stop", "{}", "text/plain");  // what a cross-site <form> may post without asking
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 403) << form->body;
+  auto rebound = raw.Get("/v1/state", httplib::Headers{{"Host", "attacker.example"}});
+  ASSERT_TRUE(rebound);
+  EXPECT_EQ(rebound->status, 403) << rebound->body;
+  auto own = raw.Get("/v1/state");
+  ASSERT_TRUE(own);
+  EXPECT_EQ(own->status, 200) << own->body;
+  CoordinatorClient client(running.address(), 5s);
+  EXPECT_EQ(client.join(join_request(config)).rank, 0) << "not stopped: a good worker is still served";
+
+  auto post = [](std::string host, std::vector<std::pair<std::string, std::string>> headers) {
+    HttpRequest r;
+    r.method = "POST";
+    r.path = r.target = "/v1/stop";
+    r.headers["Host"] = std::move(host);
+    for (auto& [k, v] : headers) r.headers[k] = v;
+    return r;
+  };
+  const std::vector<std::pair<std::string, std::string>> json = {{"Content-Type", "application/json"}};
+  EXPECT_FALSE(browser_refusal(post("node7:29500", json), true, "node7"));
+  EXPECT_FALSE(browser_refusal(post("node7.cluster.example:29500", json), true, "node7"));
+  EXPECT_FALSE(browser_refusal(post("10.0.0.1:29500", json), true, "node7"));
+  EXPECT_FALSE(browser_refusal(post("[fe80::1]:29500", json), true, "node7"));
+  EXPECT_TRUE(browser_refusal(post("node77:29500", json), true, "node7"));
+  EXPECT_TRUE(browser_refusal(post("attacker.example", json), true, "node7"));
+  EXPECT_FALSE(browser_refusal(post("attacker.example", json), false, "node7")) << "with a token the MAC decides";
+  EXPECT_TRUE(browser_refusal(post("node7", {{"Content-Type", "application/json"}, {"Sec-Fetch-Site", "cross-site"}}), false, "node7"));
+  EXPECT_TRUE(browser_refusal(post("node7", {}), false, "node7")) << "no JSON body";
 }
 
 // A retried /v1/kv/add (its answer was lost) carries the same request id and is not applied

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -52,6 +53,23 @@ TEST(SupervisorTest, RelaysEachChildsLinesAndDecodesItsExit) {
   ASSERT_EQ(codes.size(), 2u);
   EXPECT_EQ(codes[0], 3);
   EXPECT_EQ(codes[1], 128 + SIGTERM);
+}
+
+// Secrets reach a child through its environment, not its command line (`ps` shows argv to every
+// local user): the child sees the variable, and its /proc/PID/cmdline does not hold the value.
+TEST(SupervisorTest, AChildGetsThePlacementsEnvironmentAndNotInItsArgv) {
+  Supervisor s(1, 10s);
+  Placement placement;
+  placement.environment = {{"LOCO_JOIN_TOKEN", "the-secret-value"}};
+  s.start(0, shell("echo \"token=$LOCO_JOIN_TOKEN\"; tr '\\0' ' ' < /proc/$$/cmdline; echo"), placement);
+  std::vector<ChildExit> exits;
+  const auto lines = run_until_done(s, exits, 20s);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].code, 0);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].text, "token=the-secret-value");
+  EXPECT_EQ(lines[1].text.find("the-secret-value"), std::string::npos) << lines[1].text;
+  EXPECT_EQ(std::getenv("LOCO_JOIN_TOKEN"), nullptr) << "the launcher's own environment is left alone";
 }
 
 // The first Ctrl-C asks every child to stop (SIGINT); one that ignores it is killed once the grace

@@ -7,9 +7,13 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -68,12 +72,43 @@ std::optional<int64_t> parse_time(const std::string& text) {
   return value;
 }
 
-// A token file holds the token on its first line; surrounding whitespace is not part of it.
+// A token file holds the token on its first line; surrounding whitespace is not part of it. It must
+// be a regular file of this user's that no one else may read or write: in a shared run folder,
+// another user could otherwise plant a token they know (or a link to one) for the coordinator to
+// adopt.
 std::string read_token_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("auth", fmt::format("cannot read the run's join token {}: {}", path.string(), std::strerror(errno)));
-  std::string token;
-  std::getline(in, token);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ELOOP) {
+      throw ConfigError("auth", fmt::format("{} is a symbolic link: refused (the run's join token must be a file of its "
+                                            "own); hint: remove it and start the coordinator again", path.string()));
+    }
+    throw ConfigError("auth", fmt::format("cannot read the run's join token {}: {}", path.string(), std::strerror(error)));
+  }
+  struct stat info {};
+  const bool stated = ::fstat(fd, &info) == 0;
+  std::string refused;
+  if (!stated) {
+    refused = fmt::format("cannot read it: {}", std::strerror(errno));
+  } else if (!S_ISREG(info.st_mode)) {
+    refused = "it is not a regular file";
+  } else if (info.st_uid != ::geteuid()) {
+    refused = fmt::format("it belongs to user {}, not to this process's user {}", info.st_uid, ::geteuid());
+  } else if ((info.st_mode & 077) != 0) {
+    refused = fmt::format("other users may read or write it (mode {:04o}); hint: chmod 600 {}", info.st_mode & 07777,
+                          path.string());
+  }
+  std::string contents;
+  if (refused.empty()) {
+    char buffer[kMaxTokenBytes + 2];
+    ssize_t got = 0;
+    while (contents.size() <= kMaxTokenBytes && (got = ::read(fd, buffer, sizeof buffer)) > 0) contents.append(buffer, got);
+    if (got < 0) refused = fmt::format("cannot read it: {}", std::strerror(errno));
+  }
+  ::close(fd);
+  if (!refused.empty()) throw ConfigError("auth", fmt::format("the run's join token {}: refused, {}", path.string(), refused));
+  std::string token = contents.substr(0, contents.find('\n'));
   while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   if (token.empty() || token.size() > kMaxTokenBytes) {
     throw ConfigError("auth", fmt::format("{} does not hold a join token (empty, or over {} bytes); hint: remove it and "
@@ -148,7 +183,7 @@ std::string resolve_token(const std::string& configured, const std::filesystem::
   if (!configured.empty()) return configured;
   const auto path = run_dir / "join_token";
   std::error_code error;
-  if (!std::filesystem::exists(path, error)) return "";
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return "";
   return read_token_file(path);
 }
 
@@ -157,12 +192,14 @@ std::string generated_token(const std::filesystem::path& run_dir) {
   std::error_code error;
   std::filesystem::create_directories(run_dir, error);
   if (error) throw ConfigError("auth", fmt::format("cannot create the run folder {}: {}", run_dir.string(), error.message()));
-  if (std::filesystem::exists(path, error)) return read_token_file(path);
+  if (std::filesystem::exists(std::filesystem::symlink_status(path, error))) return read_token_file(path);
   // Written whole to a private temporary file, then linked into place: a reader never sees a
   // partial token, and of two coordinators starting at once the second reads the first's.
   const std::string token = random_hex(32);
-  const auto temporary = run_dir / fmt::format(".join_token.{}", ::getpid());
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A name no one can have planted (random), created only if it does not exist, never through a
+  // link: another user of a shared run folder cannot have the token written where they can read it.
+  const auto temporary = run_dir / fmt::format(".join_token.{}.{}", ::getpid(), random_hex(8));
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   const std::string line = token + "\n";
   const bool written = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
   const int saved = errno;
@@ -176,9 +213,41 @@ std::string generated_token(const std::filesystem::path& run_dir) {
                                         std::strerror(written ? link_error : saved)));
 }
 
+double token_bits(std::string_view token) {
+  bool digit = false, lower = false, upper = false, other = false, hex_only = true;
+  std::array<bool, 256> seen{};
+  size_t distinct = 0;
+  for (char ch : token) {
+    const auto c = static_cast<unsigned char>(ch);
+    digit = digit || std::isdigit(c);
+    lower = lower || std::islower(c);
+    upper = upper || std::isupper(c);
+    other = other || !std::isalnum(c);
+    hex_only = hex_only && std::isxdigit(c);
+    if (!seen[c]) ++distinct;
+    seen[c] = true;
+  }
+  if (distinct < kMinTokenDistinct) return 0;
+  const double alphabet = hex_only ? 16 : (digit ? 10 : 0) + (lower ? 26 : 0) + (upper ? 26 : 0) + (other ? 33 : 0);
+  return static_cast<double>(token.size()) * std::log2(alphabet);
+}
+
+void check_token_strength(std::string_view token) {
+  const double bits = token_bits(token);
+  if (bits >= kMinTokenBits) return;
+  throw ConfigError("auth", fmt::format("the join token is too weak to guard a coordinator: at most {:.0f} bits of entropy "
+                                        "by its length and alphabet, {} needed (whoever sees one signed request or the "
+                                        "status page's key can test guesses offline); hint: export "
+                                        "LOCO_JOIN_TOKEN=$(openssl rand -hex 32) on every host, or pass --insecure on a "
+                                        "network you trust", bits, kMinTokenBits));
+}
+
 std::string coordinator_token(const std::string& configured, const std::filesystem::path& run_dir, std::string_view bind,
                               bool insecure) {
-  if (!configured.empty()) return configured;
+  if (!configured.empty()) {
+    if (!insecure) check_token_strength(configured);
+    return configured;
+  }
   if (insecure || !is_loopback(bind)) return "";
   return generated_token(run_dir);
 }

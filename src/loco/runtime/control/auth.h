@@ -83,7 +83,8 @@ class Verifier {
 
 // The join token in effect for a process of the run in `run_dir`: cluster.join_token, else
 // $LOCO_JOIN_TOKEN (the `configured` one), else the run's generated token in RUN_DIR/join_token,
-// else "". Throws ConfigError when the file exists but cannot be read or is malformed.
+// else "". Throws ConfigError when the file exists but cannot be read or is malformed, or is not a
+// private regular file of this user's (a symbolic link, another user's, or open to other users).
 std::string resolve_token(const std::string& configured, const std::filesystem::path& run_dir);
 
 // The run's generated token: RUN_DIR/join_token if it exists, else a new random one written there
@@ -91,9 +92,22 @@ std::string resolve_token(const std::string& configured, const std::filesystem::
 // ConfigError when the file cannot be written.
 std::string generated_token(const std::filesystem::path& run_dir);
 
-// The token a coordinator listening on `bind` serves with: `configured` (the user's) if set; else,
-// on a loopback address and unless `insecure`, the run's generated token (generated_token); else ""
-// (no authentication, which the coordinator refuses on other addresses unless `insecure`).
+// At most how many bits of entropy a token chosen by the user has: its length times log2 of the
+// alphabet its characters come from (16 when they are all hex digits; else 10 for digits, 26 for
+// lowercase, 26 for uppercase, 33 for anything else, for each kind present); 0 for a token of
+// fewer than kMinTokenDistinct different characters. An upper bound: a made-up phrase scores far
+// more than it is worth, so generate tokens (`openssl rand -hex 32`: 256 bits).
+double token_bits(std::string_view token);
+inline constexpr double kMinTokenBits = 128;
+inline constexpr size_t kMinTokenDistinct = 8;
+// Throws ConfigError, naming the bound and how to make a token, when token_bits(token) is under
+// kMinTokenBits.
+void check_token_strength(std::string_view token);
+
+// The token a coordinator listening on `bind` serves with: `configured` (the user's) if set, which
+// must pass check_token_strength unless `insecure`; else, on a loopback address and unless
+// `insecure`, the run's generated token (generated_token); else "" (no authentication, which the
+// coordinator refuses on other addresses unless `insecure`).
 std::string coordinator_token(const std::string& configured, const std::filesystem::path& run_dir, std::string_view bind,
                               bool insecure);
 

@@ -1,6 +1,7 @@
 #include "loco/runtime/control/coordinator.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <deque>
@@ -11,6 +12,7 @@
 #include "loco/comm/key_value.h"
 #include "loco/data/dataset.h"
 #include "loco/runtime/control/auth.h"
+#include "loco/runtime/control/refusal_log.h"
 #include "loco/runtime/control/dashboard.h"
 #include "loco/runtime/control/elastic_run.h"
 #include "loco/runtime/control/http_server.h"
@@ -104,18 +106,24 @@ struct Coordinator::Impl {
 
   // Refused requests are logged at most once per address every 10 s, with a count of the others,
   // so that a flood of them cannot flood the log.
+  const std::string this_host = [] {
+    char name[256] = {};
+    return ::gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string();
+  }();
   std::mutex refused_mutex;
-  std::map<std::string, std::pair<Clock::time_point, int64_t>> refused;  // address -> (last logged, since)
+  RefusalLog refused;  // which refusals are logged (refusal_log.h)
   void log_refused(const HttpRequest& request, const std::string& why) {
-    std::lock_guard lock(refused_mutex);
-    if (refused.size() > 4096) refused.clear();
-    auto& [last, since] = refused[request.remote_addr];
-    ++since;
-    if (Clock::now() - last < std::chrono::seconds(10)) return;
+    std::optional<RefusalLog::Line> line;
+    {
+      std::lock_guard lock(refused_mutex);
+      line = refused.admit(request.remote_addr, RefusalLog::Clock::now());
+    }
+    if (!line) return;
+    std::string counts;
+    if (line->from_address > 1) counts += fmt::format(" ({} refused from this address since its last report)", line->from_address);
+    if (line->elsewhere > 0) counts += fmt::format(" ({} more refused from other addresses, not logged)", line->elsewhere);
     log(fmt::format("refused {} {} from {}:{}: {}{}", request.method, request.path, request.remote_addr, request.remote_port,
-                    why, since > 1 ? fmt::format(" ({} refused from this address since the last report)", since) : ""));
-    last = Clock::now();
-    since = 0;
+                    why, counts));
   }
 
   bool open_read(const HttpRequest& request) const { return status_read_open(request, view_key); }
@@ -400,6 +408,14 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
   // Requests without a well-formed, fresh signature are refused before their bodies are read.
   impl_->server->set_gate([this](const HttpRequest& request) -> std::optional<HttpResponse> {
     auto& impl = *impl_;
+    // What a web page could send is refused in every mode; without a token no MAC guards the
+    // rest, so the Host header must name this machine too (status_routes.h).
+    if (auto why = browser_refusal(request, !impl.verifier, impl.this_host)) {
+      impl.log_refused(request, *why);
+      HttpResponse refusal;
+      reply_json(refusal, {{"error", *why}}, 403);
+      return refusal;
+    }
     if (!impl.verifier || impl.open_read(request)) return std::nullopt;
     auto why = impl.verifier->precheck(request.header(auth::kTimeHeader), request.header(auth::kNonceHeader),
                                        request.header(auth::kMacHeader), auth::unix_now());

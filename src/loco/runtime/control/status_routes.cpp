@@ -1,5 +1,6 @@
 #include "loco/runtime/control/status_routes.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -43,6 +44,30 @@ bool asks_for_local_host(const HttpRequest& request) {
     host.resize(colon);
   }
   return host == "localhost" || auth::is_loopback(host);
+}
+
+std::optional<std::string> browser_refusal(const HttpRequest& request, bool check_host, const std::string& this_host) {
+  if (request.method != "GET" && request.method != "HEAD") {
+    if (request.header("Origin") != nullptr || request.header("Sec-Fetch-Site") != nullptr) {
+      return "a request from a web page (it carries Origin or Sec-Fetch-Site): refused, loco's clients send neither";
+    }
+    const auto* type = request.header("Content-Type");
+    if (type == nullptr || !type->starts_with("application/json")) {
+      return "a state-changing request must carry a JSON body (Content-Type: application/json)";
+    }
+  }
+  if (!check_host) return std::nullopt;
+  const auto* header = request.header("Host");
+  if (header == nullptr) return "the request names no Host";
+  std::string host = *header;
+  if (host.starts_with("[")) return std::nullopt;  // an IPv6 literal
+  if (auto colon = host.rfind(':'); colon != std::string::npos) host.resize(colon);
+  in_addr v4{};
+  if (host == "localhost" || ::inet_pton(AF_INET, host.c_str(), &v4) == 1) return std::nullopt;
+  if (!this_host.empty() && (host == this_host || host.starts_with(this_host + "."))) return std::nullopt;
+  return fmt::format("the request's Host header names neither an IP address, localhost nor this machine ('{}'): a web "
+                     "page whose DNS name was rebound here? hint: reach the coordinator by its IP address or by '{}'",
+                     this_host, this_host);
 }
 
 bool status_read_open(const HttpRequest& request, const std::string& view_key) {

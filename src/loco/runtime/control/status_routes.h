@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "loco/runtime/control/dashboard.h"
@@ -27,6 +28,15 @@ bool is_status_read(const HttpRequest& request);
 // carrying `view_key` (auth::view_key; "" = none) as ?key= or as "Authorization: Bearer" (as
 // Prometheus sends it).
 bool status_read_open(const HttpRequest& request, const std::string& view_key);
+
+// Why a request a web page could have made is refused, or nullopt. A state-changing request (any
+// method but GET and HEAD) carrying a browser's Origin or Sec-Fetch-Site header, or whose body is
+// not JSON (a cross-site form may post text/plain or a urlencoded form without asking first), is
+// refused: loco's own clients send neither header and post JSON. With `check_host` (a coordinator
+// without a join token, whose requests no MAC protects), so is any request whose Host header names
+// neither an IP address, "localhost", nor `this_host` (gethostname(), alone or as the start of a
+// dotted name): a page whose DNS name was rebound to this machine still names its own site.
+std::optional<std::string> browser_refusal(const HttpRequest& request, bool check_host, const std::string& this_host);
 
 // What the status routes draw from.
 struct StatusSource {

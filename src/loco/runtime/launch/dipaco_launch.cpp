@@ -16,6 +16,7 @@
 #include "loco/data/tokenizer.h"
 #include "loco/model/precision.h"
 #include "loco/model/sampling.h"
+#include "loco/runtime/config/secrets.h"
 #include "loco/runtime/dipaco/inference.h"
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/control/status_routes.h"
@@ -186,11 +187,14 @@ class DipacoStatus {
 std::vector<int> run_workers(const RunConfig& config, const LaunchOptions& options, DipacoStatus& status, bool& interrupted) {
   const int64_t m = config.cluster.workers;
   std::vector<std::string> argv = {options.executable.string(), "path-worker", "--config", options.config_file.string()};
-  for (const auto& o : options.overrides) argv.push_back("--" + o);
+  auto overrides = options.overrides;
+  Placement placement;
+  placement.environment = take_secret_overrides(overrides);  // `ps` shows argv to every local user
+  for (const auto& o : overrides) argv.push_back("--" + o);
   // A worker asked to stop gives its task back at its next step: a lease's time is ample.
   Supervisor workers(m, std::chrono::duration_cast<Supervisor::Clock::duration>(
                             std::chrono::duration<double>(std::max(config.dipaco.lease_s, 30.0))));
-  for (int64_t r = 0; r < m; ++r) status.started(r, workers.start(r, argv));
+  for (int64_t r = 0; r < m; ++r) status.started(r, workers.start(r, argv, placement));
   fmt::print(options.out, "launch: {} workers lease DiPaCo's tasks from {}; a worker that dies loses its task to another "
                           "within dipaco.lease_s = {:g} s\n", m,
              config.dipaco.database.empty() ? (fs::path(config.run.dir) / "dipaco.sqlite").string() : "the PostgreSQL registry",
@@ -217,7 +221,7 @@ std::vector<int> run_workers(const RunConfig& config, const LaunchOptions& optio
                               "out{}\n", exit.rank, exit.code, restarts_left > 0 ? "; starting it again" : "");
       if (restarts_left > 0) {
         --restarts_left;
-        status.started(exit.rank, workers.start(exit.rank, argv));
+        status.started(exit.rank, workers.start(exit.rank, argv, placement));
       }
     }
     if (workers.kill_when_overdue()) fmt::print(options.out, "launch: workers did not stop in time; killing them\n");

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <utility>
 
+#include "loco/runtime/config/secrets.h"
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/supervisor.h"
@@ -29,17 +31,21 @@ struct WorkerStatus {
   double loss = NAN, tokens_per_s = 0;
 };
 
+// The launcher's terminal: the main thread relays workers' lines and progress, the coordinator's
+// threads log through line(); one mutex keeps their writes and the status line whole.
 class Display {
  public:
   Display(std::FILE* out, bool interactive, int64_t log_every) : out_(out), interactive_(interactive), log_every_(log_every) {}
 
   void line(const std::string& text) {
+    std::lock_guard lock(mutex_);
     clear();
     fmt::print(out_, "{}\n", text);
     redraw();
   }
 
   void progress(const std::map<int64_t, WorkerStatus>& workers) {
+    std::lock_guard lock(mutex_);
     int64_t min_step = INT64_MAX, steps = 0, min_round = INT64_MAX, max_bytes = 0;
     double loss = 0, tokens_per_s = 0;
     int reporting = 0;
@@ -74,7 +80,10 @@ class Display {
     }
   }
 
-  void finish() { clear(); }
+  void finish() {
+    std::lock_guard lock(mutex_);
+    clear();
+  }
 
  private:
   void clear() {
@@ -88,6 +97,7 @@ class Display {
     }
     std::fflush(out_);
   }
+  std::mutex mutex_;
   std::FILE* out_;
   bool interactive_;
   int64_t log_every_;
@@ -127,6 +137,8 @@ class Launch {
         workers_(config.cluster.workers, std::chrono::duration_cast<Supervisor::Clock::duration>(
                                              std::chrono::duration<double>(config.cluster.timeout_s + 60))),
         restarts_left_(options.restarts), elastic_(config.cluster.elastic) {
+    public_overrides_ = options.overrides;
+    secrets_ = take_secret_overrides(public_overrides_);  // `ps` shows argv to every local user
     coordinator_.start();
   }
 
@@ -174,9 +186,9 @@ class Launch {
     return o;
   }
   Placement island_of(int64_t rank) const {
-    if (!islands_) return {};
+    if (!islands_) return {-1, "", secrets_};
     const auto island = static_cast<size_t>(rank) + 1;
-    return {islands_->netns_fd(island), islands_->cpu_procs_file(island)};
+    return {islands_->netns_fd(island), islands_->cpu_procs_file(island), secrets_};
   }
   void start_worker(int64_t rank) {
     const pid_t pid = workers_.start(rank, argvs_[static_cast<size_t>(rank)], island_of(rank));
@@ -206,6 +218,8 @@ class Launch {
   } back_home_;
   Coordinator coordinator_;
   Supervisor workers_;                           // after the coordinator: workers go first
+  std::vector<std::string> public_overrides_;    // the user's overrides but secrets, for the workers' argv
+  std::vector<std::pair<std::string, std::string>> secrets_;  // ... and the secrets, for their environment
   std::vector<std::vector<std::string>> argvs_;  // by rank
   std::map<int64_t, WorkerStatus> status_;       // by rank: its latest process's progress
   int64_t restarts_left_;
@@ -222,7 +236,7 @@ void Launch::start_workers() {
                                      fmt::format("{}:{}", coordinator_host(), coordinator_.port()), "--config",
                                      options_.config_file.string(), "--rank", std::to_string(r), "--progress", "json"};
     if (options_.resume) argv.push_back("--resume");
-    for (const auto& o : options_.overrides) argv.push_back("--" + o);
+    for (const auto& o : public_overrides_) argv.push_back("--" + o);
     argvs_.push_back(std::move(argv));
     start_worker(r);  // one that cannot start: the supervisor kills the others as the launch unwinds
   }

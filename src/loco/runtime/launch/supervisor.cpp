@@ -89,6 +89,7 @@ pid_t Supervisor::start(int64_t rank, const std::vector<std::string>& argv, cons
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
     ::setenv("LOCO_LOCAL_PROCESSES", std::to_string(local_processes_).c_str(), 1);
+    for (const auto& [name, value] : where.environment) ::setenv(name.c_str(), value.c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

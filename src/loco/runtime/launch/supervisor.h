@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loco::runtime {
@@ -29,10 +30,12 @@ struct ChildLine {
 };
 
 // Where a child runs: inside a network namespace (an emulated island's, islands.h; -1: this
-// process's) and in a CPU control group (the file it writes its pid into, cpu_shares.h; "": none).
+// process's) and in a CPU control group (the file it writes its pid into, cpu_shares.h; "": none),
+// with these variables added to the environment it inherits (secrets: config/secrets.h).
 struct Placement {
   int netns_fd = -1;
   std::string cpu_procs_file;
+  std::vector<std::pair<std::string, std::string>> environment;
 };
 
 struct ChildExit {
