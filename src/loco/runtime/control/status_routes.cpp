@@ -34,16 +34,22 @@ bool is_status_read(const HttpRequest& request) {
 
 // Whether the request names this machine as the host it asked for (its Host header): a page on
 // another site that rebinds its DNS name to 127.0.0.1 still sends its own name.
-bool asks_for_local_host(const HttpRequest& request) {
+// The host a request's Host header names, without its port or an IPv6 literal's brackets.
+std::optional<std::string> requested_host(const HttpRequest& request) {
   const auto* header = request.header("Host");
-  if (header == nullptr) return false;
+  if (header == nullptr) return std::nullopt;
   std::string host = *header;
   if (host.starts_with("[")) {
     host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
   } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
     host.resize(colon);
   }
-  return host == "localhost" || auth::is_loopback(host);
+  return host;
+}
+
+bool asks_for_local_host(const HttpRequest& request) {
+  const auto host = requested_host(request);
+  return host && (*host == "localhost" || auth::is_loopback(*host));
 }
 
 std::optional<std::string> browser_refusal(const HttpRequest& request, bool check_host, const std::string& this_host) {
@@ -57,13 +63,14 @@ std::optional<std::string> browser_refusal(const HttpRequest& request, bool chec
     }
   }
   if (!check_host) return std::nullopt;
-  const auto* header = request.header("Host");
-  if (header == nullptr) return "the request names no Host";
-  std::string host = *header;
-  if (host.starts_with("[")) return std::nullopt;  // an IPv6 literal
-  if (auto colon = host.rfind(':'); colon != std::string::npos) host.resize(colon);
+  const auto named = requested_host(request);
+  if (!named) return "the request names no Host";
+  const std::string& host = *named;
   in_addr v4{};
-  if (host == "localhost" || ::inet_pton(AF_INET, host.c_str(), &v4) == 1) return std::nullopt;
+  in6_addr v6{};
+  if (host == "localhost" || ::inet_pton(AF_INET, host.c_str(), &v4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    return std::nullopt;
+  }
   if (!this_host.empty() && (host == this_host || host.starts_with(this_host + "."))) return std::nullopt;
   return fmt::format("the request's Host header names neither an IP address, localhost nor this machine ('{}'): a web "
                      "page whose DNS name was rebound here? hint: reach the coordinator by its IP address or by '{}'",
