@@ -35,17 +35,30 @@ void AdamW::step(double lr) {
   const double bias2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
   const double step_size = lr / bias1;
   const double bias2_sqrt = std::sqrt(bias2);
+  // The parameters with a gradient, updated as lists: on CUDA each line below is a few fused
+  // multi-tensor kernels instead of one kernel per parameter; on the CPU the same per-tensor
+  // operations run in the same order, so results are unchanged.
+  std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq, decaying;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     auto& p = parameters_[i].tensor;
-    const auto& grad = p.grad();
-    if (!grad.defined()) continue;
-    // Same operation order as torch.optim.AdamW (decoupled decay first), so results match it.
-    if (parameters_[i].decay && options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
-    exp_avg_[i].mul_(options_.beta1).add_(grad, 1 - options_.beta1);
-    exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
-    auto denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.eps);
-    p.addcdiv_(exp_avg_[i], denom, -step_size);
+    if (!p.grad().defined()) continue;
+    params.push_back(p);
+    grads.push_back(p.grad());
+    exp_avg.push_back(exp_avg_[i]);
+    exp_avg_sq.push_back(exp_avg_sq_[i]);
+    if (parameters_[i].decay) decaying.push_back(p);
   }
+  if (params.empty()) return;
+  // Same operation order as torch.optim.AdamW (decoupled decay first), so results match it.
+  if (options_.weight_decay != 0 && !decaying.empty()) at::_foreach_mul_(decaying, 1 - lr * options_.weight_decay);
+  at::_foreach_mul_(exp_avg, options_.beta1);
+  at::_foreach_add_(exp_avg, grads, 1 - options_.beta1);
+  at::_foreach_mul_(exp_avg_sq, options_.beta2);
+  at::_foreach_addcmul_(exp_avg_sq, grads, grads, 1 - options_.beta2);
+  auto denom = at::_foreach_sqrt(exp_avg_sq);
+  at::_foreach_div_(denom, bias2_sqrt);
+  at::_foreach_add_(denom, options_.eps);
+  at::_foreach_addcdiv_(params, exp_avg, denom, -step_size);
 }
 
 void AdamW::zero_grad() {

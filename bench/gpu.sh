@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU checks (docs/benchmarks.md "On a GPU", docs/distributed.md "Building with CUDA"), in one
+# script sized for a short loan of a GPU machine:
+#   1. build loco against the machine's own PyTorch (a CUDA LibTorch) into build-cuda/;
+#   2. run the CUDA tests and the model, optimizer, algorithm and transport suites on that build;
+#   3. loco-bench on a GPT-2-small-shaped model (configs/gpt-small.toml): tokens/s, MFU, loop overhead;
+#   4. DiLoCo and Streaming DiLoCo with worker processes sharing the GPU, checking that every
+#      worker ends every round with the same parameters (θ hash).
+#
+#   bench/gpu.sh [OUT]    logs and results into OUT (default runs/gpu), a summary at the end
+#
+# Environment: LOCO_DEBS, a folder of .deb files of loco's dependencies to unpack where the machine
+# lacks them (files it has are never replaced); LOCO_UPLOT_TGZ, uPlot's npm tarball on a machine
+# without npm; DATA_SMALL / DATA_GPT, the datasets (data/brown, data/brown50k; prepared when missing).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu}
+mkdir -p "$out"
+data_small=${DATA_SMALL:-data/brown}
+data_gpt=${DATA_GPT:-data/brown50k}
+loco=build-cuda/loco
+stage() { echo; echo "== $* ($(date +%T))"; }
+
+stage "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda, "C++11 ABI", torch._C._GLIBCXX_USE_CXX11_ABI)'
+
+if [ -n "${LOCO_DEBS:-}" ]; then
+  stage "dependencies from $LOCO_DEBS (only files the machine lacks)"
+  for deb in "$LOCO_DEBS"/*.deb; do
+    unpacked=$(mktemp -d)
+    dpkg -x "$deb" "$unpacked"
+    tar -C "$unpacked" -cf - . | tar -C / -xf - --skip-old-files --no-overwrite-dir
+    rm -rf "$unpacked"
+  done
+  ldconfig
+fi
+
+stage "configure"
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  ${LOCO_UPLOT_TGZ:+-DLOCO_UPLOT_TGZ=$LOCO_UPLOT_TGZ} > "$out/configure.log" 2>&1 \
+  || { tail -n 40 "$out/configure.log"; exit 1; }
+grep -E 'loco: LibTorch|CUDA' "$out/configure.log" | head -n 5
+
+stage "build"
+suites="test_cuda test_model test_optim test_algorithms test_comm"
+# -k 0: every translation unit that fails is reported, not only the first.
+if ! cmake --build build-cuda -j "$(nproc)" --target loco loco-bench $suites -- -k 0 > "$out/build.log" 2>&1; then
+  grep -E 'error|Error' "$out/build.log" | head -n 60
+  exit 1
+fi
+tail -n 1 "$out/build.log"
+
+# tests SUITE...: each suite's binary, its summary and failures; the CUDA tests come first, the
+# CPU suites (this LibTorch's Gloo, autograd and kernels under loco's code) at the end.
+tests() {
+  for suite in "$@"; do
+    stage "tests: $suite"
+    binary=$(find build-cuda/tests -name "$suite" -type f | head -n 1)
+    timeout 240 "$binary" --gtest_brief=1 > "$out/$suite.log" 2>&1
+    echo "$suite: exit $?; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$suite.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]|Failure|error' "$out/$suite.log" | head -n 10
+  done
+}
+tests test_cuda
+
+stage "data"
+[ -f "$data_small/manifest.json" ] || "$loco" prepare --corpus brown --out "$data_small"
+[ -f "$data_gpt/manifest.json" ] || "$loco" prepare --corpus brown --vocab-size 50304 --out "$data_gpt"
+
+stage "loco-bench: GPT-2 small (124M), bf16"
+timeout 240 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$data_gpt" --steps 30 --rounds 3 \
+  --peak-tflops 989 --json "$out/bench.json" --work-dir "$out/bench-work" 2>&1 | tee "$out/bench.log"
+
+# run NAME [overrides...]: a launch of 4 workers on the GPU; every worker's θ hash must agree in
+# every round (metrics.jsonl "sync" events).
+run() {
+  local name=$1; shift
+  stage "$name: $*"
+  timeout 180 "$loco" launch --config configs/brown.toml --data.dir="$data_small" --run.dir="$out/$name" \
+    --train.device=cuda --train.steps=200 --eval.every=100 "$@" > "$out/$name.log" 2>&1
+  echo "exit $?"
+  tail -n 3 "$out/$name.log"
+  python3 - "$out/$name/metrics.jsonl" <<'EOF'
+import collections, json, sys
+hashes, workers = collections.defaultdict(set), collections.defaultdict(set)
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e.get("event") == "sync":
+        hashes[(e.get("fragment"), e["round"])].add(e["params_hash"])
+        workers[(e.get("fragment"), e["round"])].add(e.get("worker"))
+differ = [k for k, v in hashes.items() if len(v) != 1]
+print(f"theta: {len(hashes)} rounds, {sum(len(w) for w in workers.values())} worker reports, "
+      f"{'all agree' if not differ else f'{len(differ)} rounds differ: {differ[:5]}'}")
+sys.exit(1 if differ or not hashes else 0)
+EOF
+}
+run diloco --sync.algorithm=diloco --sync.inner_steps=20
+run streaming
+tests test_model test_optim test_algorithms test_comm
+
+stage "done"
