@@ -11,7 +11,8 @@
 #
 # Environment: LOCO_DEBS, a folder of .deb files of loco's dependencies to unpack where the machine
 # lacks them (files it has are never replaced); LOCO_UPLOT_TGZ, uPlot's npm tarball on a machine
-# without npm; DATA_SMALL / DATA_GPT, the datasets (data/brown, data/brown50k; prepared when missing).
+# without npm; LOCO_GLOO_INCLUDE_DIR, Gloo's headers where LibTorch has none (pip wheels);
+# DATA_SMALL / DATA_GPT, the datasets (data/brown, data/brown50k; prepared when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
@@ -30,7 +31,7 @@ if [ -n "${LOCO_DEBS:-}" ]; then
   for deb in "$LOCO_DEBS"/*.deb; do
     unpacked=$(mktemp -d)
     dpkg -x "$deb" "$unpacked"
-    tar -C "$unpacked" -cf - . | tar -C / -xf - --skip-old-files --no-overwrite-dir
+    (cd "$unpacked" && find . ! -type d -print0 | tar --null -T - -cf -) | tar -C / -xf - --skip-old-files
     rm -rf "$unpacked"
   done
   ldconfig
@@ -39,9 +40,10 @@ fi
 stage "configure"
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  ${LOCO_UPLOT_TGZ:+-DLOCO_UPLOT_TGZ=$LOCO_UPLOT_TGZ} > "$out/configure.log" 2>&1 \
+  ${LOCO_UPLOT_TGZ:+-DLOCO_UPLOT_TGZ=$LOCO_UPLOT_TGZ} ${LOCO_GLOO_INCLUDE_DIR:+-DLOCO_GLOO_INCLUDE_DIR=$LOCO_GLOO_INCLUDE_DIR} \
+  > "$out/configure.log" 2>&1 \
   || { tail -n 40 "$out/configure.log"; exit 1; }
-grep -E 'loco: LibTorch|CUDA' "$out/configure.log" | head -n 5
+grep -E 'loco: |Found CUDA' "$out/configure.log"
 
 stage "build"
 suites="test_cuda test_model test_optim test_algorithms test_comm"
@@ -58,7 +60,7 @@ tests() {
   for suite in "$@"; do
     stage "tests: $suite"
     binary=$(find build-cuda/tests -name "$suite" -type f | head -n 1)
-    timeout 240 "$binary" --gtest_brief=1 > "$out/$suite.log" 2>&1
+    timeout 60 "$binary" --gtest_brief=1 > "$out/$suite.log" 2>&1
     echo "$suite: exit $?; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$suite.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]|Failure|error' "$out/$suite.log" | head -n 10
   done
@@ -70,7 +72,7 @@ stage "data"
 [ -f "$data_gpt/manifest.json" ] || "$loco" prepare --corpus brown --vocab-size 50304 --out "$data_gpt"
 
 stage "loco-bench: GPT-2 small (124M), bf16"
-timeout 240 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$data_gpt" --steps 30 --rounds 3 \
+timeout 150 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$data_gpt" --steps 30 --rounds 3 \
   --peak-tflops 989 --json "$out/bench.json" --work-dir "$out/bench-work" 2>&1 | tee "$out/bench.log"
 
 # run NAME [overrides...]: a launch of 4 workers on the GPU; every worker's θ hash must agree in
@@ -78,8 +80,8 @@ timeout 240 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$d
 run() {
   local name=$1; shift
   stage "$name: $*"
-  timeout 180 "$loco" launch --config configs/brown.toml --data.dir="$data_small" --run.dir="$out/$name" \
-    --train.device=cuda --train.steps=200 --eval.every=100 "$@" > "$out/$name.log" 2>&1
+  timeout 90 "$loco" launch --config configs/brown.toml --data.dir="$data_small" --run.dir="$out/$name" \
+    --train.device=cuda --train.steps=100 --eval.every=50 "$@" > "$out/$name.log" 2>&1
   echo "exit $?"
   tail -n 3 "$out/$name.log"
   python3 - "$out/$name/metrics.jsonl" <<'EOF'

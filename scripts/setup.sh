@@ -17,7 +17,7 @@ packages=(
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line
   nlohmann-json3-dev           # JSON
-  libfmt-dev libspdlog-dev     # formatting, logging
+  libfmt-dev                   # formatting
   libxxhash-dev                # checksums
   libgtest-dev                 # tests
   clang libclang-rt-14-dev     # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
