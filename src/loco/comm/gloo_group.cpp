@@ -47,6 +47,12 @@ class StoreAdapter final : public c10d::Store {
     if (!value) throw PeerError("comm", fmt::format("rendezvous: key '{}' did not appear within {} ms", full(key), timeout_.count()));
     return to_bytes(*value);
   }
+  // c10d::Store::clone() is pure virtual in newer LibTorch (2.11 has it, 2.6 not) and absent in older
+  // ones, hence no `override`: it overrides where there is one to override. A clone is another view
+  // of the same keys.
+  c10::intrusive_ptr<c10d::Store> clone() {  // NOLINT(modernize-use-override)
+    return c10::make_intrusive<StoreAdapter>(store_, prefix_, timeout_, abandoned_);
+  }
   int64_t add(const std::string& key, int64_t value) override { return store_->add(full(key), value); }
   bool deleteKey(const std::string& key) override { return store_->remove(full(key)); }
   bool check(const std::vector<std::string>& keys) override { return store_->check(full(keys)); }
