@@ -200,6 +200,9 @@ int main(int argc, char** argv) {
       fmt::print("MFU vs published peak {:.0f} TFLOP/s: bare {:.1f}%, loco {:.1f}%\n", peak_tflops, mfu(bare, peak_tflops * 1e12),
                  mfu(ours, peak_tflops * 1e12));
     }
+    // Printed before the teardown: on LibTorch 2.11 with CUDA the process was seen to crash at
+    // exit after its last line (docs/benchmarks.md, "On a GPU").
+    std::fflush(stdout);
     if (!json_file.empty()) {
       nlohmann::json j{{"device", device.str()}, {"libtorch", TORCH_VERSION}, {"config", config_file},
                        {"parameters", loco::model::parameter_count(config.model)}, {"flops_per_token", flops_per_token},

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "command.h"
+#include "loco/comm/group.h"
 #include "loco/core/allocator.h"
 #include "loco/core/error.h"
 
@@ -43,6 +44,7 @@ int exit_status_of(F&& command) {
 
 int main(int argc, char** argv) {
   loco::keep_freed_memory();  // a training step's tensors stay mapped between steps (core/allocator.h)
+  loco::comm::turn_off_flight_recorder();  // before any thread starts (comm/group.h)
   CLI::App app{"loco: low-communication training of language models (DiLoCo family)", "loco"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loco 0.1.0");

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <future>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -118,9 +120,23 @@ std::pair<int64_t, int64_t> binomial_tree_messages(int64_t rank, int64_t size, i
 
 int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+}  // namespace
+
+void turn_off_flight_recorder() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("TORCH_FR_BUFFER_SIZE") == nullptr && std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr) {
+      ::setenv("TORCH_FR_BUFFER_SIZE", "0", 0);
+    }
+  });
+}
+
+namespace {
+
 class GlooGroup final : public GroupImpl {
  public:
   GlooGroup(std::shared_ptr<KeyValueStore> store, const GroupOptions& options) : options_(options) {
+    turn_off_flight_recorder();  // before the first ProcessGroupGloo creates the recorder
     // Our own arrival barrier first, so that a missing rank is named in the error rather than
     // surfacing as one of Gloo's internal key names.
     const std::string prefix = options.prefix;

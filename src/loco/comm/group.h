@@ -238,6 +238,15 @@ class GroupFactory {
 };
 
 // The Gloo backend (gloo_group.cpp): exposed for Group::connect and tests.
+// PyTorch's c10d flight recorder (LibTorch 2.5 and later) keeps the last 2,000 collectives of the
+// process with a captured stack trace each, and in 2.11 updates its table of process groups
+// outside its lock (FlightRecorder::recordWithResetEnabled): several groups running collectives
+// from different threads at once crash the process (seen on a GPU machine: loco's group tests run
+// their ranks as threads). loco accounts for its collectives itself, so the recorder is turned off
+// (TORCH_FR_BUFFER_SIZE=0) unless the user set TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE.
+// connect_gloo calls it; main() calls it first, before any thread could read the environment.
+void turn_off_flight_recorder();
+
 std::shared_ptr<GroupImpl> connect_gloo(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
 
 }  // namespace loco::comm
