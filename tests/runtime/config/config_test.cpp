@@ -248,6 +248,16 @@ TEST(Config, SecretOverridesLeaveTheCommandLineForTheEnvironment) {
   EXPECT_EQ(load_config(file, {"dipaco.database=host=other"}).dipaco.database, "host=other") << "the key itself comes first";
   ::unsetenv("LOCO_DIPACO_DATABASE");
   EXPECT_EQ(load_config(file, {}).dipaco.database, "");
+  // A malformed secret is refused without being shown; another key's bad value is shown.
+  const std::string secret = "s3cret\xff-token-value";
+  try {
+    load_config(file, {"cluster.join_token=" + secret});
+    ADD_FAILURE() << "a non-UTF-8 token was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.join_token expects UTF-8 text"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+  }
+  expect_error<ConfigError>([&] { load_config(file, {"run.dir=runs\xff"}); }, "got 'runs");
 }
 
 }  // namespace

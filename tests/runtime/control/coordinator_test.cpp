@@ -549,6 +549,11 @@ TEST(Coordinator, StatusReadsFromElsewhereNeedTheViewKey) {
   ASSERT_TRUE(stop);
   EXPECT_EQ(stop->status, 401) << "the view key changes nothing";
   EXPECT_FALSE(coordinator.state()["stopping"].get<bool>());
+  // The timeline, readable by any local user over loopback, names the page but not its key.
+  auto status = raw.Get("/v1/status?key=" + key);
+  ASSERT_TRUE(status);
+  EXPECT_NE(status->body.find("status page: http://"), std::string::npos) << status->body.substr(0, 2000);
+  EXPECT_EQ(status->body.find(key), std::string::npos) << "the view key is not in the timeline";
 }
 
 // A throwaway self-signed certificate for `host` (an IP address), made with the openssl tool.

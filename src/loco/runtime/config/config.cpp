@@ -17,6 +17,7 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/data/corpus.h"
+#include "loco/runtime/config/secrets.h"
 
 namespace loco::runtime {
 namespace {
@@ -240,7 +241,9 @@ void check_range(const Field& f, double value) {
 // Sets a field from text (command-line override). Throws ConfigError naming the key.
 void set_from_text(Field& f, const std::string& text) {
   auto bad = [&](const char* expected) {
-    return ConfigError("config", fmt::format("{} expects {}, got '{}'", f.key, expected, text));
+    // A secret's value is never echoed, not even when it is malformed.
+    const std::string shown = secret_variable(f.key) ? fmt::format("{} bytes", text.size()) : "'" + text + "'";
+    return ConfigError("config", fmt::format("{} expects {}, got {}", f.key, expected, shown));
   };
   std::visit(
       [&](auto& v) {

@@ -83,6 +83,7 @@ class Unauthenticated : public std::runtime_error {
 struct Coordinator::Impl {
   explicit Impl(CoordinatorOptions o) : options(std::move(o)), identity(options.config, options.dataset) {
     // Every event the coordinator logs also goes on the status page's timeline.
+    user_log = options.log;
     options.log = [this, user = options.log](const std::string& text) {
       dashboard.note(text, wall_now());
       if (user) user(text);
@@ -98,6 +99,7 @@ struct Coordinator::Impl {
   }
 
   CoordinatorOptions options;
+  std::function<void(const std::string&)> user_log;  // the caller's, without the timeline
   Dashboard dashboard;
   std::string view_key;  // the status page's read-only key, when the run has a token
   std::unique_ptr<HttpServer> server;
@@ -438,7 +440,11 @@ void Coordinator::start() {
   impl_->log(fmt::format("listening on {}://{}:{} for {} worker(s) of {}{}", o.tls_cert.empty() ? "http" : "https", o.bind,
                          impl_->server->port(), impl_->run->workers(), o.config.run.dir,
                          o.token.empty() ? "; no join token: requests are not authenticated" : "; requests are signed with the join token"));
-  impl_->log(fmt::format("status page: {}", impl_->page_url()));
+  // The address with its view key is for whoever started the coordinator; the timeline, which any
+  // local user may read over loopback, gets it without the key.
+  impl_->dashboard.note(fmt::format("status page: {}", status_page_url(o.bind, impl_->server->port(), !o.tls_cert.empty(), "")),
+                        wall_now());
+  if (impl_->user_log) impl_->user_log(fmt::format("status page: {}", impl_->page_url()));
 }
 
 std::string Coordinator::page_url() const { return impl_->page_url(); }

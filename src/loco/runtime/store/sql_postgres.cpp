@@ -4,10 +4,11 @@
 #include <fmt/format.h>
 #include <libpq-fe.h>
 
+#include <cctype>
 #include <memory>
+#include <regex>
 
 #include "loco/core/error.h"
-#include "loco/runtime/store/sql.h"
 #include "loco/runtime/store/sql.h"
 
 namespace loco::runtime::sql {
@@ -30,6 +31,46 @@ std::string without_password(const std::string& conninfo) {
   return out;
 }
 
+// The password a connection string carries, found without libpq (which cannot parse a malformed
+// one): `scheme://user:PASSWORD@...` or `password=PASSWORD` (quoted or not). Empty if none.
+std::string password_in(const std::string& conninfo) {
+  static const std::regex uri(R"(^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:([^@/?#]*)@)");
+  static const std::regex keyword(R"((?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+))");
+  std::smatch m;
+  if (std::regex_search(conninfo, m, uri)) return m[1].str();
+  if (std::regex_search(conninfo, m, keyword)) {
+    std::string value = m[1].str();
+    if (value.size() >= 2 && value.front() == '\'') value = value.substr(1, value.size() - 2);
+    return value;
+  }
+  return "";
+}
+
+// libpq's message with the connection string and its password taken out: it quotes a malformed
+// string, or the token it could not read, whole ("invalid percent-encoded token: \"s3cret%zz\"").
+std::string scrubbed(std::string message, const std::string& conninfo) {
+  auto replace_all = [&](const std::string& what, const std::string& with) {
+    if (what.empty()) return;
+    for (size_t at = message.find(what); at != std::string::npos; at = message.find(what, at + with.size())) {
+      message.replace(at, what.size(), with);
+    }
+  };
+  replace_all(conninfo, "(the connection string)");
+  const std::string password = password_in(conninfo);
+  if (password.size() >= 2) {  // a one-character password would turn every such letter into ***
+    std::string decoded = password;  // as libpq may quote it after percent-decoding
+    for (size_t i = 0; i + 2 < decoded.size(); ++i) {
+      if (decoded[i] == '%' && std::isxdigit(static_cast<unsigned char>(decoded[i + 1])) &&
+          std::isxdigit(static_cast<unsigned char>(decoded[i + 2]))) {
+        decoded.replace(i, 3, 1, static_cast<char>(std::stoi(decoded.substr(i + 1, 2), nullptr, 16)));
+      }
+    }
+    replace_all(password, "***");
+    replace_all(decoded, "***");
+  }
+  return message;
+}
+
 std::string trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
@@ -44,7 +85,7 @@ class PostgresConnection final : public Connection {
     const char* values[] = {conninfo.c_str(), seconds.c_str(), nullptr};
     connection_ = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
     if (connection_ == nullptr || PQstatus(connection_) != CONNECTION_OK) {
-      const std::string message = connection_ != nullptr ? PQerrorMessage(connection_) : "out of memory";
+      const std::string message = scrubbed(connection_ != nullptr ? PQerrorMessage(connection_) : "out of memory", conninfo);
       PQfinish(connection_);
       // A refused login or a missing database will not mend by trying again; a server that is down
       // or restarting may.
