@@ -3,7 +3,9 @@
 // name are refused by name, and an older version is never touched by a newer save.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
@@ -91,6 +93,21 @@ TEST(ModulesTest, FilesThatDoNotMatchAreRefusedByName) {
   EXPECT_THROW(load_module(dir.path(), "L2.M1", 2, plan.fingerprint()), DataError);
   EXPECT_EQ(read_file(module_file(dir.path(), "L2.M1", 1), "test"), v1);
   EXPECT_NO_THROW(load_module(dir.path(), "L2.M1", 1, plan.fingerprint()));
+  // The same module with its checksum taken out of the header: a file no loco run wrote (module
+  // files come from other hosts through a shared folder) is refused.
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, v1.data(), 8);
+  auto header = nlohmann::json::parse(v1.substr(8, header_size));
+  ASSERT_EQ(header["__metadata__"].erase("loco.xxh3"), 1u);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t new_size = text.size();
+  std::string stripped(reinterpret_cast<const char*>(&new_size), 8);
+  stripped += text + v1.substr(8 + header_size);
+  TempDir other_dir;
+  std::filesystem::create_directories(module_file(other_dir.path(), "L2.M1", 1).parent_path());
+  std::ofstream(module_file(other_dir.path(), "L2.M1", 1), std::ios::binary) << stripped;
+  expect_error<DataError>([&] { load_module(other_dir.path(), "L2.M1", 1, plan.fingerprint()); }, "no loco.xxh3 checksum");
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ std::optional<std::string> TaskWorker::load_inner_state(optim::AdamW& adamw, int
     throw DataError("dipaco", fmt::format("path {} phase {} has no recorded inner state", path, phase - 1));
   }
   if (!previous || previous->second.empty()) return std::nullopt;
-  const auto file = load_safetensors(run_.dir() / previous->second);
+  const auto file = load_checksummed_safetensors(run_.dir() / previous->second);
   read += file_bytes(run_.dir() / previous->second);
   const auto steps = file.metadata.find("loco.inner_steps");
   if (steps == file.metadata.end()) {

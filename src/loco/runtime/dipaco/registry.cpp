@@ -9,8 +9,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <set>
+#include <vector>
 
 #include "loco/runtime/store/sql.h"
 
@@ -18,6 +21,57 @@ namespace loco::runtime {
 namespace {
 
 constexpr int64_t kSchema = 2;
+
+// The kinds of file the registry names, each in its folder of the run folder.
+struct FileKind {
+  const char* what;
+  const char* folder;  // its first component
+  const char* suffix;  // of its last
+};
+constexpr FileKind kModuleFile{"a module file", "modules", ".safetensors"};
+constexpr FileKind kReportFile{"an outer gradient file", "reports", ".safetensors"};
+constexpr FileKind kPathFile{"a path's state file", "paths", ".safetensors"};
+constexpr FileKind kRoutingFolder{"a routing folder", "routing", ""};
+
+bool plain_name(const std::string& name) {
+  if (name.empty() || name == "." || name == "..") return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
+}
+
+// `file` when it names a file of its kind inside the run folder: relative, in the kind's folder,
+// made of plain names (letters, digits, '.', '_', '-'; never "." or ".."). Anyone who can write
+// the database (a PostgreSQL registry is shared by every host) could otherwise make workers read
+// any file (/dev/zero) or delete one outside the run: names are checked when written and again
+// when read. DataError otherwise.
+const std::string& checked(const std::string& file, const FileKind& kind, const std::string& where) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t slash = file.find('/', start);
+    parts.push_back(file.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  const bool ok = parts.size() >= 2 && parts.size() <= 4 && parts.front() == kind.folder &&
+                  std::all_of(parts.begin(), parts.end(), plain_name) && parts.back().ends_with(kind.suffix);
+  if (!ok) {
+    throw DataError("registry", fmt::format("{}: '{}' is not {} in the run folder ({}/NAME{}); refused: the registry "
+                                            "names files inside the run folder only", where, file.substr(0, 200),
+                                            kind.what, kind.folder, kind.suffix));
+  }
+  return file;
+}
+
+const FileKind& result_kind(const TaskKey& task) {
+  if (task.scope == TaskScope::kRoute) return kRoutingFolder;
+  if (task.scope == TaskScope::kModuleStep) return kModuleFile;
+  return kPathFile;
+}
+
+// A task's result as read back: a path task may have none (no inner state).
+std::optional<std::string> checked_result(std::optional<std::string> result, const TaskKey& task, const std::string& where) {
+  if (result && !(result->empty() && task.scope == TaskScope::kPath)) checked(*result, result_kind(task), where);
+  return result;
+}
 
 }  // namespace
 
@@ -45,6 +99,7 @@ Registry::Registry(std::unique_ptr<sql::Connection> connection) : db_(std::move(
 Registry::~Registry() = default;
 
 void Registry::publish_module(const std::string& module, int64_t version, const std::string& file) {
+  checked(file, kModuleFile, db_->where());
   db_->write([&] {
     auto existing = db_->query("SELECT file FROM modules WHERE module = $1 AND version = $2", {module, version});
     if (!existing.empty()) {
@@ -67,10 +122,11 @@ std::string Registry::module_file(const std::string& module, int64_t version) {
   if (file.empty()) {
     throw DataError("registry", fmt::format("{}: module {} version {} was never published", db_->where(), module, version));
   }
-  return file.text(0, 0);
+  return checked(file.text(0, 0), kModuleFile, db_->where());
 }
 
 void Registry::insert_report(const ModuleReport& report) {
+  checked(report.file, kReportFile, db_->where());
   auto existing = db_->query("SELECT 1 FROM reports WHERE module = $1 AND phase = $2 AND path = $3",
                              {report.module, report.phase, report.path});
   if (!existing.empty()) {
@@ -88,7 +144,9 @@ void Registry::record_report(const ModuleReport& report) {
 std::vector<ModuleReport> Registry::reports(const std::string& module, int64_t phase) {
   auto rows = db_->query("SELECT path, weight, file FROM reports WHERE module = $1 AND phase = $2 ORDER BY path", {module, phase});
   std::vector<ModuleReport> out;
-  for (size_t i = 0; i < rows.size(); ++i) out.push_back({module, phase, rows.integer(i, 0), rows.real(i, 1), rows.text(i, 2)});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    out.push_back({module, phase, rows.integer(i, 0), rows.real(i, 1), checked(rows.text(i, 2), kReportFile, db_->where())});
+  }
   return out;
 }
 
@@ -161,12 +219,15 @@ void Registry::release(const TaskKey& task, const std::string& worker) {
   db_->write([&] { queue_.release(task, worker); });
 }
 
-std::optional<std::string> Registry::task_result(const TaskKey& task) { return queue_.result(task); }
+std::optional<std::string> Registry::task_result(const TaskKey& task) {
+  return checked_result(queue_.result(task), task, db_->where());
+}
 
 std::vector<std::string> Registry::complete_path(const TaskKey& task, const std::string& worker,
                                                  const std::vector<ModuleReport>& reports, const std::string& result,
                                                  double now_s, double deadline_s) {
   LOCO_CHECK(task.scope == TaskScope::kPath, "complete_path of {}", describe(task));
+  if (!result.empty()) checked(result, kPathFile, db_->where());
   return db_->write([&] {
     queue_.check_held(task, worker);
     auto modules = db_->query("SELECT module FROM path_modules WHERE path = $1 ORDER BY module", {task.path});
@@ -206,11 +267,14 @@ std::vector<std::string> Registry::complete_path(const TaskKey& task, const std:
 }
 
 std::optional<std::pair<int64_t, std::string>> Registry::latest_path_result(int64_t path, int64_t phase) {
-  return queue_.latest_result(TaskScope::kPath, path, phase);
+  auto latest = queue_.latest_result(TaskScope::kPath, path, phase);
+  if (latest && !latest->second.empty()) checked(latest->second, kPathFile, db_->where());
+  return latest;
 }
 
 void Registry::complete_step(const TaskKey& task, const std::string& worker, const std::string& file) {
   LOCO_CHECK(task.scope == TaskScope::kModuleStep, "complete_step of {}", describe(task));
+  checked(file, kModuleFile, db_->where());
   db_->write([&] {
     queue_.check_held(task, worker);
     const int64_t version = task.phase + 1;
@@ -246,6 +310,7 @@ void Registry::complete_step(const TaskKey& task, const std::string& worker, con
 
 void Registry::complete_route(const TaskKey& task, const std::string& worker, const std::string& folder) {
   LOCO_CHECK(task.scope == TaskScope::kRoute, "complete_route of {}", describe(task));
+  checked(folder, kRoutingFolder, db_->where());
   db_->write([&] {
     queue_.check_held(task, worker);
     queue_.finish(task, folder);

@@ -203,7 +203,7 @@ PathRouter DipacoRun::load_router(Registry& registry) const {
   if (layout && layout->reroute_phase > 0) {
     if (auto done = registry.task_result({TaskScope::kRoute, -1, "", layout->reroute_phase})) folder = *done;
   }
-  const auto file = load_safetensors(dir_ / folder / "router.safetensors");
+  const auto file = load_checksummed_safetensors(dir_ / folder / "router.safetensors");
   if (file.metadata.count("loco.plan") == 0 || file.metadata.at("loco.plan") != plan_.fingerprint()) {
     throw DataError("dipaco", fmt::format("{}/{} routes for another plan", dir_.string(), folder));
   }

@@ -31,7 +31,7 @@ void TaskWorker::run_step(const TaskKey& task) {
   std::vector<algorithms::PathReport> reports;
   std::vector<std::string> consumed;
   for (const auto& report : db([&](Registry& r) { return r.reports(module.name, task.phase); })) {
-    const auto file = load_safetensors(run_.dir() / report.file);
+    const auto file = load_checksummed_safetensors(run_.dir() / report.file);
     read += file_bytes(run_.dir() / report.file);
     algorithms::PathReport path_report{report.path, report.weight, {}};
     for (size_t i = 0; i < names.size(); ++i) {

@@ -46,7 +46,7 @@ ModuleVersion load_module(const std::filesystem::path& run_dir, const std::strin
   if (!std::filesystem::exists(path)) {
     throw DataError("dipaco", fmt::format("{}: module {} version {} was never saved (missing file)", path.string(), module, version));
   }
-  auto file = load_safetensors(path);
+  auto file = load_checksummed_safetensors(path);
   auto meta = [&](const char* key) {
     auto it = file.metadata.find(key);
     if (it == file.metadata.end()) throw DataError("dipaco", fmt::format("{}: not a module file (no {} in its metadata)", path.string(), key));

@@ -155,4 +155,13 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   return decode_safetensors(read_file(path, "checkpoint"), path.string());
 }
 
+SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& path) {
+  auto file = load_safetensors(path);
+  if (!file.metadata.contains("loco.xxh3")) {
+    throw DataError("checkpoint", fmt::format("{}: no loco.xxh3 checksum in its metadata; every file loco saves has one, "
+                                              "so this one was not written by a loco run", path.string()));
+  }
+  return file;
+}
+
 }  // namespace loco::runtime

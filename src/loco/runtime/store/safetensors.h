@@ -33,5 +33,9 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
 // DataError messages.
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& where);
 SafetensorsFile load_safetensors(const std::filesystem::path& path);
+// As load_safetensors, and refuses a file without a loco.xxh3 checksum (loco writes one into every
+// file it saves): for files that come from other hosts through a shared folder, DiPaCo's modules,
+// outer gradients, path states and routers.
+SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& path);
 
 }  // namespace loco::runtime
