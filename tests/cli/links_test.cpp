@@ -73,7 +73,7 @@ TEST(LinkSpecTest, ParsesRatesAndDelaysInTcsUnits) {
   EXPECT_DOUBLE_EQ(LinkSpec::parse("rate=1gbit,cpu=0.45").cpu, 0.45);
   EXPECT_EQ(LinkSpec::parse("delay=50ms,cpu=0.5").describe(), "rate not shaped, 50 ms one-way, 0.5 of a core");
   for (const std::string bad : {"rate=100", "rate=fast", "rate=-1mbit", "delay=50", "speed=1gbit", "rate=100mbit;delay=5ms",
-                                "rate=1bit", "delay=1h", "delay=20s", "", "cpu=0", "cpu=lots", "cpu=0.5cores", "cpu=2000"}) {
+                                "rate=1bit", "rate=101gbit", "rate=1e30bit", "delay=1h", "delay=20s", "", "cpu=0", "cpu=lots", "cpu=0.5cores", "cpu=2000"}) {
     EXPECT_THROW(LinkSpec::parse(bad), ConfigError) << bad;
   }
   try {

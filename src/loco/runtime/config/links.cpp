@@ -62,6 +62,7 @@ LinkSpec LinkSpec::parse(const std::string& text) {
     if (key == "rate") {
       spec.rate_bps = parse_rate_bps(value, "link rate");
       if (spec.rate_bps < 8000) throw ConfigError("link", fmt::format("link rate '{}' is below 8 kbit/s", value));
+      if (spec.rate_bps > 100e9) throw ConfigError("link", fmt::format("link rate '{}' is over 100 Gbit/s", value));
     } else if (key == "delay") {
       spec.delay_s = parse_delay_s(value, "link delay");
       if (spec.delay_s > 10) throw ConfigError("link", fmt::format("link delay '{}' is over 10 s", value));

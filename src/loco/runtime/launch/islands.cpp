@@ -71,9 +71,21 @@ int new_namespace(int original_fd) {
   return fd;
 }
 
-// Runs argv (found on PATH) inside the namespace `netns_fd`, with `pass_fd` (if >= 0) left open
-// across exec so the command can name it as /proc/self/fd/N; throws Error with its stderr on failure.
-void run_in(int netns_fd, const std::vector<std::string>& argv, int pass_fd = -1) {
+// The absolute path of iproute2's `ip` or `tc`, from the system's own folders and never from PATH:
+// this runs as root, where a PATH entry writable by someone else would run their program.
+std::string system_tool(const std::string& name) {
+  for (const char* folder : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
+    const std::string path = std::string(folder) + "/" + name;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  throw Error("link", fmt::format("'{}' is not in /usr/sbin, /sbin, /usr/bin or /bin; hint: apt-get install iproute2", name));
+}
+
+// Runs argv (argv[0] one of the system's tools) inside the namespace `netns_fd`, with `pass_fd` (if
+// >= 0) left open across exec so the command can name it as /proc/self/fd/N; throws Error with its
+// stderr on failure.
+void run_in(int netns_fd, std::vector<std::string> argv, int pass_fd = -1) {
+  argv[0] = system_tool(argv[0]);
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) throw Error("link", fmt::format("pipe: {}", std::strerror(errno)));
   std::vector<char*> args;
@@ -84,7 +96,7 @@ void run_in(int netns_fd, const std::vector<std::string>& argv, int pass_fd = -1
     ::dup2(err_pipe[1], 2);
     if (pass_fd >= 0) ::fcntl(pass_fd, F_SETFD, 0);
     if (::setns(netns_fd, CLONE_NEWNET) != 0) ::_exit(126);
-    ::execvp(args[0], args.data());
+    ::execv(args[0], args.data());
     ::_exit(127);
   }
   ::close(err_pipe[1]);
@@ -295,13 +307,13 @@ void record_max(std::atomic<double>& slot, double value) {
 }  // namespace
 
 // The bytes the relay holds for frames from `island` at most: what its link carries in its longest
-// delay plus 100 ms (a router's buffer), at least 1 MiB; an unshaped link counts as 10 Gbit/s.
-// Beyond it frames are dropped, as a full router drops them, and TCP sends them again.
+// delay plus 100 ms (a router's buffer), from 1 MiB to 256 MiB; an unshaped link counts as 10
+// Gbit/s. Beyond it frames are dropped, as a full router drops them, and TCP sends them again.
 int64_t Islands::held_limit(size_t island) const {
   double longest = 0;
   for (const auto& link : links_) longest = std::max(longest, (links_[island].delay_s + link.delay_s) / 2);
   const double bytes_per_s = (links_[island].rate_bps > 0 ? links_[island].rate_bps : 10e9) / 8;
-  return std::max<int64_t>(1 << 20, static_cast<int64_t>(bytes_per_s * (longest + 0.1)));
+  return static_cast<int64_t>(std::clamp(bytes_per_s * (longest + 0.1), double{1 << 20}, double{256 << 20}));
 }
 
 // The relay: frames from each island's hub end, held for the pair's delay from the kernel's
