@@ -129,6 +129,22 @@ std::string mac(const Key& key, std::string_view method, std::string_view target
   return hex(reinterpret_cast<const unsigned char*>(digest.data()), digest.size());
 }
 
+std::string answer_mac(const Key& key, std::string_view nonce, int status, std::string_view body) {
+  std::string message = fmt::format("loco-answer-v1\n{}\n{}\n", nonce, status);
+  message.append(body);
+  const auto digest = hmac_sha256(key.bytes(), message);
+  return hex(reinterpret_cast<const unsigned char*>(digest.data()), digest.size());
+}
+
+std::optional<std::string> check_answer(const Key& key, std::string_view nonce, int status, std::string_view body,
+                                        const std::string* mac) {
+  if (mac == nullptr) return "the answer is not signed";
+  if (!lower_hex(*mac, kMacHex)) return "the answer's signature is malformed";
+  const auto expected = answer_mac(key, nonce, status, body);
+  if (CRYPTO_memcmp(expected.data(), mac->data(), expected.size()) != 0) return "the answer's signature is wrong";
+  return std::nullopt;
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }

@@ -22,6 +22,11 @@ namespace loco::runtime::auth {
 inline constexpr const char* kTimeHeader = "X-Loco-Time";    // Unix time in seconds, decimal
 inline constexpr const char* kNonceHeader = "X-Loco-Nonce";  // 32 lowercase hex digits, fresh per request
 inline constexpr const char* kMacHeader = "X-Loco-Mac";      // 64 lowercase hex digits
+// The coordinator's answer to a signed request carries its own MAC (answer_mac), so that a worker
+// believes only answers from a holder of the key, given to its own request.
+inline constexpr const char* kAnswerMacHeader = "X-Loco-Answer-Mac";  // 64 lowercase hex digits
+// The largest answer a worker reads; a longer one is cut off and refused.
+inline constexpr size_t kMaxAnswerBytes = 16 << 20;
 
 // How far a request's timestamp may be from the coordinator's clock (either way). Nonces are
 // remembered this long, so a replay is refused inside the window and stale outside it.
@@ -49,6 +54,15 @@ struct Signature {
 std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
                 std::string_view body);
 
+// The MAC of an answer: HMAC-SHA256(key, "loco-answer-v1\n" nonce "\n" status "\n" body), nonce
+// being the request's, in lowercase hex. Bound to the request, an answer cannot be replayed for
+// another one.
+std::string answer_mac(const Key& key, std::string_view nonce, int status, std::string_view body);
+// The worker's check of an answer to its request signed with `nonce`: why `mac` (the header's
+// value, or null when absent) is not the answer's MAC, or nullopt when it is.
+std::optional<std::string> check_answer(const Key& key, std::string_view nonce, int status, std::string_view body,
+                                        const std::string* mac);
+
 // Signs a request now, with a fresh random nonce.
 Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view body);
 
@@ -62,6 +76,7 @@ int64_t unix_now();
 class Verifier {
  public:
   explicit Verifier(std::string_view token, size_t max_nonces = 1'000'000);
+  const Key& key() const { return key_; }
 
   // Cheap checks before the body is read: the headers are present, well formed and the time is
   // within the window. Returns why not, or nullopt.

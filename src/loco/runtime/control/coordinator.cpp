@@ -145,14 +145,18 @@ struct Coordinator::Impl {
   }
 
   // The full check of a request's signature, once its body is in (the pre-routing handler has
-  // refused those without one already).
-  void authenticate(const HttpRequest& request) {
-    if (!verifier || open_read(request)) return;
+  // refused those without one already). Whether the request was signed and authentic (then its
+  // answer is signed): an open status read without a signature is let through unsigned, and one
+  // with a signature is checked like any other.
+  bool authenticate(const HttpRequest& request) {
+    if (!verifier) return false;
+    if (open_read(request) && request.header(auth::kMacHeader) == nullptr) return false;
     if (auto why = verifier->verify(request.method, request.target, request.body, request.header(auth::kTimeHeader),
                                     request.header(auth::kNonceHeader), request.header(auth::kMacHeader),
                                     auth::unix_now())) {
       throw Unauthenticated(*why);
     }
+    return true;
   }
 
   mutable std::mutex mutex;
@@ -213,8 +217,9 @@ struct Coordinator::Impl {
   template <class F>
   HttpServer::Handler guard(F&& handler) {
     return [this, handler](const HttpRequest& request, HttpResponse& response) {
+      bool authenticated = false;
       try {
-        authenticate(request);
+        authenticated = authenticate(request);
         handler(request, response);
       } catch (const Unauthenticated& e) {
         log_refused(request, e.what());
@@ -230,6 +235,12 @@ struct Coordinator::Impl {
       } catch (const std::exception& e) {
         log(fmt::format("request {} from {} failed: {}", request.path, request.remote_addr, e.what()));
         reply_json(response, {{"error", e.what()}}, 500);
+      }
+      // The answer to an authentic request is signed for that request (auth.h); a refusal is not,
+      // so that nobody obtains a signed answer for a nonce of their choosing.
+      if (authenticated) {
+        response.headers.emplace_back(auth::kAnswerMacHeader, auth::answer_mac(verifier->key(), *request.header(auth::kNonceHeader),
+                                                                               response.status, response.body));
       }
     };
   }

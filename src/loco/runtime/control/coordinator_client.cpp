@@ -148,11 +148,36 @@ std::optional<std::pair<int, std::string>> CoordinatorClient::send(const std::st
       key_.emplace(security_.token);
     }
   }
+  std::string nonce;
   if (key_) {
     const auto s = auth::sign(*key_, method, path, method == "GET" ? std::string_view() : std::string_view(body));
     headers = {{auth::kTimeHeader, std::to_string(s.time)}, {auth::kNonceHeader, s.nonce}, {auth::kMacHeader, s.mac}};
+    nonce = s.nonce;
   }
-  auto result = method == "GET" ? client_->Get(path, headers) : client_->Post(path, headers, body, "application/json");
+  // The answer is read into `answer`, up to auth::kMaxAnswerBytes: a longer one is cut off.
+  httplib::Request request;
+  request.method = method;
+  request.path = path;
+  request.headers = std::move(headers);
+  if (method != "GET") {
+    request.body = body;
+    request.set_header("Content-Type", "application/json");
+  }
+  std::string answer;
+  bool too_long = false;
+  request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+    if (answer.size() + length > auth::kMaxAnswerBytes) {
+      too_long = true;
+      return false;
+    }
+    answer.append(data, length);
+    return true;
+  };
+  auto result = client_->send(request);
+  if (too_long) {
+    error = fmt::format("the answer to {} is over {} MiB (not the coordinator's)", path, auth::kMaxAnswerBytes >> 20);
+    return std::nullopt;
+  }
   if (!result) {
     error = httplib::to_string(result.error());
     if (security_.tls && result.error() == httplib::Error::SSLServerVerification) {
@@ -160,7 +185,17 @@ std::optional<std::pair<int, std::string>> CoordinatorClient::send(const std::st
     }
     return std::nullopt;
   }
-  return std::pair{result->status, result->body};
+  // With a key, only answers signed for this request are believed; a refusal (401, 403) need not
+  // be, since believing one gives nothing away (whoever can forge it could drop the answer too).
+  if (key_ && result->status != 401 && result->status != 403) {
+    const auto mac = result->get_header_value(auth::kAnswerMacHeader);
+    if (auto why = auth::check_answer(*key_, nonce, result->status, answer, result->has_header(auth::kAnswerMacHeader) ? &mac : nullptr)) {
+      error = fmt::format("{} (HTTP {} to {}): not the run's coordinator, or an answer altered on the way", *why,
+                          result->status, path);
+      return std::nullopt;
+    }
+  }
+  return std::pair{result->status, std::move(answer)};
 }
 
 std::pair<int, std::string> CoordinatorClient::request(const std::string& method, const std::string& path,
