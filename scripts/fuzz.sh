@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=build-fuzz
-all=(protocol_fuzzer config_fuzzer safetensors_fuzzer shard_fuzzer jsonl_fuzzer coordinator_state_fuzzer)
+all=(protocol_fuzzer auth_fuzzer config_fuzzer safetensors_fuzzer shard_fuzzer jsonl_fuzzer coordinator_state_fuzzer)
 
 configure_and_build() {
   if ! command -v clang++ >/dev/null; then
@@ -64,6 +64,7 @@ for fuzzer in "${fuzzers[@]}"; do
   case "$fuzzer" in
     protocol_fuzzer|safetensors_fuzzer|shard_fuzzer|jsonl_fuzzer|coordinator_state_fuzzer) dict=fuzz/json.dict ;;
     config_fuzzer) dict=fuzz/toml.dict ;;
+    auth_fuzzer) dict="" ;;  # headers and a body: no grammar to teach it
     *) echo "unknown fuzzer '$fuzzer' (one of: ${all[*]})" >&2; exit 2 ;;
   esac
   max_len=4096
@@ -74,7 +75,7 @@ for fuzzer in "${fuzzers[@]}"; do
   log="$work/$fuzzer.log"
   start=$EPOCHREALTIME
   rc=0
-  "$build/fuzz/$fuzzer" -runs="$runs" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 -dict="$dict" \
+  "$build/fuzz/$fuzzer" -runs="$runs" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 ${dict:+-dict="$dict"} \
     -artifact_prefix="$artifacts/$fuzzer-" -print_final_stats=1 "$corpus" >"$log" 2>&1 || rc=$?
   seconds=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
   execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log")
