@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <functional>
 #include <string>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator.h"
 #include "loco/runtime/control/coordinator_client.h"
+#include "process_util.h"
 #include "test_util.h"
 
 namespace loco::runtime {
@@ -132,6 +135,34 @@ TEST(CoordinatorClient, BelievesOnlyAnswersSignedForItsRequest) {
   });
   CoordinatorClient refused(refusal.address(), 2s, {kToken});
   EXPECT_EQ(refused.request("GET", "/v1/kv/size", "", 2s).first, 401);
+}
+
+// A status read announcing a body is refused at the gate, before the body could hold the
+// connection (docs/security.md, "Available while other clients misbehave").
+TEST(Coordinator, AStatusReadWithABodyIsRefusedBeforeItsBody) {
+  CoordinatorOptions o;
+  o.config.cluster.workers = 1;
+  o.token = kToken;
+  o.bind = "127.0.0.1";
+  o.port = 0;
+  Coordinator coordinator(o);
+  coordinator.start();
+  const int fd = testing_util::connect_loopback(static_cast<int>(coordinator.port()));
+  ASSERT_GE(fd, 0);
+  const std::string request = "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nx";
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char answer[512] = {};
+  const auto n = ::recv(fd, answer, sizeof answer - 1, 0);
+  ::close(fd);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(answer).substr(0, 12), "HTTP/1.1 400") << answer;
+  EXPECT_NE(std::string(answer).find("a status read carries no body"), std::string::npos) << answer;
+  httplib::Client client("127.0.0.1", static_cast<int>(coordinator.port()));
+  auto status = client.Get("/v1/status");
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->status, 200) << "one without a body is still read";
 }
 
 }  // namespace

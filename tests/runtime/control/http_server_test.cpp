@@ -110,6 +110,34 @@ TEST(HttpServer, AFullConnectionTableMakesRoom) {
   for (int fd : idle) ::close(fd);
 }
 
+// Connections that hold a slot by sending a body slowly (a client without the key can: the MAC
+// covers the body, so the gate lets well-formed headers through) make room as idle ones do.
+TEST(HttpServer, ConnectionsHoldingABodyMakeRoomToo) {
+  auto options = fast_options();
+  options.body_deadline = 30s;
+  options.max_connections = 16;
+  HttpServer server(options);
+  server.route("GET", "/", [](const HttpRequest&, HttpResponse& response) { response.set_content("here", "text/plain"); });
+  server.route("POST", "/slow", [](const HttpRequest&, HttpResponse& response) { response.set_content("late", "text/plain"); });
+  server.start();
+  std::vector<int> holding;
+  const std::string start = "POST /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nx";
+  for (int i = 0; i < 16; ++i) {
+    holding.push_back(testing_util::connect_loopback(server.port()));
+    ASSERT_GE(holding.back(), 0);
+    ASSERT_EQ(::send(holding.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+  }
+  std::this_thread::sleep_for(200ms);
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(5s);
+  auto answer = client.Get("/");
+  ASSERT_TRUE(answer) << "a full table of slow bodies locked a new client out";
+  EXPECT_EQ(answer->body, "here");
+  EXPECT_GE(server.counts().evicted, 1);
+  EXPECT_TRUE(closed_within(holding.front(), 1000ms)) << "the oldest slow body made room";
+  for (int fd : holding) ::close(fd);
+}
+
 // Requests waiting for a busy handler pool show as the server being behind.
 TEST(HttpServer, KnowsWhenItIsBehind) {
   auto options = fast_options();

@@ -429,7 +429,18 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
       reply_json(refusal, {{"error", *why}}, 403);
       return refusal;
     }
-    if (!impl.verifier || impl.open_read(request)) return std::nullopt;
+    // A status read has no body: one that announces a body would hold a connection while it
+    // trickles in, unauthenticated; it is refused before a byte of it is read.
+    if (impl.open_read(request) && request.header(auth::kMacHeader) == nullptr) {
+      const auto* length = request.header("Content-Length");
+      if ((length != nullptr && *length != "0") || request.header("Transfer-Encoding") != nullptr) {
+        HttpResponse refusal;
+        reply_json(refusal, {{"error", "a status read carries no body"}}, 400);
+        return refusal;
+      }
+      return std::nullopt;
+    }
+    if (!impl.verifier) return std::nullopt;
     auto why = impl.verifier->precheck(request.header(auth::kTimeHeader), request.header(auth::kNonceHeader),
                                        request.header(auth::kMacHeader), auth::unix_now());
     if (!why) return std::nullopt;

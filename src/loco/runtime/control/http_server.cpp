@@ -114,7 +114,9 @@ class HandlerPool {
 struct Connection {
   virtual ~Connection() = default;
   virtual void close() = 0;
-  bool waiting = true;  // waiting for a request's headers (evictable), not in a handler or a write
+  // Waiting for a request's headers or its body, or lingering after a refusal: evictable, since
+  // nothing in it is authenticated yet (a MAC covers the body); not in a handler or a write.
+  bool waiting = true;
   Clock::time_point waiting_since = Clock::now();
 };
 
@@ -178,8 +180,9 @@ struct HttpServer::Impl {
     connections.erase(id);
   }
 
-  // At the limit: closes the connection that has waited longest for a request. False when every
-  // connection is busy (then the new one is refused).
+  // At the limit: closes the connection that has waited longest for a request's headers or body
+  // (or lingered after a refusal). False when every connection is busy (then the new one is
+  // refused).
   bool make_room() {
     std::shared_ptr<Connection> oldest;
     {
@@ -268,6 +271,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       }
     }
     if (parser_->is_done()) return dispatch();
+    // A body still on its way holds a slot that a client without the key can hold as well as a
+    // member (its well-formed but wrong signature is found out only with the body): evictable.
+    waiting = true;
+    waiting_since = Clock::now();
     lowest().expires_after(server_.options.body_deadline);
     http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_body(ec);
@@ -275,6 +282,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   }
 
   void on_body(beast::error_code ec) {
+    waiting = false;
     if (ec == http::error::body_limit) return too_large();
     if (ec) return fail(ec);
     request_.body = std::move(parser_->get().body());
@@ -340,6 +348,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   // A close after refusing a request whose body may still be on its way: stop sending, then read
   // and drop what comes for a short while, so that the peer reads the answer rather than a reset.
   void linger() {
+    waiting = true;  // nothing more is answered on it
+    waiting_since = Clock::now();
     beast::error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
     lowest().expires_after(std::chrono::seconds(2));
