@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +67,18 @@ class FakeCoordinator {
   std::thread thread_;
 };
 
+// A coordinator of a one-worker run with kToken, listening on a free port of loopback.
+std::unique_ptr<Coordinator> started_coordinator() {
+  CoordinatorOptions o;
+  o.config.cluster.workers = 1;
+  o.token = kToken;
+  o.bind = "127.0.0.1";
+  o.port = 0;
+  auto coordinator = std::make_unique<Coordinator>(o);
+  coordinator->start();
+  return coordinator;
+}
+
 std::string unreachable_reason(const std::string& address) {
   CoordinatorClient client(address, 2s, {kToken});
   client.set_patience(300ms);
@@ -79,13 +92,8 @@ std::string unreachable_reason(const std::string& address) {
 
 TEST(CoordinatorClient, BelievesOnlyAnswersSignedForItsRequest) {
   // The real coordinator signs; its answers are believed.
-  CoordinatorOptions o;
-  o.config.cluster.workers = 1;
-  o.token = kToken;
-  o.bind = "127.0.0.1";
-  o.port = 0;
-  Coordinator coordinator(o);
-  coordinator.start();
+  auto started = started_coordinator();
+  Coordinator& coordinator = *started;
   CoordinatorClient client("127.0.0.1:" + std::to_string(coordinator.port()), 2s, {kToken});
   EXPECT_EQ(client.request("GET", "/v1/kv/size", "", 2s).first, 200);
 
@@ -140,13 +148,8 @@ TEST(CoordinatorClient, BelievesOnlyAnswersSignedForItsRequest) {
 // A status read announcing a body is refused at the gate, before the body could hold the
 // connection (docs/security.md, "Available while other clients misbehave").
 TEST(Coordinator, AStatusReadWithABodyIsRefusedBeforeItsBody) {
-  CoordinatorOptions o;
-  o.config.cluster.workers = 1;
-  o.token = kToken;
-  o.bind = "127.0.0.1";
-  o.port = 0;
-  Coordinator coordinator(o);
-  coordinator.start();
+  auto started = started_coordinator();
+  Coordinator& coordinator = *started;
   const int fd = testing_util::connect_loopback(static_cast<int>(coordinator.port()));
   ASSERT_GE(fd, 0);
   const std::string request = "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nx";
