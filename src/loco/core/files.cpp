@@ -33,6 +33,15 @@ void write_all(int fd, std::string_view bytes, const fs::path& path, std::string
 
 }  // namespace
 
+bool plain_file_name(std::string_view name) {
+  if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 std::string read_file(const fs::path& path, std::string_view module) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw DataError(module, fmt::format("{}: no such file", path.string()));

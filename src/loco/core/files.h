@@ -17,6 +17,10 @@ std::string read_file(const fs::path& path, std::string_view module);
 // never a torn write. Creates parent folders. Throws Error naming the path (ENOSPC included).
 void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module);
 
+// Whether `name` is one plain file name: 1 to 255 letters, digits, '.', '_' and '-', neither "."
+// nor "..". Names that come from outside (a module's, the files a DiPaCo registry names) must be.
+bool plain_file_name(std::string_view name);
+
 // fsync a folder so that a rename inside it is durable.
 void sync_directory(const fs::path& dir, std::string_view module);
 

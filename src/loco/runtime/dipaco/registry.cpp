@@ -10,11 +10,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <set>
 #include <vector>
 
+#include "loco/core/files.h"
 #include "loco/runtime/store/sql.h"
 
 namespace loco::runtime {
@@ -33,11 +33,6 @@ constexpr FileKind kReportFile{"an outer gradient file", "reports", ".safetensor
 constexpr FileKind kPathFile{"a path's state file", "paths", ".safetensors"};
 constexpr FileKind kRoutingFolder{"a routing folder", "routing", ""};
 
-bool plain_name(const std::string& name) {
-  if (name.empty() || name == "." || name == "..") return false;
-  return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; });
-}
-
 // `file` when it names a file of its kind inside the run folder: relative, in the kind's folder,
 // made of plain names (letters, digits, '.', '_', '-'; never "." or ".."). Anyone who can write
 // the database (a PostgreSQL registry is shared by every host) could otherwise make workers read
@@ -52,7 +47,8 @@ const std::string& checked(const std::string& file, const FileKind& kind, const 
     start = slash + 1;
   }
   const bool ok = parts.size() >= 2 && parts.size() <= 4 && parts.front() == kind.folder &&
-                  std::all_of(parts.begin(), parts.end(), plain_name) && parts.back().ends_with(kind.suffix);
+                  std::all_of(parts.begin(), parts.end(), [](const std::string& part) { return plain_file_name(part); }) &&
+                  parts.back().ends_with(kind.suffix);
   if (!ok) {
     throw DataError("registry", fmt::format("{}: '{}' is not {} in the run folder ({}/NAME{}); refused: the registry "
                                             "names files inside the run folder only", where, file.substr(0, 200),

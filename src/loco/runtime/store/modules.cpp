@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 
 namespace loco::runtime {
 namespace {
@@ -10,19 +11,10 @@ namespace {
 constexpr const char* kParam = "param.";
 constexpr const char* kOuter = "outer.";
 
-bool safe_name(const std::string& name) {
-  if (name.empty() || name.size() > 128 || name == "." || name == "..") return false;
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 std::filesystem::path module_file(const std::filesystem::path& run_dir, const std::string& module, int64_t version) {
-  if (!safe_name(module)) {
+  if (module.size() > 128 || !plain_file_name(module)) {
     throw DataError("dipaco", fmt::format("module name '{}' is not a safe file name (letters, digits, '.', '_', '-')", module));
   }
   if (version < 0) throw DataError("dipaco", fmt::format("module {}: version {} is negative", module, version));
