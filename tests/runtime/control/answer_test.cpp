@@ -145,6 +145,37 @@ TEST(CoordinatorClient, BelievesOnlyAnswersSignedForItsRequest) {
   EXPECT_EQ(refused.request("GET", "/v1/kv/size", "", 2s).first, 401);
 }
 
+// A worker started beside its coordinator may look for the run's token file just before the
+// coordinator writes it and connect just after it listens: the unsigned request is refused, and is
+// sent once more, signed with the token now in the file (CI saw this race in LaunchTest).
+TEST(CoordinatorClient, AnUnsignedRequestRefusedIsSignedOnceTheRunsTokenFileAppears) {
+  testing_util::TempDir dir;
+  const auto token_file = dir.path() / "join_token";
+  int unsigned_requests = 0;
+  FakeCoordinator coordinator([&](const httplib::Request& request, httplib::Response& response) {
+    if (!request.has_header(auth::kMacHeader)) {
+      ++unsigned_requests;
+      auth::generated_token(dir.path());  // the coordinator starts writing only now
+      response.status = 401;
+      response.set_content(R"({"error": "the request is not signed"})", "application/json");
+      return;
+    }
+    const auth::Key key(auth::resolve_token("", dir.path()));
+    response.set_header(auth::kAnswerMacHeader, auth::answer_mac(key, request.get_header_value(auth::kNonceHeader), 200, "{}"));
+    response.set_content("{}", "application/json");
+  });
+  ClientSecurity security;
+  security.token_file = token_file;
+  CoordinatorClient client(coordinator.address(), 2s, security);
+  EXPECT_EQ(client.request("GET", "/v1/kv/size", "", 2s), (std::pair<int, std::string>{200, "{}"}));
+  EXPECT_EQ(unsigned_requests, 1);
+
+  // Without a token file to look at, a refusal is the answer.
+  CoordinatorClient tokenless(coordinator.address(), 2s, {});
+  EXPECT_EQ(tokenless.request("GET", "/v1/kv/size", "", 2s).first, 401);
+  EXPECT_EQ(unsigned_requests, 2);
+}
+
 // A status read announcing a body is refused at the gate, before the body could hold the
 // connection (docs/security.md, "Available while other clients misbehave").
 TEST(Coordinator, AStatusReadWithABodyIsRefusedBeforeItsBody) {

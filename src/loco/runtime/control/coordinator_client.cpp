@@ -138,16 +138,30 @@ CoordinatorClient::~CoordinatorClient() = default;
 
 std::string CoordinatorClient::address() const { return fmt::format("{}:{}", host_, port_); }
 
+void CoordinatorClient::load_token_file() {
+  if (key_ || security_.token_file.empty()) return;
+  std::error_code missing;
+  if (std::filesystem::exists(security_.token_file, missing)) {
+    security_.token = auth::resolve_token("", security_.token_file.parent_path());
+    key_.emplace(security_.token);
+  }
+}
+
 std::optional<std::pair<int, std::string>> CoordinatorClient::send(const std::string& method, const std::string& path,
                                                                    const std::string& body, std::string& error) {
-  httplib::Headers headers;
-  if (!key_ && !security_.token_file.empty()) {
-    std::error_code missing;
-    if (std::filesystem::exists(security_.token_file, missing)) {
-      security_.token = auth::resolve_token("", security_.token_file.parent_path());
-      key_.emplace(security_.token);
-    }
+  load_token_file();
+  const bool unsigned_request = !key_;
+  auto reply = send_once(method, path, body, error);
+  if (reply && reply->first == 401 && unsigned_request) {
+    load_token_file();
+    if (key_) reply = send_once(method, path, body, error);
   }
+  return reply;
+}
+
+std::optional<std::pair<int, std::string>> CoordinatorClient::send_once(const std::string& method, const std::string& path,
+                                                                        const std::string& body, std::string& error) {
+  httplib::Headers headers;
   std::string nonce;
   if (key_) {
     const auto s = auth::sign(*key_, method, path, method == "GET" ? std::string_view() : std::string_view(body));

@@ -97,9 +97,15 @@ class CoordinatorClient {
                                       std::chrono::milliseconds read_timeout);
 
  private:
-  // One attempt of a request, signed; null on a connection error (then `error` says which).
+  // One attempt of a request, signed; null on a connection error (then `error` says which). An
+  // unsigned request refused (401) is sent once more, signed, when the run's token file appeared
+  // meanwhile: a coordinator starting beside this worker writes it just before it listens.
   std::optional<std::pair<int, std::string>> send(const std::string& method, const std::string& path,
                                                   const std::string& body, std::string& error);
+  std::optional<std::pair<int, std::string>> send_once(const std::string& method, const std::string& path,
+                                                       const std::string& body, std::string& error);
+  // Adopts the run's generated token once its file exists (ClientSecurity::token_file).
+  void load_token_file();
 
   std::string host_;
   int port_ = 0;
