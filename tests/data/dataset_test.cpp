@@ -90,6 +90,7 @@ TEST_F(PreparedDataset, ManifestDescribesTheFolder) {
   const Manifest& m = manifest_;
   EXPECT_EQ(m.format_version, 1);
   EXPECT_EQ(m.corpus, (tmp_ / "corpus.jsonl").string());
+  EXPECT_EQ(m.label_by, LabelBy::kOwn);
   EXPECT_EQ(m.labels, kLabels);
   EXPECT_EQ(m.vocab_size, kVocab);
   EXPECT_EQ(m.seed, 1234u);
@@ -111,6 +112,7 @@ TEST_F(PreparedDataset, ManifestDescribesTheFolder) {
   // read_manifest gives back what prepare_dataset returned.
   Manifest r = read_manifest(out_);
   EXPECT_EQ(r.corpus, m.corpus);
+  EXPECT_EQ(r.label_by, m.label_by);
   EXPECT_EQ(r.labels, m.labels);
   EXPECT_EQ(r.tokenizer_hash, m.tokenizer_hash);
   EXPECT_EQ(r.train_tokens, m.train_tokens);
@@ -126,6 +128,7 @@ TEST_F(PreparedDataset, ManifestDescribesTheFolder) {
   EXPECT_EQ(j["tokenizer"]["file"], "tokenizer.model");
   EXPECT_EQ(j["tokenizer"]["hash"], hex64(m.tokenizer_hash));
   EXPECT_EQ(j["tokenizer_hash"], hex64(m.tokenizer_hash));
+  EXPECT_EQ(j["label_by"], "own");
   uint64_t train_sum = 0, val_sum = 0;
   for (auto c : j["label_documents"]["train"]) train_sum += c.get<uint64_t>();
   for (auto c : j["label_documents"]["val"]) val_sum += c.get<uint64_t>();
@@ -334,6 +337,37 @@ TEST(PrepareDataset, TextFolderCorpusDropsEmptyDocuments) {
   EXPECT_NE(lines.at(0).find("read 13 documents (1 labels)"), std::string::npos) << lines.at(0);
   EXPECT_NE(lines.at(0).find("dropped 1 empty"), std::string::npos) << lines.at(0);
   EXPECT_NO_THROW(Dataset::open(tmp / "ds"));
+}
+
+TEST(PrepareDataset, LabelBySourceIsRecordedInTheManifest) {
+  TempDir tmp;
+  write_jsonl_corpus(tmp / "corpus.jsonl", 20);
+  TextGenerator gen(5);
+  for (int i = 0; i < 6; ++i) write_text(tmp / "docs" / fmt::format("{:02d}.txt", i), gen.paragraph(3));
+  PrepareOptions o = options_for(tmp / "corpus.jsonl", tmp / "ds");
+  o.corpus = (tmp / "corpus.jsonl").string() + "+" + (tmp / "docs").string();
+  o.label_by = LabelBy::kSource;
+  const Manifest m = prepare_dataset(o);
+  EXPECT_EQ(m.label_by, LabelBy::kSource);
+  // The sources' names in place of the genres; labels are sorted.
+  const std::vector<std::string> sources = {(tmp / "corpus.jsonl").string(), (tmp / "docs").string()};
+  EXPECT_EQ(m.labels, sources);
+  EXPECT_EQ(nlohmann::json::parse(read_text(tmp / "ds" / "manifest.json"))["label_by"], "source");
+  const Dataset ds = Dataset::open(tmp / "ds");
+  EXPECT_EQ(ds.manifest().label_by, LabelBy::kSource);
+  std::vector<uint64_t> per_label(2, 0);
+  for (const auto* split : {&ds.train(), &ds.val()}) {
+    for (const auto& d : split->documents) ++per_label.at(d.label);
+  }
+  EXPECT_EQ(per_label, (std::vector<uint64_t>{20, 6}));
+
+  // A manifest written before --label existed reads as "own"; another value is refused.
+  auto j = nlohmann::ordered_json::parse(read_text(tmp / "ds" / "manifest.json"));
+  j.erase("label_by");
+  EXPECT_EQ(decode_manifest(j.dump(), "manifest.json").label_by, LabelBy::kOwn);
+  j["label_by"] = "genre";
+  EXPECT_TRUE(throws_with<DataError>([&] { decode_manifest(j.dump(), "manifest.json"); },
+                                     {"manifest.json", "label_by", "genre"}));
 }
 
 TEST(PrepareDataset, InputErrors) {

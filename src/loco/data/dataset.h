@@ -1,6 +1,7 @@
 // A prepared dataset folder, written by `loco prepare` and read by training and evaluation.
 //
-//   DIR/manifest.json        counts, labels, tokenizer info, split seed, val_unigram_entropy, files
+//   DIR/manifest.json        counts, labels (and how they were chosen), tokenizer info, split seed,
+//                            val_unigram_entropy, files
 //   DIR/tokenizer.model      SentencePiece model
 //   DIR/train-00000.tok ...  token shards of the training split (see shard.h)
 //   DIR/val-00000.tok ...    token shards of the validation split
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loco/data/corpus.h"
 #include "loco/data/tokenizer.h"
 
 namespace loco::data {
@@ -37,6 +39,7 @@ struct Split {
 struct Manifest {
   int format_version = 1;
   std::string corpus;                 // the --corpus spec
+  LabelBy label_by = LabelBy::kOwn;   // how the documents were labelled (--label)
   std::vector<std::string> labels;    // label names; DocumentEntry::label indexes this
   int vocab_size = 0;
   uint64_t tokenizer_hash = 0;
@@ -50,6 +53,7 @@ struct Manifest {
 
 struct PrepareOptions {
   std::string corpus;                 // see corpus.h
+  LabelBy label_by = LabelBy::kOwn;   // documents' own labels, or their source's name (corpus.h)
   fs::path out;
   fs::path cache_dir;                 // npm downloads; default chosen by the CLI
   int vocab_size = 4096;
@@ -57,7 +61,7 @@ struct PrepareOptions {
   uint64_t seed = 1234;
   uint64_t shard_tokens = 1ull << 26; // max tokens per shard file
   bool overwrite = false;             // refuse a non-empty `out` unless set
-  std::function<void(const std::string&)> progress;  // one line per stage; may be empty
+  Progress progress;                  // one line per stage (more while a slow corpus is read); may be empty
 };
 
 // Reads the corpus, splits it, trains the tokenizer on the training split, tokenizes both splits
