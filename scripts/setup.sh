@@ -26,6 +26,12 @@ packages=(
   chromium                     # the status page's and the report's browser tests (headless, driven by playwright-core)
   python3-prometheus-client    # its tests parse /metrics back with the Prometheus project's parser
   libopenblas0-openmp          # a fast BLAS for libtorch (the default reference BLAS is ~20x slower)
+  zlib1g-dev                   # gunzips man pages for the man-pages corpus
+  # corpora read from installed packages (`loco prepare --corpus domains`, src/loco/data/debian_corpus.h);
+  # the meta packages pull in the versioned ones (python3.11-doc, linux-doc-6.1)
+  bible-kjv fortunes           # the King James Bible; fortune files
+  manpages manpages-dev groff-base  # man pages, and groff to render them
+  python3-doc linux-doc perl-doc    # Python's, the kernel's and Perl's documentation sources
 )
 
 missing=()
