@@ -113,8 +113,9 @@ TEST(PathsTest, PathSpecificModulesBelongToOnePathEach) {
   EXPECT_EQ(flat.total_parameters(), 4 * flat.path_parameters());
 }
 
-// The paper's 16x16 on a 150M-parameter path plans without building anything, and its counts are
-// the closed form's.
+// The paper's 16x16 on a 110M-parameter path, laid out as configs/dipaco-16x16.toml (blocks 0, 5, 6
+// and 11 and the embeddings path-specific), plans without building anything, and its counts are the
+// closed form's.
 TEST(PathsTest, SixteenBySixteenPlansWithCounts) {
   ModelOptions base;
   base.vocab_size = 32000;
@@ -122,18 +123,20 @@ TEST(PathsTest, SixteenBySixteenPlansWithCounts) {
   base.layers = 12;
   base.width = 768;
   base.heads = 12;
-  const PathPlan plan(base, levels("5:16,5:16,2:path"));
+  const PathPlan plan(base, levels("1:path,4:16,2:path,4:16,1:path", true));
   EXPECT_EQ(plan.paths(), 256);
-  EXPECT_EQ(plan.modules().size(), 1u + 16 + 16 + 256);
+  EXPECT_EQ(plan.modules().size(), 256u + 256 + 16 + 256 + 16 + 256);
   ModelOptions one = base;
   one.layers = 1;
   const int64_t outside = parameter_count(base) - 12 * (parameter_count(base) - parameter_count(one)) / 11;
   const int64_t block = (parameter_count(base) - outside) / 12;
-  EXPECT_EQ(plan.total_parameters(), outside + 16 * 5 * block + 16 * 5 * block + 256 * 2 * block);
-  EXPECT_EQ(plan.module(plan.find("L1.M3")).paths.size(), 16u);
+  EXPECT_EQ(plan.path_parameters(), parameter_count(base));
+  EXPECT_EQ(plan.total_parameters(), 256 * outside + 256 * 4 * block + 16 * 4 * block + 16 * 4 * block);
+  EXPECT_EQ(plan.module(plan.find("L2.M3")).paths.size(), 16u);
+  EXPECT_EQ(plan.module(plan.find("L3.P7")).paths, (std::vector<int64_t>{7}));
   const std::string text = plan.describe();
-  EXPECT_NE(text.find("256 paths, 289 modules"), std::string::npos) << text;
-  EXPECT_NE(text.find("| 3 | blocks 10-11 | path-specific | 256 |"), std::string::npos) << text;
+  EXPECT_NE(text.find("256 paths, 1056 modules"), std::string::npos) << text;
+  EXPECT_NE(text.find("| 3 | blocks 5-6 | path-specific | 256 |"), std::string::npos) << text;
 }
 
 TEST(PathsTest, LevelsThatDoNotFitTheModelAreRefused) {
