@@ -3,6 +3,7 @@
 // product k-means pairs the halves' clusters into k² paths and fills the pairs no document chose.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -106,6 +107,38 @@ TEST(RoutingTest, TooFewDocumentsOrFeaturesOfAnotherWidthAreRefused) {
   expect_error<DataError>([] { fit_balanced_kmeans(torch::randn({8}), 2, 1); }, "must be (N, D) float32");
   const auto router = fit_balanced_kmeans(torch::randn({8, 4}), 2, 1);
   expect_error<DataError>([&] { router.route(torch::randn({2, 5})); }, "fitted on width 4 (another model?)");
+}
+
+// The evaluation router follows the training assignment. On skewed data (one blob holds 70% of the
+// documents and the balanced assignment splits it over three paths, the last with the far blobs'
+// documents) the nearest centre gives that last path few of 1,000 unseen documents; the neighbour
+// router spreads them about as the training documents were spread, and a validation set of one
+// kind only (the farthest blob) goes where that kind trained, not evenly.
+TEST(RoutingTest, TheEvaluationRouterFollowsTheTrainingAssignment) {
+  const auto points = blobs({140, 40, 14, 6}, 6, 2);
+  const int64_t paths = 4;
+  const auto kmeans = fit_balanced_kmeans(points, paths, 3);
+  const auto router = fit_neighbour_router(points, kmeans.assignment);
+  const auto again = router.route(points);
+  int64_t agreed = 0;
+  for (size_t i = 0; i < again.size(); ++i) agreed += again[i] == kmeans.assignment[i];
+  EXPECT_GE(agreed, 180) << "of 200 training documents routed as assigned";
+
+  const auto unseen = blobs({700, 200, 70, 30}, 6, 50);
+  const auto nearest = counts(kmeans.route(unseen), paths);
+  EXPECT_LT(*std::min_element(nearest.begin(), nearest.end()), 50) << "the case this router is for";
+  // Each path's share of the unseen documents is within half and 1.5 times its training share
+  // (the training documents are 50 a path; the nearest centre gave one path none).
+  const auto spread = counts(router.route(unseen), paths);
+  for (int64_t p = 0; p < paths; ++p) {
+    EXPECT_GE(spread[static_cast<size_t>(p)], 125) << "path " << p << " of 1000 unseen documents";
+    EXPECT_LE(spread[static_cast<size_t>(p)], 375) << "path " << p;
+  }
+  const auto far_blob = torch::randn({50, 6}) * 0.1 + 30.0;
+  const std::set<int64_t> trained_there(kmeans.assignment.begin() + 194, kmeans.assignment.end());
+  for (auto p : router.route(far_blob)) EXPECT_TRUE(trained_there.count(p)) << "path " << p;
+  expect_error<DataError>([&] { fit_neighbour_router(points, {0, 1}); }, "2 paths assigned to 200 documents");
+  expect_error<DataError>([&] { router.route(torch::randn({2, 5})); }, "fitted on width 6 (another model?)");
 }
 
 // The n nearest paths: the first is route()'s, they are distinct, ordered by distance, and for a

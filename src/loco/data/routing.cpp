@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loco/core/error.h"
@@ -158,6 +159,32 @@ torch::Tensor LinearRouter::scores(const torch::Tensor& features) const {
 std::vector<int64_t> LinearRouter::route(const torch::Tensor& features) const {
   const auto best = scores(features).argmax(1).contiguous();
   return {best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + best.numel()};
+}
+
+NeighbourRouter fit_neighbour_router(const torch::Tensor& features, const std::vector<int64_t>& assignment) {
+  check_points(features, 1, "neighbour router");
+  if (static_cast<int64_t>(assignment.size()) != features.size(0)) {
+    throw DataError("route", fmt::format("{} paths assigned to {} documents", assignment.size(), features.size(0)));
+  }
+  for (auto p : assignment) {
+    if (p < 0) throw DataError("route", fmt::format("a document assigned to path {}", p));
+  }
+  return {features.to(torch::kFloat32).contiguous(), torch::tensor(assignment, torch::kInt64)};
+}
+
+std::vector<int64_t> NeighbourRouter::route(const torch::Tensor& query) const {
+  if (query.dim() != 2 || query.size(1) != features.size(1)) {
+    throw DataError("route", fmt::format("features of shape {} for a router fitted on width {} (another model?)",
+                                         c10::str(query.sizes()), features.size(1)));
+  }
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(query.size(0)));
+  for (int64_t start = 0; start < query.size(0); start += 1024) {  // bounded memory: 1024 x N distances at a time
+    const auto rows = query.narrow(0, start, std::min<int64_t>(1024, query.size(0) - start)).to(torch::kFloat32).contiguous();
+    const auto routed = paths.index_select(0, torch::cdist(rows, features).argmin(1)).contiguous();
+    out.insert(out.end(), routed.data_ptr<int64_t>(), routed.data_ptr<int64_t>() + routed.numel());
+  }
+  return out;
 }
 
 LinearRouter fit_linear_router(const torch::Tensor& features, const torch::Tensor& labels, int64_t paths,

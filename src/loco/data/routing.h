@@ -12,7 +12,8 @@
 //                    that the documents spread over the paths evenly
 //
 // Both are deterministic for a seed. A fitted router keeps its centres, so documents it never saw
-// (validation, a prompt) are routed to the path of their nearest centre (or pair of centres).
+// can be routed to the path of their nearest centre (or pair of centres); evaluation and inference
+// route them with a NeighbourRouter instead, which follows the training documents' assignment.
 #pragma once
 
 #include <torch/torch.h>
@@ -39,6 +40,25 @@ struct KMeansRouter {
   // sum over the parts of the squared distance to its centre. 1 <= n <= paths() (DataError else).
   std::vector<std::vector<int64_t>> ranked(const torch::Tensor& features, int64_t n) const;
 };
+
+// The router that evaluation and inference use after k-means routing: a document goes to the path
+// its nearest training document was assigned to. Routing unseen documents to the nearest centre
+// instead can starve a path: on skewed data the balanced assignment moves documents out of a
+// crowded region to a farther centre, so a path's documents need not lie nearest its centre (on
+// Brown a path got none of 50 validation documents, another 42), and a path's region need not be
+// convex either, which a linear router cannot follow. The nearest document keeps each path's
+// share: in a region split between paths, each training document's cell holds about as much of
+// the unseen documents as any other's.
+struct NeighbourRouter {
+  torch::Tensor features;  // (N, D) float32: the training documents'
+  torch::Tensor paths;     // (N) int64: the path each was assigned
+  // The path of each row of `query` (M, D). DataError on a width mismatch (another model).
+  std::vector<int64_t> route(const torch::Tensor& query) const;
+};
+
+// From the training documents' features (N, D) and assigned paths. DataError when the counts
+// differ, a path is negative, or there are no documents.
+NeighbourRouter fit_neighbour_router(const torch::Tensor& features, const std::vector<int64_t>& assignment);
 
 // Each row of `cost` (N, k) to a column, every column taking floor(N/k) or ceil(N/k) rows, the
 // cheapest (row, column) pairs first; ties by index. Deterministic.

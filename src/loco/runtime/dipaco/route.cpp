@@ -130,6 +130,9 @@ RouteSummary route_documents(const RunConfig& config) {
   std::filesystem::create_directories(partial);
   NamedTensors centres;
   for (size_t part = 0; part < router.centres.size(); ++part) centres.emplace_back(fmt::format("centres.{}", part), router.centres[part]);
+  // Unseen documents (validation, prompts) go where their nearest training document went.
+  const auto evaluation = data::fit_neighbour_router(features, router.assignment);
+  centres.insert(centres.end(), {{"evaluation.features", evaluation.features}, {"evaluation.paths", evaluation.paths}});
   save_safetensors(partial / "router.safetensors", centres,
                    {{"loco.routing", config.dipaco.product_routing ? "product" : "kmeans"},
                     {"loco.plan", plan.fingerprint()},

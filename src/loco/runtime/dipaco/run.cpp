@@ -207,13 +207,22 @@ PathRouter DipacoRun::load_router(Registry& registry) const {
   if (file.metadata.count("loco.plan") == 0 || file.metadata.at("loco.plan") != plan_.fingerprint()) {
     throw DataError("dipaco", fmt::format("{}/{} routes for another plan", dir_.string(), folder));
   }
+  std::map<std::string, torch::Tensor> t(file.tensors.begin(), file.tensors.end());
   if (file.metadata.count("loco.routing") && file.metadata.at("loco.routing") == "linear") {
-    std::map<std::string, torch::Tensor> t(file.tensors.begin(), file.tensors.end());
     data::LinearRouter router{t.at("weight"), t.at("bias"), t.at("mean"), t.at("scale")};
     return [router](const torch::Tensor& features) { return router.route(features); };
   }
+  // After k-means: the path of the nearest training document (data/routing.h); a routing written
+  // before loco kept the documents routes to the nearest centre.
+  if (t.count("evaluation.features") && t.count("evaluation.paths")) {
+    data::NeighbourRouter router{t.at("evaluation.features"), t.at("evaluation.paths")};
+    return [router](const torch::Tensor& features) { return router.route(features); };
+  }
   data::KMeansRouter router;
-  for (const auto& [name, centres] : file.tensors) router.centres.push_back(centres);
+  for (const auto& [name, centres] : file.tensors) {
+    if (name.starts_with("centres.")) router.centres.push_back(centres);
+  }
+  if (router.centres.empty()) throw DataError("dipaco", fmt::format("{}/{}/router.safetensors holds no router", dir_.string(), folder));
   router.k = router.centres.at(0).size(0);
   return [router](const torch::Tensor& features) { return router.route(features); };
 }
