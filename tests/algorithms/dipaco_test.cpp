@@ -34,6 +34,16 @@ TEST(DipacoTest, ASharedModuleGetsTheWeightedRescaledAverage) {
   EXPECT_EQ(delta[0].scalar_type(), torch::kFloat32);
 }
 
+// dipaco.outer_rescale = false: the plain weighted average, and the module's step takes it.
+TEST(DipacoTest, WithoutTheRescaleAModuleGetsThePlainWeightedAverage) {
+  const std::vector<PathReport> reports{{0, 1.0, {t({1, 2}, {2})}}, {1, 3.0, {t({5, 6}, {2})}}};
+  EXPECT_TRUE(torch::allclose(module_outer_gradient(reports, false)[0], t({4, 5}, {2}), 1e-6, 0)) << "(1 x + 3 y) / 4";
+  EXPECT_TRUE(torch::allclose(module_outer_gradient(reports, true)[0], t({4, 5}, {2}) * std::sqrt(2.0), 1e-6, 0));
+  ModuleState plain("L1.M0", {"w"}, {torch::zeros({2})}, optim::default_outer_options(optim::OuterKind::kSgd));
+  plain.step(reports, false);
+  EXPECT_TRUE(torch::allclose(plain.parameters()[0], -t({4, 5}, {2}), 1e-6, 0)) << "SGD with lr 1: θ − Δ";
+}
+
 TEST(DipacoTest, APathSpecificModuleGetsItsOwnOuterGradient) {
   const auto delta = module_outer_gradient({{5, 123.0, {t({0.5, -0.25}, {2})}}});
   EXPECT_TRUE(torch::equal(delta[0], t({0.5, -0.25}, {2})));

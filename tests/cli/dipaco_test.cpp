@@ -18,6 +18,7 @@
 #include "loco/model/paths.h"
 #include "loco/runtime/store/modules.h"
 #include "loco/runtime/dipaco/evaluation.h"
+#include "loco/runtime/dipaco/inference.h"
 #include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/dipaco/worker.h"
 #include "process_util.h"
@@ -421,6 +422,83 @@ TEST_F(DipacoRunTest, TasksRunInProcessAsInAWorkerProcess) {
   rest.name = "third";  // nothing left: it returns at once
   EXPECT_EQ(run_dipaco_worker(c, rest).path_tasks, 0);
   expect_same_modules(final_modules(c), reference());
+}
+
+// Early stopping (dipaco.keep_every = 2, dipaco.early_stopping): the modules keep versions 0, 2
+// and 4 (the last), and the one before the last; scoring picks each path's version by its loss on half of its
+// validation documents and scores the other half. With L1.M1's last version spoiled (noise added),
+// the paths through it (2 and 3) pick an earlier version and the others the last; `loco generate`'s
+// model is the picked version's.
+TEST_F(DipacoRunTest, EarlyStoppingScoresEachPathAtTheVersionItsHeldOutLossPicks) {
+  // Twice the documents, half of them for validation: each path gets enough to pick and to score.
+  const auto data = dir_->path() / "data-early";
+  testing_util::write_tiny_corpus(dir_->path() / "corpus-early", 80);
+  auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus-early").string(), "--out",
+                               data.string(), "--vocab-size", "320", "--val-fraction", "0.5", "--cache",
+                               (dir_->path() / "cache").string()}, log("prepare-early"));
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  const std::vector<std::string> early = {"data.dir=" + data.string(), "dipaco.keep_every=2", "eval.windows=16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), early.begin(), early.end());
+    return config("early", more);
+  };
+  const auto c = with({"dipaco.early_stopping=true"});
+  prepare_dipaco_run(c, stderr);
+  DipacoWorkerOptions worker;
+  worker.name = "only";
+  run_dipaco_worker(c, worker);
+  auto registry = open_run_registry(c);
+  const auto layout = registry->layout();
+  ASSERT_TRUE(layout.has_value());
+  ASSERT_EQ(layout->phases, 4);
+  // Kept: 0, 2 and 4; and 3, the version before the last, which no step came after to remove.
+  for (const std::string module : {"embed", "L1.M0", "L1.M1", "L2.M0", "L2.M1"}) {
+    for (int64_t v = 0; v <= 4; ++v) {
+      EXPECT_EQ(fs::exists(module_file(c.run.dir, module, v)), v != 1) << module << " v" << v;
+    }
+  }
+  auto spoiled = load_module(c.run.dir, "L1.M1", 4, layout->plan);
+  torch::manual_seed(5);
+  for (auto& [name, tensor] : spoiled.parameters) tensor = tensor + torch::randn_like(tensor) * 2.0;
+  save_module(c.run.dir, spoiled);
+
+  const auto scored = evaluate_dipaco(c);
+  ASSERT_TRUE(scored.early_stopping);
+  for (const auto& p : scored.paths) {
+    ASSERT_EQ(p.picking.size(), 3u) << "path " << p.path << ": versions 0, 2 and 4 are its candidates";
+    int64_t best = -1;
+    for (const auto& [version, loss] : p.picking) {
+      if (best < 0 || loss < p.picking.at(best)) best = version;
+    }
+    EXPECT_EQ(p.version, best) << "path " << p.path;
+    EXPECT_EQ(p.version == 4, p.path < 2) << "path " << p.path << " picked v" << p.version;
+    EXPECT_LT(p.picking.at(best), p.picking.at(0)) << "trained versions model the path's documents better than the start";
+  }
+  // The scored documents are those that did not pick: together they are the path's routed ones.
+  const auto plain = evaluate_dipaco(with({}));
+  for (size_t p = 0; p < plain.paths.size(); ++p) {
+    EXPECT_LT(scored.paths[p].documents, plain.paths[p].documents) << "path " << p;
+    EXPECT_EQ(plain.paths[p].version, 4);
+  }
+  EXPECT_NE(describe(scored).find("| path | version |"), std::string::npos);
+
+  // What scoring picked is what inference runs (RUN/dipaco-eval.json, as `loco launch` writes it).
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& p : scored.paths) rows.push_back({{"path", p.path}, {"version", p.version}});
+  write_file_atomic(fs::path(c.run.dir) / "dipaco-eval.json", nlohmann::json{{"paths", rows}}.dump(), "test");
+  const auto run = DipacoRun::open(c);
+  EXPECT_EQ(scored_versions(run, *registry, 2).at("L1.M1"), scored.paths[2].version);
+  EXPECT_EQ(scored_versions(run, *registry, 0).at("L1.M0"), 4);
+  PathInference inference(c);
+  const auto& model = inference.model(2, torch::kCPU);
+  const auto picked = load_module(c.run.dir, "L1.M1", scored.paths[2].version, layout->plan);
+  const auto in_model = model::module_parameters(model, run.plan().module(run.plan().find("L1.M1")));
+  ASSERT_FALSE(in_model.names.empty());
+  for (const auto& [name, tensor] : picked.parameters) {
+    if (name == in_model.names.front()) EXPECT_TRUE(torch::equal(in_model.parameters.front(), tensor)) << name;
+  }
+  testing_util::expect_error<ConfigError>([&] { with({"dipaco.keep_every=0", "dipaco.early_stopping=true"}); },
+                                          "set dipaco.keep_every");
 }
 
 // Ctrl-C at `loco launch`: the workers give their tasks back and exit; --resume finishes the run on

@@ -7,7 +7,7 @@
 
 namespace loco::algorithms {
 
-std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& reports) {
+std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& reports, bool rescale) {
   if (reports.empty()) throw DataError("dipaco", "a module's outer step needs at least one path's outer gradient");
   std::set<int64_t> seen;
   double total = 0;
@@ -33,14 +33,14 @@ std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& 
     }
     total += report.weight;
   }
-  const double rescale = std::sqrt(static_cast<double>(reports.size()));
+  const double factor = rescale ? std::sqrt(static_cast<double>(reports.size())) : 1.0;
   std::vector<torch::Tensor> out;
   for (size_t i = 0; i < first.size(); ++i) {
     // In float64, in report order, then once to fp32: the result does not depend on how the
     // weights happen to round in fp32.
     auto sum = torch::zeros(first[i].sizes(), first[i].options().dtype(torch::kFloat64));
     for (const auto& report : reports) sum.add_(report.outer_gradient[i].to(torch::kFloat64), report.weight / total);
-    out.push_back(sum.mul_(rescale).to(torch::kFloat32));
+    out.push_back(sum.mul_(factor).to(torch::kFloat32));
   }
   return out;
 }
@@ -49,8 +49,8 @@ ModuleState::ModuleState(std::string name, std::vector<std::string> tensor_names
                          optim::OuterOptions outer)
     : name_(std::move(name)), parameters_(parameters), optimizer_(std::move(tensor_names), std::move(parameters), outer) {}
 
-void ModuleState::step(const std::vector<PathReport>& reports) {
-  const auto delta = module_outer_gradient(reports);
+void ModuleState::step(const std::vector<PathReport>& reports, bool rescale) {
+  const auto delta = module_outer_gradient(reports, rescale);
   if (delta.size() != parameters_.size()) {
     throw DataError("dipaco", fmt::format("module {}: the paths reported {} tensors, the module holds {}", name_,
                                           delta.size(), parameters_.size()));

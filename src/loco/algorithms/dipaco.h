@@ -7,7 +7,8 @@
 //     Δ_m = √n · Σ_p w_p Δ_p / Σ_p w_p        over the n paths that reported,
 //
 // (averaging n nearly independent outer gradients shrinks their norm by about √n; the rescaling
-// gives it back), and the module's own outer optimizer (Nesterov, as in DiLoCo) applies it. A
+// gives it back; `rescale` = false, dipaco.outer_rescale, leaves the plain weighted average), and
+// the module's own outer optimizer (Nesterov, as in DiLoCo) applies it. A
 // path-specific module (n = 1) takes its one path's Δ unaveraged. Outer steps of different modules
 // are independent: each ModuleState owns its copy, its optimizer state and its version.
 #pragma once
@@ -33,7 +34,7 @@ struct PathReport {
 // Δ_m from the reports of one phase (see above). Throws DataError when there are none, when a path
 // reports twice (nothing may be trained twice into a module), or when a weight is not positive and
 // finite or a tensor's shape differs from the first report's.
-std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& reports);
+std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& reports, bool rescale = true);
 
 // A module's global copy θ_m (fp32), its outer optimizer and its version: how many outer steps it
 // has taken (a path's task names the versions of the modules it starts from).
@@ -43,7 +44,7 @@ class ModuleState {
               optim::OuterOptions outer);
 
   // One outer step from one phase's reports: θ_m ← OuterOpt(θ_m, Δ_m); the version goes up by one.
-  void step(const std::vector<PathReport>& reports);
+  void step(const std::vector<PathReport>& reports, bool rescale = true);
 
   // Restores the outer optimizer's state (and so the version) saved with the module.
   void load_optimizer_state(const std::vector<std::pair<std::string, torch::Tensor>>& state) { optimizer_.load_state(state); }

@@ -164,6 +164,9 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(0, {"dipaco.reroute_phase", "DiPaCo: discriminative re-routing before this phase: every path scores the held-out router documents, a linear router learns which path models each best (its biases tuned to balanced shards) and re-shards the training and validation documents; 0 = k-means routing throughout", &c.dipaco.reroute_phase}),
       between(0.001, 0.5, {"dipaco.router_fraction", "DiPaCo with dipaco.reroute_phase: the share of the training documents held out of training as the router's documents", &c.dipaco.router_fraction}),
       at_least(0, {"dipaco.phase_deadline_s", "DiPaCo: seconds after a module's first report of a phase that its outer step runs with the reports that arrived (weighted by shard, rescaled by the square root of their count); a later path's report to it is left out, and a path left behind by all its modules restarts from their new versions; 0 = every module waits for all its paths", &c.dipaco.phase_deadline_s}),
+      {"dipaco.outer_rescale", "DiPaCo: multiply a module's averaged outer gradient by the square root of how many paths reported to it (averaging n nearly independent outer gradients shrinks their norm by about that much); false = the plain weighted average", &c.dipaco.outer_rescale},
+      at_least(0, {"dipaco.keep_every", "DiPaCo: every module keeps its versions 0, K, 2K, ... and its last on disk, for early stopping (each costs a module's size); 0 = only the versions the next tasks need", &c.dipaco.keep_every}),
+      {"dipaco.early_stopping", "DiPaCo: scoring (at the end of `loco launch`, `loco eval`) picks each path's version among those kept (dipaco.keep_every) by its loss on half of the path's validation documents, scores the other half, and `loco generate` runs the picked versions", &c.dipaco.early_stopping},
       positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
       {"link.rate", "`loco launch`: run each process in an emulated island (its own network namespace; needs root) whose link has this rate, e.g. \"100mbit\" or \"1gbit\" (shaped by the kernel's tbf, both directions); \"\" = not shaped (docs/slow-links.md)", &c.link.rate},
       {"link.delay", "`loco launch`: the islands' one-way delay, e.g. \"50ms\" (added by loco's relay: this kernel has no netem); \"\" = none", &c.link.delay},
@@ -413,6 +416,10 @@ void validate(const RunConfig& c) {
     streaming_options(c).validate();
   }
   path_options(c).validate(c.model.layers);
+  if (c.dipaco.early_stopping && c.dipaco.keep_every == 0) {
+    throw ConfigError("config", "dipaco.early_stopping picks among the versions each module keeps: set dipaco.keep_every "
+                                "(e.g. 5: versions 0, 5, 10, ... and the last)");
+  }
   if (c.sync.bucket_mb * 1e6 < 4) throw ConfigError("config", "sync.bucket_mb must hold at least one number");
   if (c.cluster.workers > 1 && c.checkpoint.keep < 2) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "

@@ -130,8 +130,8 @@ struct CheckpointSection {
   int64_t keep = 2;          // most recent checkpoints kept
 };
 
-// DiPaCo's modular model (model/paths.h, docs/dipaco.md). This version plans it (`loco plan`);
-// training it is still to come, and the training commands refuse a config that sets it.
+// DiPaCo's modular model (model/paths.h, docs/dipaco.md): `loco plan` plans it, `loco launch` trains
+// it as tasks; the dense training commands refuse a config that sets it.
 struct DipacoSection {
   std::string levels;            // "" = a dense model; "2:2,2:2": one BLOCKS:MODULES per level
   bool embed_path_specific = false;  // dipaco.embed: "shared" or "path"
@@ -142,6 +142,9 @@ struct DipacoSection {
   int64_t reroute_phase = 0;         // > 0: discriminative re-routing before this phase (0 = k-means throughout)
   double router_fraction = 0.1;      // ... on this share of the training documents, held out of training
   double phase_deadline_s = 0;       // > 0: a module steps this long after its phase's first report, with what arrived
+  bool outer_rescale = true;         // a module's outer gradient times √(paths that reported) (algorithms/dipaco.h)
+  int64_t keep_every = 0;            // > 0: every module keeps its versions 0, K, 2K, ... (else only what tasks need)
+  bool early_stopping = false;       // scoring picks each path's kept version by the loss on half its validation documents
 };
 
 // `loco launch` only: emulated WAN islands (runtime/launch/islands.h); "" = this machine's own network.

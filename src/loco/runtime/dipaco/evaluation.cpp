@@ -2,17 +2,85 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "loco/core/error.h"
 #include "loco/data/batcher.h"
 #include "loco/model/precision.h"
+#include "loco/core/files.h"
+#include "loco/runtime/dipaco/route.h"
 #include "loco/runtime/dipaco/run.h"
+#include "loco/runtime/store/modules.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/worker/weights.h"
 #include "loco/runtime/worker/worker.h"
 
 namespace loco::runtime {
+
+namespace fs = std::filesystem;
+
+bool picks_version(uint64_t seed, int64_t document) {
+  return held_out_for_router(seed ^ 0x9e3779b97f4a7c15ULL, document, 0.5);  // another draw than the router's
+}
+
+namespace {
+
+// The versions of `path` that every module of it kept (dipaco.keep_every), the latest included.
+std::vector<int64_t> kept_versions(const DipacoRun& run, Registry& registry, int64_t path) {
+  int64_t latest = INT64_MAX;
+  for (const auto& [module, version] : run.latest_versions(registry, path)) latest = std::min(latest, version);
+  std::vector<int64_t> out;
+  for (int64_t v = 0; v < latest; v += std::max<int64_t>(1, run.config().dipaco.keep_every)) {
+    bool all = true;
+    for (const auto& [module, version] : run.versions_of(path, v)) all = all && fs::exists(module_file(run.dir(), module, version));
+    if (all) out.push_back(v);
+  }
+  out.push_back(latest);
+  return out;
+}
+
+// Early stopping: each kept version of `path` scored on `documents`; the score takes the version
+// with the lowest loss (the earliest of equals). Without enough tokens to score, the latest.
+std::map<std::string, int64_t> pick_version(const DipacoRun& run, Registry& registry, int64_t path,
+                                            const std::vector<int64_t>& documents, const torch::Device& device,
+                                            PathScore& score) {
+  const auto candidates = kept_versions(run, registry, path);
+  score.version = candidates.back();
+  const auto stream = run.stream_of(run.dataset().val(), documents);
+  if (static_cast<int64_t>(stream.tokens.size()) <= run.config().model.context) return run.versions_of(path, score.version);
+  const auto batches = data::evaluation_batches(stream.tokens, run.config().model.context, run.config().eval.windows,
+                                                run.config().eval.batch_size, &stream.targets);
+  double best = INFINITY;
+  for (const auto version : candidates) {
+    auto model = build_model(run.config());
+    run.load_path(model, path, run.versions_of(path, version));
+    model->to(device);
+    const double loss = evaluate(model, batches, device).loss;
+    score.picking[version] = loss;
+    if (loss < best) best = loss, score.version = version;
+  }
+  return run.versions_of(path, score.version);
+}
+
+}  // namespace
+
+std::map<std::string, int64_t> scored_versions(const DipacoRun& run, Registry& registry, int64_t path) {
+  const auto file = run.dir() / "dipaco-eval.json";
+  if (!run.config().dipaco.early_stopping || !fs::exists(file)) return run.latest_versions(registry, path);
+  try {
+    const auto scores = nlohmann::json::parse(read_file(file, "dipaco"));
+    for (const auto& p : scores.at("paths")) {
+      if (p.at("path").get<int64_t>() == path && p.contains("version")) return run.versions_of(path, p.at("version").get<int64_t>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("dipaco", fmt::format("{}: {}", file.string(), e.what()));
+  }
+  return run.latest_versions(registry, path);
+}
 
 DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std::string>& baselines) {
   const auto run = DipacoRun::open(config);
@@ -42,6 +110,8 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
 
   const auto device = model::resolve_device(run.config().train.device);
   DipacoEvaluation out;
+  out.early_stopping = run.config().dipaco.early_stopping;
+  const auto seed = static_cast<uint64_t>(run.config().train.seed);
   out.baselines.resize(dense.size());
   double weighted = 0;
   std::vector<double> dense_weighted(dense.size(), 0.0);
@@ -50,12 +120,17 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
     dense[b].model->to(device);
   }
   for (int64_t p = 0; p < run.plan().paths(); ++p) {
-    PathScore score{p, static_cast<int64_t>(documents[static_cast<size_t>(p)].size()), 0, NAN};
-    const auto stream = run.stream_of(val, documents[static_cast<size_t>(p)]);
+    std::vector<int64_t> scored, picking;
+    for (auto d : documents[static_cast<size_t>(p)]) (out.early_stopping && picks_version(seed, d) ? picking : scored).push_back(d);
+    PathScore score{p, static_cast<int64_t>(scored.size()), 0, NAN};
+    const auto versions = out.early_stopping ? pick_version(run, *registry, p, picking, device, score)
+                                             : run.latest_versions(*registry, p);
+    if (!out.early_stopping) score.version = versions.begin()->second;
+    const auto stream = run.stream_of(val, scored);
     for (auto& b : out.baselines) b.paths.push_back(NAN);
     if (static_cast<int64_t>(stream.tokens.size()) > run.config().model.context) {
       auto model = build_model(run.config());
-      run.load_path(model, p, run.latest_versions(*registry, p));
+      run.load_path(model, p, versions);
       model->to(device);
       const auto batches = data::evaluation_batches(stream.tokens, run.config().model.context, run.config().eval.windows,
                                                     run.config().eval.batch_size, &stream.targets);
@@ -80,8 +155,9 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
 }
 
 std::string describe(const DipacoEvaluation& e) {
-  std::string out = "\n| path | validation documents | tokens scored | val_loss |";
-  std::string rule = "|---|---|---|---|";
+  std::string out = e.early_stopping ? "\n| path | version | validation documents | tokens scored | val_loss |"
+                                     : "\n| path | validation documents | tokens scored | val_loss |";
+  std::string rule = e.early_stopping ? "|---|---|---|---|---|" : "|---|---|---|---|";
   for (const auto& b : e.baselines) {
     out += fmt::format(" {} |", b.checkpoint);
     rule += "---|";
@@ -89,14 +165,21 @@ std::string describe(const DipacoEvaluation& e) {
   out += "\n" + rule + "\n";
   auto loss = [](double x) { return std::isfinite(x) ? fmt::format("{:.4f}", x) : std::string("(too few tokens)"); };
   for (size_t p = 0; p < e.paths.size(); ++p) {
-    out += fmt::format("| {} | {} | {} | {} |", e.paths[p].path, e.paths[p].documents, e.paths[p].tokens, loss(e.paths[p].loss));
+    out += fmt::format("| {} |", e.paths[p].path);
+    if (e.early_stopping) out += fmt::format(" {} |", e.paths[p].version);
+    out += fmt::format(" {} | {} | {} |", e.paths[p].documents, e.paths[p].tokens, loss(e.paths[p].loss));
     for (const auto& b : e.baselines) out += fmt::format(" {} |", loss(b.paths[p]));
     out += "\n";
   }
-  out += fmt::format("| all | | {} | **{}** |", e.tokens, loss(e.loss));
+  out += fmt::format("| all |{} | {} | **{}** |", e.early_stopping ? " |" : "", e.tokens, loss(e.loss));
   for (const auto& b : e.baselines) out += fmt::format(" {} |", loss(b.loss));
-  return out + "\n\neach validation document is scored by the one path the router sends it to, its first data.route_tokens "
-               "tokens (the router's) left out of the loss; baselines are scored on the same windows\n";
+  out += "\n\neach validation document is scored by the one path the router sends it to, its first data.route_tokens "
+         "tokens (the router's) left out of the loss; baselines are scored on the same windows\n";
+  if (e.early_stopping) {
+    out += "early stopping: each path runs the kept version of its modules with the lowest loss on the other half of its "
+           "validation documents, which are not scored here\n";
+  }
+  return out;
 }
 
 }  // namespace loco::runtime

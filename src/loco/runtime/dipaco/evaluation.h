@@ -1,9 +1,12 @@
-// Scoring a DiPaCo run (docs/dipaco.md, "Evaluation"): each validation document is routed by the
+// Scoring a DiPaCo run (docs/dipaco.md, "Scoring"): each validation document is routed by the
 // run's router and scored by that one path, its routing tokens left out; dense baselines are
-// scored on exactly the same windows.
+// scored on exactly the same windows. With dipaco.early_stopping, half of each path's validation
+// documents (by a hash of train.seed and the document) pick its version among the kept ones, and
+// only the other half is scored, for the paths and the baselines alike.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,11 +14,16 @@
 
 namespace loco::runtime {
 
+class DipacoRun;
+class Registry;
+
 struct PathScore {
   int64_t path = 0;
-  int64_t documents = 0;  // validation documents routed to it
+  int64_t documents = 0;  // validation documents routed to it (and scored: without those that picked its version)
   int64_t tokens = 0;     // scored
   double loss = 0;
+  int64_t version = -1;   // the version of its modules scored: the latest, or the one early stopping picked
+  std::map<int64_t, double> picking;  // early stopping: each kept version's loss on the documents that pick
 };
 
 // A dense model scored on the same routed windows as the paths (a baseline).
@@ -26,13 +34,21 @@ struct BaselineScore {
 };
 
 struct DipacoEvaluation {
+  bool early_stopping = false;
   std::vector<PathScore> paths;
   double loss = 0;        // over every scored token
   int64_t tokens = 0;
   std::vector<BaselineScore> baselines;
 };
 
-// Scores the modules' latest versions. Each of `baselines` (a checkpoint or run folder of a dense
+// Whether validation document `document` is one of those that pick a path's version (early stopping).
+bool picks_version(uint64_t seed, int64_t document);
+
+// The versions of path `path`'s modules to run: each path's picked version when the run's
+// RUN/dipaco-eval.json holds one (early stopping), else the latest.
+std::map<std::string, int64_t> scored_versions(const DipacoRun& run, Registry& registry, int64_t path);
+
+// Scores the modules' latest versions (or with early stopping the picked ones). Each of `baselines` (a checkpoint or run folder of a dense
 // model on the same dataset) is scored on exactly the same windows. Throws DataError when a module
 // has no version, the run is not routed, or a baseline's tokenizer differs.
 DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std::string>& baselines = {});

@@ -1,5 +1,6 @@
 #include "loco/runtime/dipaco/inference.h"
 
+#include "loco/runtime/dipaco/evaluation.h"
 #include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/worker/weights.h"
 #include "loco/runtime/worker/worker.h"
@@ -35,7 +36,7 @@ model::Transformer& PathInference::model(int64_t path, const torch::Device& devi
   auto it = impl_->models.find(path);
   if (it == impl_->models.end()) {
     auto model = build_model(impl_->run.config());
-    impl_->run.load_path(model, path, impl_->run.latest_versions(*impl_->registry, path));
+    impl_->run.load_path(model, path, scored_versions(impl_->run, *impl_->registry, path));
     model->to(device);
     model->eval();
     it = impl_->models.emplace(path, std::move(model)).first;

@@ -1,7 +1,8 @@
 // Single-path inference of a DiPaCo run (docs/dipaco.md, "Inference"): the router picks a path for
 // a text from the initial model's features of data.route_tokens of its tokens (the first ones, as
 // training routes documents; or the latest ones, to re-route as a generation goes on), and only
-// that path's modules are loaded (their latest versions; each path once).
+// that path's modules are loaded (their latest versions, or with dipaco.early_stopping the ones
+// scoring picked: evaluation.h scored_versions; each path once).
 #pragma once
 
 #include <torch/torch.h>

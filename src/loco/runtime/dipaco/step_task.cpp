@@ -44,7 +44,7 @@ void TaskWorker::run_step(const TaskKey& task) {
     reports.push_back(std::move(path_report));
     consumed.push_back(report.file);
   }
-  state.step(reports);
+  state.step(reports, run_.config().dipaco.outer_rescale);
   ModuleVersion next{module.name, task.phase + 1, run_.plan().fingerprint(), {}, state.optimizer().state()};
   for (size_t i = 0; i < names.size(); ++i) next.parameters.emplace_back(names[i], state.parameters()[i]);
   save_module(run_.dir(), next);
@@ -52,9 +52,12 @@ void TaskWorker::run_step(const TaskKey& task) {
   const int64_t written = file_bytes(file);
   db([&](Registry& r) { r.complete_step(task, options_.name, fs::relative(file, run_.dir()).string()); });
   // What the step consumed: the phase's outer gradients, and the version before the previous one
-  // (no task reads it any more: every path through the module has reported past it).
+  // (no task reads it any more: every path through the module has reported past it), unless it
+  // is one that dipaco.keep_every keeps for early stopping.
   for (const auto& report : consumed) remove_file(run_.dir() / report);
-  if (task.phase >= 1 && !db([&](Registry& r) { return r.version_needed(module.name, task.phase - 1); })) {
+  const int64_t keep = run_.config().dipaco.keep_every;
+  const bool kept = keep > 0 && (task.phase - 1) % keep == 0;
+  if (task.phase >= 1 && !kept && !db([&](Registry& r) { return r.version_needed(module.name, task.phase - 1); })) {
     remove_file(module_file(run_.dir(), module.name, task.phase - 1));
   }
   ++summary_.step_tasks;

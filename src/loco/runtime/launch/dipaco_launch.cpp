@@ -267,8 +267,15 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
     result.evaluation = evaluate_dipaco(config);
     nlohmann::json paths = nlohmann::json::array();
     for (const auto& p : result.evaluation.paths) {
-      paths.push_back({{"path", p.path}, {"documents", p.documents}, {"tokens", p.tokens},
-                       {"val_loss", std::isfinite(p.loss) ? nlohmann::json(p.loss) : nlohmann::json(nullptr)}});
+      nlohmann::json row = {{"path", p.path}, {"documents", p.documents}, {"tokens", p.tokens},
+                             {"val_loss", std::isfinite(p.loss) ? nlohmann::json(p.loss) : nlohmann::json(nullptr)}};
+      if (result.evaluation.early_stopping) {
+        row["version"] = p.version;  // the version `loco generate` runs (scored_versions)
+        nlohmann::json picking = nlohmann::json::object();
+        for (const auto& [version, loss] : p.picking) picking[std::to_string(version)] = loss;
+        row["picking_loss"] = picking;
+      }
+      paths.push_back(row);
     }
     write_file_atomic(fs::path(config.run.dir) / "dipaco-eval.json",
                       nlohmann::json{{"val_loss", result.evaluation.loss}, {"tokens", result.evaluation.tokens},
