@@ -68,6 +68,34 @@ TEST(ModulesTest, AModuleSavedFromOnePathLoadsIntoAnotherPathThroughIt) {
   EXPECT_EQ(module_file(dir.path(), "L1.M0", 3), dir.path() / "modules" / "L1.M0" / "v3.safetensors");
 }
 
+// The outer state is a file of its own: a path task reads the parameters alone (fewer bytes
+// through the shared store), the module's step reads both; a missing outer file is named; a
+// version written by an older loco, both in one file, still loads.
+TEST(ModulesTest, TheOuterStateIsAFileOfItsOwnThatPathsNeverRead) {
+  TempDir dir;
+  const auto plan = two_by_two();
+  model::Transformer path0(small(), 1);
+  save_module(dir.path(), version_of(plan, path0, "L1.M0", 2));
+  const auto outer = module_outer_file(dir.path(), "L1.M0", 2);
+  EXPECT_EQ(outer, dir.path() / "modules" / "L1.M0" / "v2.outer.safetensors");
+  ASSERT_TRUE(std::filesystem::exists(outer));
+  const auto both = load_module(dir.path(), "L1.M0", 2, plan.fingerprint());
+  EXPECT_EQ(both.outer_state.at(0).second.item<int64_t>(), 2);
+  std::filesystem::remove(outer);
+  const auto parameters = load_module(dir.path(), "L1.M0", 2, plan.fingerprint(), /*with_outer_state=*/false);
+  EXPECT_TRUE(parameters.outer_state.empty());
+  ASSERT_EQ(parameters.parameters.size(), both.parameters.size());
+  for (size_t i = 0; i < both.parameters.size(); ++i) EXPECT_TRUE(torch::equal(parameters.parameters[i].second, both.parameters[i].second));
+  expect_error<DataError>([&] { load_module(dir.path(), "L1.M0", 2, plan.fingerprint()); }, "v2.outer.safetensors: module L1.M0 version 2 was never saved");
+  // An older run's file: parameters and outer state together.
+  NamedTensors together;
+  for (const auto& [name, tensor] : both.parameters) together.emplace_back("param." + name, tensor);
+  together.emplace_back("outer.steps", torch::tensor(int64_t{2}));
+  save_safetensors(module_file(dir.path(), "L1.M0", 2), together,
+                   {{"loco.module", "L1.M0"}, {"loco.module_version", "2"}, {"loco.plan", plan.fingerprint()}});
+  EXPECT_EQ(load_module(dir.path(), "L1.M0", 2, plan.fingerprint()).outer_state.at(0).second.item<int64_t>(), 2);
+}
+
 TEST(ModulesTest, FilesThatDoNotMatchAreRefusedByName) {
   TempDir dir;
   const auto plan = two_by_two();

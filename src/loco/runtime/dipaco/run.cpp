@@ -161,7 +161,7 @@ std::map<std::string, int64_t> DipacoRun::load_path(model::Transformer& model, i
   for (auto index : plan_.modules_of(path)) {
     const auto& module = plan_.module(index);
     const int64_t version = versions.at(module.name);
-    const auto saved = load_module(dir_, module.name, version, plan_.fingerprint());
+    const auto saved = load_module(dir_, module.name, version, plan_.fingerprint(), /*with_outer_state=*/false);
     bytes[module.name] = file_bytes(module_file(dir_, module.name, version));
     const auto group = model::module_parameters(model, module);
     if (saved.parameters.size() != group.names.size()) {

@@ -15,7 +15,8 @@ namespace fs = std::filesystem;
 void TaskWorker::run_step(const TaskKey& task) {
   const auto& module = run_.plan().module(run_.plan().find(task.module));
   const auto saved = load_module(run_.dir(), module.name, task.phase, run_.plan().fingerprint());
-  int64_t read = file_bytes(module_file(run_.dir(), module.name, task.phase));
+  int64_t read = file_bytes(module_file(run_.dir(), module.name, task.phase)) +
+                 file_bytes(module_outer_file(run_.dir(), module.name, task.phase));
   std::vector<std::string> names;
   std::vector<torch::Tensor> parameters;
   for (const auto& [name, tensor] : saved.parameters) {
@@ -49,7 +50,7 @@ void TaskWorker::run_step(const TaskKey& task) {
   for (size_t i = 0; i < names.size(); ++i) next.parameters.emplace_back(names[i], state.parameters()[i]);
   save_module(run_.dir(), next);
   const auto file = module_file(run_.dir(), module.name, next.version);
-  const int64_t written = file_bytes(file);
+  const int64_t written = file_bytes(file) + file_bytes(module_outer_file(run_.dir(), module.name, next.version));
   db([&](Registry& r) { r.complete_step(task, options_.name, fs::relative(file, run_.dir()).string()); });
   // What the step consumed: the phase's outer gradients, and the version before the previous one
   // (no task reads it any more: every path through the module has reported past it), unless it
@@ -57,6 +58,8 @@ void TaskWorker::run_step(const TaskKey& task) {
   for (const auto& report : consumed) remove_file(run_.dir() / report);
   const int64_t keep = run_.config().dipaco.keep_every;
   const bool kept = keep > 0 && (task.phase - 1) % keep == 0;
+  // No step reads an outer state older than this one's; early stopping needs the parameters only.
+  if (task.phase >= 1) remove_file(module_outer_file(run_.dir(), module.name, task.phase - 1));
   if (task.phase >= 1 && !kept && !db([&](Registry& r) { return r.version_needed(module.name, task.phase - 1); })) {
     remove_file(module_file(run_.dir(), module.name, task.phase - 1));
   }

@@ -21,20 +21,28 @@ std::filesystem::path module_file(const std::filesystem::path& run_dir, const st
   return run_dir / "modules" / module / fmt::format("v{}.safetensors", version);
 }
 
-void save_module(const std::filesystem::path& run_dir, const ModuleVersion& module) {
-  const auto path = module_file(run_dir, module.module, module.version);
-  NamedTensors tensors;
-  for (const auto& [name, tensor] : module.parameters) tensors.emplace_back(kParam + name, tensor);
-  for (const auto& [name, tensor] : module.outer_state) tensors.emplace_back(kOuter + name, tensor);
-  std::filesystem::create_directories(path.parent_path());
-  save_safetensors(path, tensors, {{"loco.module", module.module},
-                                   {"loco.module_version", std::to_string(module.version)},
-                                   {"loco.plan", module.plan}});
+std::filesystem::path module_outer_file(const std::filesystem::path& run_dir, const std::string& module, int64_t version) {
+  return module_file(run_dir, module, version).replace_extension(".outer.safetensors");
 }
 
-ModuleVersion load_module(const std::filesystem::path& run_dir, const std::string& module, int64_t version,
-                          const std::string& plan) {
-  const auto path = module_file(run_dir, module, version);
+void save_module(const std::filesystem::path& run_dir, const ModuleVersion& module) {
+  const auto path = module_file(run_dir, module.module, module.version);
+  const std::map<std::string, std::string> metadata = {{"loco.module", module.module},
+                             {"loco.module_version", std::to_string(module.version)},
+                             {"loco.plan", module.plan}};
+  NamedTensors parameters, outer;
+  for (const auto& [name, tensor] : module.parameters) parameters.emplace_back(kParam + name, tensor);
+  for (const auto& [name, tensor] : module.outer_state) outer.emplace_back(kOuter + name, tensor);
+  std::filesystem::create_directories(path.parent_path());
+  save_safetensors(module_outer_file(run_dir, module.module, module.version), outer, metadata);
+  save_safetensors(path, parameters, metadata);  // last: once it exists, the version is complete
+}
+
+namespace {
+
+// One of a version's files, checked to be `module` at `version` of `plan`; its tensors into `out`.
+void read_module_file(const std::filesystem::path& path, const std::string& module, int64_t version,
+                      const std::string& plan, ModuleVersion& out) {
   if (!std::filesystem::exists(path)) {
     throw DataError("dipaco", fmt::format("{}: module {} version {} was never saved (missing file)", path.string(), module, version));
   }
@@ -52,7 +60,6 @@ ModuleVersion load_module(const std::filesystem::path& run_dir, const std::strin
     throw DataError("dipaco", fmt::format("{}: module of another plan or model ({}), this run's is {}", path.string(),
                                           meta("loco.plan"), plan));
   }
-  ModuleVersion out{module, version, plan, {}, {}};
   for (auto& [name, tensor] : file.tensors) {
     if (name.starts_with(kParam)) {
       out.parameters.emplace_back(name.substr(std::string(kParam).size()), std::move(tensor));
@@ -62,7 +69,22 @@ ModuleVersion load_module(const std::filesystem::path& run_dir, const std::strin
       throw DataError("dipaco", fmt::format("{}: tensor '{}' is neither a parameter nor outer state", path.string(), name));
     }
   }
+}
+
+}  // namespace
+
+ModuleVersion load_module(const std::filesystem::path& run_dir, const std::string& module, int64_t version,
+                          const std::string& plan, bool with_outer_state) {
+  const auto path = module_file(run_dir, module, version);
+  ModuleVersion out{module, version, plan, {}, {}};
+  read_module_file(path, module, version, plan, out);
   if (out.parameters.empty()) throw DataError("dipaco", fmt::format("{}: a module file without parameters", path.string()));
+  const auto outer = module_outer_file(run_dir, module, version);
+  if (!with_outer_state) {
+    out.outer_state.clear();
+  } else if (out.outer_state.empty()) {  // (an older run's parameters file holds it already)
+    read_module_file(outer, module, version, plan, out);
+  }
   return out;
 }
 
