@@ -249,15 +249,7 @@ std::vector<Document> read_text_folder(const fs::path& dir) {
   }
   std::sort(files.begin(), files.end(),
             [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
-  std::vector<Document> documents;
-  documents.reserve(files.size());
-  for (const auto& file : files) {
-    std::string text = read_file(file, kModule);
-    check_utf8(text, file.string());
-    if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a byte order mark is not text
-    documents.push_back(Document{file.filename().string(), std::move(text), ""});
-  }
-  return documents;
+  return read_text_files(files, "");  // one folder: each named by its file name
 }
 
 std::vector<Document> read_jsonl(const fs::path& file) { return parse_jsonl(read_file(file, kModule), file.string()); }
