@@ -272,6 +272,13 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   EXPECT_EQ(misread.status, 1) << misread.output;
   EXPECT_NE(misread.output.find("routes for another plan"), std::string::npos) << misread.output;
   EXPECT_EQ(nlohmann::json::parse(read_file(dir_->path() / "launched" / "dipaco-eval.json", "test")), eval);
+  // ... and with another model's features (the routing read the random initialization's).
+  auto other_features = run_command(command("eval", "launched", {"train.init_from=" + (dir_->path() / "dense").string()}),
+                                    log("eval-other-features"));
+  EXPECT_EQ(other_features.status, 1) << other_features.output;
+  EXPECT_NE(other_features.output.find("routes by the features of the random initialization of seed 1234, but this config's "
+                                       "are the model in " + fs::weakly_canonical(dir_->path() / "dense").string()),
+            std::string::npos) << other_features.output;
 
   // `loco report`: the run's row, and what the router learned.
   auto report = run_command({LOCO_BINARY, "report", (dir_->path() / "launched").string()}, log("report"));

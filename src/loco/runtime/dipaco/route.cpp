@@ -16,6 +16,11 @@
 
 namespace loco::runtime {
 
+std::string features_model(const RunConfig& config) {
+  return config.train.init_from.empty() ? fmt::format("the random initialization of seed {}", config.train.seed)
+                                        : fmt::format("the model in {}", std::filesystem::weakly_canonical(config.train.init_from).string());
+}
+
 bool held_out_for_router(uint64_t seed, int64_t document, double fraction) {
   Hasher hasher;
   hasher.update(&seed, sizeof seed);
@@ -137,7 +142,8 @@ RouteSummary route_documents(const RunConfig& config) {
                    {{"loco.routing", config.dipaco.product_routing ? "product" : "kmeans"},
                     {"loco.plan", plan.fingerprint()},
                     {"loco.tokenizer_hash", std::to_string(dataset.manifest().tokenizer_hash)},
-                    {"loco.route_tokens", std::to_string(config.data.route_tokens)}});
+                    {"loco.route_tokens", std::to_string(config.data.route_tokens)},
+                    {"loco.features", features_model(config)}});
   write_file_atomic(partial / "paths.json",
                     nlohmann::json{{"routing", config.dipaco.product_routing ? "product" : "kmeans"},
                                    {"levels", config.dipaco.levels}, {"top_n", config.dipaco.top_n}, {"held_out", held_out},

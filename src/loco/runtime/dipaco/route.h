@@ -23,6 +23,10 @@ struct RouteSummary {
   std::string table;                  // clusters.md's text
 };
 
+// Which model's features a routing reads (recorded with it, checked when it routes again):
+// "the model in RUN" (train.init_from) or "the random initialization of seed N".
+std::string features_model(const RunConfig& config);
+
 // Whether training document `document` is one of the router's held-out documents (discriminative
 // re-routing): a share `fraction` of them, chosen by a hash of (train.seed, document).
 bool held_out_for_router(uint64_t seed, int64_t document, double fraction);

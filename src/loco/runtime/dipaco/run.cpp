@@ -207,6 +207,13 @@ PathRouter DipacoRun::load_router(Registry& registry) const {
   if (file.metadata.count("loco.plan") == 0 || file.metadata.at("loco.plan") != plan_.fingerprint()) {
     throw DataError("dipaco", fmt::format("{}/{} routes for another plan", dir_.string(), folder));
   }
+  // Documents are routed by the features of the model the routing read; another model's would
+  // send them elsewhere (routings written before this was recorded are not checked).
+  if (const auto read = file.metadata.find("loco.features"); read != file.metadata.end() && read->second != features_model(config_)) {
+    throw DataError("dipaco", fmt::format("{}/{} routes by the features of {}, but this config's are {}; hint: give the run's "
+                                          "train.init_from (e.g. --train.init_from=...)", dir_.string(), folder, read->second,
+                                          features_model(config_)));
+  }
   std::map<std::string, torch::Tensor> t(file.tensors.begin(), file.tensors.end());
   if (file.metadata.count("loco.routing") && file.metadata.at("loco.routing") == "linear") {
     data::LinearRouter router{t.at("weight"), t.at("bias"), t.at("mean"), t.at("scale")};
