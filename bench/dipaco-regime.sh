@@ -72,8 +72,11 @@ done
 
 echo "bench: scoring on the routed validation windows"
 against=(--against "$out/diloco/workers/0" --against "$out/one" --against "$out/wide" --against "$out/pretrain")
-"$loco" eval --config "$config" --run.dir="$out/dipaco" --eval.windows=256 "${against[@]}" | tee "$out/dipaco-eval.md"
-"$loco" eval --config "$config" --run.dir="$out/dipaco-paper" --dipaco.levels=1:path,1:2,1:4,1:path --eval.windows=256 \
+# The routing read the pretrained model's features: scoring must too (loco refuses other features).
+"$loco" eval --config "$config" --run.dir="$out/dipaco" --train.init_from="$out/pretrain" --eval.windows=256 "${against[@]}" \
+  | tee "$out/dipaco-eval.md"
+"$loco" eval --config "$config" --run.dir="$out/dipaco-paper" --train.init_from="$out/pretrain" \
+  --dipaco.levels=1:path,1:2,1:4,1:path --eval.windows=256 \
   --against "$out/diloco-8/workers/0" --against "$out/one" --against "$out/pretrain" | tee "$out/dipaco-paper-eval.md"
 for lr in $lrs; do
   for rescale in true false; do
