@@ -498,7 +498,7 @@ TEST_F(DipacoRunTest, EarlyStoppingScoresEachPathAtTheVersionItsHeldOutLossPicks
   EXPECT_EQ(scored_versions(run, *registry, 0).at("L1.M0"), 4);
   PathInference inference(c);
   const auto& model = inference.model(2, torch::kCPU);
-  const auto picked = load_module(c.run.dir, "L1.M1", scored.paths[2].version, layout->plan);
+  const auto picked = load_module(c.run.dir, "L1.M1", scored.paths[2].version, layout->plan, /*with_outer_state=*/false);
   const auto in_model = model::module_parameters(model, run.plan().module(run.plan().find("L1.M1")));
   ASSERT_FALSE(in_model.names.empty());
   for (const auto& [name, tensor] : picked.parameters) {
