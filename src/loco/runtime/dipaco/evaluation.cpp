@@ -1,7 +1,6 @@
 #include "loco/runtime/dipaco/evaluation.h"
 
 #include <fmt/format.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,13 +8,13 @@
 #include <cmath>
 
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 #include "loco/data/batcher.h"
 #include "loco/model/precision.h"
-#include "loco/core/files.h"
 #include "loco/runtime/dipaco/route.h"
 #include "loco/runtime/dipaco/run.h"
-#include "loco/runtime/store/modules.h"
 #include "loco/runtime/store/checkpoint.h"
+#include "loco/runtime/store/modules.h"
 #include "loco/runtime/worker/weights.h"
 #include "loco/runtime/worker/worker.h"
 
