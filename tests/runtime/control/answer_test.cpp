@@ -41,7 +41,7 @@ TEST(Auth, AnAnswersMacBindsItsRequestStatusAndBody) {
   for (const std::string& bad : std::vector<std::string>{"", "xyz", std::string(64, 'G'), mac.substr(1), mac + "0"}) {
     EXPECT_EQ(auth::check_answer(key, nonce, 200, body, &bad), "the answer's signature is malformed") << bad;
   }
-  EXPECT_NE(auth::answer_mac(key, nonce, 200, body), auth::mac(key, "GET", "/", 0, nonce, body)) << "not a request's MAC";
+  EXPECT_NE(auth::answer_mac(key, nonce, 200, body), auth::mac(key, "GET", "/", 0, nonce, "", body)) << "not a request's MAC";
 }
 
 // A stand-in for the coordinator on loopback that answers every request with `answer`.

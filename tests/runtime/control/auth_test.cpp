@@ -20,55 +20,90 @@ constexpr const char* kStrong = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822
 
 TEST(Auth, TheMacCoversEveryPartOfTheRequest) {
   const Key key("token");
-  const auto base = mac(key, "POST", "/v1/kv/set?key=a", 1000, std::string(32, 'a'), "body");
+  const std::string nonce(32, 'a'), instance(32, 'c');
+  const auto base = mac(key, "POST", "/v1/kv/set?key=a", 1000, nonce, instance, "body");
   EXPECT_EQ(base.size(), 64u);
-  EXPECT_EQ(base, mac(Key("token"), "POST", "/v1/kv/set?key=a", 1000, std::string(32, 'a'), "body")) << "deterministic";
-  EXPECT_NE(base, mac(Key("token2"), "POST", "/v1/kv/set?key=a", 1000, std::string(32, 'a'), "body"));
-  EXPECT_NE(base, mac(key, "GET", "/v1/kv/set?key=a", 1000, std::string(32, 'a'), "body"));
-  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=b", 1000, std::string(32, 'a'), "body"));
-  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1001, std::string(32, 'a'), "body"));
-  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1000, std::string(32, 'b'), "body"));
-  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1000, std::string(32, 'a'), "bodY"));
+  EXPECT_EQ(base, mac(Key("token"), "POST", "/v1/kv/set?key=a", 1000, nonce, instance, "body")) << "deterministic";
+  EXPECT_NE(base, mac(Key("token2"), "POST", "/v1/kv/set?key=a", 1000, nonce, instance, "body"));
+  EXPECT_NE(base, mac(key, "GET", "/v1/kv/set?key=a", 1000, nonce, instance, "body"));
+  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=b", 1000, nonce, instance, "body"));
+  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1001, nonce, instance, "body"));
+  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1000, std::string(32, 'b'), instance, "body"));
+  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1000, nonce, std::string(32, 'd'), "body")) << "another instance";
+  EXPECT_NE(base, mac(key, "POST", "/v1/kv/set?key=a", 1000, nonce, instance, "bodY"));
   EXPECT_EQ(base.find("token"), std::string::npos);
   const std::string key_hex = Key("token").bytes();
   EXPECT_EQ(key_hex.size(), 32u) << "the key is HMAC-SHA256 of the token, not the token";
   EXPECT_NE(key_hex, "token");
 }
 
+// A request's signature headers, as a worker sends them.
+struct Signed {
+  std::string time, nonce, mac, instance;
+  Signed(const Signature& s, std::string instance_)
+      : time(std::to_string(s.time)), nonce(s.nonce), mac(s.mac), instance(std::move(instance_)) {}
+  SignatureHeaders headers() const { return {&time, &nonce, &mac, &instance}; }
+};
+
+Signed sign_for(const Verifier& verifier, const std::string& token, const std::string& method, const std::string& target,
+                const std::string& body) {
+  return Signed(sign(Key(token), method, target, verifier.instance(), body), verifier.instance());
+}
+
 TEST(Auth, TheVerifierRefusesWrongStaleAndReplayedRequests) {
   Verifier verifier("token");
   const int64_t now = unix_now();
-  const auto s = sign(Key("token"), "POST", "/v1/stop", "{}");
-  const auto time = std::to_string(s.time);
-  EXPECT_EQ(verifier.verify("POST", "/v1/stop", "{}", &time, &s.nonce, &s.mac, now), std::nullopt);
-  auto replay = verifier.verify("POST", "/v1/stop", "{}", &time, &s.nonce, &s.mac, now + 5);
+  const auto s = sign_for(verifier, "token", "POST", "/v1/stop", "{}");
+  EXPECT_EQ(verifier.verify("POST", "/v1/stop", "{}", s.headers(), now), std::nullopt);
+  auto replay = verifier.verify("POST", "/v1/stop", "{}", s.headers(), now + 5);
   ASSERT_TRUE(replay);
   EXPECT_NE(replay->find("replayed"), std::string::npos) << *replay;
   // Still refused just inside the window's far edge, and stale beyond it.
-  EXPECT_TRUE(verifier.verify("POST", "/v1/stop", "{}", &time, &s.nonce, &s.mac, s.time + kWindow.count()));
-  auto stale = verifier.verify("POST", "/v1/stop", "{}", &time, &s.nonce, &s.mac, s.time + kWindow.count() + 1);
+  const int64_t signed_at = std::stoll(s.time);
+  EXPECT_TRUE(verifier.verify("POST", "/v1/stop", "{}", s.headers(), signed_at + kWindow.count()));
+  auto stale = verifier.verify("POST", "/v1/stop", "{}", s.headers(), signed_at + kWindow.count() + 1);
   ASSERT_TRUE(stale);
   EXPECT_NE(stale->find("behind the coordinator's clock"), std::string::npos) << *stale;
 
-  const auto other = sign(Key("other"), "POST", "/v1/stop", "{}");
-  const auto other_time = std::to_string(other.time);
-  auto wrong = verifier.verify("POST", "/v1/stop", "{}", &other_time, &other.nonce, &other.mac, now);
+  const auto other = sign_for(verifier, "other", "POST", "/v1/stop", "{}");
+  auto wrong = verifier.verify("POST", "/v1/stop", "{}", other.headers(), now);
   ASSERT_TRUE(wrong);
   EXPECT_NE(wrong->find("wrong MAC"), std::string::npos) << *wrong;
-  EXPECT_NE(verifier.precheck(nullptr, &s.nonce, &s.mac, now)->find("not signed"), std::string::npos);
+  EXPECT_NE(verifier.precheck({nullptr, &s.nonce, &s.mac, &s.instance}, now)->find("not signed"), std::string::npos);
   const std::string bad_time = "12x", short_nonce = "abc";
-  EXPECT_NE(verifier.precheck(&bad_time, &s.nonce, &s.mac, now)->find("malformed"), std::string::npos);
-  EXPECT_NE(verifier.precheck(&time, &short_nonce, &s.mac, now)->find("malformed"), std::string::npos);
+  EXPECT_NE(verifier.precheck({&bad_time, &s.nonce, &s.mac, &s.instance}, now)->find("malformed"), std::string::npos);
+  EXPECT_NE(verifier.precheck({&s.time, &short_nonce, &s.mac, &s.instance}, now)->find("malformed"), std::string::npos);
 
   Verifier small("token", 2);  // holds two nonces: a third valid request waits for the window to pass
   for (int i = 0; i < 2; ++i) {
-    const auto t = sign(Key("token"), "GET", "/v1/state", "");
-    const auto tt = std::to_string(t.time);
-    EXPECT_EQ(small.verify("GET", "/v1/state", "", &tt, &t.nonce, &t.mac, now), std::nullopt);
+    EXPECT_EQ(small.verify("GET", "/v1/state", "", sign_for(small, "token", "GET", "/v1/state", "").headers(), now),
+              std::nullopt);
   }
-  const auto third = sign(Key("token"), "GET", "/v1/state", "");
-  const auto third_time = std::to_string(third.time);
-  EXPECT_TRUE(small.verify("GET", "/v1/state", "", &third_time, &third.nonce, &third.mac, now));
+  EXPECT_TRUE(small.verify("GET", "/v1/state", "", sign_for(small, "token", "GET", "/v1/state", "").headers(), now));
+}
+
+// Each verifier is an instance of its own: a request signed for one (a coordinator before its
+// restart, or another run's with the same token) is refused by another, on its headers alone.
+TEST(Auth, ARequestIsSignedForOneCoordinatorInstance) {
+  Verifier before("token"), after("token");
+  EXPECT_TRUE(is_instance(before.instance()));
+  EXPECT_NE(before.instance(), after.instance());
+  const int64_t now = unix_now();
+  const auto s = sign_for(before, "token", "POST", "/v1/stop", "{}");
+  auto elsewhere = after.precheck(s.headers(), now);
+  ASSERT_TRUE(elsewhere);
+  EXPECT_NE(elsewhere->find("another coordinator instance"), std::string::npos) << *elsewhere;
+  EXPECT_TRUE(after.verify("POST", "/v1/stop", "{}", s.headers(), now));
+  // Claiming the other instance in the header does not help: the MAC binds the one signed for.
+  const Signed claimed(sign(Key("token"), "POST", "/v1/stop", before.instance(), "{}"), after.instance());
+  auto wrong = after.verify("POST", "/v1/stop", "{}", claimed.headers(), now);
+  ASSERT_TRUE(wrong);
+  EXPECT_NE(wrong->find("wrong MAC"), std::string::npos) << *wrong;
+  // A first request names no instance.
+  auto first = after.precheck({&s.time, &s.nonce, &s.mac, nullptr}, now);
+  ASSERT_TRUE(first);
+  EXPECT_NE(first->find("no coordinator instance"), std::string::npos) << *first;
+  EXPECT_EQ(before.verify("POST", "/v1/stop", "{}", s.headers(), now), std::nullopt) << "its own instance takes it";
 }
 
 TEST(Auth, TheRunsTokenIsGeneratedOnceAndPrivate) {

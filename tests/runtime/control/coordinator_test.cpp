@@ -68,15 +68,28 @@ CoordinatorOptions options_for(const RunConfig& config) {
   return o;
 }
 
-// The headers of a request signed with `token`, as CoordinatorClient sends them.
-httplib::Headers signed_headers(const std::string& token, const std::string& method, const std::string& target,
-                                const std::string& body, std::optional<int64_t> time = std::nullopt) {
-  auto s = auth::sign(auth::Key(token), method, target, body);
+// The headers of a request signed with `token` for the coordinator `instance`, as CoordinatorClient
+// sends them.
+httplib::Headers signed_headers(const std::string& token, const std::string& instance, const std::string& method,
+                                const std::string& target, const std::string& body,
+                                std::optional<int64_t> time = std::nullopt) {
+  auto s = auth::sign(auth::Key(token), method, target, instance, body);
   if (time) {
     s.time = *time;
-    s.mac = auth::mac(auth::Key(token), method, target, s.time, s.nonce, body);
+    s.mac = auth::mac(auth::Key(token), method, target, s.time, s.nonce, instance, body);
   }
-  return {{auth::kTimeHeader, std::to_string(s.time)}, {auth::kNonceHeader, s.nonce}, {auth::kMacHeader, s.mac}};
+  return {{auth::kTimeHeader, std::to_string(s.time)}, {auth::kNonceHeader, s.nonce}, {auth::kMacHeader, s.mac},
+          {auth::kInstanceHeader, instance}};
+}
+
+// The coordinator's instance, as a worker learns it: from the refusal of its first request, signed
+// for no instance.
+std::string instance_of(httplib::Client& raw, const std::string& token) {
+  auto headers = signed_headers(token, "", "GET", "/v1/kv/size", "");
+  headers.erase(auth::kInstanceHeader);
+  auto refusal = raw.Get("/v1/kv/size", headers);
+  if (!refusal || refusal->status != 401) return "";
+  return refusal->get_header_value(auth::kInstanceHeader);
 }
 
 TEST(Coordinator, WorkersJoinStartAndShareTheStore) {
@@ -369,16 +382,20 @@ TEST(Coordinator, AStrangerCannotDriveTheRun) {
   ASSERT_TRUE(read);
   EXPECT_EQ(read->status, 401) << "the store is not readable without the token either";
   EXPECT_NE(read->body.find("the request is not signed"), std::string::npos) << read->body;
-  EXPECT_EQ(post("/v1/stop", "{}", signed_headers("wrong", "POST", "/v1/stop", "{}")), 401);
+  const auto instance = instance_of(raw, "tok");
+  ASSERT_TRUE(auth::is_instance(instance)) << instance;
+  EXPECT_EQ(post("/v1/stop", "{}", signed_headers("wrong", instance, "POST", "/v1/stop", "{}")), 401);
 
   const std::string add = "/v1/kv/add?key=n&delta=1";
-  const auto captured = signed_headers("tok", "POST", add, "");
+  const auto captured = signed_headers("tok", instance, "POST", add, "");
   EXPECT_EQ(post(add, "", captured), 200) << "the member's own request";
   EXPECT_EQ(post(add, "", captured), 401) << "the same request replayed";
-  EXPECT_EQ(post("/v1/kv/add?key=n&delta=100", "", signed_headers("tok", "POST", add, "")), 401) << "another target";
-  EXPECT_EQ(post("/v1/kv/set?key=epoch/0/addr", "6.6.6.6", signed_headers("tok", "POST", "/v1/kv/set?key=epoch/0/addr", "10.0.0.2")),
+  EXPECT_EQ(post("/v1/kv/add?key=n&delta=100", "", signed_headers("tok", instance, "POST", add, "")), 401) << "another target";
+  EXPECT_EQ(post("/v1/kv/set?key=epoch/0/addr", "6.6.6.6",
+                 signed_headers("tok", instance, "POST", "/v1/kv/set?key=epoch/0/addr", "10.0.0.2")),
             401) << "another body";
-  EXPECT_EQ(post(add, "", signed_headers("tok", "POST", add, "", auth::unix_now() - 600)), 401) << "signed 10 minutes ago";
+  EXPECT_EQ(post(add, "", signed_headers("tok", instance, "POST", add, "", auth::unix_now() - 600)), 401)
+      << "signed 10 minutes ago";
 
   EXPECT_EQ(store->get("epoch/0/addr", 1s), "10.0.0.1");
   EXPECT_EQ(store->add("n", 0), 1) << "only the member's add was applied";
@@ -389,6 +406,57 @@ TEST(Coordinator, AStrangerCannotDriveTheRun) {
   auto page = raw.Get("/");
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 200);
+}
+
+// A request captured at one coordinator is refused by the same run's coordinator restarted (which
+// has forgotten the nonces it accepted) and by another run's coordinator with the same token: each
+// start is an instance of its own, which the MAC binds. A member signs anew for the new instance,
+// which the refusal tells it, and goes on.
+TEST(Coordinator, ARequestCapturedBeforeARestartOrAtAnotherRunIsRefused) {
+  testing_util::TempDir run, other_run;
+  auto options = options_for(elastic_config(run, 2, "tok"));
+  options.bind = "127.0.0.1";
+  options.port = 0;
+  auto first = std::make_unique<Coordinator>(options);
+  first->start();
+  options.port = first->port();
+  const std::string address = "127.0.0.1:" + std::to_string(options.port);
+  CoordinatorClient member(address, 5s, {"tok"});
+  auto store = member.key_value_store();
+  EXPECT_EQ(store->add("n", 1), 1);
+
+  const std::string add = "/v1/kv/add?key=n&delta=1";
+  httplib::Headers captured;
+  {
+    httplib::Client raw("127.0.0.1", static_cast<int>(options.port));
+    captured = signed_headers("tok", instance_of(raw, "tok"), "POST", add, "");
+    auto accepted = raw.Post(add, captured, "", "application/json");
+    ASSERT_TRUE(accepted);
+    EXPECT_EQ(accepted->status, 200) << accepted->body;
+  }
+  first.reset();
+  auto replay = [&](int64_t port) {
+    httplib::Client raw("127.0.0.1", static_cast<int>(port));
+    raw.set_read_timeout(5s);
+    auto result = raw.Post(add, captured, "", "application/json");
+    return result ? std::pair{result->status, result->body} : std::pair{-1, std::string()};
+  };
+
+  Coordinator restarted(options);
+  restarted.start();
+  const auto refused = replay(options.port);
+  EXPECT_EQ(refused.first, 401) << "replayed at the restarted coordinator: " << refused.second;
+  EXPECT_NE(refused.second.find("another coordinator instance"), std::string::npos) << refused.second;
+  EXPECT_EQ(store->add("n", 0), 0) << "the member goes on at the restarted coordinator; the replay added nothing";
+
+  auto other_options = options_for(elastic_config(other_run, 2, "tok"));
+  other_options.bind = "127.0.0.1";
+  other_options.port = 0;
+  Coordinator other(other_options);
+  other.start();
+  EXPECT_EQ(replay(other.port()).first, 401) << "replayed at another run's coordinator with the same token";
+  CoordinatorClient other_member("127.0.0.1:" + std::to_string(other.port()), 5s, {"tok"});
+  EXPECT_EQ(other_member.key_value_store()->add("n", 0), 0) << "nothing was added there either";
 }
 
 // A coordinator without a token listens only on loopback, unless told it is on a trusted network.
@@ -722,6 +790,7 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
   Running running(options_for(config));
   httplib::Client raw("127.0.0.1", static_cast<int>(running.coordinator.port()));
   raw.set_read_timeout(5s);
+  const auto instance = instance_of(raw, "tok");
   auto refused = config;  // its join is refused (the model differs), so that the run stays empty
   refused.model.layers += 1;
   const std::vector<std::string> paths = {"/v1/join", "/v1/heartbeat", "/v1/round", "/v1/round_done", "/v1/done"};
@@ -751,7 +820,7 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
       default: break;  // as is (a member that does not exist)
     }
     const auto& path = paths[random() % paths.size()];
-    auto result = raw.Post(path, signed_headers("tok", "POST", path, body), body, "application/json");
+    auto result = raw.Post(path, signed_headers("tok", instance, "POST", path, body), body, "application/json");
     ASSERT_TRUE(result) << "the coordinator stopped answering after " << i << " requests";
     EXPECT_TRUE(result->status == 400 || result->status == 409 || result->status == 200) << result->status << " " << body;
     if (result->status == 200) {
@@ -772,13 +841,13 @@ TEST(Coordinator, ElasticEndpointsSurviveFuzzing) {
   for (const auto& adopted : {fmt::format("[{}]", twice), std::string("7"), fmt::format("[{}]", many)}) {
     const auto body = fmt::format(R"({{"member": 0, "round": 1, "failed_epoch": -1, "step": 0, {}, "adopted": {}}})", position,
                                   adopted);
-    auto result = raw.Post("/v1/round", signed_headers("tok", "POST", "/v1/round", body), body, "application/json");
+    auto result = raw.Post("/v1/round", signed_headers("tok", instance, "POST", "/v1/round", body), body, "application/json");
     ASSERT_TRUE(result);
     EXPECT_EQ(result->status, 400) << adopted.substr(0, 80) << ": " << result->body;
     EXPECT_NE(result->body.find("'adopted'"), std::string::npos) << result->body;
   }
   const std::string braces(5 << 20, '{');
-  auto huge = raw.Post("/v1/round", signed_headers("tok", "POST", "/v1/round", braces), braces, "application/json");
+  auto huge = raw.Post("/v1/round", signed_headers("tok", instance, "POST", "/v1/round", braces), braces, "application/json");
   ASSERT_TRUE(huge);
   EXPECT_EQ(huge->status, 413);
   EXPECT_EQ(running.coordinator.state()["elastic"]["members"].size(), 0u) << "nothing joined";

@@ -54,7 +54,7 @@ std::string random_hex(size_t bytes) {
   return hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
 }
 
-bool lower_hex(const std::string& text, size_t size) {
+bool lower_hex(std::string_view text, size_t size) {
   if (text.size() != size) return false;
   for (char c : text) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
@@ -122,8 +122,8 @@ std::string read_token_file(const std::filesystem::path& path) {
 Key::Key(std::string_view token) : bytes_(hmac_sha256(token, "loco control plane v1")) {}
 
 std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
-                std::string_view body) {
-  std::string message = fmt::format("loco-v1\n{}\n{}\n{}\n{}\n", method, target, time, nonce);
+                std::string_view instance, std::string_view body) {
+  std::string message = fmt::format("loco-v2\n{}\n{}\n{}\n{}\n{}\n", method, target, time, nonce, instance);
   message.append(body);
   const auto digest = hmac_sha256(key.bytes(), message);
   return hex(reinterpret_cast<const unsigned char*>(digest.data()), digest.size());
@@ -149,23 +149,32 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view body) {
+Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view instance,
+               std::string_view body) {
   Signature s;
   s.time = unix_now();
   s.nonce = random_hex(kNonceHex / 2);
-  s.mac = mac(key, method, target, s.time, s.nonce, body);
+  s.mac = mac(key, method, target, s.time, s.nonce, instance, body);
   return s;
 }
 
-Verifier::Verifier(std::string_view token, size_t max_nonces) : key_(token), max_nonces_(max_nonces) {}
+bool is_instance(std::string_view text) { return lower_hex(text, kNonceHex); }
 
-std::optional<std::string> Verifier::precheck(const std::string* time, const std::string* nonce, const std::string* mac,
-                                              int64_t now) const {
-  if (time == nullptr || nonce == nullptr || mac == nullptr) {
+Verifier::Verifier(std::string_view token, size_t max_nonces)
+    : key_(token), instance_(random_hex(kNonceHex / 2)), max_nonces_(max_nonces) {}
+
+std::optional<std::string> Verifier::precheck(const SignatureHeaders& headers, int64_t now) const {
+  if (headers.time == nullptr || headers.nonce == nullptr || headers.mac == nullptr) {
     return "the request is not signed (the run has a join token: set LOCO_JOIN_TOKEN or cluster.join_token to it)";
   }
-  const auto t = parse_time(*time);
-  if (!t || !lower_hex(*nonce, kNonceHex) || !lower_hex(*mac, kMacHex)) return "the request's signature headers are malformed";
+  const auto t = parse_time(*headers.time);
+  if (!t || !lower_hex(*headers.nonce, kNonceHex) || !lower_hex(*headers.mac, kMacHex)) {
+    return "the request's signature headers are malformed";
+  }
+  if (headers.instance == nullptr) return "the request is signed for no coordinator instance (a client's first request)";
+  if (*headers.instance != instance_) {
+    return "the request is signed for another coordinator instance (one before a restart, or another run's)";
+  }
   const int64_t skew = *t - now;
   if (skew > kWindow.count() || skew < -kWindow.count()) {
     return fmt::format("the request's timestamp is {} s {} the coordinator's clock (at most {} s either way: a stale or "
@@ -176,11 +185,11 @@ std::optional<std::string> Verifier::precheck(const std::string* time, const std
 }
 
 std::optional<std::string> Verifier::verify(std::string_view method, std::string_view target, std::string_view body,
-                                            const std::string* time, const std::string* nonce,
-                                            const std::string* mac_hex, int64_t now) {
-  if (auto why = precheck(time, nonce, mac_hex, now)) return why;
-  const auto expected = mac(key_, method, target, *parse_time(*time), *nonce, body);
-  if (CRYPTO_memcmp(expected.data(), mac_hex->data(), kMacHex) != 0) {
+                                            const SignatureHeaders& headers, int64_t now) {
+  if (auto why = precheck(headers, now)) return why;
+  const std::string& nonce = *headers.nonce;
+  const auto expected = mac(key_, method, target, *parse_time(*headers.time), nonce, instance_, body);
+  if (CRYPTO_memcmp(expected.data(), headers.mac->data(), kMacHex) != 0) {
     return "wrong MAC (a different join token, or the request was altered)";
   }
   std::lock_guard lock(mutex_);
@@ -188,10 +197,10 @@ std::optional<std::string> Verifier::verify(std::string_view method, std::string
     seen_.erase(order_.front().second);
     order_.pop_front();
   }
-  if (seen_.count(*nonce) != 0) return "a replayed request (its nonce was seen already)";
+  if (seen_.count(nonce) != 0) return "a replayed request (its nonce was seen already)";
   if (seen_.size() >= max_nonces_) return "too many requests within the window; ask again";
-  seen_.insert(*nonce);
-  order_.emplace_back(now, *nonce);
+  seen_.insert(nonce);
+  order_.emplace_back(now, nonce);
   return std::nullopt;
 }
 

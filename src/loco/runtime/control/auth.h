@@ -1,9 +1,10 @@
 // Authentication of the control plane (docs/security.md). Every request a worker sends to the
-// coordinator carries an HMAC-SHA256 over its method, target (path and query), body, a timestamp
-// and a nonce, keyed by a key derived from the run's join token; the token itself never crosses
-// the wire. The coordinator refuses a missing or wrong MAC, a timestamp outside the window, and a
-// nonce it has seen, so a captured request cannot be replayed. OpenSSL provides HMAC, SHA-256 and
-// the random nonces.
+// coordinator carries an HMAC-SHA256 over its method, target (path and query), body, a timestamp,
+// a nonce and the coordinator's instance, keyed by a key derived from the run's join token; the
+// token itself never crosses the wire. The coordinator refuses a missing or wrong MAC, a timestamp
+// outside the window, a nonce it has seen, and a request signed for another instance (another
+// coordinator, or this one before a restart), so a captured request cannot be replayed. OpenSSL
+// provides HMAC, SHA-256 and the random nonces.
 #pragma once
 
 #include <chrono>
@@ -22,6 +23,10 @@ namespace loco::runtime::auth {
 inline constexpr const char* kTimeHeader = "X-Loco-Time";    // Unix time in seconds, decimal
 inline constexpr const char* kNonceHeader = "X-Loco-Nonce";  // 32 lowercase hex digits, fresh per request
 inline constexpr const char* kMacHeader = "X-Loco-Mac";      // 64 lowercase hex digits
+// The coordinator instance a request is signed for: 32 lowercase hex digits, random at each start of
+// a coordinator. A coordinator tells its instance in this header of every refusal at its gate, so a
+// worker learns it from its first request (and anew after a restart) and signs again.
+inline constexpr const char* kInstanceHeader = "X-Loco-Instance";
 // The coordinator's answer to a signed request carries its own MAC (answer_mac), so that a worker
 // believes only answers from a holder of the key, given to its own request.
 inline constexpr const char* kAnswerMacHeader = "X-Loco-Answer-Mac";  // 64 lowercase hex digits
@@ -49,10 +54,18 @@ struct Signature {
   std::string mac;     // 64 hex digits
 };
 
-// The MAC of one request: HMAC-SHA256(key, "loco-v1\n" method "\n" target "\n" time "\n" nonce
-// "\n" body), in lowercase hex.
+// The signature headers of a request as the coordinator read them; null when absent.
+struct SignatureHeaders {
+  const std::string* time = nullptr;
+  const std::string* nonce = nullptr;
+  const std::string* mac = nullptr;
+  const std::string* instance = nullptr;
+};
+
+// The MAC of one request: HMAC-SHA256(key, "loco-v2\n" method "\n" target "\n" time "\n" nonce
+// "\n" instance "\n" body), in lowercase hex.
 std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
-                std::string_view body);
+                std::string_view instance, std::string_view body);
 
 // The MAC of an answer: HMAC-SHA256(key, "loco-answer-v1\n" nonce "\n" status "\n" body), nonce
 // being the request's, in lowercase hex. Bound to the request, an answer cannot be replayed for
@@ -63,8 +76,13 @@ std::string answer_mac(const Key& key, std::string_view nonce, int status, std::
 std::optional<std::string> check_answer(const Key& key, std::string_view nonce, int status, std::string_view body,
                                         const std::string* mac);
 
-// Signs a request now, with a fresh random nonce.
-Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view body);
+// Signs a request now, for the coordinator `instance` ("" when not known yet: the coordinator then
+// refuses it and tells its instance), with a fresh random nonce.
+Signature sign(const Key& key, std::string_view method, std::string_view target, std::string_view instance,
+               std::string_view body);
+
+// Whether `text` is well formed as an instance (32 lowercase hex digits).
+bool is_instance(std::string_view text);
 
 // Seconds since the Unix epoch, from the system clock.
 int64_t unix_now();
@@ -72,24 +90,25 @@ int64_t unix_now();
 // The coordinator's side: checks signatures and remembers the nonces of accepted requests for the
 // window. Thread-safe. Holds at most `max_nonces` (requests accepted within one window); beyond
 // that a valid request is refused until old nonces expire, which only members (who hold the key)
-// can cause.
+// can cause. Each Verifier is an instance of its own (a random one), so the nonces it forgets when
+// its process ends cannot be replayed at its successor, nor at another coordinator with the token.
 class Verifier {
  public:
   explicit Verifier(std::string_view token, size_t max_nonces = 1'000'000);
   const Key& key() const { return key_; }
+  const std::string& instance() const { return instance_; }
 
-  // Cheap checks before the body is read: the headers are present, well formed and the time is
-  // within the window. Returns why not, or nullopt.
-  std::optional<std::string> precheck(const std::string* time, const std::string* nonce, const std::string* mac,
-                                      int64_t now) const;
+  // Cheap checks before the body is read: the headers are present, well formed, signed for this
+  // instance, and the time is within the window. Returns why not, or nullopt.
+  std::optional<std::string> precheck(const SignatureHeaders& headers, int64_t now) const;
   // The full check once the body is in: precheck, the MAC, and that the nonce is new (then it is
   // remembered). Returns why the request is refused, or nullopt when it is authentic.
   std::optional<std::string> verify(std::string_view method, std::string_view target, std::string_view body,
-                                    const std::string* time, const std::string* nonce, const std::string* mac,
-                                    int64_t now);
+                                    const SignatureHeaders& headers, int64_t now);
 
  private:
   Key key_;
+  std::string instance_;
   size_t max_nonces_;
   std::mutex mutex_;
   std::unordered_set<std::string> seen_;

@@ -69,6 +69,11 @@ void reply_json(HttpResponse& response, const nlohmann::json& body, int status =
   response.set_content(protocol::to_wire(body), "application/json");
 }
 
+auth::SignatureHeaders signature_headers(const HttpRequest& request) {
+  return {request.header(auth::kTimeHeader), request.header(auth::kNonceHeader), request.header(auth::kMacHeader),
+          request.header(auth::kInstanceHeader)};
+}
+
 // Raised by a handler's authentication check: answered 401.
 class Unauthenticated : public std::runtime_error {
  public:
@@ -151,8 +156,7 @@ struct Coordinator::Impl {
   bool authenticate(const HttpRequest& request) {
     if (!verifier) return false;
     if (open_read(request) && request.header(auth::kMacHeader) == nullptr) return false;
-    if (auto why = verifier->verify(request.method, request.target, request.body, request.header(auth::kTimeHeader),
-                                    request.header(auth::kNonceHeader), request.header(auth::kMacHeader),
+    if (auto why = verifier->verify(request.method, request.target, request.body, signature_headers(request),
                                     auth::unix_now())) {
       throw Unauthenticated(*why);
     }
@@ -441,12 +445,15 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
       return std::nullopt;
     }
     if (!impl.verifier) return std::nullopt;
-    auto why = impl.verifier->precheck(request.header(auth::kTimeHeader), request.header(auth::kNonceHeader),
-                                       request.header(auth::kMacHeader), auth::unix_now());
+    const auto headers = signature_headers(request);
+    auto why = impl.verifier->precheck(headers, auth::unix_now());
     if (!why) return std::nullopt;
-    impl.log_refused(request, *why);
+    // A signed request for no instance is a worker's first: it is told the instance, as every
+    // refusal here tells it, and asks again; that is not worth a line in the log.
+    if (headers.instance != nullptr || headers.mac == nullptr) impl.log_refused(request, *why);
     HttpResponse refusal;
     reply_json(refusal, {{"error", *why}}, 401);
+    refusal.headers.emplace_back(auth::kInstanceHeader, impl.verifier->instance());
     return refusal;
   });
   impl_->install_routes();

@@ -150,22 +150,29 @@ void CoordinatorClient::load_token_file() {
 std::optional<std::pair<int, std::string>> CoordinatorClient::send(const std::string& method, const std::string& path,
                                                                    const std::string& body, std::string& error) {
   load_token_file();
-  const bool unsigned_request = !key_;
-  auto reply = send_once(method, path, body, error);
-  if (reply && reply->first == 401 && unsigned_request) {
-    load_token_file();
-    if (key_) reply = send_once(method, path, body, error);
+  std::string told;
+  auto reply = send_once(method, path, body, error, told);
+  // At most twice: an unsigned request, then signed without the instance, would be refused twice.
+  for (int again = 0; again < 2 && reply && reply->first == 401; ++again) {
+    const bool was_signed = key_.has_value();
+    const auto used = instance_;
+    if (!was_signed) load_token_file();
+    if (!told.empty()) instance_ = told;
+    if (!key_ || (was_signed && instance_ == used)) break;  // nothing new to sign with
+    reply = send_once(method, path, body, error, told);
   }
   return reply;
 }
 
 std::optional<std::pair<int, std::string>> CoordinatorClient::send_once(const std::string& method, const std::string& path,
-                                                                        const std::string& body, std::string& error) {
+                                                                        const std::string& body, std::string& error,
+                                                                        std::string& told) {
   httplib::Headers headers;
   std::string nonce;
   if (key_) {
-    const auto s = auth::sign(*key_, method, path, method == "GET" ? std::string_view() : std::string_view(body));
+    const auto s = auth::sign(*key_, method, path, instance_, method == "GET" ? std::string_view() : std::string_view(body));
     headers = {{auth::kTimeHeader, std::to_string(s.time)}, {auth::kNonceHeader, s.nonce}, {auth::kMacHeader, s.mac}};
+    if (!instance_.empty()) headers.emplace(auth::kInstanceHeader, instance_);
     nonce = s.nonce;
   }
   // The answer is read into `answer`, up to auth::kMaxAnswerBytes: a longer one is cut off.
@@ -198,6 +205,10 @@ std::optional<std::pair<int, std::string>> CoordinatorClient::send_once(const st
       error += fmt::format(" (the coordinator's certificate is not signed by {}, or does not name {})", security_.tls_ca, host_);
     }
     return std::nullopt;
+  }
+  told.clear();
+  if (result->status == 401 && auth::is_instance(result->get_header_value(auth::kInstanceHeader))) {
+    told = result->get_header_value(auth::kInstanceHeader);
   }
   // With a key, only answers signed for this request are believed; a refusal (401, 403) need not
   // be, since believing one gives nothing away (whoever can forge it could drop the answer too).

@@ -97,13 +97,16 @@ class CoordinatorClient {
                                       std::chrono::milliseconds read_timeout);
 
  private:
-  // One attempt of a request, signed; null on a connection error (then `error` says which). An
-  // unsigned request refused (401) is sent once more, signed, when the run's token file appeared
-  // meanwhile: a coordinator starting beside this worker writes it just before it listens.
+  // One attempt of a request, signed; null on a connection error (then `error` says which). A
+  // request refused (401) is signed and sent again when there is something new to sign it with:
+  // the run's token file, for an unsigned request (a coordinator starting beside this worker
+  // writes it just before it listens), or the coordinator instance the refusal told (this
+  // client's first request, or its first after the coordinator restarted).
   std::optional<std::pair<int, std::string>> send(const std::string& method, const std::string& path,
                                                   const std::string& body, std::string& error);
+  // One request; on a refusal that tells an instance (auth::kInstanceHeader), `told` is set to it.
   std::optional<std::pair<int, std::string>> send_once(const std::string& method, const std::string& path,
-                                                       const std::string& body, std::string& error);
+                                                       const std::string& body, std::string& error, std::string& told);
   // Adopts the run's generated token once its file exists (ClientSecurity::token_file).
   void load_token_file();
 
@@ -111,6 +114,7 @@ class CoordinatorClient {
   int port_ = 0;
   ClientSecurity security_;
   std::optional<auth::Key> key_;
+  std::string instance_;  // the coordinator instance requests are signed for; "" until a refusal tells it
   std::chrono::milliseconds connect_timeout_;
   std::chrono::milliseconds patience_{3000};
   std::mutex mutex_;
