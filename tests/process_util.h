@@ -2,6 +2,7 @@
 // and signal it. Every wait is bounded.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -106,10 +107,19 @@ inline int free_port() {
   return ntohs(address.sin_port);
 }
 
-// A TCP connection to 127.0.0.1:port (blocking), or -1.
-inline int connect_loopback(int port) {
+// A TCP connection to 127.0.0.1:port (blocking), from `from` when given, or -1.
+inline int connect_loopback(int port, const char* from = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
+  if (from != nullptr) {  // another loopback address (127.0.0.0/8) as the source
+    sockaddr_in source{};
+    source.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, from, &source.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof source) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));

@@ -138,6 +138,72 @@ TEST(HttpServer, ConnectionsHoldingABodyMakeRoomToo) {
   for (int fd : holding) ::close(fd);
 }
 
+// What the server sends on `fd` within `patience`, up to 4 KiB.
+std::string answer_on(int fd, std::chrono::milliseconds patience) {
+  timeval timeout{0, static_cast<suseconds_t>(patience.count() * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char buffer[4096];
+  const auto n = ::recv(fd, buffer, sizeof buffer, 0);
+  return n > 0 ? std::string(buffer, n) : std::string();
+}
+
+// The bytes of request bodies held are bounded: from one address (503 beyond the bound), and in
+// all (the body waited on longest is closed to make room); a member is still answered.
+TEST(HttpServer, BodiesHeldAreBoundedPerAddressAndInAll) {
+  auto options = fast_options();
+  options.body_deadline = 30s;
+  options.max_held_body_bytes_per_address = 350'000;
+  options.max_held_body_bytes = 1'000'000;
+  HttpServer server(options);
+  server.route("POST", "/slow", [](const HttpRequest& request, HttpResponse& response) {
+    response.set_content(std::to_string(request.body.size()), "text/plain");
+  });
+  server.start();
+  // Each announces 100,000 bytes and sends one.
+  const std::string start = "POST /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nx";
+  auto open_body = [&](const char* from) {
+    const int fd = testing_util::connect_loopback(server.port(), from);
+    EXPECT_GE(fd, 0) << from;
+    EXPECT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    return fd;
+  };
+  auto held_settles_at = [&](int64_t bytes) {
+    const auto deadline = Clock::now() + 3s;
+    while (server.counts().held_body_bytes != bytes && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    return server.counts().held_body_bytes == bytes;
+  };
+  std::vector<int> holding;
+  for (int i = 0; i < 3; ++i) holding.push_back(open_body("127.0.0.2"));
+  ASSERT_TRUE(held_settles_at(300'000)) << server.counts().held_body_bytes;
+  const int over = open_body("127.0.0.2");
+  EXPECT_EQ(answer_on(over, 2000ms).rfind("HTTP/1.1 503", 0), 0u) << "a fourth body from the same address";
+  EXPECT_EQ(server.counts().refused_over_budget, 1);
+  ::close(over);
+
+  // Nine more from three other addresses: 1.2 MB announced in all, over the bound of 1 MB.
+  for (const char* from : {"127.0.0.3", "127.0.0.4", "127.0.0.5"}) {
+    for (int i = 0; i < 3; ++i) {
+      holding.push_back(open_body(from));
+      std::this_thread::sleep_for(20ms);  // in order, so that the oldest is the first
+    }
+  }
+  ASSERT_TRUE(held_settles_at(1'000'000)) << server.counts().held_body_bytes;
+  EXPECT_EQ(server.counts().evicted, 2);
+  EXPECT_TRUE(closed_within(holding[0], 1000ms)) << "the oldest body made room";
+  EXPECT_TRUE(closed_within(holding[1], 1000ms));
+  EXPECT_EQ(answer_on(holding[2], 100ms), "") << "the third is still held";
+
+  httplib::Client member("127.0.0.1", server.port());
+  member.set_read_timeout(5s);
+  auto answer = member.Post("/slow", std::string(200'000, 'm'), "text/plain");
+  ASSERT_TRUE(answer) << "a member's body was locked out";
+  EXPECT_EQ(answer->status, 200);
+  EXPECT_EQ(answer->body, "200000");
+  EXPECT_LE(server.counts().held_body_bytes, 1'000'000);
+  for (int fd : holding) ::close(fd);
+  EXPECT_TRUE(held_settles_at(0)) << "closed connections give back what they held";
+}
+
 // Requests waiting for a busy handler pool show as the server being behind.
 TEST(HttpServer, KnowsWhenItIsBehind) {
   auto options = fast_options();

@@ -118,6 +118,7 @@ struct Connection {
   // nothing in it is authenticated yet (a MAC covers the body); not in a handler or a write.
   bool waiting = true;
   Clock::time_point waiting_since = Clock::now();
+  std::atomic<size_t> held{0};  // bytes of a request body counted against the budgets (HttpServer::Impl::hold)
 };
 
 }  // namespace
@@ -146,7 +147,7 @@ struct HttpServer::Impl {
   HandlerPool pool;
   std::thread io_thread;
   std::atomic<int64_t> tick_due{0};  // when the I/O thread's next tick is due (steady clock, ns)
-  std::atomic<int64_t> evicted{0}, timed_out{0}, refused_at_gate{0};
+  std::atomic<int64_t> evicted{0}, timed_out{0}, refused_at_gate{0}, refused_over_budget{0};
   std::atomic<int64_t> answering{0};  // requests taken in and not yet answered (handled and written)
   size_t max_connections = 0;
   int port = 0;
@@ -199,6 +200,49 @@ struct HttpServer::Impl {
     return true;
   }
 
+  // The bytes of request bodies held, in all and by address (only addresses holding some).
+  mutable std::mutex held_mutex;
+  size_t held_bytes = 0;
+  std::map<std::string, size_t> held_by_address;
+
+  // Counts `bytes` of `connection`'s body (from `address`) against the budgets, closing the
+  // connections that have waited longest on a body while the bound in all would be passed. False
+  // (nothing counted) over the address's bound, or when no other connection can be closed.
+  bool hold(Connection& connection, const std::string& address, size_t bytes) {
+    for (;;) {
+      {
+        std::lock_guard lock(held_mutex);
+        const size_t by_address = held_by_address.count(address) ? held_by_address[address] : 0;
+        if (by_address + bytes > options.max_held_body_bytes_per_address) return false;
+        if (held_bytes + bytes <= options.max_held_body_bytes) {
+          held_by_address[address] = by_address + bytes;
+          held_bytes += bytes;
+          connection.held += bytes;
+          return true;
+        }
+      }
+      std::shared_ptr<Connection> oldest;
+      {
+        std::lock_guard lock(connections_mutex);
+        for (const auto& [id, weak] : connections) {
+          auto c = weak.lock();
+          if (c && c.get() != &connection && c->waiting && c->held > 0 &&
+              (!oldest || c->waiting_since < oldest->waiting_since)) {
+            oldest = c;
+          }
+        }
+      }
+      if (!oldest) return false;
+      oldest->close();  // gives back what it held
+      ++evicted;
+    }
+  }
+  void release(const std::string& address, size_t bytes) {
+    std::lock_guard lock(held_mutex);
+    held_bytes -= bytes;
+    if (const auto mine = held_by_address.find(address); (mine->second -= bytes) == 0) held_by_address.erase(mine);
+  }
+
   void accept();
   void on_accept(tcp::socket socket);
   void start_tick();
@@ -213,7 +257,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
  public:
   Session(HttpServer::Impl& server, uint64_t id, Stream stream, std::string address, int port)
       : server_(server), id_(id), stream_(std::move(stream)), address_(std::move(address)), port_(port) {}
-  ~Session() override { server_.forget(id_); }
+  ~Session() override {
+    release_body();
+    server_.forget(id_);
+  }
 
   void start() {
     if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
@@ -228,6 +275,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   }
 
   void close() override {
+    release_body();
     beast::error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     lowest().socket().close(ignored);
@@ -271,8 +319,16 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       }
     }
     if (parser_->is_done()) return dispatch();
-    // A body still on its way holds a slot that a client without the key can hold as well as a
-    // member (its well-formed but wrong signature is found out only with the body): evictable.
+    // A body still on its way holds a slot, and memory, that a client without the key can hold as
+    // well as a member (its well-formed but wrong signature is found out only with the body):
+    // evictable, and counted whole against the budgets before a byte of it is read.
+    const auto announced = parser_->content_length();
+    const size_t bytes = announced ? static_cast<size_t>(std::min<uint64_t>(*announced, server_.options.max_body_bytes))
+                                   : server_.options.max_body_bytes;
+    if (!server_.hold(*this, address_, bytes)) {
+      ++server_.refused_over_budget;
+      return refuse(503, "the server holds as many request bodies as it may; ask again");
+    }
     waiting = true;
     waiting_since = Clock::now();
     lowest().expires_after(server_.options.body_deadline);
@@ -339,6 +395,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     lowest().expires_after(server_.options.write_deadline);
     http::async_write(stream_, *response_, [self = this->shared_from_this(), close_after, answer](beast::error_code ec, size_t) {
       if (answer) --self->server_.answering;
+      self->release_body();
       if (ec) return self->fail(ec);
       if (close_after) return self->linger();
       self->read_header();
@@ -360,6 +417,11 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       if (ec || n >= budget) return self->close();
       self->drain(budget - n);
     });
+  }
+
+  // Gives back the bytes of the request body counted against the budgets.
+  void release_body() {
+    if (const size_t bytes = held.exchange(0)) server_.release(address_, bytes);
   }
 
   void fail(beast::error_code ec) {
@@ -527,6 +589,9 @@ HttpServer::Counts HttpServer::counts() const {
   c.evicted = impl_->evicted;
   c.timed_out = impl_->timed_out;
   c.refused_at_gate = impl_->refused_at_gate;
+  c.refused_over_budget = impl_->refused_over_budget;
+  std::lock_guard lock(impl_->held_mutex);
+  c.held_body_bytes = static_cast<int64_t>(impl_->held_bytes);
   return c;
 }
 

@@ -4,7 +4,8 @@
 // headers, its body and its answer; a gate refuses a request on its headers alone, before its body
 // is read; complete requests run on a fixed pool of handler threads. When the connection table is
 // full, the connection that has waited longest for a request is closed to make room (a worker's
-// client reconnects). Optional TLS through Asio's OpenSSL streams.
+// client reconnects); the bytes of request bodies held are bounded per address and in all.
+// Optional TLS through Asio's OpenSSL streams.
 #pragma once
 
 #include <chrono>
@@ -61,6 +62,12 @@ struct HttpServerOptions {
   size_t max_header_bytes = 16 << 10;   // larger: 431, and the connection is closed
   size_t max_body_bytes = 4 << 20;      // larger: 413, and the connection is closed
   size_t max_connections = 4096;        // open at once (fewer when the process may not open that many files)
+  // Bytes of request bodies the server holds at once, from one address and in all: a body is
+  // counted whole (its Content-Length) from its headers until its answer is written. Over the
+  // address's bound: 503. Over the bound in all: the connection that has waited longest on a body
+  // is closed to make room, or 503 when none can be.
+  size_t max_held_body_bytes_per_address = 32 << 20;
+  size_t max_held_body_bytes = 256 << 20;
 };
 
 class HttpServer {
@@ -95,6 +102,7 @@ class HttpServer {
   // a deadline, evicted).
   struct Counts {
     int64_t open = 0, evicted = 0, timed_out = 0, refused_at_gate = 0;
+    int64_t held_body_bytes = 0, refused_over_budget = 0;  // bodies held now; 503s for bytes held
   };
   Counts counts() const;
 
