@@ -429,6 +429,18 @@ TEST_F(DipacoRunTest, TasksRunInProcessAsInAWorkerProcess) {
   rest.name = "third";  // nothing left: it returns at once
   EXPECT_EQ(run_dipaco_worker(c, rest).path_tasks, 0);
   expect_same_modules(final_modules(c), reference());
+  // A worker keeps the last path it trained: it takes that path's next phase first and continues
+  // from the inner state in its memory, reading only the modules (and, above, still ending on the
+  // reference's modules). Alone, it keeps one of the 4 paths per phase; the others' states it reads.
+  int kept = 0, read_back = 0;
+  for (const auto& event : path_tasks("in-process")) {
+    if (event["worker"] != "second" || event["phase"] == 0) continue;
+    int64_t modules = 0;
+    for (const auto& [name, bytes] : event["module_bytes_read"].items()) modules += bytes.get<int64_t>();
+    ++(event["bytes_read"].get<int64_t>() == modules ? kept : read_back);
+  }
+  EXPECT_EQ(kept, 3) << "one path in each of phases 1, 2 and 3";
+  EXPECT_EQ(read_back, 9);
 }
 
 // Early stopping (dipaco.keep_every = 2, dipaco.early_stopping): the modules keep versions 0, 2

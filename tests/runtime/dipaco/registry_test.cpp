@@ -237,6 +237,42 @@ TEST_P(RegistryTest, TasksMoveTheRunPhaseByPhase) {
   for (const auto& row : other->tasks()) EXPECT_EQ(row.state, TaskState::kDone) << describe(row.key);
 }
 
+// A worker keeps its path: of a phase's paths, it is offered first the one it prefers (whose inner
+// state it holds in memory), if open; otherwise, and without a preference, the lowest open path.
+TEST_P(RegistryTest, AWorkerIsOfferedThePathItPrefers) {
+  auto registry = open();
+  const auto layout = two_by_two(2);
+  publish_initial(*registry);
+  registry->start(layout);
+  for (int64_t p = 0; p < 4; ++p) {
+    auto task = registry->lease(fmt::format("w{}", 3 - p), 10.0, 60.0);  // path 0 by w3, ..., path 3 by w0
+    ASSERT_TRUE(task.has_value());
+    EXPECT_EQ(*task, (TaskKey{TaskScope::kPath, p, "", 0})) << "no path has a previous phase yet";
+  }
+  for (int64_t p = 0; p < 4; ++p) {
+    registry->complete_path({TaskScope::kPath, p, "", 0}, fmt::format("w{}", 3 - p), path_reports(layout, p, 0),
+                            "paths/P/inner.safetensors");
+  }
+  std::vector<TaskKey> given_back;  // phase 1's paths, issued as their modules step
+  while (auto task = registry->lease("w9", 20.0, 60.0)) {
+    if (task->scope == TaskScope::kPath) {
+      given_back.push_back(*task);
+      continue;
+    }
+    registry->complete_step(*task, "w9", fmt::format("modules/{}/v1.safetensors", task->module));
+  }
+  ASSERT_EQ(given_back.size(), 4u);
+  for (const auto& task : given_back) registry->release(task, "w9");
+  auto leased = [&](const std::string& holder, int64_t preferred) {
+    auto task = registry->lease(holder, 30.0, 60.0, preferred);
+    return task && task->scope == TaskScope::kPath && task->phase == 1 ? task->path : int64_t{-1};
+  };
+  EXPECT_EQ(leased("w2", 1), 1);
+  EXPECT_EQ(leased("w0", 3), 3);
+  EXPECT_EQ(leased("w8", -1), 0) << "without a preference, the lowest open path";
+  EXPECT_EQ(leased("w3", 0), 2) << "path 0 is taken: the lowest open one";
+}
+
 // Discriminative re-routing before phase 1: no path task of phase 1 until every module reached
 // version 1 and the route task completed; then every path's.
 TEST_P(RegistryTest, ARouteTaskGatesItsPhase) {

@@ -27,6 +27,10 @@ std::optional<std::string> TaskWorker::load_inner_state(optim::AdamW& adamw, int
     throw DataError("dipaco", fmt::format("path {} phase {} has no recorded inner state", path, phase - 1));
   }
   if (!previous || previous->second.empty()) return std::nullopt;
+  if (kept_inner_ && kept_inner_->file == previous->second) {  // this worker wrote it: nothing to read
+    adamw.load_state(kept_inner_->tensors, kept_inner_->steps);
+    return previous->second;
+  }
   const auto file = load_checksummed_safetensors(run_.dir() / previous->second);
   read += file_bytes(run_.dir() / previous->second);
   const auto steps = file.metadata.find("loco.inner_steps");
@@ -127,9 +131,11 @@ void TaskWorker::run_path(const TaskKey& task, const LeaseKeeper& keeper) {
   const auto inner_file = fmt::format("paths/P{}/inner-{}-{}.safetensors", path, phase, who);
   save_safetensors(run_.dir() / inner_file, adamw.state(), {{"loco.inner_steps", std::to_string(adamw.steps())}});
   written += file_bytes(run_.dir() / inner_file);
+  kept_inner_.reset();
   const auto late = db([&](Registry& r) {
     return r.complete_path(task, options_.name, reports, inner_file, unix_seconds(), config.dipaco.phase_deadline_s);
   });
+  kept_inner_ = KeptInner{path, inner_file, adamw.state(), adamw.steps()};
   for (const auto& m : late) {  // not recorded: nothing will read them
     for (const auto& report : reports) {
       if (report.module == m) remove_file(run_.dir() / report.file);

@@ -203,8 +203,8 @@ std::optional<RunLayout> Registry::layout() {
   return layout;
 }
 
-std::optional<TaskKey> Registry::lease(const std::string& worker, double now_s, double lease_s) {
-  return db_->write([&] { return queue_.lease(worker, now_s, lease_s); });
+std::optional<TaskKey> Registry::lease(const std::string& worker, double now_s, double lease_s, int64_t preferred_path) {
+  return db_->write([&] { return queue_.lease(worker, now_s, lease_s, preferred_path); });
 }
 
 bool Registry::renew(const TaskKey& task, const std::string& worker, double now_s, double lease_s) {

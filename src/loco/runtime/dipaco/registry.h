@@ -80,9 +80,10 @@ class Registry {
   std::optional<RunLayout> layout();
 
   // Leases the next task to `worker` until now_s + lease_s: step tasks first (they unblock the next
-  // phase), then paths by phase and number; an open task, or one whose lease ran out. Nothing when
-  // no task is due now.
-  std::optional<TaskKey> lease(const std::string& worker, double now_s, double lease_s);
+  // phase), then paths by phase, `preferred_path` first (the path whose inner state the worker
+  // holds: it keeps its path; -1 for none), then by number; an open task, or one whose lease ran
+  // out. Nothing when no task is due now.
+  std::optional<TaskKey> lease(const std::string& worker, double now_s, double lease_s, int64_t preferred_path = -1);
   // Gives a held task back (a worker that stops): it is open again at once. Does nothing when
   // `worker` does not hold it.
   void release(const TaskKey& task, const std::string& worker);

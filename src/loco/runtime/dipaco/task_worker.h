@@ -108,6 +108,15 @@ class TaskWorker {
   torch::Device device_ = torch::kCPU;
   int64_t threads_ = 1;
   DipacoWorkerSummary summary_;
+  // The inner state of the last path task this worker completed, as written to `file`: the queue
+  // offers this worker that path's next phase first, which then continues from memory.
+  struct KeptInner {
+    int64_t path = -1;
+    std::string file;
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    int64_t steps = 0;
+  };
+  std::optional<KeptInner> kept_inner_;
 };
 
 }  // namespace loco::runtime::dipaco_tasks

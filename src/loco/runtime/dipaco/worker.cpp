@@ -78,7 +78,8 @@ DipacoWorkerSummary TaskWorker::run() {
       summary_.interrupted = true;
       break;
     }
-    auto task = db([&](Registry& r) { return r.lease(options_.name, unix_seconds(), run_.config().dipaco.lease_s); });
+    const int64_t kept_path = kept_inner_ ? kept_inner_->path : -1;
+    auto task = db([&](Registry& r) { return r.lease(options_.name, unix_seconds(), run_.config().dipaco.lease_s, kept_path); });
     if (!task) {
       if (db([](Registry& r) { return r.finished(); })) break;
       std::this_thread::sleep_for(std::chrono::duration<double>(options_.poll_s));

@@ -49,10 +49,12 @@ bool SqlTaskQueue::issue(const TaskKey& task, TaskState state, double until) {
   return true;
 }
 
-std::optional<TaskKey> SqlTaskQueue::lease(const std::string& holder, double now_s, double lease_s) {
-  // 'step' sorts after 'route' and 'path': DESC takes the outer steps first.
+std::optional<TaskKey> SqlTaskQueue::lease(const std::string& holder, double now_s, double lease_s, int64_t preferred_path) {
+  // 'step' sorts after 'route' and 'path': DESC takes the outer steps first. Of a phase's paths,
+  // the preferred one comes first.
   auto due = db_.query("SELECT kind, path, module, phase, state FROM tasks WHERE state = 'open' OR (state IN ('leased', "
-                       "'waiting') AND lease_until < $1) ORDER BY kind DESC, phase, path, module LIMIT 1", {now_s});
+                       "'waiting') AND lease_until < $1) ORDER BY kind DESC, phase, CASE WHEN kind = 'path' AND path = $2 "
+                       "THEN 0 ELSE 1 END, path, module LIMIT 1", {now_s, preferred_path});
   if (due.empty()) return std::nullopt;
   const auto key = key_from(due, 0, db_.where());
   const auto from = state_from(due.text(0, 4), db_.where());

@@ -34,9 +34,9 @@ class SqlTaskQueue {
   // was added.
   bool issue(const TaskKey& task, TaskState state = TaskState::kOpen, double until = 0);
   // Leases the next due task to `holder` until now_s + lease_s: an open one, or a leased or waiting
-  // one whose time ran out, outer steps first (they unblock the next phase), then by phase, path,
-  // module. Nothing when no task is due.
-  std::optional<TaskKey> lease(const std::string& holder, double now_s, double lease_s);
+  // one whose time ran out, outer steps first (they unblock the next phase), then by phase, path
+  // `preferred_path` before the others (-1: none), path, module. Nothing when no task is due.
+  std::optional<TaskKey> lease(const std::string& holder, double now_s, double lease_s, int64_t preferred_path = -1);
   // Extends `holder`'s lease; false when it no longer holds the task.
   bool renew(const TaskKey& task, const std::string& holder, double now_s, double lease_s);
   // Gives a held task back: open again at once. Does nothing when `holder` does not hold it.
