@@ -48,6 +48,67 @@ TEST(Transformer, ParameterCountMatchesClosedForm) {
   // One case by hand: V=97, d=32, 2 blocks, hidden 64, RMSNorm, RoPE, GELU.
   //   embed 97*32 = 3104; block = 2*32 (norms) + 4*32*32 (attention) + 2*32*64 (MLP) = 8256; final norm 32.
   EXPECT_EQ(parameter_count(tiny()), 3104 + 2 * 8256 + 32);
+  // The Llama options: 2 key/value heads of 4 (keys and values 2*8 rows each), q/k/v biases, a
+  // hidden width of 48, an untied head.
+  auto llama = tiny(NormKind::kRMSNorm, PositionKind::kRope, MlpKind::kSwiGlu);
+  llama.kv_heads = 2;
+  llama.attention_bias = true;
+  llama.mlp_hidden_size = 48;
+  llama.tie_embeddings = false;
+  Transformer model(llama, 1);
+  int64_t counted = 0;
+  for (const auto& p : model->parameters()) counted += p.numel();
+  //   block = 2*32 + (32+16+16)*32 + (32+16+16) (q/k/v and biases) + 32*32 (output) + 3*32*48 (MLP) = 7808
+  EXPECT_EQ(counted, 3104 + 2 * 7808 + 32 + 97 * 32);
+  EXPECT_EQ(parameter_count(llama), counted);
+}
+
+// Grouped-query attention: each key/value head serves heads / kv_heads query heads in a row, as
+// Llama's repeat_kv does. A model with 2 key/value heads computes what a model with 4 does when
+// its keys and values of heads 2j and 2j+1 are both those of head j.
+TEST(Transformer, GroupedQueryAttentionSharesEachKeyValueHeadWithItsQueryHeads) {
+  auto grouped = tiny(NormKind::kRMSNorm, PositionKind::kRope, MlpKind::kSwiGlu);
+  grouped.kv_heads = 2;
+  grouped.attention_bias = true;
+  auto full = grouped;
+  full.kv_heads = 0;
+  Transformer a(grouped, 7), b(full, 8);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : a->named_parameters()) {
+    if (item.key().ends_with(".bias")) EXPECT_EQ(item.value().abs().sum().item<float>(), 0.0f) << "biases start at 0";
+  }
+  a->named_parameters()["blocks.0.attn.qkv.bias"].normal_();  // biases count too
+  const int64_t hd = grouped.head_dim(), d = grouped.width;
+  for (const auto& item : a->named_parameters()) {
+    torch::Tensor into = b->named_parameters()[item.key()];  // a handle on b's parameter
+    if (!item.key().ends_with("attn.qkv.weight") && !item.key().ends_with("attn.qkv.bias")) {
+      into.copy_(item.value());
+      continue;
+    }
+    auto from = item.value();  // rows: q (4 heads), k (2 heads), v (2 heads)
+    auto q = from.narrow(0, 0, d), k = from.narrow(0, d, 2 * hd), v = from.narrow(0, d + 2 * hd, 2 * hd);
+    auto spread = [&](const torch::Tensor& t) {  // head j's rows for heads 2j and 2j+1
+      return torch::cat({t.narrow(0, 0, hd), t.narrow(0, 0, hd), t.narrow(0, hd, hd), t.narrow(0, hd, hd)});
+    };
+    into.copy_(torch::cat({q, spread(k), spread(v)}));
+  }
+  auto tokens = torch::randint(0, grouped.vocab_size, {2, 12}, torch::kInt64);
+  EXPECT_TRUE(torch::allclose(a->forward(tokens), b->forward(tokens), 1e-5, 1e-5));
+}
+
+// An untied head is a matrix of its own, in the "head" group: the logits are the final hidden
+// states times it, and the token embedding only reads tokens in.
+TEST(Transformer, AnUntiedHeadIsAMatrixOfItsOwnInTheHeadGroup) {
+  auto o = tiny(NormKind::kRMSNorm, PositionKind::kRope, MlpKind::kSwiGlu);
+  o.tie_embeddings = false;
+  Transformer model(o, 3);
+  ASSERT_TRUE(model->lm_head);
+  EXPECT_EQ(model->parameter_groups().back().names, (std::vector<std::string>{"final_norm.rms.weight", "lm_head.weight"}));
+  torch::NoGradGuard no_grad;
+  auto tokens = torch::randint(0, o.vocab_size, {2, 8}, torch::kInt64);
+  auto expected = torch::matmul(model->hidden(tokens), model->lm_head->weight.t());
+  EXPECT_TRUE(torch::allclose(model->forward(tokens), expected, 1e-5, 1e-5));
+  EXPECT_FALSE(torch::equal(model->lm_head->weight, model->tok_emb->weight));
 }
 
 TEST(Transformer, IsCausal) {
@@ -151,6 +212,11 @@ TEST(Transformer, OptionsAreValidated) {
   o.heads = 4;  // head_dim 9: odd, RoPE impossible
   EXPECT_THROW(o.validate(), ConfigError);
   o.position = PositionKind::kLearned;
+  EXPECT_NO_THROW(o.validate());
+  o = tiny();
+  o.kv_heads = 3;  // does not divide 4 heads
+  EXPECT_THROW(o.validate(), ConfigError);
+  o.kv_heads = 2;
   EXPECT_NO_THROW(o.validate());
   o = tiny();
   o.vocab_size = 2;

@@ -178,11 +178,17 @@ int64_t PathPlan::find(const std::string& name) const {
 }
 
 std::string PathPlan::fingerprint() const {
-  return fmt::format("levels={};embed={};vocab={};context={};layers={};width={};heads={};mlp_ratio={};norm={};"
-                     "position={};mlp={};qk_norm={}",
-                     PathOptions::format_levels(options_.levels), options_.embed_path_specific ? "path" : "shared",
-                     model_.vocab_size, model_.context, model_.layers, model_.width, model_.heads, model_.mlp_ratio,
-                     to_string(model_.norm), to_string(model_.position), to_string(model_.mlp), model_.qk_norm);
+  auto print = fmt::format("levels={};embed={};vocab={};context={};layers={};width={};heads={};mlp_ratio={};norm={};"
+                           "position={};mlp={};qk_norm={}",
+                           PathOptions::format_levels(options_.levels), options_.embed_path_specific ? "path" : "shared",
+                           model_.vocab_size, model_.context, model_.layers, model_.width, model_.heads, model_.mlp_ratio,
+                           to_string(model_.norm), to_string(model_.position), to_string(model_.mlp), model_.qk_norm);
+  // Later options only where they are not their defaults, so that earlier runs keep their fingerprint.
+  if (model_.kv_heads > 0) print += fmt::format(";kv_heads={}", model_.kv_heads);
+  if (model_.mlp_hidden_size > 0) print += fmt::format(";mlp_hidden={}", model_.mlp_hidden_size);
+  if (!model_.tie_embeddings) print += ";tie_embeddings=false";
+  if (model_.attention_bias) print += ";attention_bias=true";
+  return print;
 }
 
 ParameterGroup module_parameters(const Transformer& path_model, const Module& module) {
@@ -209,7 +215,7 @@ std::string PathPlan::describe() const {
     out += fmt::format("| {} | {} | {} | {} | {} | {} |\n", level, holds, kind, count, grouped(m.parameters), m.paths.size());
   };
   const int64_t embed_modules = options_.embed_path_specific ? paths_ : 1;
-  row("embed", "embeddings, final norm", 0, embed_modules);
+  row("embed", "embeddings, final norm (and an untied head)", 0, embed_modules);
   int64_t next = embed_modules, first_block = 0;
   for (size_t l = 0; l < options_.levels.size(); ++l) {
     const auto& level = options_.levels[l];

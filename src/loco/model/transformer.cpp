@@ -9,7 +9,10 @@
 
 namespace loco::model {
 
-int64_t ModelOptions::mlp_hidden() const { return static_cast<int64_t>(std::llround(mlp_ratio * static_cast<double>(width))); }
+int64_t ModelOptions::mlp_hidden() const {
+  if (mlp_hidden_size > 0) return mlp_hidden_size;
+  return static_cast<int64_t>(std::llround(mlp_ratio * static_cast<double>(width)));
+}
 
 void ModelOptions::validate() const {
   auto require = [](bool ok, const std::string& message) {
@@ -21,6 +24,9 @@ void ModelOptions::validate() const {
   require(width >= 1, fmt::format("width must be >= 1, got {}", width));
   require(heads >= 1 && width % heads == 0,
           fmt::format("heads must divide width: width {} is not a multiple of heads {}", width, heads));
+  require(kv_heads >= 0 && heads % key_value_heads() == 0,
+          fmt::format("kv_heads must divide heads: heads {} is not a multiple of kv_heads {}", heads, kv_heads));
+  require(mlp_hidden_size >= 0, fmt::format("mlp_hidden must be >= 0 (0 = from mlp_ratio), got {}", mlp_hidden_size));
   require(position != PositionKind::kRope || head_dim() % 2 == 0,
           fmt::format("RoPE needs an even head dimension, got width/heads = {}", head_dim()));
   require(mlp_ratio > 0 && mlp_hidden() >= 1, fmt::format("mlp_ratio must be > 0, got {}", mlp_ratio));
@@ -33,16 +39,19 @@ int64_t parameter_count(const ModelOptions& o) {
   const int64_t d = o.width;
   const int64_t norm = o.norm == NormKind::kLayerNorm ? 2 * d : d;  // LayerNorm has a bias
   const int64_t embed = o.vocab_size * d + (o.position == PositionKind::kLearned ? o.context * d : 0);
-  const int64_t attention = 4 * d * d + (o.qk_norm ? 2 * o.head_dim() : 0);
+  const int64_t kv = 2 * o.key_value_heads() * o.head_dim();  // key and value rows
+  const int64_t attention = (d + kv) * d + (o.attention_bias ? d + kv : 0) + d * d + (o.qk_norm ? 2 * o.head_dim() : 0);
   const int64_t mlp = (o.mlp == MlpKind::kSwiGlu ? 3 : 2) * d * o.mlp_hidden();
-  return embed + o.layers * (2 * norm + attention + mlp) + norm;
+  const int64_t head = o.tie_embeddings ? 0 : o.vocab_size * d;
+  return embed + o.layers * (2 * norm + attention + mlp) + norm + head;
 }
 
 double training_flops_per_token(const ModelOptions& o) {
   const double d = static_cast<double>(o.width);
+  const double kv = 2.0 * static_cast<double>(o.key_value_heads() * o.head_dim());
   const double matmul_params =
-      static_cast<double>(o.layers) * (4 * d * d + (o.mlp == MlpKind::kSwiGlu ? 3 : 2) * d * o.mlp_hidden()) +
-      static_cast<double>(o.vocab_size) * d;  // the tied head is a matmul too
+      static_cast<double>(o.layers) * ((2 * d + kv) * d + (o.mlp == MlpKind::kSwiGlu ? 3 : 2) * d * o.mlp_hidden()) +
+      static_cast<double>(o.vocab_size) * d;  // the head (tied or not) is a matmul too
   // 6 FLOPs per matmul parameter per token (forward + backward), plus attention scores and
   // values: 12 * layers * T * d (PaLM, appendix B; causal masking is not discounted).
   return 6 * matmul_params + 12.0 * static_cast<double>(o.layers * o.context) * d;
@@ -102,8 +111,10 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 
 }  // namespace
 
-AttentionImpl::AttentionImpl(const ModelOptions& o) : heads_(o.heads), head_dim_(o.head_dim()) {
-  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(o.width, 3 * o.width).bias(false)));
+AttentionImpl::AttentionImpl(const ModelOptions& o)
+    : heads_(o.heads), kv_heads_(o.key_value_heads()), head_dim_(o.head_dim()) {
+  const int64_t rows = (heads_ + 2 * kv_heads_) * head_dim_;
+  qkv = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(o.width, rows).bias(o.attention_bias)));
   proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(o.width, o.width).bias(false)));
   if (o.qk_norm) {
     q_norm_ = register_module("q_norm", RMSNorm(head_dim_, o.norm_eps));
@@ -113,8 +124,9 @@ AttentionImpl::AttentionImpl(const ModelOptions& o) : heads_(o.heads), head_dim_
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto parts = qkv->forward(x).view({B, T, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, hd)
-  auto q = parts[0], k = parts[1], v = parts[2];
+  auto parts = qkv->forward(x).view({B, T, heads_ + 2 * kv_heads_, head_dim_}).transpose(1, 2);  // (B, H+2KV, T, hd)
+  auto q = parts.narrow(1, 0, heads_);
+  auto k = parts.narrow(1, heads_, kv_heads_), v = parts.narrow(1, heads_ + kv_heads_, kv_heads_);
   if (q_norm_) {
     q = q_norm_->forward(q);
     k = k_norm_->forward(k);
@@ -122,6 +134,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   if (cos.defined()) {
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
+  }
+  if (kv_heads_ != heads_) {  // each key/value head serves heads / kv_heads query heads in a row
+    k = k.repeat_interleave(heads_ / kv_heads_, 1);
+    v = v.repeat_interleave(heads_ / kv_heads_, 1);
   }
   auto y = causal_attention(q, k, v);                // (B, H, T, hd)
   y = y.transpose(1, 2).contiguous().view({B, T, C});
@@ -172,6 +188,10 @@ TransformerImpl::TransformerImpl(const ModelOptions& options, uint64_t seed) : o
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.layers; ++i) blocks->push_back(Block(o));
   final_norm = register_module("final_norm", Norm(o.norm, o.width, o.norm_eps));
+  if (!o.tie_embeddings) {
+    const auto head = torch::nn::LinearOptions(o.width, o.vocab_size).bias(false);
+    lm_head = register_module("lm_head", torch::nn::Linear(head));
+  }
   initialize(seed);
 }
 
@@ -185,14 +205,17 @@ void TransformerImpl::initialize(uint64_t seed) {
   for (auto& item : named_parameters()) {
     const std::string& name = item.key();
     auto& p = item.value();
-    if (p.dim() < 2) continue;  // norm weights stay 1, biases 0
+    if (p.dim() < 2) {  // norm weights stay 1, biases 0
+      if (name.ends_with(".bias")) p.zero_();
+      continue;
+    }
     const bool residual = name.ends_with("attn.proj.weight") || name.ends_with("mlp.down.weight");
     p.normal_(0.0, residual ? residual_std : std, generator);
   }
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
-  return torch::nn::functional::linear(hidden(tokens), tok_emb->weight);  // tied head: (B, T, V)
+  return torch::nn::functional::linear(hidden(tokens), lm_head ? lm_head->weight : tok_emb->weight);  // (B, T, vocab)
 }
 
 torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
@@ -223,7 +246,7 @@ std::vector<ParameterGroup> TransformerImpl::parameter_groups() const {
       index = 0;
     } else if (name.starts_with("blocks.")) {
       index = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
-    } else if (name.starts_with("final_norm.")) {
+    } else if (name.starts_with("final_norm.") || name.starts_with("lm_head.")) {
       index = groups.size() - 1;
     } else {
       LOCO_CHECK(false, "parameter '{}' belongs to no group", name);

@@ -8,7 +8,10 @@
 // (the final norm). Streaming DiLoCo fragments and DiPaCo modules are unions of these groups.
 //
 // Options named by the config: RMSNorm or LayerNorm, RoPE or learned positions, GELU or SwiGLU MLP,
-// QK-norm (RMSNorm of queries and keys per head). No dropout: runs are deterministic on CPU.
+// QK-norm (RMSNorm of queries and keys per head), grouped-query attention (fewer key/value heads),
+// biases on the query/key/value projections, and an output head of its own rather than tied to the
+// token embedding; with RMSNorm, RoPE and SwiGLU these make the Llama (and Qwen2) architecture. No
+// dropout: runs are deterministic on CPU.
 #pragma once
 
 #include <torch/torch.h>
@@ -29,7 +32,11 @@ struct ModelOptions {
   int64_t layers = 4;
   int64_t width = 256;       // d_model
   int64_t heads = 4;         // width % heads == 0
-  double mlp_ratio = 4.0;    // MLP hidden width = round(mlp_ratio * width)
+  int64_t kv_heads = 0;      // key/value heads, dividing heads (grouped-query attention); 0 = heads
+  double mlp_ratio = 4.0;    // MLP hidden width = round(mlp_ratio * width), unless mlp_hidden_size
+  int64_t mlp_hidden_size = 0;  // the MLP's hidden width; 0 = from mlp_ratio
+  bool tie_embeddings = true;   // the output head is the token embedding; else a matrix of its own ("head" group)
+  bool attention_bias = false;  // biases on the query, key and value projections (Qwen2)
   NormKind norm = NormKind::kRMSNorm;
   PositionKind position = PositionKind::kRope;
   MlpKind mlp = MlpKind::kGelu;
@@ -39,12 +46,13 @@ struct ModelOptions {
   double norm_eps = 1e-5;
 
   int64_t head_dim() const { return width / heads; }
+  int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t mlp_hidden() const;
   // Throws ConfigError("[model] ...") naming the offending option.
   void validate() const;
 };
 
-// Closed-form parameter count (tied head counted once).
+// Closed-form parameter count (a tied head counted once).
 int64_t parameter_count(const ModelOptions& options);
 // Approximate training FLOPs per token: 6 * (non-embedding matmul parameters + head) + attention.
 double training_flops_per_token(const ModelOptions& options);
@@ -81,10 +89,11 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const ModelOptions& options);
   // x (B, T, C); cos/sin (T, head_dim/2) for RoPE or undefined -> (B, T, C)
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // Rows: the queries of every head, then the keys, then the values of every key/value head.
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
 
  private:
-  int64_t heads_, head_dim_;
+  int64_t heads_, kv_heads_, head_dim_;
   RMSNorm q_norm_{nullptr}, k_norm_{nullptr};
 };
 TORCH_MODULE(Attention);
@@ -141,6 +150,7 @@ class TransformerImpl : public torch::nn::Module {
 
   torch::nn::Embedding tok_emb{nullptr};
   torch::nn::Embedding pos_emb{nullptr};  // learned positions only
+  torch::nn::Linear lm_head{nullptr};     // only when the head is not tied to tok_emb
   torch::nn::ModuleList blocks{nullptr};
   Norm final_norm{nullptr};
 
