@@ -3,7 +3,8 @@
 
 Writes tests/golden/fixtures/*.safetensors: what PyTorch computes for
   model_<variant>   a tiny GPT's loss and gradients on a fixed batch, for two architecture variants
-                    (rmsnorm + rope + gelu; layernorm + learned positions + swiglu + qk-norm), with
+                    (rmsnorm + rope + gelu; layernorm + learned positions + swiglu + qk-norm), and a
+                    tiny Llama's (grouped-query attention, q/k/v biases, an untied head), with
                     z-loss; written here from the equations, independently of loco's C++ code
   adamw             three torch.optim.AdamW steps (weight decay on the matrix only)
   nesterov          three outer steps of torch.optim.SGD(nesterov=True) on outer gradients
@@ -94,6 +95,64 @@ def forward_loss(p, tokens, targets, o):
     return ce + o["z_loss"] * torch.logsumexp(flat, -1).pow(2).mean(), ce
 
 
+def llama_forward_loss(p, tokens, targets, o):
+    """The Llama architecture as Hugging Face's LlamaForCausalLM computes it (RMSNorm, rotary
+    embeddings in the rotate-half form, grouped-query attention whose key/value heads are repeated
+    as repeat_kv does, SwiGLU, an output head of its own), with Qwen2's q/k/v biases. The query,
+    key and value projections are the rows of loco's fused attn.qkv, cut apart here."""
+    B, T = tokens.shape
+    C, H, KV = o["width"], o["heads"], o["kv_heads"]
+    hd, n_rep = C // H, H // KV
+    x = p["tok_emb.weight"][tokens]
+    half = hd // 2
+    inv_freq = 1.0 / (o["rope_base"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    angles = torch.outer(torch.arange(0, T, dtype=torch.float64), inv_freq)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+
+    def repeat_kv(t):  # (B, KV, T, hd) -> (B, H, T, hd), each head n_rep times in a row
+        return t[:, :, None, :, :].expand(B, KV, n_rep, T, hd).reshape(B, H, T, hd)
+
+    for i in range(o["layers"]):
+        b = f"blocks.{i}."
+        h = rms_norm(x, p[b + "norm1.rms.weight"], o["eps"])
+        w, bias = p[b + "attn.qkv.weight"], p[b + "attn.qkv.bias"]
+        wq, wk, wv = w[:C], w[C:C + KV * hd], w[C + KV * hd:]
+        bq, bk, bv = bias[:C], bias[C:C + KV * hd], bias[C + KV * hd:]
+        q = (h @ wq.T + bq).view(B, T, H, hd).transpose(1, 2)
+        k = (h @ wk.T + bk).view(B, T, KV, hd).transpose(1, 2)
+        v = (h @ wv.T + bv).view(B, T, KV, hd).transpose(1, 2)
+        q, k = rope(q, cos[:, :half], sin[:, :half]), rope(k, cos[:, :half], sin[:, :half])
+        k, v = repeat_kv(k), repeat_kv(v)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+        y = torch.softmax(scores.masked_fill(causal, float("-inf")), -1) @ v
+        x = x + y.transpose(1, 2).reshape(B, T, C) @ p[b + "attn.proj.weight"].T
+        h = rms_norm(x, p[b + "norm2.rms.weight"], o["eps"])
+        x = x + (F.silu(h @ p[b + "mlp.gate.weight"].T) * (h @ p[b + "mlp.up.weight"].T)) @ p[b + "mlp.down.weight"].T
+    logits = rms_norm(x, p["final_norm.rms.weight"], o["eps"]) @ p["lm_head.weight"].T
+    flat = logits.reshape(-1, logits.shape[-1])
+    ce = F.cross_entropy(flat, targets.reshape(-1))
+    return ce + o["z_loss"] * torch.logsumexp(flat, -1).pow(2).mean(), ce
+
+
+def llama_shapes(o):
+    C, V, KV, hd, hidden = o["width"], o["vocab"], o["kv_heads"], o["width"] // o["heads"], o["mlp_hidden"]
+    shapes = {"tok_emb.weight": (V, C)}
+    for i in range(o["layers"]):
+        b = f"blocks.{i}."
+        shapes[b + "norm1.rms.weight"] = (C,)
+        shapes[b + "attn.qkv.weight"] = (C + 2 * KV * hd, C)
+        shapes[b + "attn.qkv.bias"] = (C + 2 * KV * hd,)
+        shapes[b + "attn.proj.weight"] = (C, C)
+        shapes[b + "norm2.rms.weight"] = (C,)
+        shapes[b + "mlp.up.weight"] = (hidden, C)
+        shapes[b + "mlp.gate.weight"] = (hidden, C)
+        shapes[b + "mlp.down.weight"] = (C, hidden)
+    shapes["final_norm.rms.weight"] = (C,)
+    shapes["lm_head.weight"] = (V, C)
+    return shapes
+
+
 def model_fixture(name, o):
     g = torch.Generator().manual_seed(o["seed"])
     C, V, hidden = o["width"], o["vocab"], round(o["mlp_ratio"] * o["width"])
@@ -115,6 +174,8 @@ def model_fixture(name, o):
             shapes[b + "mlp.gate.weight"] = (hidden, C)
         shapes[b + "mlp.down.weight"] = (C, hidden)
     shapes.update(norm_params("final_norm"))
+    if o.get("architecture") == "llama":
+        shapes = llama_shapes(o)
     weights = {}
     for key, shape in shapes.items():
         if len(shape) == 2:
@@ -129,7 +190,7 @@ def model_fixture(name, o):
     # The reference runs in float64 from the float32 weights: loco's float32 results are compared
     # against it.
     p = {k: w.double().requires_grad_(True) for k, w in weights.items()}
-    loss, ce = forward_loss(p, tokens, targets, o)
+    loss, ce = (llama_forward_loss if o.get("architecture") == "llama" else forward_loss)(p, tokens, targets, o)
     loss.backward()
     tensors = {"param." + k: w for k, w in weights.items()}
     tensors.update({"grad." + k: v.grad for k, v in p.items()})
@@ -200,6 +261,9 @@ if __name__ == "__main__":
     model_fixture("model_rmsnorm_rope_gelu", dict(base, norm="rmsnorm", position="rope", mlp="gelu", qk_norm=False, seed=1))
     model_fixture("model_layernorm_learned_swiglu_qknorm",
                   dict(base, norm="layernorm", position="learned", mlp="swiglu", qk_norm=True, seed=2))
+    model_fixture("model_llama_gqa_bias_untied",
+                  dict(base, architecture="llama", heads=4, kv_heads=2, mlp_hidden=24, norm="rmsnorm", position="rope",
+                       mlp="swiglu", qk_norm=False, seed=3))
     adamw_fixture()
     nesterov_fixture()
     merge_fixture()

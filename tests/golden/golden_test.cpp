@@ -55,6 +55,12 @@ model::ModelOptions options_of(const Fixture& f) {
   o.position = f.metadata.at("position") == "rope" ? model::PositionKind::kRope : model::PositionKind::kLearned;
   o.mlp = f.metadata.at("mlp") == "gelu" ? model::MlpKind::kGelu : model::MlpKind::kSwiGlu;
   o.qk_norm = f.metadata.at("qk_norm") == "True";
+  if (f.metadata.count("architecture") && f.metadata.at("architecture") == "llama") {
+    o.kv_heads = static_cast<int64_t>(f.number("kv_heads"));
+    o.mlp_hidden_size = static_cast<int64_t>(f.number("mlp_hidden"));
+    o.attention_bias = true;
+    o.tie_embeddings = false;
+  }
   return o;
 }
 
@@ -87,7 +93,8 @@ TEST_P(GoldenModel, LossAndGradientsMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GoldenModel,
-                         testing::Values("model_rmsnorm_rope_gelu", "model_layernorm_learned_swiglu_qknorm"),
+                         testing::Values("model_rmsnorm_rope_gelu", "model_layernorm_learned_swiglu_qknorm",
+                                         "model_llama_gqa_bias_untied"),
                          [](const auto& info) { return info.param.substr(6); });
 
 TEST(Golden, AdamWStepsMatchTorchOptimAdamW) {
