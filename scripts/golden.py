@@ -28,7 +28,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "g
 DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}
 
 
-def save(name, tensors, metadata):
+def save(name, tensors, metadata, folder=None):
     header, blobs, offset = {"__metadata__": {k: str(v) for k, v in metadata.items()}}, [], 0
     for key in sorted(tensors):
         t = tensors[key].detach().contiguous().cpu()
@@ -38,10 +38,11 @@ def save(name, tensors, metadata):
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, name + ".safetensors"), "wb") as f:
+    folder = folder or OUT
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name + ".safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-    print(f"wrote {name}.safetensors ({len(tensors)} tensors)")
+    print(f"wrote {os.path.relpath(os.path.join(folder, name))}.safetensors ({len(tensors)} tensors)")
 
 
 # --- the model, from its equations ----------------------------------------------------------------
@@ -96,6 +97,12 @@ def forward_loss(p, tokens, targets, o):
 
 
 def llama_forward_loss(p, tokens, targets, o):
+    flat = llama_logits(p, tokens, o).reshape(-1, o["vocab"])
+    ce = F.cross_entropy(flat, targets.reshape(-1))
+    return ce + o["z_loss"] * torch.logsumexp(flat, -1).pow(2).mean(), ce
+
+
+def llama_logits(p, tokens, o):
     """The Llama architecture as Hugging Face's LlamaForCausalLM computes it (RMSNorm, rotary
     embeddings in the rotate-half form, grouped-query attention whose key/value heads are repeated
     as repeat_kv does, SwiGLU, an output head of its own), with Qwen2's q/k/v biases. The query,
@@ -129,10 +136,7 @@ def llama_forward_loss(p, tokens, targets, o):
         x = x + y.transpose(1, 2).reshape(B, T, C) @ p[b + "attn.proj.weight"].T
         h = rms_norm(x, p[b + "norm2.rms.weight"], o["eps"])
         x = x + (F.silu(h @ p[b + "mlp.gate.weight"].T) * (h @ p[b + "mlp.up.weight"].T)) @ p[b + "mlp.down.weight"].T
-    logits = rms_norm(x, p["final_norm.rms.weight"], o["eps"]) @ p["lm_head.weight"].T
-    flat = logits.reshape(-1, logits.shape[-1])
-    ce = F.cross_entropy(flat, targets.reshape(-1))
-    return ce + o["z_loss"] * torch.logsumexp(flat, -1).pow(2).mean(), ce
+    return rms_norm(x, p["final_norm.rms.weight"], o["eps"]) @ p["lm_head.weight"].T
 
 
 def llama_shapes(o):
@@ -151,6 +155,51 @@ def llama_shapes(o):
     shapes["final_norm.rms.weight"] = (C,)
     shapes["lm_head.weight"] = (V, C)
     return shapes
+
+
+def hugging_face_fixture(name, o):
+    """A tiny Qwen2-style model in Hugging Face's layout (config.json, two shards, their index; q/k/v
+    biases, grouped-query attention, an untied head), with its logits on a fixed batch from
+    llama_forward_loss: what loco must compute after reading the folder (train.init_from)."""
+    g = torch.Generator().manual_seed(o["seed"])
+    loco = {k: (0.2 * torch.randn(shape, generator=g) if len(shape) == 2 or k.endswith(".bias")
+                else 1 + 0.1 * torch.randn(shape, generator=g)).float() for k, shape in llama_shapes(o).items()}
+    C, hd, KV = o["width"], o["width"] // o["heads"], o["kv_heads"]
+    hf = {"model.embed_tokens.weight": loco["tok_emb.weight"], "model.norm.weight": loco["final_norm.rms.weight"],
+          "lm_head.weight": loco["lm_head.weight"]}
+    for i in range(o["layers"]):
+        b, h = f"blocks.{i}.", f"model.layers.{i}."
+        w, bias = loco[b + "attn.qkv.weight"], loco[b + "attn.qkv.bias"]
+        for part, rows in (("q", slice(0, C)), ("k", slice(C, C + KV * hd)), ("v", slice(C + KV * hd, None))):
+            hf[h + f"self_attn.{part}_proj.weight"] = w[rows]
+            hf[h + f"self_attn.{part}_proj.bias"] = bias[rows]
+        hf[h + "self_attn.o_proj.weight"] = loco[b + "attn.proj.weight"]
+        hf[h + "input_layernorm.weight"] = loco[b + "norm1.rms.weight"]
+        hf[h + "post_attention_layernorm.weight"] = loco[b + "norm2.rms.weight"]
+        for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            hf[h + f"mlp.{theirs}.weight"] = loco[b + f"mlp.{ours}.weight"]
+    folder = os.path.join(OUT, name)
+    shards = [{k: v for k, v in hf.items() if not k.startswith("model.layers.1.")},
+              {k: v for k, v in hf.items() if k.startswith("model.layers.1.")}]
+    weight_map = {}
+    for n, shard in enumerate(shards):
+        file = f"model-{n + 1:05d}-of-{len(shards):05d}"
+        save(file, shard, {"format": "pt"}, folder)
+        weight_map.update({k: file + ".safetensors" for k in shard})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(4 * v.numel() for v in hf.values())}, "weight_map": weight_map}, f,
+                  indent=2, sort_keys=True)
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+              "vocab_size": o["vocab"], "hidden_size": C, "num_hidden_layers": o["layers"],
+              "num_attention_heads": o["heads"], "num_key_value_heads": KV, "intermediate_size": o["mlp_hidden"],
+              "rms_norm_eps": o["eps"], "rope_theta": o["rope_base"], "max_position_embeddings": 32,
+              "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4,
+              "torch_dtype": "float32"}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    tokens = torch.randint(0, o["vocab"], (o["batch"], o["context"]), generator=g)
+    logits = llama_logits({k: w.double() for k, w in loco.items()}, tokens, o)
+    save("reference", {"tokens": tokens, "logits": logits}, {"config": "config.json"}, folder)
 
 
 def model_fixture(name, o):
@@ -264,6 +313,7 @@ if __name__ == "__main__":
     model_fixture("model_llama_gqa_bias_untied",
                   dict(base, architecture="llama", heads=4, kv_heads=2, mlp_hidden=24, norm="rmsnorm", position="rope",
                        mlp="swiglu", qk_norm=False, seed=3))
+    hugging_face_fixture("hf_qwen2", dict(base, heads=4, kv_heads=2, mlp_hidden=24, seed=4))
     adamw_fixture()
     nesterov_fixture()
     merge_fixture()

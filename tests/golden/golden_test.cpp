@@ -2,14 +2,19 @@
 // Streaming DiLoCo merge against what PyTorch computed for the same inputs
 // (tests/golden/fixtures, written by scripts/golden.py: the model from its equations in float64,
 // the optimizers by torch.optim.AdamW and torch.optim.SGD(nesterov=True)). Every tensor must agree
-// to 1e-5 relative (‖loco − torch‖ / ‖torch‖).
+// to 1e-5 relative (‖loco − torch‖ / ‖torch‖). And a Hugging Face model folder read by loco gives
+// the logits PyTorch computed from the Llama equations for the same tensors.
 #include <gtest/gtest.h>
 
 #include "loco/algorithms/streaming.h"
+#include "loco/core/files.h"
 #include "loco/model/transformer.h"
 #include "loco/optim/adamw.h"
 #include "loco/optim/outer.h"
 #include "loco/runtime/store/safetensors.h"
+#include "loco/runtime/worker/hugging_face.h"
+#include "loco/runtime/worker/weights.h"
+#include "test_util.h"
 
 namespace loco {
 namespace {
@@ -172,6 +177,84 @@ TEST(Golden, StreamingMergeMatchesPyTorch) {
   ASSERT_EQ(sync.after_step(context).size(), 1u);  // step 3: it lands, and the merge
   EXPECT_LT(relative_error(gather(*sync.evaluation_parameters()), f.at("theta.after")), kTolerance);
   EXPECT_LT(relative_error(gather(model->parameters()), f.at("model.after")), kTolerance);
+}
+
+// A Hugging Face folder in Qwen2's layout (config.json, two shards and their index; grouped-query
+// attention, q/k/v biases, an untied head) read by loco: its logits are the reference's, computed
+// in float64 from the Llama equations, to 1e-4 (float32 against float64).
+TEST(HuggingFace, AFolderReadsIntoTheModelItDescribes) {
+  const auto folder = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2";
+  ASSERT_TRUE(runtime::is_hugging_face_folder(folder));
+  model::ModelOptions base;
+  base.context = 8;
+  const auto options = runtime::read_hugging_face_config(folder, base);
+  EXPECT_EQ(options.vocab_size, 64);
+  EXPECT_EQ(options.key_value_heads(), 2);
+  EXPECT_EQ(options.mlp_hidden(), 24);
+  EXPECT_TRUE(options.attention_bias) << "Qwen2 has q/k/v biases";
+  EXPECT_FALSE(options.tie_embeddings);
+  model::Transformer model(options, 1);
+  runtime::load_model_weights(model, runtime::load_hugging_face_parameters(folder, options), folder.string());
+  const auto reference = runtime::load_safetensors(folder / "reference.safetensors");
+  std::map<std::string, torch::Tensor> expected(reference.tensors.begin(), reference.tensors.end());
+  torch::NoGradGuard no_grad;
+  const auto logits = model->forward(expected.at("tokens"));
+  EXPECT_LT((logits.to(torch::kFloat64) - expected.at("logits")).abs().max().item<double>(), 1e-4);
+  EXPECT_LT(relative_error(logits, expected.at("logits")), 1e-5);
+}
+
+// A bad folder is refused with the file and what is wrong in it.
+TEST(HuggingFace, BadFoldersAreNamed) {
+  const auto fixture = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2";
+  model::ModelOptions base;
+  base.context = 8;
+  const auto options = runtime::read_hugging_face_config(fixture, base);
+  testing_util::TempDir dir;
+  auto copy = [&](const std::string& name) {
+    const auto folder = dir.path() / name;
+    fs::copy(fixture, folder);
+    return folder;
+  };
+  auto error_of = [](const auto& call) {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto edit_config = [](const fs::path& folder, const std::string& from, const std::string& to) {
+    auto text = read_file(folder / "config.json", "test");
+    ASSERT_NE(text.find(from), std::string::npos) << from;
+    text.replace(text.find(from), from.size(), to);
+    write_file_atomic(folder / "config.json", text, "test");
+  };
+
+  const auto missing = copy("missing-shard");
+  fs::remove(missing / "model-00002-of-00002.safetensors");
+  EXPECT_NE(error_of([&] { runtime::load_hugging_face_parameters(missing, options); })
+                .find("the shard model-00002-of-00002.safetensors is missing"), std::string::npos);
+
+  auto narrower = options;
+  narrower.mlp_hidden_size = 16;
+  EXPECT_NE(error_of([&] { runtime::load_hugging_face_parameters(fixture, narrower); })
+                .find("'model.layers.0.mlp.gate_proj.weight' has shape [24, 16], the model config.json describes needs [16, 16]"),
+            std::string::npos);
+
+  const auto gpt2 = copy("gpt2");
+  edit_config(gpt2, "Qwen2ForCausalLM", "GPT2LMHeadModel");
+  EXPECT_NE(error_of([&] { runtime::read_hugging_face_config(gpt2, base); })
+                .find("architecture 'GPT2LMHeadModel' is not one loco reads"), std::string::npos);
+
+  const auto scaled = copy("scaled");
+  edit_config(scaled, "\"rope_theta\"", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0},\n  \"rope_theta\"");
+  EXPECT_NE(error_of([&] { runtime::read_hugging_face_config(scaled, base); }).find("rope_scaling) is not supported yet"),
+            std::string::npos);
+
+  const auto windowed = copy("windowed");
+  edit_config(windowed, "\"use_sliding_window\": false", "\"use_sliding_window\": true");
+  EXPECT_NE(error_of([&] { runtime::read_hugging_face_config(windowed, base); })
+                .find("sees 4 tokens back (sliding_window), less than model.context 8"), std::string::npos);
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 #include <cmath>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/model/precision.h"
 #include "loco/runtime/store/checkpoint.h"
+#include "loco/runtime/worker/hugging_face.h"
 
 namespace loco::runtime {
 
@@ -99,7 +101,34 @@ EvalResult evaluate_parameters(model::Transformer& model, const std::vector<torc
   return result;
 }
 
+// A Hugging Face model folder as train.init_from: config.json must describe the config's model.
+void load_hugging_face_weights(model::Transformer& model, const RunConfig& config) {
+  const auto& folder = config.train.init_from;
+  const auto described = read_hugging_face_config(folder, config.model);
+  const auto& m = config.model;
+  const std::vector<std::tuple<const char*, std::string, std::string>> fields = {
+      {"vocab_size", std::to_string(described.vocab_size), std::to_string(m.vocab_size)},
+      {"width", std::to_string(described.width), std::to_string(m.width)},
+      {"layers", std::to_string(described.layers), std::to_string(m.layers)},
+      {"heads", std::to_string(described.heads), std::to_string(m.heads)},
+      {"kv_heads", std::to_string(described.key_value_heads()), std::to_string(m.key_value_heads())},
+      {"mlp_hidden", std::to_string(described.mlp_hidden()), std::to_string(m.mlp_hidden())},
+      {"tie_embeddings", described.tie_embeddings ? "true" : "false", m.tie_embeddings ? "true" : "false"},
+      {"attention_bias", described.attention_bias ? "true" : "false", m.attention_bias ? "true" : "false"},
+      {"norm", model::to_string(described.norm), model::to_string(m.norm)},
+      {"position", model::to_string(described.position), model::to_string(m.position)},
+      {"mlp", model::to_string(described.mlp), model::to_string(m.mlp)},
+      {"qk_norm", described.qk_norm ? "true" : "false", m.qk_norm ? "true" : "false"}};
+  for (const auto& [name, theirs, ours] : fields) {
+    if (theirs == ours) continue;
+    throw ConfigError("train", fmt::format("train.init_from = {}: its config.json has model.{} = {}, this run's config {}; "
+                                           "hint: set --model.{}={}", folder, name, theirs, ours, name, theirs));
+  }
+  load_model_weights(model, load_hugging_face_parameters(folder, described), folder);
+}
+
 void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
+  if (is_hugging_face_folder(config.train.init_from)) return load_hugging_face_weights(model, config);
   auto source = load_checkpoint(config.train.init_from);
   if (source.state.tokenizer_hash != tokenizer_hash) {
     throw DataError("train", fmt::format("train.init_from = {}: that model was trained with tokenizer {}, the dataset {} "

@@ -1,0 +1,32 @@
+// Models in Hugging Face's format (docs/hugging-face.md): a folder with config.json and its
+// parameters in model.safetensors, or in shards listed by model.safetensors.index.json. Read for
+// the Llama architecture and its kin (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM),
+// whose layers are loco's Transformer with its Llama options (RMSNorm, rotary embeddings,
+// grouped-query attention, SwiGLU, q/k/v biases for Qwen2, a tied or untied head).
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "loco/model/transformer.h"
+#include "loco/runtime/store/safetensors.h"
+
+namespace loco::runtime {
+
+// Whether `folder` looks like a Hugging Face model folder: config.json beside model.safetensors or
+// model.safetensors.index.json.
+bool is_hugging_face_folder(const std::filesystem::path& folder);
+
+// The model options config.json describes; `context` (loco's sequence length, at most the model's
+// max_position_embeddings) and the defaults of the rest come from `base`. Throws ConfigError naming
+// the file and the field: a missing folder or file, an architecture other than the Llama kind, an
+// activation other than SiLU, rotary scaling (not supported yet), or a sliding window shorter
+// than the context.
+model::ModelOptions read_hugging_face_config(const std::filesystem::path& folder, const model::ModelOptions& base);
+
+// The parameters of the folder's model under loco's names (the query, key and value projections
+// fused into attn.qkv), in float32, each checked against `options`' shapes. Throws DataError naming
+// the first missing shard, missing or unexpected tensor, or shape that differs.
+NamedTensors load_hugging_face_parameters(const std::filesystem::path& folder, const model::ModelOptions& options);
+
+}  // namespace loco::runtime
