@@ -1,4 +1,5 @@
-// loco eval | generate: a dense checkpoint, or a DiPaCo run routed to one path.
+// loco eval | generate: a dense checkpoint, or a DiPaCo run routed to one path. loco export: a
+// dense checkpoint as a Hugging Face folder.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -14,6 +15,7 @@
 #include "loco/model/sampling.h"
 #include "loco/runtime/dipaco/evaluation.h"
 #include "loco/runtime/dipaco/inference.h"
+#include "loco/runtime/worker/hugging_face.h"
 #include "loco/runtime/worker/weights.h"
 
 namespace loco::cli {
@@ -150,11 +152,33 @@ class Generate : public InferenceCommand {
   model::SampleOptions sample_;
 };
 
+class Export : public Command {
+ public:
+  explicit Export(CLI::App& app) {
+    cmd = app.add_subcommand("export", "Write a checkpoint's model (its global parameters) as a Hugging Face folder");
+    cmd->add_option("--checkpoint", checkpoint_, "checkpoint folder, or a run folder (its latest)")->required();
+    cmd->add_option("--hf", out_, "the folder to write: config.json and model.safetensors (it must not exist, or be "
+                                  "empty)")->required();
+  }
+  int run() override {
+    auto loaded = runtime::load_for_inference(checkpoint_, "", torch::kCPU);
+    runtime::save_hugging_face_folder(loaded.model, out_);
+    fmt::print("wrote {} (step {} of {}) as a Hugging Face folder {}: config.json, model.safetensors; its tokenizer is "
+               "loco's, {}/tokenizer.model (SentencePiece)\n", loaded.checkpoint.dir.string(), loaded.checkpoint.state.step,
+               loaded.config.run.dir, out_, loaded.config.data.dir);
+    return 0;
+  }
+
+ private:
+  std::string checkpoint_, out_;
+};
+
 }  // namespace
 
 void add_inference_commands(CLI::App& app, Commands& commands) {
   commands.push_back(std::make_unique<Eval>(app));
   commands.push_back(std::make_unique<Generate>(app));
+  commands.push_back(std::make_unique<Export>(app));
 }
 
 }  // namespace loco::cli

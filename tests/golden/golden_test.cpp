@@ -4,6 +4,7 @@
 // the optimizers by torch.optim.AdamW and torch.optim.SGD(nesterov=True)). Every tensor must agree
 // to 1e-5 relative (‖loco − torch‖ / ‖torch‖). And a Hugging Face model folder read by loco gives
 // the logits PyTorch computed from the Llama equations for the same tensors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "loco/algorithms/streaming.h"
@@ -201,6 +202,55 @@ TEST(HuggingFace, AFolderReadsIntoTheModelItDescribes) {
   const auto logits = model->forward(expected.at("tokens"));
   EXPECT_LT((logits.to(torch::kFloat64) - expected.at("logits")).abs().max().item<double>(), 1e-4);
   EXPECT_LT(relative_error(logits, expected.at("logits")), 1e-5);
+}
+
+// A model written as a Hugging Face folder (loco export --hf) and read back computes the same
+// logits, bit for bit; tied and untied heads, with and without biases. A GPT is refused.
+TEST(HuggingFace, AnExportedModelReadsBackTheSame) {
+  testing_util::TempDir dir;
+  model::ModelOptions o;
+  o.vocab_size = 50;
+  o.context = 8;
+  o.layers = 2;
+  o.width = 16;
+  o.heads = 4;
+  o.mlp = model::MlpKind::kSwiGlu;
+  o.mlp_hidden_size = 20;
+  const auto tokens = torch::randint(0, o.vocab_size, {2, 8}, torch::kInt64);
+  for (bool tied : {true, false}) {
+    for (int64_t kv_heads : {0, 2}) {
+      o.tie_embeddings = tied;
+      o.kv_heads = kv_heads;
+      o.attention_bias = kv_heads == 2;
+      model::Transformer model(o, 5);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(0.05 * torch::randn_like(p));  // norms and biases not at their start
+      }
+      const auto out = dir.path() / fmt::format("tied-{}-kv-{}", tied, kv_heads);
+      runtime::save_hugging_face_folder(model, out);
+      ASSERT_TRUE(runtime::is_hugging_face_folder(out));
+      const auto read = runtime::read_hugging_face_config(out, o);
+      EXPECT_EQ(read.tie_embeddings, tied);
+      EXPECT_EQ(read.key_value_heads(), kv_heads == 0 ? 4 : 2);
+      EXPECT_EQ(read.attention_bias, o.attention_bias);
+      model::Transformer back(read, 9);
+      runtime::load_model_weights(back, runtime::load_hugging_face_parameters(out, read), out.string());
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(model->forward(tokens), back->forward(tokens))) << out;
+    }
+  }
+  auto gpt = o;
+  gpt.mlp = model::MlpKind::kGelu;
+  model::Transformer not_llama(gpt, 1);
+  try {
+    runtime::save_hugging_face_folder(not_llama, dir.path() / "gpt");
+    ADD_FAILURE() << "a GELU model was exported";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not of the Llama kind"), std::string::npos) << e.what();
+  }
+  model::Transformer llama(o, 1);
+  EXPECT_THROW(runtime::save_hugging_face_folder(llama, dir.path() / "tied-true-kv-0"), ConfigError) << "not an empty folder";
 }
 
 // A bad folder is refused with the file and what is wrong in it.

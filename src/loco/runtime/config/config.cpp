@@ -106,7 +106,7 @@ std::vector<Field> fields_of(RunConfig& c) {
       at_least(0, {"train.seed", "seed of the model initialization and the data order", &c.train.seed}),
       at_least(0, {"train.z_loss", "z-loss coefficient (e.g. 1e-4); 0 = off", &c.train.z_loss}),
       {"train.device", "auto, cpu, cuda or cuda:N (bf16 autocast on CUDA, fp32 on CPU)", &c.train.device},
-      {"train.init_from", "checkpoint or run folder whose parameters (the global ones) start the run (a warm start); \"\" = random init", &c.train.init_from},
+      {"train.init_from", "checkpoint or run folder whose parameters (the global ones) start the run (a warm start), or a Hugging Face model folder (docs/hugging-face.md); \"\" = random init", &c.train.init_from},
       at_least(0, {"train.threads", "CPU threads; 0 = cores divided among local processes", &c.train.threads}),
       at_least(1, {"train.log_every", "steps between train events and plain progress lines", &c.train.log_every}),
       at_least(1, {"eval.every", "steps between evaluations (one is always made at the end)", &c.eval.every}),

@@ -143,7 +143,10 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   o.norm_eps = f.number("rms_norm_eps", 1e-6);
   o.rope_base = f.number("rope_theta", 10000.0);
   o.tie_embeddings = f.boolean("tie_word_embeddings", false);
-  o.attention_bias = architecture == "Qwen2ForCausalLM" || f.boolean("attention_bias", false);
+  // Qwen2's projections of queries, keys and values have biases; Llama's attention_bias would put
+  // one on the output projection too, which loco's model has not.
+  o.attention_bias = architecture == "Qwen2ForCausalLM";
+  if (!o.attention_bias && f.boolean("attention_bias", false)) f.refuse("biases in the attention (attention_bias) are not supported");
   o.norm = model::NormKind::kRMSNorm;
   o.position = model::PositionKind::kRope;
   o.mlp = model::MlpKind::kSwiGlu;
@@ -166,6 +169,57 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
     f.refuse(e.what());
   }
   return o;
+}
+
+void save_hugging_face_folder(const model::Transformer& model, const fs::path& out) {
+  const auto& o = model->options();
+  if (o.norm != model::NormKind::kRMSNorm || o.position != model::PositionKind::kRope || o.mlp != model::MlpKind::kSwiGlu ||
+      o.qk_norm) {
+    throw ConfigError("hugging face", fmt::format("this model ({}, {} positions, {}{}) is not of the Llama kind: "
+                                                  "Hugging Face's format needs rmsnorm, rope and swiglu, without qk_norm",
+                                                  model::to_string(o.norm), model::to_string(o.position),
+                                                  model::to_string(o.mlp), o.qk_norm ? ", qk_norm" : ""));
+  }
+  std::error_code error;
+  if (fs::exists(out, error) && !fs::is_empty(out, error)) {
+    throw ConfigError("hugging face", fmt::format("{} exists and is not empty: choose a new folder", out.string()));
+  }
+  fs::create_directories(out, error);
+  if (error) throw Error("hugging face", fmt::format("cannot create {}: {}", out.string(), error.message()));
+  const int64_t C = o.width, hd = o.head_dim(), q_rows = o.heads * hd, kv_rows = o.key_value_heads() * hd;
+  std::map<std::string, torch::Tensor> loco;
+  for (const auto& item : model->named_parameters()) loco.emplace(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat32));
+  NamedTensors hf = {{"model.embed_tokens.weight", loco.at("tok_emb.weight")}, {"model.norm.weight", loco.at("final_norm.rms.weight")}};
+  if (!o.tie_embeddings) hf.emplace_back("lm_head.weight", loco.at("lm_head.weight"));
+  for (int64_t i = 0; i < o.layers; ++i) {
+    const auto h = fmt::format("model.layers.{}.", i), b = fmt::format("blocks.{}.", i);
+    const auto& qkv = loco.at(b + "attn.qkv.weight");
+    hf.emplace_back(h + "self_attn.q_proj.weight", qkv.narrow(0, 0, q_rows).contiguous());
+    hf.emplace_back(h + "self_attn.k_proj.weight", qkv.narrow(0, q_rows, kv_rows).contiguous());
+    hf.emplace_back(h + "self_attn.v_proj.weight", qkv.narrow(0, q_rows + kv_rows, kv_rows).contiguous());
+    if (o.attention_bias) {
+      const auto& bias = loco.at(b + "attn.qkv.bias");
+      hf.emplace_back(h + "self_attn.q_proj.bias", bias.narrow(0, 0, q_rows).contiguous());
+      hf.emplace_back(h + "self_attn.k_proj.bias", bias.narrow(0, q_rows, kv_rows).contiguous());
+      hf.emplace_back(h + "self_attn.v_proj.bias", bias.narrow(0, q_rows + kv_rows, kv_rows).contiguous());
+    }
+    hf.emplace_back(h + "self_attn.o_proj.weight", loco.at(b + "attn.proj.weight"));
+    hf.emplace_back(h + "input_layernorm.weight", loco.at(b + "norm1.rms.weight"));
+    hf.emplace_back(h + "post_attention_layernorm.weight", loco.at(b + "norm2.rms.weight"));
+    hf.emplace_back(h + "mlp.gate_proj.weight", loco.at(b + "mlp.gate.weight"));
+    hf.emplace_back(h + "mlp.up_proj.weight", loco.at(b + "mlp.up.weight"));
+    hf.emplace_back(h + "mlp.down_proj.weight", loco.at(b + "mlp.down.weight"));
+  }
+  save_safetensors(out / "model.safetensors", hf, {{"format", "pt"}});
+  const bool qwen2 = o.attention_bias;  // q/k/v biases: Qwen2's layout; else Llama's
+  const nlohmann::json config = {
+      {"architectures", nlohmann::json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})}, {"model_type", qwen2 ? "qwen2" : "llama"},
+      {"vocab_size", o.vocab_size}, {"hidden_size", C}, {"num_hidden_layers", o.layers},
+      {"num_attention_heads", o.heads}, {"num_key_value_heads", o.key_value_heads()}, {"head_dim", hd},
+      {"intermediate_size", o.mlp_hidden()}, {"hidden_act", "silu"}, {"rms_norm_eps", o.norm_eps},
+      {"rope_theta", o.rope_base}, {"max_position_embeddings", o.context}, {"tie_word_embeddings", o.tie_embeddings},
+      {"attention_bias", false}, {"use_sliding_window", false}, {"torch_dtype", "float32"}};
+  write_file_atomic(out / "config.json", config.dump(2) + "\n", "hugging face");
 }
 
 NamedTensors load_hugging_face_parameters(const fs::path& folder, const model::ModelOptions& o) {
