@@ -27,7 +27,11 @@ class Prepare : public Command {
         ->capture_default_str()
         ->check(CLI::IsMember({"own", "source"}));
     cmd->add_option("--out", options_.out, "output dataset folder")->required();
-    cmd->add_option("--vocab-size", options_.vocab_size, "BPE vocabulary size")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+    auto* vocab = cmd->add_option("--vocab-size", options_.vocab_size, "BPE vocabulary size of the tokenizer trained on the corpus")
+                      ->capture_default_str()->check(CLI::Range(16, 1 << 20));
+    cmd->add_option("--tokenizer", options_.tokenizer, "a model's own SentencePiece tokenizer instead of training one: "
+                                                       "its tokenizer.model, or the (Hugging Face) folder holding it")
+        ->excludes(vocab);
     cmd->add_option("--val-fraction", options_.val_fraction, "share of documents held out for validation")
         ->capture_default_str()->check(CLI::Range(0.0001, 0.9));
     cmd->add_option("--seed", options_.seed, "seed of the train/validation split")->capture_default_str();

@@ -11,6 +11,7 @@
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/data/shard.h"
+#include "loco/data/tokenizer.h"
 
 namespace loco::data {
 namespace {
@@ -368,6 +369,43 @@ TEST(PrepareDataset, LabelBySourceIsRecordedInTheManifest) {
   j["label_by"] = "genre";
   EXPECT_TRUE(throws_with<DataError>([&] { decode_manifest(j.dump(), "manifest.json"); },
                                      {"manifest.json", "label_by", "genre"}));
+}
+
+// A model's own SentencePiece tokenizer (`loco prepare --tokenizer`): the dataset is tokenized with
+// it as it is, not one trained on the corpus; a folder with only a tokenizer.json is refused.
+TEST(PrepareDataset, AModelsOwnTokenizerIsUsedAsItIs) {
+  TempDir tmp;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 40; ++i) {
+    lines.push_back(fmt::format(R"({{"text": "Document {} says hello to the tokenizer, and counts {} {} {}."}})", i, i, 2 * i, 3 * i));
+  }
+  write_text(tmp / "corpus.jsonl", fmt::format("{}\n", fmt::join(lines, "\n")));
+  // The model's tokenizer: one trained elsewhere, with another vocabulary than --vocab-size's.
+  std::vector<std::string_view> texts(lines.begin(), lines.end());
+  TokenizerTrainOptions trained;
+  trained.vocab_size = 300;
+  const auto own = Tokenizer::train(texts, trained);
+  fs::create_directories(tmp / "model");
+  own.save(tmp / "model" / "tokenizer.model");
+  auto o = options_for(tmp / "corpus.jsonl", tmp / "ds");
+  o.tokenizer = tmp / "model";
+  const auto m = prepare_dataset(o);
+  EXPECT_EQ(m.vocab_size, 300);
+  EXPECT_EQ(m.tokenizer_hash, own.hash());
+  const auto dataset = Dataset::open(tmp / "ds");
+  EXPECT_EQ(Tokenizer::load(tmp / "ds" / "tokenizer.model").hash(), own.hash());
+  // Every document as the model's tokenizer encodes it, and its end (eos).
+  uint64_t expected = 0;
+  for (const auto& line : lines) expected += own.encode(nlohmann::json::parse(line)["text"].get<std::string>()).size() + 1;
+  EXPECT_EQ(m.train_tokens + m.val_tokens, expected);
+  for (int32_t t : dataset.train().tokens) ASSERT_LT(t, 300);
+
+  fs::create_directories(tmp / "bpe");
+  write_text(tmp / "bpe" / "tokenizer.json", "{}");
+  o.tokenizer = tmp / "bpe";
+  o.out = tmp / "ds2";
+  EXPECT_TRUE(throws_with<DataError>([&] { prepare_dataset(o); }, {"tokenizer.json (byte-level BPE)", "reads only SentencePiece"}))
+      << "a byte-level BPE tokenizer is refused";
 }
 
 TEST(PrepareDataset, InputErrors) {

@@ -437,6 +437,40 @@ double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size) {
   return h;
 }
 
+namespace {
+
+Tokenizer train_tokenizer(const PrepareOptions& options, const std::vector<const Document*>& train_docs) {
+  if (options.progress) {
+    options.progress(fmt::format("training tokenizer (vocab {}) on {} documents", options.vocab_size, train_docs.size()));
+  }
+  std::vector<std::string_view> train_texts;
+  for (const Document* d : train_docs) train_texts.push_back(d->text);
+  TokenizerTrainOptions tokenizer_options;
+  tokenizer_options.vocab_size = options.vocab_size;
+  tokenizer_options.seed = options.seed;
+  Tokenizer tokenizer = Tokenizer::train(train_texts, tokenizer_options);
+  LOCO_CHECK(tokenizer.vocab_size() == options.vocab_size, "trained vocab {} != requested {}", tokenizer.vocab_size(),
+             options.vocab_size);
+  return tokenizer;
+}
+
+// A model's SentencePiece tokenizer: the file, or the folder's tokenizer.model.
+Tokenizer given_tokenizer(const fs::path& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) {
+    if (!fs::exists(path, error)) throw DataError(kModule, fmt::format("the tokenizer {} does not exist", path.string()));
+    return Tokenizer::load(path);
+  }
+  if (fs::exists(path / "tokenizer.model", error)) return Tokenizer::load(path / "tokenizer.model");
+  if (fs::exists(path / "tokenizer.json", error)) {
+    throw DataError(kModule, fmt::format("{} has a tokenizer.json (byte-level BPE) and no tokenizer.model: loco reads only "
+                                         "SentencePiece tokenizers yet (docs/hugging-face.md)", path.string()));
+  }
+  throw DataError(kModule, fmt::format("{} holds no tokenizer.model", path.string()));
+}
+
+}  // namespace
+
 Manifest prepare_dataset(const PrepareOptions& options) {
   validate(options);
   auto progress = [&](const std::string& line) {
@@ -479,15 +513,8 @@ Manifest prepare_dataset(const PrepareOptions& options) {
   progress(
       fmt::format("split by document (seed {}): {} train, {} val", options.seed, train_docs.size(), val_docs.size()));
 
-  progress(fmt::format("training tokenizer (vocab {}) on {} documents", options.vocab_size, train_docs.size()));
-  std::vector<std::string_view> train_texts;
-  for (const Document* d : train_docs) train_texts.push_back(d->text);
-  TokenizerTrainOptions tokenizer_options;
-  tokenizer_options.vocab_size = options.vocab_size;
-  tokenizer_options.seed = options.seed;
-  Tokenizer tokenizer = Tokenizer::train(train_texts, tokenizer_options);
-  LOCO_CHECK(tokenizer.vocab_size() == options.vocab_size, "trained vocab {} != requested {}", tokenizer.vocab_size(),
-             options.vocab_size);
+  Tokenizer tokenizer = options.tokenizer.empty() ? train_tokenizer(options, train_docs) : given_tokenizer(options.tokenizer);
+  if (!options.tokenizer.empty()) progress(fmt::format("tokenizer: {} (vocab {})", options.tokenizer.string(), tokenizer.vocab_size()));
 
   Split train = build_split(tokenizer, train_docs, label_index);
   Split val = build_split(tokenizer, val_docs, label_index);

@@ -56,7 +56,10 @@ struct PrepareOptions {
   LabelBy label_by = LabelBy::kOwn;   // documents' own labels, or their source's name (corpus.h)
   fs::path out;
   fs::path cache_dir;                 // npm downloads; default chosen by the CLI
-  int vocab_size = 4096;
+  int vocab_size = 4096;              // of the tokenizer trained here (not with `tokenizer`)
+  // A model's own SentencePiece tokenizer: a tokenizer.model file, or a (Hugging Face) folder that
+  // holds one; used as it is instead of training one. "" = train one on the training split.
+  fs::path tokenizer;
   double val_fraction = 0.1;          // share of documents in the validation split, (0, 1)
   uint64_t seed = 1234;
   uint64_t shard_tokens = 1ull << 26; // max tokens per shard file
@@ -64,7 +67,9 @@ struct PrepareOptions {
   Progress progress;                  // one line per stage (more while a slow corpus is read); may be empty
 };
 
-// Reads the corpus, splits it, trains the tokenizer on the training split, tokenizes both splits
+// Reads the corpus, splits it, trains the tokenizer on the training split (or takes the given one:
+// DataError when it is not a SentencePiece model with unk = 0, bos = 1, eos = 2, or is a byte-level
+// BPE tokenizer.json, which loco does not read yet), tokenizes both splits
 // and writes the folder (files are written atomically; the manifest last, so a folder without a
 // manifest is an incomplete preparation). Throws Error/DataError on bad input.
 Manifest prepare_dataset(const PrepareOptions& options);
