@@ -64,7 +64,7 @@ step dipaco-paper "$loco" launch --config "$config" --run.dir="$out/dipaco-paper
 step diloco-8 "$loco" launch "${dense[@]}" --run.dir="$out/diloco-8" "${fork[@]}" --sync.algorithm=diloco --cluster.workers=8
 step wide "$loco" train "${dense[@]}" --run.dir="$out/wide" --model.layers=8 --train.steps=$((pre + 4 * steps)) --cluster.workers=1
 for lr in $lrs; do
-  for rescale in true false; do
+  for rescale in false true; do
     step "dipaco-lr$lr-rescale-$rescale" "$loco" launch --config "$config" --run.dir="$out/dipaco-lr$lr-rescale-$rescale" \
       "${fork[@]}" --outer.lr="$lr" --dipaco.outer_rescale="$rescale"
   done
@@ -79,8 +79,10 @@ against=(--against "$out/diloco/workers/0" --against "$out/one" --against "$out/
   --dipaco.levels=1:path,1:2,1:4,1:path --eval.windows=256 \
   --against "$out/diloco-8/workers/0" --against "$out/one" --against "$out/pretrain" | tee "$out/dipaco-paper-eval.md"
 for lr in $lrs; do
-  for rescale in true false; do
+  for rescale in false true; do
     run="dipaco-lr$lr-rescale-$rescale"
+    "$loco" eval --config "$config" --run.dir="$out/$run" --train.init_from="$out/pretrain" --eval.windows=256 \
+      > "$out/$run-eval.md"
     echo "bench: $run: $(python3 -c "import json; print(json.load(open('$out/$run/dipaco-eval.json'))['val_loss'])")"
   done
 done
