@@ -157,6 +157,12 @@ struct HttpServer::Impl {
   std::map<uint64_t, std::weak_ptr<Connection>> connections;
   uint64_t next_id = 0;
 
+  // The bytes of request bodies held, in all and by address (only addresses holding some):
+  // declared before `io`, whose destruction ends the connections that give their bytes back.
+  mutable std::mutex held_mutex;
+  size_t held_bytes = 0;
+  std::map<std::string, size_t> held_by_address;
+
   // Declared last: destroyed first, with the connections its pending handlers still hold.
   asio::io_context io;
   tcp::acceptor acceptor{io};
@@ -200,11 +206,6 @@ struct HttpServer::Impl {
     return true;
   }
 
-  // The bytes of request bodies held, in all and by address (only addresses holding some).
-  mutable std::mutex held_mutex;
-  size_t held_bytes = 0;
-  std::map<std::string, size_t> held_by_address;
-
   // Counts `bytes` of `connection`'s body (from `address`) against the budgets, closing the
   // connections that have waited longest on a body while the bound in all would be passed. False
   // (nothing counted) over the address's bound, or when no other connection can be closed.
@@ -240,7 +241,8 @@ struct HttpServer::Impl {
   void release(const std::string& address, size_t bytes) {
     std::lock_guard lock(held_mutex);
     held_bytes -= bytes;
-    if (const auto mine = held_by_address.find(address); (mine->second -= bytes) == 0) held_by_address.erase(mine);
+    const auto mine = held_by_address.find(address);
+    if (mine != held_by_address.end() && (mine->second -= bytes) == 0) held_by_address.erase(mine);
   }
 
   void accept();
