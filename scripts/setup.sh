@@ -14,6 +14,7 @@ packages=(
   libsqlite3-dev               # DiPaCo's registry of module versions and reports
   libpq-dev postgresql         # ... on a PostgreSQL server (the tests start a throwaway one)
   libsentencepiece-dev         # tokenizer
+  libpcre2-dev libutf8proc-dev # byte-level BPE tokenizers (tokenizer.json): their regexes and normalizers
   libtomlplusplus-dev          # config
   libcli11-dev                 # command line
   nlohmann-json3-dev           # JSON

@@ -111,8 +111,8 @@ class Generate : public InferenceCommand {
     if (reroute_every_ > 0) throw ConfigError("cli", "--reroute-every re-routes a DiPaCo run's paths: pass --config");
     const auto device = model::resolve_device("auto");
     auto loaded = runtime::load_for_inference(checkpoint_path_, data_dir_, device);
-    const auto tokenizer_file = fs::path(loaded.config.data.dir) / "tokenizer.model";
-    const auto tokenizer = data::Tokenizer::load(tokenizer_file);
+    const auto tokenizer = data::Dataset::open_tokenizer(loaded.config.data.dir);
+    const auto tokenizer_file = fs::path(loaded.config.data.dir) / tokenizer.file_name();
     runtime::check_same_tokenizer(tokenizer.hash(), tokenizer_file.string(), loaded.checkpoint);
     runtime::configure_threads(0);
     auto ids = tokenizer.encode(prompt_);
@@ -129,7 +129,7 @@ class Generate : public InferenceCommand {
   // DiPaCo: the router picks one path for the prompt, and only that path's modules are loaded
   // (again every --reroute-every tokens: runtime/dipaco/inference.h).
   int run_dipaco(const runtime::RunConfig& config) {
-    const auto tokenizer = data::Tokenizer::load(fs::path(config.data.dir) / "tokenizer.model");
+    const auto tokenizer = data::Dataset::open_tokenizer(config.data.dir);
     runtime::configure_threads(0);
     auto ids = tokenizer.encode(prompt_);
     if (ids.empty()) ids.push_back(tokenizer.eos_id());
@@ -157,15 +157,27 @@ class Export : public Command {
   explicit Export(CLI::App& app) {
     cmd = app.add_subcommand("export", "Write a checkpoint's model (its global parameters) as a Hugging Face folder");
     cmd->add_option("--checkpoint", checkpoint_, "checkpoint folder, or a run folder (its latest)")->required();
-    cmd->add_option("--hf", out_, "the folder to write: config.json and model.safetensors (it must not exist, or be "
-                                  "empty)")->required();
+    cmd->add_option("--hf", out_, "the folder to write: config.json, model.safetensors and the dataset's tokenizer (it "
+                                  "must not exist, or be empty)")->required();
   }
   int run() override {
     auto loaded = runtime::load_for_inference(checkpoint_, "", torch::kCPU);
-    runtime::save_hugging_face_folder(loaded.model, out_);
-    fmt::print("wrote {} (step {} of {}) as a Hugging Face folder {}: config.json, model.safetensors; its tokenizer is "
-               "loco's, {}/tokenizer.model (SentencePiece)\n", loaded.checkpoint.dir.string(), loaded.checkpoint.state.step,
-               loaded.config.run.dir, out_, loaded.config.data.dir);
+    // The dataset's tokenizer goes with the model, when the run's dataset is still where it was.
+    std::optional<data::Tokenizer> tokenizer;
+    std::error_code error;
+    if (fs::exists(fs::path(loaded.config.data.dir) / "manifest.json", error)) {
+      tokenizer = data::Dataset::open_tokenizer(loaded.config.data.dir);
+      runtime::check_same_tokenizer(tokenizer->hash(), (fs::path(loaded.config.data.dir) / tokenizer->file_name()).string(),
+                                    loaded.checkpoint);
+    }
+    runtime::save_hugging_face_folder(loaded.model, out_,
+                                      tokenizer ? runtime::SpecialTokenIds{tokenizer->eos_id(), tokenizer->bos_id()}
+                                                : runtime::SpecialTokenIds{});
+    if (tokenizer) tokenizer->save_hugging_face(out_);
+    fmt::print("wrote {} (step {} of {}) as a Hugging Face folder {}: config.json, model.safetensors{}\n",
+               loaded.checkpoint.dir.string(), loaded.checkpoint.state.step, loaded.config.run.dir, out_,
+               tokenizer ? fmt::format(", {} and tokenizer_config.json", tokenizer->file_name())
+                         : fmt::format("; no tokenizer: the dataset {} is gone", loaded.config.data.dir));
     return 0;
   }
 

@@ -400,12 +400,33 @@ TEST(PrepareDataset, AModelsOwnTokenizerIsUsedAsItIs) {
   EXPECT_EQ(m.train_tokens + m.val_tokens, expected);
   for (int32_t t : dataset.train().tokens) ASSERT_LT(t, 300);
 
+  // A byte-level BPE (tokenizer.json) with its eos named by tokenizer_config.json, and a model
+  // beside it whose embedding is padded beyond the tokenizer's vocabulary (as Qwen2's is).
+  const fs::path fixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/qwen2_tokenizer";
   fs::create_directories(tmp / "bpe");
-  write_text(tmp / "bpe" / "tokenizer.json", "{}");
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fixture / name, tmp / "bpe" / name);
+  write_text(tmp / "bpe" / "config.json", R"({"vocab_size": 896})");
   o.tokenizer = tmp / "bpe";
   o.out = tmp / "ds2";
-  EXPECT_TRUE(throws_with<DataError>([&] { prepare_dataset(o); }, {"tokenizer.json (byte-level BPE)", "reads only SentencePiece"}))
-      << "a byte-level BPE tokenizer is refused";
+  const auto bpe_manifest = prepare_dataset(o);
+  const auto bpe = Tokenizer::load(tmp / "bpe" / "tokenizer.json");
+  EXPECT_EQ(bpe_manifest.vocab_size, 896) << "the model's padded vocabulary";
+  EXPECT_EQ(bpe_manifest.tokenizer_type, "byte-level-bpe");
+  EXPECT_TRUE(fs::exists(tmp / "ds2" / "tokenizer_config.json"));
+  const auto bpe_dataset = Dataset::open(tmp / "ds2");
+  EXPECT_EQ(bpe_dataset.tokenizer().hash(), bpe.hash());
+  EXPECT_EQ(bpe_dataset.tokenizer().eos_id(), 856) << "<|endoftext|>, the first added token, after 856 entries";
+  std::multiset<std::string> expected_texts, decoded;
+  for (const auto& line : lines) expected_texts.insert(nlohmann::json::parse(line)["text"].get<std::string>());
+  for (const auto* split : {&bpe_dataset.train(), &bpe_dataset.val()}) {
+    for (const auto& text : decoded_documents(bpe_dataset, *split)) decoded.insert(text);
+  }
+  EXPECT_EQ(decoded, expected_texts) << "every document, decoded, is its text";
+
+  fs::create_directories(tmp / "nothing");
+  o.tokenizer = tmp / "nothing";
+  o.out = tmp / "ds3";
+  EXPECT_TRUE(throws_with<DataError>([&] { prepare_dataset(o); }, {"neither a tokenizer.model nor a tokenizer.json"}));
 }
 
 TEST(PrepareDataset, InputErrors) {

@@ -27,8 +27,9 @@ using json = nlohmann::ordered_json;
 constexpr std::string_view kModule = "data";
 constexpr int kFormatVersion = 1;
 constexpr const char* kManifestFile = "manifest.json";
-constexpr const char* kTokenizerFile = "tokenizer.model";
-constexpr const char* kTokenizerType = "sentencepiece-bpe";
+// The tokenizer kinds a dataset may hold: type in the manifest -> its file.
+const std::map<std::string, std::string> kTokenizerFiles = {{"sentencepiece-bpe", "tokenizer.model"},
+                                                            {"byte-level-bpe", "tokenizer.json"}};
 // 3 special ids + 256 byte-fallback pieces; SentencePiece needs room for the characters on top.
 constexpr int kMinVocab = 260;
 
@@ -182,11 +183,14 @@ ParsedManifest parse_manifest_text(const std::string& text, const fs::path& file
   }
 
   Fields tok = f.object("tokenizer");
-  if (tok.string("type") != kTokenizerType) {
-    fail(file,
-         fmt::format("tokenizer type \"{}\" is not supported (expected \"{}\")", tok.string("type"), kTokenizerType));
+  m.tokenizer_type = tok.string("type");
+  auto kind = kTokenizerFiles.find(m.tokenizer_type);
+  if (kind == kTokenizerFiles.end()) {
+    fail(file, fmt::format("tokenizer type \"{}\" is not supported (expected sentencepiece-bpe or byte-level-bpe)",
+                           m.tokenizer_type));
   }
-  if (tok.string("file") != kTokenizerFile) fail(file, fmt::format("tokenizer file must be \"{}\"", kTokenizerFile));
+  if (tok.string("file") != kind->second) fail(file, fmt::format("tokenizer file must be \"{}\"", kind->second));
+  m.tokenizer_file = kind->second;
   if (tok.positive_int("vocab_size") != m.vocab_size) fail(file, "tokenizer.vocab_size differs from vocab_size");
   if (parse_hex64(tok.string("hash"), kModule, fmt::format("{}: tokenizer.hash", file.string())) != m.tokenizer_hash) {
     fail(file, "tokenizer.hash differs from tokenizer_hash");
@@ -218,10 +222,10 @@ std::string manifest_json(const Manifest& m, const std::vector<uint64_t>& train_
   root["label_documents"] = {{"train", train_label_documents}, {"val", val_label_documents}};
   root["vocab_size"] = m.vocab_size;
   root["tokenizer_hash"] = hex64(m.tokenizer_hash);
-  root["tokenizer"] = {{"type", kTokenizerType},
+  root["tokenizer"] = {{"type", m.tokenizer_type},
                        {"vocab_size", m.vocab_size},
                        {"hash", hex64(m.tokenizer_hash)},
-                       {"file", kTokenizerFile}};
+                       {"file", m.tokenizer_file}};
   root["seed"] = m.seed;
   root["val_fraction"] = m.val_fraction;
   root["train_documents"] = m.train_documents;
@@ -321,7 +325,8 @@ void validate(const PrepareOptions& o) {
 
 bool is_output_file(const std::string& name) {
   auto numbered_shard = [&](std::string_view prefix) { return name.starts_with(prefix) && name.ends_with(".tok"); };
-  return name == kManifestFile || name == kTokenizerFile || name == docs_file_name("train") ||
+  return name == kManifestFile || name == "tokenizer.model" || name == "tokenizer.json" ||
+         name == "tokenizer_config.json" || name == docs_file_name("train") ||
          name == docs_file_name("val") || numbered_shard("train-") || numbered_shard("val-");
 }
 
@@ -397,14 +402,14 @@ Split build_split(const Tokenizer& tokenizer, const std::vector<const Document*>
   return split;
 }
 
-std::vector<std::string> write_split(const fs::path& out, std::string_view name, const Split& split,
-                                     const Tokenizer& tokenizer, uint64_t shard_tokens) {
+std::vector<std::string> write_split(const fs::path& out, std::string_view name, const Split& split, const Manifest& m,
+                                     uint64_t shard_tokens) {
   std::vector<std::string> shards;
   const std::span<const int32_t> all(split.tokens);
   for (uint64_t start = 0; start < all.size(); start += shard_tokens) {
     std::string file = fmt::format("{}-{:05d}.tok", name, shards.size());
     write_shard(out / file, all.subspan(start, std::min<uint64_t>(shard_tokens, all.size() - start)),
-                static_cast<uint32_t>(tokenizer.vocab_size()), tokenizer.hash());
+                static_cast<uint32_t>(m.vocab_size), m.tokenizer_hash);
     shards.push_back(std::move(file));
   }
   write_file_atomic(out / docs_file_name(name), encode_document_index(split.documents), kModule);
@@ -454,21 +459,6 @@ Tokenizer train_tokenizer(const PrepareOptions& options, const std::vector<const
   return tokenizer;
 }
 
-// A model's SentencePiece tokenizer: the file, or the folder's tokenizer.model.
-Tokenizer given_tokenizer(const fs::path& path) {
-  std::error_code error;
-  if (!fs::is_directory(path, error)) {
-    if (!fs::exists(path, error)) throw DataError(kModule, fmt::format("the tokenizer {} does not exist", path.string()));
-    return Tokenizer::load(path);
-  }
-  if (fs::exists(path / "tokenizer.model", error)) return Tokenizer::load(path / "tokenizer.model");
-  if (fs::exists(path / "tokenizer.json", error)) {
-    throw DataError(kModule, fmt::format("{} has a tokenizer.json (byte-level BPE) and no tokenizer.model: loco reads only "
-                                         "SentencePiece tokenizers yet (docs/hugging-face.md)", path.string()));
-  }
-  throw DataError(kModule, fmt::format("{} holds no tokenizer.model", path.string()));
-}
-
 }  // namespace
 
 Manifest prepare_dataset(const PrepareOptions& options) {
@@ -513,24 +503,26 @@ Manifest prepare_dataset(const PrepareOptions& options) {
   progress(
       fmt::format("split by document (seed {}): {} train, {} val", options.seed, train_docs.size(), val_docs.size()));
 
-  Tokenizer tokenizer = options.tokenizer.empty() ? train_tokenizer(options, train_docs) : given_tokenizer(options.tokenizer);
+  Tokenizer tokenizer = options.tokenizer.empty() ? train_tokenizer(options, train_docs) : Tokenizer::load_model_tokenizer(options.tokenizer);
   if (!options.tokenizer.empty()) progress(fmt::format("tokenizer: {} (vocab {})", options.tokenizer.string(), tokenizer.vocab_size()));
 
   Split train = build_split(tokenizer, train_docs, label_index);
   Split val = build_split(tokenizer, val_docs, label_index);
   progress(fmt::format("tokenized: train {} tokens, val {} tokens", train.tokens.size(), val.tokens.size()));
 
-  m.vocab_size = tokenizer.vocab_size();
+  m.vocab_size = options.tokenizer.empty() ? tokenizer.vocab_size() : model_vocab_size(options.tokenizer, tokenizer.vocab_size());
   m.tokenizer_hash = tokenizer.hash();
+  m.tokenizer_type = tokenizer.type_name();
+  m.tokenizer_file = tokenizer.file_name();
   m.train_documents = train.documents.size();
   m.val_documents = val.documents.size();
   m.train_tokens = train.tokens.size();
   m.val_tokens = val.tokens.size();
   m.val_unigram_entropy = unigram_entropy(val.tokens, m.vocab_size);
 
-  tokenizer.save(options.out / kTokenizerFile);
-  m.train_shards = write_split(options.out, "train", train, tokenizer, options.shard_tokens);
-  m.val_shards = write_split(options.out, "val", val, tokenizer, options.shard_tokens);
+  tokenizer.save(options.out / m.tokenizer_file);
+  m.train_shards = write_split(options.out, "train", train, m, options.shard_tokens);
+  m.val_shards = write_split(options.out, "val", val, m, options.shard_tokens);
   // Last: a folder with a manifest is a complete dataset.
   write_file_atomic(
       options.out / kManifestFile,
@@ -551,24 +543,39 @@ Dataset::Dataset(fs::path dir, Manifest manifest, Tokenizer tokenizer, Split tra
       train_(std::move(train)),
       val_(std::move(val)) {}
 
+namespace {
+
+Tokenizer checked_tokenizer(const fs::path& dir, const Manifest& m) {
+  const fs::path tokenizer_file = dir / m.tokenizer_file;
+  Tokenizer tokenizer = Tokenizer::load(tokenizer_file);
+  if (tokenizer.hash() != m.tokenizer_hash) {
+    fail(tokenizer_file, fmt::format("tokenizer hash {} differs from the manifest's tokenizer_hash {}: a dataset whose "
+                                     "tokenizer does not match. hint: restore the tokenizer it was prepared "
+                                     "with, or re-run loco prepare",
+                                     hex64(tokenizer.hash()), hex64(m.tokenizer_hash)));
+  }
+  if (tokenizer.vocab_size() > m.vocab_size) {
+    fail(tokenizer_file,
+         fmt::format("vocabulary of {} pieces, the manifest says {}", tokenizer.vocab_size(), m.vocab_size));
+  }
+  return tokenizer;
+}
+
+}  // namespace
+
+Tokenizer Dataset::open_tokenizer(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw DataError(kModule, fmt::format("{}: no such dataset folder", dir.string()));
+  return checked_tokenizer(dir, parse_manifest(dir).manifest);
+}
+
 Dataset Dataset::open(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw DataError(kModule, fmt::format("{}: no such dataset folder", dir.string()));
   ParsedManifest parsed = parse_manifest(dir);
   const Manifest& m = parsed.manifest;
 
-  const fs::path tokenizer_file = dir / kTokenizerFile;
-  Tokenizer tokenizer = Tokenizer::load(tokenizer_file);
-  if (tokenizer.hash() != m.tokenizer_hash) {
-    fail(tokenizer_file, fmt::format("tokenizer hash {} differs from the manifest's tokenizer_hash {}: a dataset whose "
-                                     "tokenizer does not match. hint: restore the tokenizer.model it was prepared "
-                                     "with, or re-run loco prepare",
-                                     hex64(tokenizer.hash()), hex64(m.tokenizer_hash)));
-  }
-  if (tokenizer.vocab_size() != m.vocab_size) {
-    fail(tokenizer_file,
-         fmt::format("vocabulary of {} pieces, the manifest says {}", tokenizer.vocab_size(), m.vocab_size));
-  }
+  Tokenizer tokenizer = checked_tokenizer(dir, m);
   Split train = load_split(dir, parsed, "train", tokenizer.eos_id());
   Split val = load_split(dir, parsed, "val", tokenizer.eos_id());
   return Dataset(dir, std::move(parsed.manifest), std::move(tokenizer), std::move(train), std::move(val));

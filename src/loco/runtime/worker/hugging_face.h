@@ -29,10 +29,17 @@ model::ModelOptions read_hugging_face_config(const std::filesystem::path& folder
 // the first missing shard, missing or unexpected tensor, or shape that differs.
 NamedTensors load_hugging_face_parameters(const std::filesystem::path& folder, const model::ModelOptions& options);
 
+// The tokenizer's special ids config.json records (-1: none).
+struct SpecialTokenIds {
+  int eos = -1;
+  int bos = -1;
+};
+
 // Writes `model` as a Hugging Face folder `out` (created; it must not hold anything yet):
 // config.json, LlamaForCausalLM (Qwen2ForCausalLM when it has q/k/v biases), and its parameters
 // in model.safetensors, in float32. Throws ConfigError when the model is not of the Llama kind
 // (rmsnorm, rope, swiglu, no qk_norm), naming what differs.
-void save_hugging_face_folder(const model::Transformer& model, const std::filesystem::path& out);
+void save_hugging_face_folder(const model::Transformer& model, const std::filesystem::path& out,
+                              SpecialTokenIds tokens = {});
 
 }  // namespace loco::runtime

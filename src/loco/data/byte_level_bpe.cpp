@@ -1,0 +1,550 @@
+#include "loco/data/byte_level_bpe.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "loco/core/error.h"
+
+namespace loco::data {
+namespace {
+
+using json = nlohmann::json;
+constexpr std::string_view kModule = "data";
+// GPT-2's pre-tokenizer, which ByteLevel applies when use_regex is true (the default).
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr size_t kMaxCachedPiece = 256;   // bytes; longer pieces are rare and not worth keeping
+constexpr size_t kMaxCacheEntries = 1 << 16;
+
+// GPT-2's table of printable characters standing for bytes (bytes_to_unicode): the printable
+// Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards, in byte order.
+std::array<char32_t, 256> byte_characters() {
+  std::array<char32_t, 256> chars{};
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    chars[b] = printable ? static_cast<char32_t>(b) : next++;
+  }
+  return chars;
+}
+
+std::vector<char32_t> code_points(std::string_view text, std::string_view where) {
+  std::vector<char32_t> out;
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
+  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(text.size());
+  while (left > 0) {
+    utf8proc_int32_t cp = 0;
+    const utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
+    if (n <= 0) throw DataError(kModule, fmt::format("{}: text that is not UTF-8", where));
+    out.push_back(static_cast<char32_t>(cp));
+    p += n;
+    left -= n;
+  }
+  return out;
+}
+
+bool is_white_space(char32_t cp) {
+  if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || cp == 0xFEFF) return true;
+  const utf8proc_category_t c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
+}
+
+// `text` without the white space at its end (`at_end`) or its start.
+std::string trimmed(const std::string& text, bool at_end) {
+  std::vector<char32_t> cps = code_points(text, "an added token's neighbour");
+  size_t begin = 0, end = cps.size();
+  if (at_end) {
+    while (end > 0 && is_white_space(cps[end - 1])) --end;
+  } else {
+    while (begin < end && is_white_space(cps[begin])) ++begin;
+  }
+  std::string out;
+  for (size_t i = begin; i < end; ++i) {
+    utf8proc_uint8_t buf[4];
+    out.append(reinterpret_cast<char*>(buf), utf8proc_encode_char(static_cast<utf8proc_int32_t>(cps[i]), buf));
+  }
+  return out;
+}
+
+struct CompiledRegex {
+  pcre2_code* code = nullptr;
+  ~CompiledRegex() { pcre2_code_free(code); }
+};
+
+std::shared_ptr<CompiledRegex> compile(std::string_view pattern, bool literal, std::string_view where) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+  auto regex = std::make_shared<CompiledRegex>();
+  regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset,
+                              nullptr);
+  if (regex->code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    throw DataError(kModule, fmt::format("{}: the pre-tokenizer's pattern {} does not compile at offset {}: {}", where,
+                                         pattern, offset, reinterpret_cast<char*>(message)));
+  }
+  pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // best effort: the interpreter gives the same matches
+  return regex;
+}
+
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool lstrip = false, rstrip = false;
+};
+
+// A stretch of text, or an added token cut out of it.
+struct Section {
+  std::string text;
+  const AddedToken* token = nullptr;
+};
+
+// Cuts `tokens` out of `text`, leftmost and longest first, and strips white space beside those
+// that ask for it (as Hugging Face's tokenizers do).
+std::vector<Section> split_added(const std::string& text, const std::vector<AddedToken>& tokens) {
+  std::vector<Section> out;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size();) {
+    const AddedToken* best = nullptr;
+    for (const AddedToken& t : tokens) {
+      if ((best == nullptr || t.content.size() > best->content.size()) && text.compare(i, t.content.size(), t.content) == 0) {
+        best = &t;
+      }
+    }
+    if (best == nullptr) {
+      ++i;
+      continue;
+    }
+    if (i > start) out.push_back({text.substr(start, i - start), nullptr});
+    out.push_back({best->content, best});
+    i += best->content.size();
+    start = i;
+  }
+  if (start < text.size()) out.push_back({text.substr(start), nullptr});
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].token == nullptr) continue;
+    if (out[i].token->lstrip && i > 0 && out[i - 1].token == nullptr) out[i - 1].text = trimmed(out[i - 1].text, true);
+    if (out[i].token->rstrip && i + 1 < out.size() && out[i + 1].token == nullptr) {
+      out[i + 1].text = trimmed(out[i + 1].text, false);
+    }
+  }
+  return out;
+}
+
+enum class StepKind { kByteLevel, kSplit, kDigits };
+
+struct PreTokenizerStep {
+  StepKind kind = StepKind::kByteLevel;
+  bool add_prefix_space = false;        // ByteLevel
+  bool isolated = true;                 // Split: keep the matches as pieces (Isolated) or drop them (Removed)
+  bool individual_digits = false;       // Digits
+  std::shared_ptr<CompiledRegex> regex; // ByteLevel with use_regex, Split
+};
+
+// Appends the pieces of `text` around the matches of `regex` (and the matches, when `isolated`).
+void split_on(const std::string& text, const CompiledRegex& regex, bool isolated, std::vector<std::string>& out) {
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
+      pcre2_match_data_create_from_pattern(regex.code, nullptr), &pcre2_match_data_free);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t last = 0, from = 0;
+  while (from <= text.size()) {
+    const int rc = pcre2_match(regex.code, subject, text.size(), from, 0, match.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      throw DataError(kModule, fmt::format("pre-tokenizing text: {}", reinterpret_cast<char*>(message)));
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match.get());
+    if (ov[1] == ov[0]) {  // an empty match splits nothing: look again one character on
+      from = ov[0] + 1;
+      while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
+      continue;
+    }
+    if (ov[0] > last) out.push_back(text.substr(last, ov[0] - last));
+    if (isolated) out.push_back(text.substr(ov[0], ov[1] - ov[0]));
+    last = from = ov[1];
+  }
+  if (last < text.size()) out.push_back(text.substr(last));
+}
+
+void split_digits(const std::string& text, bool individual, std::vector<std::string>& out) {
+  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  for (size_t i = 0; i < text.size();) {
+    size_t j = i + 1;
+    if (is_digit(text[i])) {
+      while (!individual && j < text.size() && is_digit(text[j])) ++j;
+    } else {
+      while (j < text.size() && !is_digit(text[j])) ++j;
+    }
+    out.push_back(text.substr(i, j - i));
+    i = j;
+  }
+}
+
+bool flag(const json& object, const char* key, bool fallback) {
+  auto it = object.find(key);
+  return it == object.end() || it->is_null() ? fallback : it->get<bool>();
+}
+
+void read_normalizer(const json& n, std::vector<int>& out, std::string_view where) {
+  if (n.is_null()) return;
+  const std::string type = n.value("type", "");
+  const int base = UTF8PROC_STABLE;
+  if (type == "Sequence") {
+    for (const json& each : n.at("normalizers")) read_normalizer(each, out, where);
+  } else if (type == "NFC") {
+    out.push_back(base | UTF8PROC_COMPOSE);
+  } else if (type == "NFD") {
+    out.push_back(base | UTF8PROC_DECOMPOSE);
+  } else if (type == "NFKC") {
+    out.push_back(base | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+  } else if (type == "NFKD") {
+    out.push_back(base | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  } else {
+    throw DataError(kModule, fmt::format("{}: normalizer \"{}\" is not supported (loco reads NFC, NFD, NFKC, NFKD "
+                                         "and Sequence)", where, type));
+  }
+}
+
+void read_pre_tokenizer(const json& p, std::vector<PreTokenizerStep>& out, std::string_view where) {
+  const std::string type = p.value("type", "");
+  PreTokenizerStep step;
+  if (type == "Sequence") {
+    for (const json& each : p.at("pretokenizers")) read_pre_tokenizer(each, out, where);
+    return;
+  } else if (type == "ByteLevel") {
+    step.kind = StepKind::kByteLevel;
+    step.add_prefix_space = flag(p, "add_prefix_space", false);
+    if (flag(p, "use_regex", true)) step.regex = compile(kGpt2Pattern, false, where);
+  } else if (type == "Split") {
+    step.kind = StepKind::kSplit;
+    const std::string behavior = p.value("behavior", "Isolated");
+    if (flag(p, "invert", false) || (behavior != "Isolated" && behavior != "Removed")) {
+      throw DataError(kModule, fmt::format("{}: a Split pre-tokenizer with behavior {}{} is not supported (loco reads "
+                                           "Isolated and Removed, not inverted)",
+                                           where, behavior, flag(p, "invert", false) ? ", inverted" : ""));
+    }
+    step.isolated = behavior == "Isolated";
+    const json& pattern = p.at("pattern");
+    const bool literal = pattern.contains("String");
+    step.regex = compile(pattern.at(literal ? "String" : "Regex").get<std::string>(), literal, where);
+  } else if (type == "Digits") {
+    step.kind = StepKind::kDigits;
+    step.individual_digits = flag(p, "individual_digits", false);
+  } else {
+    throw DataError(kModule, fmt::format("{}: pre-tokenizer \"{}\" is not supported (loco reads ByteLevel, Split, "
+                                         "Digits and Sequence)", where, type));
+  }
+  out.push_back(std::move(step));
+}
+
+}  // namespace
+
+struct ByteLevelBpe::Impl {
+  std::unordered_map<std::string, int32_t> ids_by_bytes;  // vocabulary entries, by the bytes they stand for
+  std::unordered_map<std::string, int32_t> ids_by_text;   // ... and added tokens, as the file writes them
+  std::vector<std::optional<std::string>> bytes_of_id;
+  std::array<int32_t, 256> byte_ids{};                    // -1: a byte the vocabulary lacks
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
+  std::vector<int> normalizers;                           // utf8proc options, applied in turn
+  std::vector<PreTokenizerStep> steps;
+  std::vector<AddedToken> raw_added, normalized_added;
+  std::optional<int32_t> unk;
+  bool ignore_merges = false;
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+
+  void read_model(const json& model, std::string_view where);
+  void read_added_tokens(const json& added);
+  void define(int32_t id, std::string bytes);
+  std::string normalize(const std::string& text) const;
+  std::vector<std::string> pre_tokenize(const std::string& text) const;
+  void bpe(const std::string& piece, std::vector<int32_t>& out) const;
+  void merge(const std::string& piece, std::vector<int32_t>& out) const;
+};
+
+void ByteLevelBpe::Impl::define(int32_t id, std::string bytes) {
+  if (id < 0) throw DataError(kModule, fmt::format("token id {} is negative", id));
+  if (static_cast<size_t>(id) >= bytes_of_id.size()) bytes_of_id.resize(static_cast<size_t>(id) + 1);
+  bytes_of_id[static_cast<size_t>(id)] = std::move(bytes);
+}
+
+void ByteLevelBpe::Impl::read_model(const json& model, std::string_view where) {
+  if (model.value("type", "BPE") != "BPE") {
+    throw DataError(kModule, fmt::format("{}: model \"{}\" is not BPE", where, model.value("type", "")));
+  }
+  auto text = [&](const char* key) {
+    auto it = model.find(key);
+    return it == model.end() || it->is_null() ? std::string() : it->get<std::string>();
+  };
+  const bool dropout = model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0;
+  if (dropout || flag(model, "byte_fallback", false) || !text("continuing_subword_prefix").empty() ||
+      !text("end_of_word_suffix").empty()) {
+    throw DataError(kModule, fmt::format("{}: a BPE with dropout, byte fallback or subword affixes is not the "
+                                         "byte-level BPE loco reads", where));
+  }
+  ignore_merges = flag(model, "ignore_merges", false);
+  const std::array<char32_t, 256> chars = byte_characters();
+  std::unordered_map<char32_t, char> byte_of;
+  for (int b = 0; b < 256; ++b) byte_of[chars[b]] = static_cast<char>(b);
+  byte_ids.fill(-1);
+  for (const auto& [text, id_json] : model.at("vocab").items()) {
+    const int32_t id = id_json.get<int32_t>();
+    ids_by_text[text] = id;
+    std::string bytes;
+    bool byte_level = true;
+    for (char32_t cp : code_points(text, where)) {
+      auto it = byte_of.find(cp);
+      if (it == byte_of.end()) byte_level = false;
+      else bytes.push_back(it->second);
+    }
+    if (!byte_level) {
+      define(id, text);  // can only be decoded (a special token written into the vocabulary)
+      continue;
+    }
+    if (bytes.size() == 1) byte_ids[static_cast<unsigned char>(bytes[0])] = id;
+    ids_by_bytes[bytes] = id;
+    define(id, std::move(bytes));
+  }
+  const json& list = model.at("merges");
+  for (size_t rank = 0; rank < list.size(); ++rank) {
+    std::string left, right;
+    if (list[rank].is_array()) {
+      left = list[rank].at(0).get<std::string>();
+      right = list[rank].at(1).get<std::string>();
+    } else {
+      const std::string line = list[rank].get<std::string>();
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+        throw DataError(kModule, fmt::format("{}: merge {} \"{}\" is not two tokens", where, rank, line));
+      }
+      left = line.substr(0, space);
+      right = line.substr(space + 1);
+    }
+    int32_t ids[3];
+    const std::string* parts[3] = {&left, &right, nullptr};
+    const std::string merged = left + right;
+    parts[2] = &merged;
+    for (int i = 0; i < 3; ++i) {
+      auto it = ids_by_text.find(*parts[i]);
+      if (it == ids_by_text.end()) {
+        throw DataError(kModule, fmt::format("{}: merge {} ({} {}) needs \"{}\", which is not in the vocabulary",
+                                             where, rank, left, right, *parts[i]));
+      }
+      ids[i] = it->second;
+    }
+    merges.emplace((static_cast<uint64_t>(static_cast<uint32_t>(ids[0])) << 32) | static_cast<uint32_t>(ids[1]),
+                   std::pair{static_cast<int32_t>(rank), ids[2]});
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = ids_by_text.find(model["unk_token"].get<std::string>());
+    if (it != ids_by_text.end()) unk = it->second;
+  }
+}
+
+void ByteLevelBpe::Impl::read_added_tokens(const json& added) {
+  for (const json& t : added) {
+    if (flag(t, "single_word", false)) {
+      throw DataError(kModule, fmt::format("added token \"{}\" is single_word, which loco does not read",
+                                           t.at("content").get<std::string>()));
+    }
+    AddedToken token{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), flag(t, "lstrip", false),
+                     flag(t, "rstrip", false)};
+    const bool special = flag(t, "special", false);
+    define(token.id, token.content);
+    ids_by_text[token.content] = token.id;
+    if (flag(t, "normalized", !special) && !normalizers.empty()) {
+      token.content = normalize(token.content);
+      normalized_added.push_back(std::move(token));
+    } else {
+      raw_added.push_back(std::move(token));
+    }
+  }
+}
+
+std::string ByteLevelBpe::Impl::normalize(const std::string& text) const {
+  std::string out = text;
+  for (int options : normalizers) {
+    utf8proc_uint8_t* mapped = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(out.data()),
+                                            static_cast<utf8proc_ssize_t>(out.size()), &mapped,
+                                            static_cast<utf8proc_option_t>(options));
+    if (n < 0) throw DataError(kModule, fmt::format("normalizing text: {}", utf8proc_errmsg(n)));
+    out.assign(reinterpret_cast<char*>(mapped), static_cast<size_t>(n));
+    std::free(mapped);
+  }
+  return out;
+}
+
+std::vector<std::string> ByteLevelBpe::Impl::pre_tokenize(const std::string& text) const {
+  std::vector<std::string> pieces{text}, next;
+  for (const PreTokenizerStep& step : steps) {
+    next.clear();
+    for (std::string& piece : pieces) {
+      if (step.kind == StepKind::kDigits) {
+        split_digits(piece, step.individual_digits, next);
+        continue;
+      }
+      if (step.kind == StepKind::kByteLevel && step.add_prefix_space && piece.rfind(' ', 0) != 0) piece.insert(0, " ");
+      if (step.regex) {
+        split_on(piece, *step.regex, step.isolated, next);
+      } else {
+        next.push_back(std::move(piece));
+      }
+    }
+    pieces.swap(next);
+  }
+  return pieces;
+}
+
+// BPE on one piece: merges the adjacent pair of lowest rank, the leftmost among equals, until none
+// is left. Symbols form a list over the piece; the queue holds candidate pairs, checked when popped.
+void ByteLevelBpe::Impl::merge(const std::string& piece, std::vector<int32_t>& out) const {
+  struct Symbol {
+    int32_t id;
+    int prev, next;
+    size_t len;
+  };
+  std::vector<Symbol> symbols;
+  for (unsigned char b : piece) {
+    const int32_t id = byte_ids[b];
+    if (id < 0) {
+      if (unk) out.push_back(*unk);  // a byte the vocabulary lacks: unk, or nothing, as tokenizers does
+      continue;
+    }
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({id, index - 1, index + 1, 1});
+  }
+  if (symbols.empty()) return;
+  symbols.back().next = -1;
+  using Candidate = std::tuple<int32_t, int, int32_t, size_t, size_t>;  // rank, left, merged id, lengths
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  auto consider = [&](int left) {
+    if (left < 0 || symbols[left].next < 0) return;
+    const Symbol& a = symbols[left];
+    const Symbol& b = symbols[a.next];
+    auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a.id)) << 32) | static_cast<uint32_t>(b.id));
+    if (it != merges.end()) queue.emplace(it->second.first, left, it->second.second, a.len, b.len);
+  };
+  for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) consider(i);
+  while (!queue.empty()) {
+    const auto [rank, left, merged, left_len, right_len] = queue.top();
+    queue.pop();
+    Symbol& a = symbols[left];
+    if (a.len != left_len || a.next < 0 || symbols[a.next].len != right_len) continue;  // stale
+    Symbol& b = symbols[a.next];
+    a.id = merged;
+    a.len += b.len;
+    b.len = 0;
+    a.next = b.next;
+    if (a.next >= 0) symbols[a.next].prev = left;
+    consider(a.prev);
+    consider(left);
+  }
+  for (int i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+}
+
+void ByteLevelBpe::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
+  if (ignore_merges) {
+    auto it = ids_by_bytes.find(piece);
+    if (it != ids_by_bytes.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  const bool cacheable = piece.size() <= kMaxCachedPiece;
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex);
+    auto it = cache.find(piece);
+    if (it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids;
+  merge(piece, ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex);
+    if (cache.size() >= kMaxCacheEntries) cache.clear();
+    cache.emplace(piece, std::move(ids));
+  }
+}
+
+ByteLevelBpe::ByteLevelBpe(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ByteLevelBpe::~ByteLevelBpe() = default;
+
+std::unique_ptr<ByteLevelBpe> ByteLevelBpe::parse(std::string_view json_text, std::string_view where) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    const json root = json::parse(json_text);
+    read_normalizer(root.value("normalizer", json()), impl->normalizers, where);
+    const json& pre = root.value("pre_tokenizer", json());
+    if (!pre.is_null()) read_pre_tokenizer(pre, impl->steps, where);
+    const bool byte_level = std::any_of(impl->steps.begin(), impl->steps.end(),
+                                        [](const PreTokenizerStep& s) { return s.kind == StepKind::kByteLevel; });
+    if (!byte_level) {
+      throw DataError(kModule, fmt::format("{}: not a byte-level BPE (its pre-tokenizer has no ByteLevel step); loco "
+                                           "reads a SentencePiece model from tokenizer.model instead", where));
+    }
+    impl->read_model(root.at("model"), where);
+    impl->read_added_tokens(root.value("added_tokens", json::array()));
+  } catch (const json::exception& e) {
+    throw DataError(kModule, fmt::format("{}: not a tokenizer.json loco can read: {}", where, e.what()));
+  }
+  return std::unique_ptr<ByteLevelBpe>(new ByteLevelBpe(std::move(impl)));
+}
+
+std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  for (const Section& section : split_added(std::string(text), impl_->raw_added)) {
+    if (section.token != nullptr) {
+      out.push_back(section.token->id);
+      continue;
+    }
+    for (const Section& sub : split_added(impl_->normalize(section.text), impl_->normalized_added)) {
+      if (sub.token != nullptr) {
+        out.push_back(sub.token->id);
+        continue;
+      }
+      for (const std::string& piece : impl_->pre_tokenize(sub.text)) impl_->bpe(piece, out);
+    }
+  }
+  return out;
+}
+
+std::string ByteLevelBpe::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= impl_->bytes_of_id.size() || !impl_->bytes_of_id[id]) {
+      throw Error(kModule, fmt::format("cannot decode token id {}: not in the vocabulary", id));
+    }
+    out += *impl_->bytes_of_id[id];
+  }
+  return out;
+}
+
+int ByteLevelBpe::vocab_size() const { return static_cast<int>(impl_->bytes_of_id.size()); }
+
+std::optional<int32_t> ByteLevelBpe::id_of(std::string_view token) const {
+  auto it = impl_->ids_by_text.find(std::string(token));
+  if (it == impl_->ids_by_text.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace loco::data

@@ -1,0 +1,202 @@
+// Byte-level BPE (tokenizer.json): its merge order on hand-made vocabularies, what it refuses, and
+// parity with Hugging Face's own JavaScript tokenizers (npm @huggingface/tokenizers, run by node)
+// on a Qwen2-layout tokenizer (tests/data/fixtures/qwen2_tokenizer, from scripts/bpe_fixture.py)
+// and on the other layouts this family uses (GPT-2's, Llama 3's, SmolLM's), over multilingual
+// text, emoji, white space, digits, added tokens and real English.
+#include "loco/data/byte_level_bpe.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "data/data_test_util.h"
+#include "loco/core/error.h"
+#include "loco/data/tokenizer.h"
+#include "process_util.h"
+
+namespace loco::data {
+namespace {
+
+using json = nlohmann::json;
+using testing::read_text;
+using testing::TempDir;
+using testing::throws_with;
+using testing::write_text;
+
+const fs::path kFixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/qwen2_tokenizer";
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// A hand-made tokenizer.json over a few characters (no ByteLevel regex: one piece per text).
+std::string tiny(const json& vocab, const json& merges, bool ignore_merges = false) {
+  return json{{"normalizer", nullptr},
+              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}},
+              {"added_tokens", json::array()},
+              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"ignore_merges", ignore_merges}}}}
+      .dump();
+}
+
+TEST(ByteLevelBpe, MergesTheLowestRankedPairFirstAndTheLeftmostAmongEquals) {
+  const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}, {"abc", 5}, {"aa", 6}};
+  // "b c" ranks before "a b": abc becomes a|bc, then abc; the other way round it would be ab|c.
+  auto bpe = ByteLevelBpe::parse(tiny(vocab, {"b c", "a b", "a bc", "a a"}), "tiny");
+  EXPECT_EQ(bpe->encode("abc"), (std::vector<int32_t>{5}));
+  EXPECT_EQ(bpe->encode("aaa"), (std::vector<int32_t>{6, 0})) << "the leftmost pair of equal rank first";
+  EXPECT_EQ(bpe->encode("cab"), (std::vector<int32_t>{2, 3}));
+  auto other = ByteLevelBpe::parse(tiny(vocab, json::array({json{"a", "b"}, json{"b", "c"}})), "tiny, new merges format");
+  EXPECT_EQ(other->encode("abc"), (std::vector<int32_t>{3, 2}));
+  EXPECT_EQ(other->decode({3, 2}), "abc");
+  EXPECT_EQ(other->vocab_size(), 7);
+}
+
+TEST(ByteLevelBpe, IgnoreMergesKeepsAPieceOfTheVocabularyWhole) {
+  const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}};
+  EXPECT_EQ(ByteLevelBpe::parse(tiny(vocab, {"a b"}), "t")->encode("abc"), (std::vector<int32_t>{3, 2}));
+  EXPECT_EQ(ByteLevelBpe::parse(tiny(vocab, {"a b"}, true), "t")->encode("abc"), (std::vector<int32_t>{4}));
+}
+
+TEST(ByteLevelBpe, RefusesWhatItDoesNotReadNamingIt) {
+  json file = json::parse(read_text(kFixture / "tokenizer.json"));
+  auto refused = [&](const std::function<void(json&)>& change, const std::vector<std::string>& needles) {
+    json changed = file;
+    change(changed);
+    return throws_with<DataError>([&] { ByteLevelBpe::parse(changed.dump(), "the file"); }, needles);
+  };
+  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, {"the file", "Metaspace", "not supported"}));
+  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"] = nullptr; }, {"not a byte-level BPE", "tokenizer.model"}));
+  EXPECT_TRUE(refused([](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, {"Lowercase", "not supported"}));
+  EXPECT_TRUE(refused([](json& j) { j["model"]["merges"].push_back("Ġ zzz"); }, {"zzz", "not in the vocabulary"}));
+  EXPECT_TRUE(refused([](json& j) { j["model"]["byte_fallback"] = true; }, {"byte fallback"}));
+  EXPECT_TRUE(refused([](json& j) { j["model"]["type"] = "Unigram"; }, {"Unigram", "not BPE"}));
+  EXPECT_TRUE(refused([](json& j) { j["added_tokens"][0]["single_word"] = true; }, {"<|endoftext|>", "single_word"}));
+  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; }, {"inverted"}));
+  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
+                      {"does not compile", "(unclosed"}));
+  EXPECT_TRUE(throws_with<DataError>([] { ByteLevelBpe::parse("{\"model\": ", "half"); }, {"half", "not a tokenizer.json"}));
+  auto bpe = ByteLevelBpe::parse(file.dump(), "fixture");
+  EXPECT_TRUE(throws_with<DataError>([&] { bpe->encode("bad \xff byte"); }, {"UTF-8"}));
+  EXPECT_TRUE(throws_with<Error>([&] { bpe->decode({100000}); }, {"100000"}));
+}
+
+// The text the parity test encodes: many scripts, emoji (joined, flags, skin tones), white space
+// of several kinds, digits, contractions, a decomposed accent (NFC composes it), added tokens.
+std::string mixed_text() {
+  return "Hello, world! It's 2024-06-01 at 12:30; you'LL see DON'T and we've 3.14159 or 1234567 items.\n"
+         "Größe und Straße — naïve café, e\xCC\x81t\xC3\xA9 (decomposed), Ångström.\n"
+         "Быстрая лиса, Ελληνικά, 敏捷的棕色狐狸跳过了懒狗。こんにちは世界！ 한국어 텍스트 مرحبا بالعالم नमस्ते\n"
+         "Emoji: 😀😂 👩‍👩‍👧 👍🏽 🇩🇪🇯🇵 ❤️ 🚀x\n"
+         "\ttabs\tand  two spaces,   three, trailing   \n\n\r\nCRLF\r\nnbsp\xC2\xA0here ideographic\xE3\x80\x80space "
+         "line\xE2\x80\xA8separator\n"
+         "<|im_start|>user\nhi there<|im_end|><|endoftext|> before   <mask> after <extra_word> end\n"
+         "    indented code(x) { return x*2; }  // comment\n";
+}
+
+struct Variant {
+  std::string name;
+  std::function<void(json&)> change;
+};
+
+// The layouts of the byte-level family, made from the Qwen2 fixture.
+std::vector<Variant> variants() {
+  const json byte_level_regex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  return {
+      {"qwen2", [](json&) {}},
+      {"llama3",
+       [](json& j) {
+         j["normalizer"] = nullptr;
+         j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = kLlama3Pattern;
+         j["model"]["ignore_merges"] = true;
+         json merges = json::array();  // the newer format, pairs
+         for (const auto& m : j["model"]["merges"]) {
+           const std::string s = m.get<std::string>();
+           merges.push_back({s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)});
+         }
+         j["model"]["merges"] = merges;
+       }},
+      {"gpt2",
+       [=](json& j) {
+         j["normalizer"] = nullptr;
+         j["pre_tokenizer"] = byte_level_regex;
+       }},
+      {"smollm",
+       [=](json& j) {
+         j["normalizer"] = nullptr;
+         j["pre_tokenizer"] = {{"type", "Sequence"},
+                               {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level_regex}}};
+       }},
+      {"prefix-space-nfkc",
+       [=](json& j) {
+         j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}};
+         json with_prefix = byte_level_regex;
+         with_prefix["add_prefix_space"] = true;
+         j["pre_tokenizer"] = with_prefix;
+       }},
+  };
+}
+
+TEST(ByteLevelBpe, MatchesHuggingFacesJavaScriptTokenizers) {
+  const fs::path package = fs::path(LOCO_HF_TOKENIZERS_DIR) / "node_modules/@huggingface/tokenizers";
+  ASSERT_TRUE(fs::exists(package / "dist/tokenizers.mjs"))
+      << "@huggingface/tokenizers is not installed in " LOCO_HF_TOKENIZERS_DIR " (npm failed at configure time?)";
+  TempDir tmp;
+  // Real English the merges were not learned on, as well as the mixed text and an empty one.
+  const std::string english = read_text("/usr/share/common-licenses/Apache-2.0").substr(0, 6000);
+  ASSERT_GT(english.size(), 5000u);
+  const std::vector<std::string> texts = {mixed_text(), english, ""};
+  std::vector<std::string> files;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    files.push_back((tmp / fmt::format("text-{}.txt", i)).string());
+    write_text(files.back(), texts[i]);
+  }
+  for (const auto& variant : variants()) {
+    SCOPED_TRACE(variant.name);
+    json file = json::parse(read_text(kFixture / "tokenizer.json"));
+    variant.change(file);
+    const fs::path dir = tmp / variant.name;
+    write_text(dir / "tokenizer.json", file.dump());
+    fs::copy_file(kFixture / "tokenizer_config.json", dir / "tokenizer_config.json");
+    std::vector<std::string> argv = {"/usr/bin/env", "node", fs::path(LOCO_HF_TOKENIZERS_DIR) / "hf_tokenize.mjs",
+                                     package.string(), dir.string()};
+    argv.insert(argv.end(), files.begin(), files.end());
+    const auto reference = loco::testing_util::run_command(argv, (dir / "node.log").string(), std::chrono::seconds(120));
+    ASSERT_EQ(reference.status, 0) << reference.output;
+    std::istringstream lines(reference.output);
+    const auto bpe = ByteLevelBpe::parse(file.dump(), variant.name);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::string line;
+      ASSERT_TRUE(std::getline(lines, line)) << reference.output;
+      const json expected = json::parse(line);
+      const auto ids = bpe->encode(texts[i]);
+      EXPECT_EQ(ids, expected["ids"].get<std::vector<int32_t>>()) << "text " << i;
+      EXPECT_EQ(bpe->decode(ids), expected["text"].get<std::string>()) << "text " << i;
+      if (i == 1) EXPECT_LT(ids.size(), texts[i].size() / 2) << "the merges apply: fewer tokens than half the bytes";
+    }
+  }
+}
+
+TEST(ByteLevelBpe, ATokenizerJsonIsADatasetsTokenizerWithItsEndOfTextToken) {
+  TempDir tmp;
+  const auto tokenizer = Tokenizer::load(kFixture / "tokenizer.json");
+  EXPECT_TRUE(tokenizer.is_byte_level());
+  EXPECT_EQ(tokenizer.eos_id(), 856);  // <|endoftext|>, named by tokenizer_config.json
+  EXPECT_EQ(tokenizer.bos_id(), -1);
+  EXPECT_EQ(tokenizer.vocab_size(), 861);
+  EXPECT_EQ(tokenizer.decode(tokenizer.encode("plain text, decoded back")), "plain text, decoded back");
+  tokenizer.save(tmp / "copy" / "tokenizer.json");
+  EXPECT_EQ(Tokenizer::load(tmp / "copy" / "tokenizer.json").hash(), tokenizer.hash());
+
+  // Without tokenizer_config.json, config.json's eos_token_id names it; without either, it is refused.
+  write_text(tmp / "bare" / "tokenizer.json", read_text(kFixture / "tokenizer.json"));
+  EXPECT_TRUE(throws_with<DataError>([&] { Tokenizer::load(tmp / "bare" / "tokenizer.json"); },
+                                     {"no end-of-text token", "eos_token"}));
+  write_text(tmp / "bare" / "config.json", R"({"eos_token_id": 858, "bos_token_id": 857})");
+  const auto from_config = Tokenizer::load(tmp / "bare" / "tokenizer.json");
+  EXPECT_EQ(from_config.eos_id(), 858);
+  EXPECT_EQ(from_config.bos_id(), 857);
+  EXPECT_NE(from_config.hash(), tokenizer.hash()) << "the end-of-text token is part of what the hash identifies";
+  write_text(tmp / "bare" / "tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
+  EXPECT_TRUE(throws_with<DataError>([&] { Tokenizer::load(tmp / "bare" / "tokenizer.json"); }, {"<|nope|>", "not a token"}));
+}
+
+}  // namespace
+}  // namespace loco::data
