@@ -244,5 +244,58 @@ TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
                  "route-product", "makes 6");
 }
 
+
+// The worked example of docs/hugging-face.md, small. A Llama-architecture model with a byte-level
+// BPE tokenizer is trained a little and exported as a Hugging Face folder: the stand-in for a
+// user's model. A corpus is tokenized with the folder's tokenizer; configs/llama-example.toml
+// continues the model from the folder with Streaming DiLoCo (2 workers); loco export --hf hands it
+// back with its tokenizer.
+TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
+  const fs::path dir = dir_->path() / "llama";
+  const fs::path fixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/qwen2_tokenizer";
+  const std::string example = (fs::path(LOCO_SOURCE_DIR) / "configs/llama-example.toml").string();
+  auto command = [&](std::vector<std::string> args, const std::string& name) {
+    if (args[1] == "train" || args[1] == "launch") {
+      for (const char* small : {"--model.context=32", "--model.width=32", "--model.heads=4", "--model.kv_heads=2",
+                                "--model.mlp_hidden=48", "--train.batch_size=4", "--train.device=cpu",
+                                "--train.steps=20", "--train.log_every=1", "--eval.every=10", "--eval.windows=8",
+                                "--checkpoint.every=10", "--cluster.timeout_s=20", "--cluster.join_timeout_s=30"}) {
+        args.push_back(small);
+      }
+    }
+    const auto result = run_command(args, log("llama-" + name));
+    EXPECT_EQ(result.status, 0) << result.output;
+    return result.status == 0;
+  };
+  ASSERT_TRUE(command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
+                       fixture.string(), "--out", (dir / "base-data").string()}, "prepare-base"));
+  ASSERT_TRUE(command({LOCO_BINARY, "train", "--config", example, "--data.dir=" + (dir / "base-data").string(),
+                       "--run.dir=" + (dir / "base").string(), "--train.init_from=", "--sync.algorithm=none",
+                       "--cluster.workers=1", "--optim.lr=3e-3"}, "base"));
+  ASSERT_TRUE(command({LOCO_BINARY, "export", "--checkpoint", (dir / "base").string(), "--hf", (dir / "base-hf").string()},
+                      "export-base"));
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_TRUE(fs::exists(dir / "base-hf" / name)) << name;
+  }
+  EXPECT_EQ(read_file(dir / "base-hf" / "tokenizer.json", "test"), read_file(fixture / "tokenizer.json", "test"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "base-hf" / "config.json", "test"))["eos_token_id"], 856);
+
+  // The user's side: their corpus in the model's tokens, then the example's config from the folder.
+  ASSERT_TRUE(command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
+                       (dir / "base-hf").string(), "--seed", "7", "--out", (dir / "data").string()}, "prepare"));
+  ASSERT_TRUE(command({LOCO_BINARY, "launch", "--config", example, "--data.dir=" + (dir / "data").string(),
+                       "--run.dir=" + (dir / "run").string(), "--train.init_from=" + (dir / "base-hf").string(),
+                       "--cluster.workers=2", "--sync.inner_steps=4"}, "launch"));
+  ASSERT_TRUE(command({LOCO_BINARY, "export", "--checkpoint", (dir / "run").string(), "--hf", (dir / "out").string()},
+                      "export"));
+  EXPECT_TRUE(fs::exists(dir / "out" / "tokenizer.json"));
+  // It started from the model, not from scratch: its first loss is the base's last, not a random model's.
+  const auto base = losses("llama/base"), continued = losses("llama/run");
+  ASSERT_FALSE(base.empty());
+  ASSERT_FALSE(continued.empty());
+  EXPECT_LT(continued.front(), base.front() - 0.3) << "base " << base.front() << " to " << base.back();
+  EXPECT_LT(continued.back(), continued.front()) << "and it trains on";
+}
+
 }  // namespace
 }  // namespace loco
