@@ -1,13 +1,19 @@
-#!/usr/bin/env python3
-"""Writes the byte-level BPE tokenizer the tests read (tests/data/fixtures/qwen2_tokenizer):
-tokenizer.json in Qwen2's layout (NFC, Qwen2's Split regex, ByteLevel, BPE merges) and its
-tokenizer_config.json. Nothing here downloads models, so the merges are learned here, by plain BPE
-training on the GPL-3 text Debian ships and on a multilingual sample; the tests then compare loco's
-encoding of new text with Hugging Face's JavaScript tokenizers (tests/data/byte_level_bpe_test.cpp).
-Learning the merges only needs to be deterministic, not to match any trainer: both sides read the
-same file.
+#!/usr/bin/python3
+"""Writes the tokenizers the tests read in Hugging Face's formats (tests/data/byte_level_bpe_test.cpp
+compares loco's encoding of new text with Hugging Face's JavaScript tokenizers on them):
 
-    scripts/bpe_fixture.py [OUT]     (default tests/data/fixtures/qwen2_tokenizer)
+- tests/data/fixtures/qwen2_tokenizer: a byte-level BPE tokenizer.json in Qwen2's layout (NFC,
+  Qwen2's Split regex, ByteLevel, BPE merges) and its tokenizer_config.json. Nothing here downloads
+  models, so the merges are learned here, by plain BPE training on the GPL-3 text Debian ships and
+  on a multilingual sample. Learning them only needs to be deterministic, not to match any
+  trainer: both sides read the same file.
+- tests/data/fixtures/llama2_tokenizer: a SentencePiece BPE tokenizer.model trained as Llama 2's
+  was (identity normalization, extra white space kept, a dummy prefix, digits split, byte
+  fallback), and the tokenizer.json Hugging Face's LlamaConverter makes of such a model (its
+  vocabulary, merges ordered by the merged piece's score, Prepend and Replace normalizers, byte
+  fallback): loco reads the .model with SentencePiece, the JavaScript reference the .json.
+
+    /usr/bin/python3 scripts/bpe_fixture.py     (needs python3-sentencepiece)
 """
 import collections
 import json
@@ -76,9 +82,52 @@ def train(text):
     return vocab, merges
 
 
+def llama2_fixture(text, out):
+    import io
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text.splitlines()), model_writer=model, model_type="bpe", vocab_size=700,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=True, allow_whitespace_only_pieces=True,
+        character_coverage=0.9995, num_threads=1, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())}
+    # transformers' SentencePieceExtractor: every split of a piece into two pieces of the vocabulary
+    # is a merge, ranked by the merged piece's score, best first.
+    merges = []
+    for piece, score in scores.items():
+        local = [(piece[:i], piece[i:], score) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges.sort(key=lambda m: m[2], reverse=True)
+    special = [{"id": i, "content": sp.id_to_piece(i), "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True} for i in (0, 1, 2)]
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                           {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None, "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [f"{a} {b}" for a, b, _ in merges]},
+    }
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False, "legacy": True}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.model").write_bytes(model.getvalue())
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False, indent=1) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    print(f"wrote {out}: {len(vocab)} pieces, {len(merges)} merges")
+
+
 def main():
-    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/fixtures/qwen2_tokenizer")
     text = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text() + MULTILINGUAL * 20
+    llama2_fixture(text, pathlib.Path("tests/data/fixtures/llama2_tokenizer"))
+    out = pathlib.Path("tests/data/fixtures/qwen2_tokenizer")
     vocab, merges = train(text)
     ids = {token: i for i, token in enumerate(vocab)}
     added = []

@@ -102,6 +102,32 @@ def llama_forward_loss(p, tokens, targets, o):
     return ce + o["z_loss"] * torch.logsumexp(flat, -1).pow(2).mean(), ce
 
 
+def rope_inverse_frequencies(o, hd):
+    """RoPE's inverse frequencies with Hugging Face's rope_scaling (modeling_rope_utils): none,
+    "linear" (all divided by the factor) or "llama3" (Llama 3.1: wavelengths longer than
+    original / low_freq_factor divided by the factor, shorter than original / high_freq_factor
+    kept, and a linear blend in 1 / wavelength between)."""
+    inv_freq = 1.0 / (o["rope_base"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    scaling = o.get("rope_scaling")
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high, original = scaling["low_freq_factor"], scaling["high_freq_factor"], scaling["original_max_position_embeddings"]
+    out = []
+    for f in inv_freq.tolist():
+        wavelength = 2 * math.pi / f
+        if wavelength < original / high:
+            out.append(f)
+        elif wavelength > original / low:
+            out.append(f / factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
 def llama_logits(p, tokens, o):
     """The Llama architecture as Hugging Face's LlamaForCausalLM computes it (RMSNorm, rotary
     embeddings in the rotate-half form, grouped-query attention whose key/value heads are repeated
@@ -112,8 +138,7 @@ def llama_logits(p, tokens, o):
     hd, n_rep = C // H, H // KV
     x = p["tok_emb.weight"][tokens]
     half = hd // 2
-    inv_freq = 1.0 / (o["rope_base"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-    angles = torch.outer(torch.arange(0, T, dtype=torch.float64), inv_freq)
+    angles = torch.outer(torch.arange(0, T, dtype=torch.float64), rope_inverse_frequencies(o, hd))
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
 
@@ -195,6 +220,8 @@ def hugging_face_fixture(name, o):
               "rms_norm_eps": o["eps"], "rope_theta": o["rope_base"], "max_position_embeddings": 32,
               "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 4,
               "torch_dtype": "float32"}
+    if o.get("rope_scaling"):
+        config["rope_scaling"] = o["rope_scaling"]
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     tokens = torch.randint(0, o["vocab"], (o["batch"], o["context"]), generator=g)
@@ -314,6 +341,11 @@ if __name__ == "__main__":
                   dict(base, architecture="llama", heads=4, kv_heads=2, mlp_hidden=24, norm="rmsnorm", position="rope",
                        mlp="swiglu", qk_norm=False, seed=3))
     hugging_face_fixture("hf_qwen2", dict(base, heads=4, kv_heads=2, mlp_hidden=24, seed=4))
+    # Llama 3.1's rotary scaling, on head dimension 8: frequencies 1, 0.1, 0.01, 0.001 fall in the
+    # kept, blended and divided bands of an original context of 64.
+    hugging_face_fixture("hf_qwen2_llama3_rope", dict(base, width=32, heads=4, kv_heads=2, mlp_hidden=24, seed=5, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}))
     adamw_fixture()
     nesterov_fixture()
     merge_fixture()

@@ -443,6 +443,32 @@ TEST_F(DipacoRunTest, TasksRunInProcessAsInAWorkerProcess) {
   EXPECT_EQ(read_back, 9);
 }
 
+// The Llama architecture's options train as paths too: grouped-query attention, q/k/v biases, an
+// untied head (which travels in the shared embed module with the token embedding), SwiGLU.
+TEST_F(DipacoRunTest, TheLlamaArchitectureTrainsAsPaths) {
+  const auto c = config("llama", {"model.mlp=swiglu", "model.mlp_hidden=48", "model.kv_heads=1", "model.attention_bias=true",
+                                  "model.tie_embeddings=false"});
+  prepare_dipaco_run(c, stderr);
+  DipacoWorkerOptions only;
+  only.name = "only";
+  const auto summary = run_dipaco_worker(c, only);
+  EXPECT_EQ(summary.path_tasks, 4 * 4) << "4 paths, 4 phases";
+  const auto modules = final_modules(c);
+  ASSERT_EQ(modules.size(), 5u);
+  bool head = false;
+  for (const auto& [name, tensors] : modules) {
+    for (const auto& [tensor_name, tensor] : tensors) {
+      EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name << " " << tensor_name;
+      if (tensor_name == "lm_head.weight") head = name == "embed";
+    }
+  }
+  EXPECT_TRUE(head) << "the untied head is in the embed module";
+  std::map<int64_t, double> loss_by_phase;
+  for (const auto& event : path_tasks("llama")) loss_by_phase[event["phase"].get<int64_t>()] += event["loss"].get<double>() / 4;
+  ASSERT_EQ(loss_by_phase.size(), 4u);
+  EXPECT_LT(loss_by_phase.rbegin()->second, loss_by_phase.begin()->second) << "the paths learn";
+}
+
 // Early stopping (dipaco.keep_every = 2, dipaco.early_stopping): the modules keep versions 0, 2
 // and 4 (the last), and the one before the last; scoring picks each path's version by its loss on half of its
 // validation documents and scores the other half. With L1.M1's last version spoiled (noise added),

@@ -134,20 +134,38 @@ std::vector<Variant> variants() {
   };
 }
 
-TEST(ByteLevelBpe, MatchesHuggingFacesJavaScriptTokenizers) {
-  const fs::path package = fs::path(LOCO_HF_TOKENIZERS_DIR) / "node_modules/@huggingface/tokenizers";
-  ASSERT_TRUE(fs::exists(package / "dist/tokenizers.mjs"))
-      << "@huggingface/tokenizers is not installed in " LOCO_HF_TOKENIZERS_DIR " (npm failed at configure time?)";
-  TempDir tmp;
-  // Real English the merges were not learned on, as well as the mixed text and an empty one.
+// Texts to compare on, written into `dir`: the mixed text, real English the merges were not learned
+// on, and an empty text.
+std::vector<std::string> parity_texts() {
   const std::string english = read_text("/usr/share/common-licenses/Apache-2.0").substr(0, 6000);
-  ASSERT_GT(english.size(), 5000u);
-  const std::vector<std::string> texts = {mixed_text(), english, ""};
-  std::vector<std::string> files;
+  EXPECT_GT(english.size(), 5000u);
+  return {mixed_text(), english, ""};
+}
+
+// What Hugging Face's JavaScript tokenizers make of `texts` with the tokenizer.json and
+// tokenizer_config.json in `dir`: for each text, {"ids": [...], "text": decoded}.
+std::vector<json> reference_encodings(const fs::path& dir, const std::vector<std::string>& texts) {
+  const fs::path package = fs::path(LOCO_HF_TOKENIZERS_DIR) / "node_modules/@huggingface/tokenizers";
+  EXPECT_TRUE(fs::exists(package / "dist/tokenizers.mjs"))
+      << "@huggingface/tokenizers is not installed in " LOCO_HF_TOKENIZERS_DIR " (npm failed at configure time?)";
+  std::vector<std::string> argv = {"/usr/bin/env", "node", fs::path(LOCO_HF_TOKENIZERS_DIR) / "hf_tokenize.mjs",
+                                   package.string(), dir.string()};
   for (size_t i = 0; i < texts.size(); ++i) {
-    files.push_back((tmp / fmt::format("text-{}.txt", i)).string());
-    write_text(files.back(), texts[i]);
+    argv.push_back((dir / fmt::format("text-{}.txt", i)).string());
+    write_text(argv.back(), texts[i]);
   }
+  const auto reference = loco::testing_util::run_command(argv, (dir / "node.log").string(), std::chrono::seconds(120));
+  EXPECT_EQ(reference.status, 0) << reference.output;
+  std::vector<json> out;
+  std::istringstream lines(reference.output);
+  for (std::string line; std::getline(lines, line);) out.push_back(json::parse(line));
+  EXPECT_EQ(out.size(), texts.size()) << reference.output;
+  return out;
+}
+
+TEST(ByteLevelBpe, MatchesHuggingFacesJavaScriptTokenizers) {
+  TempDir tmp;
+  const std::vector<std::string> texts = parity_texts();
   for (const auto& variant : variants()) {
     SCOPED_TRACE(variant.name);
     json file = json::parse(read_text(kFixture / "tokenizer.json"));
@@ -155,23 +173,38 @@ TEST(ByteLevelBpe, MatchesHuggingFacesJavaScriptTokenizers) {
     const fs::path dir = tmp / variant.name;
     write_text(dir / "tokenizer.json", file.dump());
     fs::copy_file(kFixture / "tokenizer_config.json", dir / "tokenizer_config.json");
-    std::vector<std::string> argv = {"/usr/bin/env", "node", fs::path(LOCO_HF_TOKENIZERS_DIR) / "hf_tokenize.mjs",
-                                     package.string(), dir.string()};
-    argv.insert(argv.end(), files.begin(), files.end());
-    const auto reference = loco::testing_util::run_command(argv, (dir / "node.log").string(), std::chrono::seconds(120));
-    ASSERT_EQ(reference.status, 0) << reference.output;
-    std::istringstream lines(reference.output);
+    const auto expected = reference_encodings(dir, texts);
+    ASSERT_EQ(expected.size(), texts.size());
     const auto bpe = ByteLevelBpe::parse(file.dump(), variant.name);
     for (size_t i = 0; i < texts.size(); ++i) {
-      std::string line;
-      ASSERT_TRUE(std::getline(lines, line)) << reference.output;
-      const json expected = json::parse(line);
       const auto ids = bpe->encode(texts[i]);
-      EXPECT_EQ(ids, expected["ids"].get<std::vector<int32_t>>()) << "text " << i;
-      EXPECT_EQ(bpe->decode(ids), expected["text"].get<std::string>()) << "text " << i;
+      EXPECT_EQ(ids, expected[i]["ids"].get<std::vector<int32_t>>()) << "text " << i;
+      EXPECT_EQ(bpe->decode(ids), expected[i]["text"].get<std::string>()) << "text " << i;
       if (i == 1) EXPECT_LT(ids.size(), texts[i].size() / 2) << "the merges apply: fewer tokens than half the bytes";
     }
   }
+}
+
+// A SentencePiece tokenizer.model made as Llama 2's (byte fallback, a dummy prefix, white space kept),
+// read by loco through SentencePiece, gives the ids Hugging Face's tokenizer.json of the same model
+// (as transformers' LlamaConverter writes it; scripts/bpe_fixture.py) gives in JavaScript.
+TEST(SentencePieceModel, MatchesHuggingFacesJavaScriptTokenizersOnALlama2StyleModel) {
+  TempDir tmp;
+  const fs::path fixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/llama2_tokenizer";
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fixture / name, tmp.path() / name);
+  const std::vector<std::string> texts = parity_texts();
+  const auto expected = reference_encodings(tmp.path(), texts);
+  ASSERT_EQ(expected.size(), texts.size());
+  const auto tokenizer = Tokenizer::load(fixture / "tokenizer.model");
+  EXPECT_FALSE(tokenizer.is_byte_level());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ids = tokenizer.encode(texts[i]);
+    EXPECT_EQ(ids, expected[i]["ids"].get<std::vector<int32_t>>()) << "text " << i;
+    EXPECT_EQ(tokenizer.decode(ids), expected[i]["text"].get<std::string>()) << "text " << i;
+  }
+  const auto ids = tokenizer.encode(texts[0]);
+  EXPECT_TRUE(std::any_of(ids.begin(), ids.end(), [](int32_t id) { return id >= 3 && id < 259; }))
+      << "the mixed text needs byte fallback";
 }
 
 TEST(ByteLevelBpe, ATokenizerJsonIsADatasetsTokenizerWithItsEndOfTextToken) {

@@ -180,6 +180,17 @@ TEST(Golden, StreamingMergeMatchesPyTorch) {
   EXPECT_LT(relative_error(gather(model->parameters()), f.at("model.after")), kTolerance);
 }
 
+// The logits of `options`' model with the parameters of the Hugging Face `folder`, on its reference
+// tokens, and the reference's logits (float64).
+std::pair<torch::Tensor, torch::Tensor> folder_logits(const fs::path& folder, const model::ModelOptions& options) {
+  model::Transformer model(options, 1);
+  runtime::load_model_weights(model, runtime::load_hugging_face_parameters(folder, options), folder.string());
+  const auto reference = runtime::load_safetensors(folder / "reference.safetensors");
+  std::map<std::string, torch::Tensor> expected(reference.tensors.begin(), reference.tensors.end());
+  torch::NoGradGuard no_grad;
+  return {model->forward(expected.at("tokens")).to(torch::kFloat64), expected.at("logits")};
+}
+
 // A Hugging Face folder in Qwen2's layout (config.json, two shards and their index; grouped-query
 // attention, q/k/v biases, an untied head) read by loco: its logits are the reference's, computed
 // in float64 from the Llama equations, to 1e-4 (float32 against float64).
@@ -194,14 +205,32 @@ TEST(HuggingFace, AFolderReadsIntoTheModelItDescribes) {
   EXPECT_EQ(options.mlp_hidden(), 24);
   EXPECT_TRUE(options.attention_bias) << "Qwen2 has q/k/v biases";
   EXPECT_FALSE(options.tie_embeddings);
-  model::Transformer model(options, 1);
-  runtime::load_model_weights(model, runtime::load_hugging_face_parameters(folder, options), folder.string());
-  const auto reference = runtime::load_safetensors(folder / "reference.safetensors");
-  std::map<std::string, torch::Tensor> expected(reference.tensors.begin(), reference.tensors.end());
-  torch::NoGradGuard no_grad;
-  const auto logits = model->forward(expected.at("tokens"));
-  EXPECT_LT((logits.to(torch::kFloat64) - expected.at("logits")).abs().max().item<double>(), 1e-4);
-  EXPECT_LT(relative_error(logits, expected.at("logits")), 1e-5);
+  const auto [logits, expected] = folder_logits(folder, options);
+  EXPECT_LT((logits - expected).abs().max().item<double>(), 1e-4);
+  EXPECT_LT(relative_error(logits, expected), 1e-5);
+}
+
+// Llama 3.1's rotary scaling (rope_scaling of type llama3) read from config.json: its frequencies
+// in all three bands (kept, blended, divided) as the reference computes them; read without the
+// scaling, the same parameters give other logits.
+TEST(HuggingFace, RotaryScalingIsReadAndApplied) {
+  const auto folder = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
+  model::ModelOptions base;
+  base.context = 8;
+  const auto options = runtime::read_hugging_face_config(folder, base);
+  EXPECT_EQ(options.rope_scaling, model::RopeScaling::kLlama3);
+  EXPECT_EQ(options.rope_factor, 8.0);
+  EXPECT_EQ(options.rope_original_context, 64);
+  const auto [logits, expected] = folder_logits(folder, options);
+  EXPECT_LT((logits - expected).abs().max().item<double>(), 1e-4);
+  auto unscaled = options;
+  unscaled.rope_scaling = model::RopeScaling::kNone;
+  const auto [wrong, same] = folder_logits(folder, unscaled);
+  EXPECT_GT((wrong - same).abs().max().item<double>(), 1e-3) << "the scaling changes what the model computes";
+  // Linear scaling divides every frequency by the factor.
+  auto linear = options;
+  linear.rope_scaling = model::RopeScaling::kLinear;
+  EXPECT_TRUE(torch::allclose(model::rope_inverse_frequencies(linear) * 8, model::rope_inverse_frequencies(unscaled)));
 }
 
 // A model written as a Hugging Face folder (loco export --hf) and read back computes the same
@@ -240,6 +269,22 @@ TEST(HuggingFace, AnExportedModelReadsBackTheSame) {
       EXPECT_TRUE(torch::equal(model->forward(tokens), back->forward(tokens))) << out;
     }
   }
+  // Rotary scaling and the norm's epsilon are written into config.json and read back.
+  auto scaled = o;
+  scaled.rope_scaling = model::RopeScaling::kLlama3;
+  scaled.rope_factor = 4;
+  scaled.rope_original_context = 16;
+  scaled.norm_eps = 1e-6;
+  scaled.rope_base = 500000;
+  model::Transformer scaled_model(scaled, 3);
+  runtime::save_hugging_face_folder(scaled_model, dir.path() / "scaled");
+  const auto read_scaled = runtime::read_hugging_face_config(dir.path() / "scaled", o);
+  EXPECT_EQ(read_scaled.rope_scaling, model::RopeScaling::kLlama3);
+  EXPECT_EQ(read_scaled.rope_factor, 4);
+  EXPECT_EQ(read_scaled.rope_original_context, 16);
+  EXPECT_EQ(read_scaled.norm_eps, 1e-6);
+  EXPECT_EQ(read_scaled.rope_base, 500000);
+
   auto gpt = o;
   gpt.mlp = model::MlpKind::kGelu;
   model::Transformer not_llama(gpt, 1);
@@ -297,8 +342,8 @@ TEST(HuggingFace, BadFoldersAreNamed) {
                 .find("architecture 'GPT2LMHeadModel' is not one loco reads"), std::string::npos);
 
   const auto scaled = copy("scaled");
-  edit_config(scaled, "\"rope_theta\"", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0},\n  \"rope_theta\"");
-  EXPECT_NE(error_of([&] { runtime::read_hugging_face_config(scaled, base); }).find("rope_scaling) is not supported yet"),
+  edit_config(scaled, "\"rope_theta\"", "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0},\n  \"rope_theta\"");
+  EXPECT_NE(error_of([&] { runtime::read_hugging_face_config(scaled, base); }).find("rotary scaling 'dynamic' is not supported"),
             std::string::npos);
 
   const auto windowed = copy("windowed");

@@ -112,14 +112,28 @@ struct Section {
   const AddedToken* token = nullptr;
 };
 
-// Cuts `tokens` out of `text`, leftmost and longest first, and strips white space beside those
+// Added tokens, and which of them start with each byte (most bytes start none: a text is scanned
+// once, looking only where one could begin).
+struct AddedTokens {
+  std::vector<AddedToken> tokens;
+  std::array<std::vector<size_t>, 256> by_first_byte;
+
+  void add(AddedToken token) {
+    if (token.content.empty()) return;
+    by_first_byte[static_cast<unsigned char>(token.content[0])].push_back(tokens.size());
+    tokens.push_back(std::move(token));
+  }
+};
+
+// Cuts `added` out of `text`, leftmost and longest first, and strips white space beside those
 // that ask for it (as Hugging Face's tokenizers do).
-std::vector<Section> split_added(const std::string& text, const std::vector<AddedToken>& tokens) {
+std::vector<Section> split_added(const std::string& text, const AddedTokens& added) {
   std::vector<Section> out;
   size_t start = 0;
   for (size_t i = 0; i < text.size();) {
     const AddedToken* best = nullptr;
-    for (const AddedToken& t : tokens) {
+    for (size_t index : added.by_first_byte[static_cast<unsigned char>(text[i])]) {
+      const AddedToken& t = added.tokens[index];
       if ((best == nullptr || t.content.size() > best->content.size()) && text.compare(i, t.content.size(), t.content) == 0) {
         best = &t;
       }
@@ -262,7 +276,7 @@ struct ByteLevelBpe::Impl {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left, right) -> (rank, merged id)
   std::vector<int> normalizers;                           // utf8proc options, applied in turn
   std::vector<PreTokenizerStep> steps;
-  std::vector<AddedToken> raw_added, normalized_added;
+  AddedTokens raw_added, normalized_added;
   std::optional<int32_t> unk;
   bool ignore_merges = false;
   mutable std::mutex cache_mutex;
@@ -369,9 +383,9 @@ void ByteLevelBpe::Impl::read_added_tokens(const json& added) {
     ids_by_text[token.content] = token.id;
     if (flag(t, "normalized", !special) && !normalizers.empty()) {
       token.content = normalize(token.content);
-      normalized_added.push_back(std::move(token));
+      normalized_added.add(std::move(token));
     } else {
-      raw_added.push_back(std::move(token));
+      raw_added.add(std::move(token));
     }
   }
 }

@@ -33,6 +33,11 @@ void ModelOptions::validate() const {
   require(init_std > 0, fmt::format("init_std must be > 0, got {}", init_std));
   require(rope_base > 1, fmt::format("rope_base must be > 1, got {}", rope_base));
   require(norm_eps > 0, fmt::format("norm_eps must be > 0, got {}", norm_eps));
+  require(rope_scaling == RopeScaling::kNone || rope_factor >= 1,
+          fmt::format("rope_factor must be >= 1 with rope_scaling, got {}", rope_factor));
+  require(rope_scaling != RopeScaling::kLlama3 || (rope_high_freq_factor > rope_low_freq_factor && rope_low_freq_factor > 0 &&
+                                                    rope_original_context > 0),
+          "rope_scaling = llama3 needs 0 < rope_low_freq_factor < rope_high_freq_factor and rope_original_context > 0");
 }
 
 int64_t parameter_count(const ModelOptions& o) {
@@ -58,6 +63,26 @@ double training_flops_per_token(const ModelOptions& o) {
 }
 
 const char* to_string(NormKind k) { return k == NormKind::kRMSNorm ? "rmsnorm" : "layernorm"; }
+const char* to_string(RopeScaling k) {
+  return k == RopeScaling::kNone ? "none" : k == RopeScaling::kLinear ? "linear" : "llama3";
+}
+
+// Hugging Face's _compute_default/linear/llama3_rope_parameters (transformers' modeling_rope_utils).
+torch::Tensor rope_inverse_frequencies(const ModelOptions& o) {
+  const int64_t half = o.head_dim() / 2;
+  auto inv_freq = torch::pow(o.rope_base, -torch::arange(0, half, torch::kFloat64) / static_cast<double>(half));
+  if (o.rope_scaling == RopeScaling::kLinear) return inv_freq / o.rope_factor;
+  if (o.rope_scaling == RopeScaling::kNone) return inv_freq;
+  const double original = static_cast<double>(o.rope_original_context);
+  const double low_wavelength = original / o.rope_low_freq_factor, high_wavelength = original / o.rope_high_freq_factor;
+  const auto wavelength = 2 * M_PI / inv_freq;
+  auto scaled = torch::where(wavelength > low_wavelength, inv_freq / o.rope_factor, inv_freq);
+  const auto smooth = (original / wavelength - o.rope_low_freq_factor) / (o.rope_high_freq_factor - o.rope_low_freq_factor);
+  const auto smoothed = (1 - smooth) * scaled / o.rope_factor + smooth * scaled;
+  const auto medium = (wavelength >= high_wavelength).logical_and(wavelength <= low_wavelength);
+  return torch::where(medium, smoothed, scaled);
+}
+
 const char* to_string(PositionKind k) { return k == PositionKind::kRope ? "rope" : "learned"; }
 const char* to_string(MlpKind k) { return k == MlpKind::kGelu ? "gelu" : "swiglu"; }
 
@@ -180,8 +205,7 @@ TransformerImpl::TransformerImpl(const ModelOptions& options, uint64_t seed) : o
     pos_emb = register_module("pos_emb", torch::nn::Embedding(o.context, o.width));
   } else {
     const int64_t half = o.head_dim() / 2;
-    auto inv_freq = torch::pow(o.rope_base, -torch::arange(0, half, torch::kFloat64) / static_cast<double>(half));
-    auto angles = torch::outer(torch::arange(0, o.context, torch::kFloat64), inv_freq);  // (context, half)
+    auto angles = torch::outer(torch::arange(0, o.context, torch::kFloat64), rope_inverse_frequencies(o));  // (context, half)
     rope_cos_ = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
     rope_sin_ = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
   }

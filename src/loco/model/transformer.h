@@ -25,6 +25,10 @@ namespace loco::model {
 enum class NormKind { kRMSNorm, kLayerNorm };
 enum class PositionKind { kRope, kLearned };
 enum class MlpKind { kGelu, kSwiGlu };
+// Rotary scaling, as Hugging Face's rope_scaling: none; linear (every frequency divided by
+// rope_factor); llama3 (Llama 3.1's: low frequencies divided by rope_factor, high ones kept, and a
+// smooth blend between, set by the low/high frequency factors and the original context).
+enum class RopeScaling { kNone, kLinear, kLlama3 };
 
 struct ModelOptions {
   int64_t vocab_size = 4096;
@@ -42,7 +46,12 @@ struct ModelOptions {
   MlpKind mlp = MlpKind::kGelu;
   bool qk_norm = false;
   double init_std = 0.02;    // residual output projections use init_std / sqrt(2 * layers)
-  double rope_base = 10000.0;
+  double rope_base = 10000.0;  // Hugging Face's rope_theta
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  double rope_factor = 1.0;              // linear, llama3
+  double rope_low_freq_factor = 1.0;     // llama3
+  double rope_high_freq_factor = 4.0;    // llama3
+  int64_t rope_original_context = 8192;  // llama3: original_max_position_embeddings
   double norm_eps = 1e-5;
 
   int64_t head_dim() const { return width / heads; }
@@ -57,7 +66,11 @@ int64_t parameter_count(const ModelOptions& options);
 // Approximate training FLOPs per token: 6 * (non-embedding matmul parameters + head) + attention.
 double training_flops_per_token(const ModelOptions& options);
 
+// RoPE's inverse frequencies, (head_dim / 2,) in float64, with the options' scaling.
+torch::Tensor rope_inverse_frequencies(const ModelOptions& options);
+
 const char* to_string(NormKind);
+const char* to_string(RopeScaling);
 const char* to_string(PositionKind);
 const char* to_string(MlpKind);
 

@@ -66,6 +66,7 @@ std::vector<Field> fields_of(RunConfig& c) {
   using model::MlpKind;
   using model::NormKind;
   using model::PositionKind;
+  using model::RopeScaling;
   auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
   auto at_least = [](double lo, Field f) { f.min = lo; return f; };
   auto between = [](double lo, double hi, Field f) { f.min = lo; f.max = hi; return f; };
@@ -90,6 +91,14 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"model.position", "positions: rope or learned", enum_field(c.model.position, {{PositionKind::kRope, "rope"}, {PositionKind::kLearned, "learned"}})},
       {"model.mlp", "MLP: gelu or swiglu", enum_field(c.model.mlp, {{MlpKind::kGelu, "gelu"}, {MlpKind::kSwiGlu, "swiglu"}})},
       {"model.qk_norm", "RMSNorm on queries and keys per head", &c.model.qk_norm},
+      positive({"model.norm_eps", "epsilon of the normalization (Hugging Face's rms_norm_eps)", &c.model.norm_eps}),
+      at_least(1.000001, {"model.rope_theta", "base of the rotary embeddings' frequencies (Hugging Face's rope_theta)", &c.model.rope_base}),
+      {"model.rope_scaling", "rotary scaling, as Hugging Face's rope_scaling: none, linear (frequencies / rope_factor) or llama3 (Llama 3.1's)",
+       enum_field(c.model.rope_scaling, {{RopeScaling::kNone, "none"}, {RopeScaling::kLinear, "linear"}, {RopeScaling::kLlama3, "llama3"}})},
+      at_least(1, {"model.rope_factor", "rope_scaling: its factor", &c.model.rope_factor}),
+      positive({"model.rope_low_freq_factor", "rope_scaling = llama3: low_freq_factor", &c.model.rope_low_freq_factor}),
+      positive({"model.rope_high_freq_factor", "rope_scaling = llama3: high_freq_factor", &c.model.rope_high_freq_factor}),
+      at_least(1, {"model.rope_original_context", "rope_scaling = llama3: original_max_position_embeddings", &c.model.rope_original_context}),
       positive({"model.init_std", "std of the normal initialization", &c.model.init_std}),
       positive({"optim.lr", "peak learning rate of AdamW", &c.optim.lr}),
       at_least(0, {"optim.warmup_steps", "linear warmup steps", &c.optim.warmup_steps}),

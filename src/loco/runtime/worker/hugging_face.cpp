@@ -61,6 +61,25 @@ class Fields {
   std::string where_;
 };
 
+// config.json's rope_scaling into `o`: linear or llama3 (others are refused, naming them).
+void read_rope_scaling(const nlohmann::json& json, const Fields& f, model::ModelOptions& o) {
+  if (!f.has("rope_scaling")) return;
+  if (!json["rope_scaling"].is_object()) f.refuse("'rope_scaling' must be an object");
+  const Fields scaling(json["rope_scaling"], "its rope_scaling");
+  const std::string type = scaling.text("rope_type", scaling.text("type", ""));
+  if (type == "default") return;
+  if (type != "linear" && type != "llama3") {
+    f.refuse(fmt::format("rotary scaling '{}' is not supported (loco reads linear and llama3)", type));
+  }
+  o.rope_scaling = type == "linear" ? model::RopeScaling::kLinear : model::RopeScaling::kLlama3;
+  o.rope_factor = scaling.number("factor", 1.0);
+  if (o.rope_scaling == model::RopeScaling::kLlama3) {
+    o.rope_low_freq_factor = scaling.number("low_freq_factor", 1.0);
+    o.rope_high_freq_factor = scaling.number("high_freq_factor", 4.0);
+    o.rope_original_context = scaling.integer("original_max_position_embeddings", 8192);
+  }
+}
+
 std::string architecture_of(const nlohmann::json& json) {
   if (!json.contains("architectures") || !json["architectures"].is_array() || json["architectures"].size() != 1 ||
       !json["architectures"][0].is_string()) {
@@ -131,8 +150,9 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   }
   if (f.text("hidden_act", "silu") != "silu") f.refuse(fmt::format("activation '{}': loco's SwiGLU uses silu", f.text("hidden_act", "")));
   if (f.boolean("mlp_bias", false)) f.refuse("biases in the MLP (mlp_bias) are not supported");
-  if (f.has("rope_scaling")) f.refuse("rotary scaling (rope_scaling) is not supported yet");
   model::ModelOptions o = base;
+  o.rope_scaling = model::RopeScaling::kNone;
+  read_rope_scaling(json, f, o);
   o.vocab_size = f.integer("vocab_size");
   o.width = f.integer("hidden_size");
   o.layers = f.integer("num_hidden_layers");
@@ -220,6 +240,13 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
       {"rope_theta", o.rope_base}, {"max_position_embeddings", o.context}, {"tie_word_embeddings", o.tie_embeddings},
       {"attention_bias", false}, {"use_sliding_window", false}, {"torch_dtype", "float32"}};
   nlohmann::json with_tokens = config;
+  if (o.rope_scaling == model::RopeScaling::kLinear) {
+    with_tokens["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_factor}};
+  } else if (o.rope_scaling == model::RopeScaling::kLlama3) {
+    with_tokens["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", o.rope_factor},
+                                   {"low_freq_factor", o.rope_low_freq_factor}, {"high_freq_factor", o.rope_high_freq_factor},
+                                   {"original_max_position_embeddings", o.rope_original_context}};
+  }
   if (tokens.eos >= 0) with_tokens["eos_token_id"] = tokens.eos;
   if (tokens.bos >= 0) with_tokens["bos_token_id"] = tokens.bos;
   write_file_atomic(out / "config.json", with_tokens.dump(2) + "\n", "hugging face");

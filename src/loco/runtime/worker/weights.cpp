@@ -106,7 +106,7 @@ void load_hugging_face_weights(model::Transformer& model, const RunConfig& confi
   const auto& folder = config.train.init_from;
   const auto described = read_hugging_face_config(folder, config.model);
   const auto& m = config.model;
-  const std::vector<std::tuple<const char*, std::string, std::string>> fields = {
+  std::vector<std::tuple<const char*, std::string, std::string>> fields = {
       {"vocab_size", std::to_string(described.vocab_size), std::to_string(m.vocab_size)},
       {"width", std::to_string(described.width), std::to_string(m.width)},
       {"layers", std::to_string(described.layers), std::to_string(m.layers)},
@@ -118,7 +118,23 @@ void load_hugging_face_weights(model::Transformer& model, const RunConfig& confi
       {"norm", model::to_string(described.norm), model::to_string(m.norm)},
       {"position", model::to_string(described.position), model::to_string(m.position)},
       {"mlp", model::to_string(described.mlp), model::to_string(m.mlp)},
-      {"qk_norm", described.qk_norm ? "true" : "false", m.qk_norm ? "true" : "false"}};
+      {"qk_norm", described.qk_norm ? "true" : "false", m.qk_norm ? "true" : "false"},
+      {"norm_eps", fmt::format("{}", described.norm_eps), fmt::format("{}", m.norm_eps)},
+      {"rope_theta", fmt::format("{}", described.rope_base), fmt::format("{}", m.rope_base)},
+      {"rope_scaling", model::to_string(described.rope_scaling), model::to_string(m.rope_scaling)}};
+  std::vector<std::tuple<const char*, std::string, std::string>> scaling;
+  if (m.rope_scaling != model::RopeScaling::kNone) {
+    scaling.emplace_back("rope_factor", fmt::format("{}", described.rope_factor), fmt::format("{}", m.rope_factor));
+  }
+  if (m.rope_scaling == model::RopeScaling::kLlama3) {
+    scaling.emplace_back("rope_low_freq_factor", fmt::format("{}", described.rope_low_freq_factor),
+                         fmt::format("{}", m.rope_low_freq_factor));
+    scaling.emplace_back("rope_high_freq_factor", fmt::format("{}", described.rope_high_freq_factor),
+                         fmt::format("{}", m.rope_high_freq_factor));
+    scaling.emplace_back("rope_original_context", std::to_string(described.rope_original_context),
+                         std::to_string(m.rope_original_context));
+  }
+  fields.insert(fields.end(), scaling.begin(), scaling.end());
   for (const auto& [name, theirs, ours] : fields) {
     if (theirs == ours) continue;
     throw ConfigError("train", fmt::format("train.init_from = {}: its config.json has model.{} = {}, this run's config {}; "
