@@ -1,5 +1,5 @@
 // loco eval | generate: a dense checkpoint, or a DiPaCo run routed to one path. loco export: a
-// dense checkpoint as a Hugging Face folder.
+// dense checkpoint, or one DiPaCo path, as a Hugging Face folder.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -15,6 +15,7 @@
 #include "loco/model/sampling.h"
 #include "loco/runtime/dipaco/evaluation.h"
 #include "loco/runtime/dipaco/inference.h"
+#include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/worker/hugging_face.h"
 #include "loco/runtime/worker/weights.h"
 
@@ -152,37 +153,61 @@ class Generate : public InferenceCommand {
   model::SampleOptions sample_;
 };
 
-class Export : public Command {
+class Export : public InferenceCommand {
  public:
   explicit Export(CLI::App& app) {
-    cmd = app.add_subcommand("export", "Write a checkpoint's model (its global parameters) as a Hugging Face folder");
-    cmd->add_option("--checkpoint", checkpoint_, "checkpoint folder, or a run folder (its latest)")->required();
+    cmd = app.add_subcommand("export", "Write a checkpoint's model (its global parameters), or a DiPaCo run's path, as "
+                                       "a Hugging Face folder");
+    add_source_options();
+    cmd->add_option("--path", path_, "with --config: the DiPaCo path to write (its modules as evaluation runs them)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
     cmd->add_option("--hf", out_, "the folder to write: config.json, model.safetensors and the dataset's tokenizer (it "
                                   "must not exist, or be empty)")->required();
   }
   int run() override {
-    auto loaded = runtime::load_for_inference(checkpoint_, "", torch::kCPU);
-    // The dataset's tokenizer goes with the model, when the run's dataset is still where it was.
-    std::optional<data::Tokenizer> tokenizer;
-    std::error_code error;
-    if (fs::exists(fs::path(loaded.config.data.dir) / "manifest.json", error)) {
-      tokenizer = data::Dataset::open_tokenizer(loaded.config.data.dir);
-      runtime::check_same_tokenizer(tokenizer->hash(), (fs::path(loaded.config.data.dir) / tokenizer->file_name()).string(),
-                                    loaded.checkpoint);
+    if (auto config = dipaco_config()) {
+      if (path_ < 0) throw ConfigError("cli", "--config exports one path of a DiPaCo run: pass --path N");
+      const auto layout = runtime::open_run_registry(*config)->layout();
+      const auto paths = layout ? static_cast<int64_t>(layout->path_modules.size()) : 0;
+      if (path_ >= paths) {
+        throw ConfigError("cli", fmt::format("--path {}: the DiPaCo run {} has {} paths", path_, config->run.dir, paths));
+      }
+      runtime::PathInference inference(*config);
+      write(inference.model(path_, torch::kCPU), config->data.dir, std::nullopt,
+            fmt::format("path {} of the DiPaCo run {}", path_, config->run.dir));
+      return 0;
     }
-    runtime::save_hugging_face_folder(loaded.model, out_,
-                                      tokenizer ? runtime::SpecialTokenIds{tokenizer->eos_id(), tokenizer->bos_id()}
-                                                : runtime::SpecialTokenIds{});
-    if (tokenizer) tokenizer->save_hugging_face(out_);
-    fmt::print("wrote {} (step {} of {}) as a Hugging Face folder {}: config.json, model.safetensors{}\n",
-               loaded.checkpoint.dir.string(), loaded.checkpoint.state.step, loaded.config.run.dir, out_,
-               tokenizer ? fmt::format(", {} and tokenizer_config.json", tokenizer->file_name())
-                         : fmt::format("; no tokenizer: the dataset {} is gone", loaded.config.data.dir));
+    if (path_ >= 0) throw ConfigError("cli", "--path names a path of a DiPaCo run: pass --config");
+    auto loaded = runtime::load_for_inference(checkpoint_path_, "", torch::kCPU);
+    write(loaded.model, loaded.config.data.dir, loaded.checkpoint,
+          fmt::format("{} (step {} of {})", loaded.checkpoint.dir.string(), loaded.checkpoint.state.step,
+                      loaded.config.run.dir));
     return 0;
   }
 
  private:
-  std::string checkpoint_, out_;
+  // Writes `model` and, when the dataset in `data_dir` is still there, its tokenizer (checked
+  // against `checkpoint`'s when there is one).
+  void write(const model::Transformer& model, const std::string& data_dir,
+             const std::optional<runtime::Checkpoint>& checkpoint, const std::string& what) const {
+    std::optional<data::Tokenizer> tokenizer;
+    std::error_code error;
+    if (fs::exists(fs::path(data_dir) / "manifest.json", error)) {
+      tokenizer = data::Dataset::open_tokenizer(data_dir);
+      if (checkpoint) {
+        runtime::check_same_tokenizer(tokenizer->hash(), (fs::path(data_dir) / tokenizer->file_name()).string(), *checkpoint);
+      }
+    }
+    runtime::save_hugging_face_folder(model, out_,
+                                      tokenizer ? runtime::SpecialTokenIds{tokenizer->eos_id(), tokenizer->bos_id()}
+                                                : runtime::SpecialTokenIds{});
+    if (tokenizer) tokenizer->save_hugging_face(out_);
+    fmt::print("wrote {} as a Hugging Face folder {}: config.json, model.safetensors{}\n", what, out_,
+               tokenizer ? fmt::format(", {} and tokenizer_config.json", tokenizer->file_name())
+                         : fmt::format("; no tokenizer: the dataset {} is gone", data_dir));
+  }
+  int64_t path_ = -1;
+  std::string out_;
 };
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include "loco/runtime/dipaco/inference.h"
 #include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/dipaco/worker.h"
+#include "loco/runtime/worker/hugging_face.h"
+#include "loco/runtime/worker/weights.h"
 #include "process_util.h"
 #include "runtime/dipaco/postgres_server.h"
 #include "test_util.h"
@@ -446,8 +448,9 @@ TEST_F(DipacoRunTest, TasksRunInProcessAsInAWorkerProcess) {
 // The Llama architecture's options train as paths too: grouped-query attention, q/k/v biases, an
 // untied head (which travels in the shared embed module with the token embedding), SwiGLU.
 TEST_F(DipacoRunTest, TheLlamaArchitectureTrainsAsPaths) {
-  const auto c = config("llama", {"model.mlp=swiglu", "model.mlp_hidden=48", "model.kv_heads=1", "model.attention_bias=true",
-                                  "model.tie_embeddings=false"});
+  const std::vector<std::string> llama = {"model.mlp=swiglu", "model.mlp_hidden=48", "model.kv_heads=1",
+                                          "model.attention_bias=true", "model.tie_embeddings=false"};
+  const auto c = config("llama", llama);
   prepare_dipaco_run(c, stderr);
   DipacoWorkerOptions only;
   only.name = "only";
@@ -467,6 +470,28 @@ TEST_F(DipacoRunTest, TheLlamaArchitectureTrainsAsPaths) {
   for (const auto& event : path_tasks("llama")) loss_by_phase[event["phase"].get<int64_t>()] += event["loss"].get<double>() / 4;
   ASSERT_EQ(loss_by_phase.size(), 4u);
   EXPECT_LT(loss_by_phase.rbegin()->second, loss_by_phase.begin()->second) << "the paths learn";
+
+  // One path, exported as a Hugging Face folder (loco export --config --path), computes what the
+  // path computes at evaluation, and carries the dataset's tokenizer.
+  auto exported = command("export", "llama", llama);
+  for (const char* more : {"--path", "2", "--hf"}) exported.push_back(more);
+  exported.push_back((dir_->path() / "llama-path-2").string());
+  const auto written = run_command(exported, log("llama-export"));
+  ASSERT_EQ(written.status, 0) << written.output;
+  EXPECT_TRUE(fs::exists(dir_->path() / "llama-path-2" / "tokenizer.model"));
+  const auto options = read_hugging_face_config(dir_->path() / "llama-path-2", c.model);
+  model::Transformer back(options, 1);
+  load_model_weights(back, load_hugging_face_parameters(dir_->path() / "llama-path-2", options), "export");
+  PathInference inference(c);
+  const auto tokens = torch::randint(0, options.vocab_size, {2, 16}, torch::kInt64);
+  torch::NoGradGuard no_grad;
+  back->eval();
+  EXPECT_TRUE(torch::equal(back->forward(tokens), inference.model(2, torch::kCPU)->forward(tokens)));
+  exported.back() = (dir_->path() / "llama-path-9").string();
+  exported[exported.size() - 3] = "9";
+  const auto refused = run_command(exported, log("llama-export-9"));
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.output.find("--path 9: the DiPaCo run"), std::string::npos) << refused.output;
 }
 
 // Early stopping (dipaco.keep_every = 2, dipaco.early_stopping): the modules keep versions 0, 2
