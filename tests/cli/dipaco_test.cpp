@@ -482,16 +482,31 @@ TEST_F(DipacoRunTest, TheLlamaArchitectureTrainsAsPaths) {
   const auto options = read_hugging_face_config(dir_->path() / "llama-path-2", c.model);
   model::Transformer back(options, 1);
   load_model_weights(back, load_hugging_face_parameters(dir_->path() / "llama-path-2", options), "export");
-  PathInference inference(c);
-  const auto tokens = torch::randint(0, options.vocab_size, {2, 16}, torch::kInt64);
-  torch::NoGradGuard no_grad;
-  back->eval();
-  EXPECT_TRUE(torch::equal(back->forward(tokens), inference.model(2, torch::kCPU)->forward(tokens)));
+  {
+    PathInference inference(c);
+    const auto tokens = torch::randint(0, options.vocab_size, {2, 16}, torch::kInt64);
+    torch::NoGradGuard no_grad;
+    back->eval();
+    EXPECT_TRUE(torch::equal(back->forward(tokens), inference.model(2, torch::kCPU)->forward(tokens)));
+  }
   exported.back() = (dir_->path() / "llama-path-9").string();
   exported[exported.size() - 3] = "9";
   const auto refused = run_command(exported, log("llama-export-9"));
   EXPECT_EQ(refused.status, 1);
   EXPECT_NE(refused.output.find("--path 9: the DiPaCo run"), std::string::npos) << refused.output;
+
+  // DiPaCo forked from a Hugging Face folder (the exported path): routed by its features, every
+  // path starts from it, so the first phase's losses start where the trained path left off.
+  auto from_folder = llama;
+  from_folder.push_back("train.init_from=" + (dir_->path() / "llama-path-2").string());
+  const auto forked = config("llama-forked", from_folder);
+  prepare_dipaco_run(forked, stderr);
+  run_dipaco_worker(forked, only);
+  double forked_first = 0;
+  for (const auto& event : path_tasks("llama-forked")) {
+    if (event["phase"] == 0) forked_first += event["loss"].get<double>() / 4;
+  }
+  EXPECT_LT(forked_first, loss_by_phase.begin()->second - 0.2);
 }
 
 // Early stopping (dipaco.keep_every = 2, dipaco.early_stopping): the modules keep versions 0, 2
