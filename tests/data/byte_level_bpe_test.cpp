@@ -47,6 +47,17 @@ TEST(ByteLevelBpe, MergesTheLowestRankedPairFirstAndTheLeftmostAmongEquals) {
   EXPECT_EQ(other->encode("abc"), (std::vector<int32_t>{3, 2}));
   EXPECT_EQ(other->decode({3, 2}), "abc");
   EXPECT_EQ(other->vocab_size(), 7);
+  // A pair listed twice takes its last rank, as tokenizers' (and tokenizers.js') map does: "b c" wins.
+  EXPECT_EQ(ByteLevelBpe::parse(tiny(vocab, {"a b", "b c", "a b"}), "twice")->encode("abc"), (std::vector<int32_t>{0, 4}));
+}
+
+TEST(ByteLevelBpe, AByteTheVocabularyLacksIsUnkAndMergesWithNothing) {
+  json file = json::parse(tiny({{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}, {"<unk>", 5}}, {"a b"}));
+  file["model"]["unk_token"] = "<unk>";
+  EXPECT_EQ(ByteLevelBpe::parse(file.dump(), "unk")->encode("axb"), (std::vector<int32_t>{0, 5, 1}));
+  EXPECT_EQ(ByteLevelBpe::parse(file.dump(), "unk")->encode("axxb"), (std::vector<int32_t>{0, 5, 5, 1}));
+  file["model"]["fuse_unk"] = true;
+  EXPECT_EQ(ByteLevelBpe::parse(file.dump(), "fused")->encode("axxb"), (std::vector<int32_t>{0, 5, 1}));
 }
 
 TEST(ByteLevelBpe, IgnoreMergesKeepsAPieceOfTheVocabularyWhole) {
@@ -70,6 +81,11 @@ TEST(ByteLevelBpe, RefusesWhatItDoesNotReadNamingIt) {
   EXPECT_TRUE(refused([](json& j) { j["model"]["type"] = "Unigram"; }, {"Unigram", "not BPE"}));
   EXPECT_TRUE(refused([](json& j) { j["added_tokens"][0]["single_word"] = true; }, {"<|endoftext|>", "single_word"}));
   EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; }, {"inverted"}));
+  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"] = {j["pre_tokenizer"]["pretokenizers"][1],
+                                                                            j["pre_tokenizer"]["pretokenizers"][0]}; },
+                      {"after ByteLevel"}));
+  EXPECT_TRUE(refused([](json& j) { j["model"]["vocab"]["huge"] = 2000000000; }, {"2000000000", "outside"}));
+  EXPECT_TRUE(refused([](json& j) { j["model"]["vocab"]["half"] = 1.5; }, {"half", "not an integer"}));
   EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
                       {"does not compile", "(unclosed"}));
   EXPECT_TRUE(throws_with<DataError>([] { ByteLevelBpe::parse("{\"model\": ", "half"); }, {"half", "not a tokenizer.json"}));
@@ -88,6 +104,7 @@ std::string mixed_text() {
          "\ttabs\tand  two spaces,   three, trailing   \n\n\r\nCRLF\r\nnbsp\xC2\xA0here ideographic\xE3\x80\x80space "
          "line\xE2\x80\xA8separator\n"
          "<|im_start|>user\nhi there<|im_end|><|endoftext|> before   <mask> after <extra_word> end\n"
+         "<mask>   <extra_word> x, x<extra_word>   <|im_end|> mongolian a \xE1\xA0\x8Ex b\n"
          "    indented code(x) { return x*2; }  // comment\n";
 }
 
@@ -124,12 +141,26 @@ std::vector<Variant> variants() {
          j["pre_tokenizer"] = {{"type", "Sequence"},
                                {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level_regex}}};
        }},
-      {"prefix-space-nfkc",
+      {"prefix-space-nfkc-stripped",
        [=](json& j) {
          j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}};
+         j["added_tokens"][4]["lstrip"] = true;  // <extra_word>, normalized: stripped after normalization
+         j["added_tokens"][4]["rstrip"] = true;
          json with_prefix = byte_level_regex;
          with_prefix["add_prefix_space"] = true;
          j["pre_tokenizer"] = with_prefix;
+       }},
+      // (Isolated: tokenizers.js keeps a String pattern's matches even when Removed, as JavaScript's
+      // split does with the group it wraps them in; tokenizers, and loco, drop them.)
+      {"split-on-a-string",
+       [](json& j) {
+         j["pre_tokenizer"]["pretokenizers"][0] = {
+             {"type", "Split"}, {"pattern", {{"String", ", "}}}, {"behavior", "Isolated"}, {"invert", false}};
+       }},
+      {"split-removing-a-regex",
+       [](json& j) {
+         j["pre_tokenizer"]["pretokenizers"][0] = {
+             {"type", "Split"}, {"pattern", {{"Regex", "[,;]\\s"}}}, {"behavior", "Removed"}, {"invert", false}};
        }},
   };
 }
@@ -227,6 +258,8 @@ TEST(ByteLevelBpe, ATokenizerJsonIsADatasetsTokenizerWithItsEndOfTextToken) {
   EXPECT_EQ(from_config.eos_id(), 858);
   EXPECT_EQ(from_config.bos_id(), 857);
   EXPECT_NE(from_config.hash(), tokenizer.hash()) << "the end-of-text token is part of what the hash identifies";
+  write_text(tmp / "bare" / "tokenizer_config.json", R"({"eos_token": "<|endoftext|>", "bos_token": null})");
+  EXPECT_EQ(Tokenizer::load(tmp / "bare" / "tokenizer.json").bos_id(), -1) << "a null bos_token says none";
   write_text(tmp / "bare" / "tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
   EXPECT_TRUE(throws_with<DataError>([&] { Tokenizer::load(tmp / "bare" / "tokenizer.json"); }, {"<|nope|>", "not a token"}));
 }

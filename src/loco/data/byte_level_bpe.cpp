@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -16,9 +17,15 @@
 #include <nlohmann/json.hpp>
 
 #include "loco/core/error.h"
+#include "loco/data/added_tokens.h"
 
 namespace loco::data {
 namespace {
+
+using detail::AddedToken;
+using detail::AddedTokens;
+using detail::Section;
+using detail::split_added;
 
 using json = nlohmann::json;
 constexpr std::string_view kModule = "data";
@@ -27,6 +34,7 @@ constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr size_t kMaxCachedPiece = 256;   // bytes; longer pieces are rare and not worth keeping
 constexpr size_t kMaxCacheEntries = 1 << 16;
+constexpr int32_t kMaxTokenId = 1 << 24;  // a vocabulary of 16M tokens is none a model has; a larger id is a bad file
 
 // GPT-2's table of printable characters standing for bytes (bytes_to_unicode): the printable
 // Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards, in byte order.
@@ -55,40 +63,33 @@ std::vector<char32_t> code_points(std::string_view text, std::string_view where)
   return out;
 }
 
-bool is_white_space(char32_t cp) {
-  if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || cp == 0xFEFF) return true;
-  const utf8proc_category_t c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
-  return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
-}
-
-// `text` without the white space at its end (`at_end`) or its start.
-std::string trimmed(const std::string& text, bool at_end) {
-  std::vector<char32_t> cps = code_points(text, "an added token's neighbour");
-  size_t begin = 0, end = cps.size();
-  if (at_end) {
-    while (end > 0 && is_white_space(cps[end - 1])) --end;
-  } else {
-    while (begin < end && is_white_space(cps[begin])) ++begin;
-  }
-  std::string out;
-  for (size_t i = begin; i < end; ++i) {
-    utf8proc_uint8_t buf[4];
-    out.append(reinterpret_cast<char*>(buf), utf8proc_encode_char(static_cast<utf8proc_int32_t>(cps[i]), buf));
-  }
-  return out;
-}
-
 struct CompiledRegex {
   pcre2_code* code = nullptr;
   ~CompiledRegex() { pcre2_code_free(code); }
 };
 
+// `pattern` with \s and \S spelled as Unicode's White_Space: PCRE2's \s also takes U+180E, which
+// Oniguruma's (and so tokenizers') does not.
+std::string with_white_space_property(std::string_view pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const char next = pattern[++i];
+    out += next == 's' ? "\\p{White_Space}" : next == 'S' ? "\\P{White_Space}" : std::string{'\\', next};
+  }
+  return out;
+}
+
 std::shared_ptr<CompiledRegex> compile(std::string_view pattern, bool literal, std::string_view where) {
   int error = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+  const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;  // LITERAL refuses UCP
+  const std::string source = literal ? std::string(pattern) : with_white_space_property(pattern);
   auto regex = std::make_shared<CompiledRegex>();
-  regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error, &offset,
+  regex->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options, &error, &offset,
                               nullptr);
   if (regex->code == nullptr) {
     PCRE2_UCHAR message[256];
@@ -98,64 +99,6 @@ std::shared_ptr<CompiledRegex> compile(std::string_view pattern, bool literal, s
   }
   pcre2_jit_compile(regex->code, PCRE2_JIT_COMPLETE);  // best effort: the interpreter gives the same matches
   return regex;
-}
-
-struct AddedToken {
-  std::string content;
-  int32_t id = 0;
-  bool lstrip = false, rstrip = false;
-};
-
-// A stretch of text, or an added token cut out of it.
-struct Section {
-  std::string text;
-  const AddedToken* token = nullptr;
-};
-
-// Added tokens, and which of them start with each byte (most bytes start none: a text is scanned
-// once, looking only where one could begin).
-struct AddedTokens {
-  std::vector<AddedToken> tokens;
-  std::array<std::vector<size_t>, 256> by_first_byte;
-
-  void add(AddedToken token) {
-    if (token.content.empty()) return;
-    by_first_byte[static_cast<unsigned char>(token.content[0])].push_back(tokens.size());
-    tokens.push_back(std::move(token));
-  }
-};
-
-// Cuts `added` out of `text`, leftmost and longest first, and strips white space beside those
-// that ask for it (as Hugging Face's tokenizers do).
-std::vector<Section> split_added(const std::string& text, const AddedTokens& added) {
-  std::vector<Section> out;
-  size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
-    const AddedToken* best = nullptr;
-    for (size_t index : added.by_first_byte[static_cast<unsigned char>(text[i])]) {
-      const AddedToken& t = added.tokens[index];
-      if ((best == nullptr || t.content.size() > best->content.size()) && text.compare(i, t.content.size(), t.content) == 0) {
-        best = &t;
-      }
-    }
-    if (best == nullptr) {
-      ++i;
-      continue;
-    }
-    if (i > start) out.push_back({text.substr(start, i - start), nullptr});
-    out.push_back({best->content, best});
-    i += best->content.size();
-    start = i;
-  }
-  if (start < text.size()) out.push_back({text.substr(start), nullptr});
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i].token == nullptr) continue;
-    if (out[i].token->lstrip && i > 0 && out[i - 1].token == nullptr) out[i - 1].text = trimmed(out[i - 1].text, true);
-    if (out[i].token->rstrip && i + 1 < out.size() && out[i + 1].token == nullptr) {
-      out[i + 1].text = trimmed(out[i + 1].text, false);
-    }
-  }
-  return out;
 }
 
 enum class StepKind { kByteLevel, kSplit, kDigits };
@@ -175,7 +118,8 @@ void split_on(const std::string& text, const CompiledRegex& regex, bool isolated
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t last = 0, from = 0;
   while (from <= text.size()) {
-    const int rc = pcre2_match(regex.code, subject, text.size(), from, 0, match.get(), nullptr);
+    // The text was checked once (encode()); checking it again at every match made splitting quadratic.
+    const int rc = pcre2_match(regex.code, subject, text.size(), from, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
@@ -195,18 +139,29 @@ void split_on(const std::string& text, const CompiledRegex& regex, bool isolated
   if (last < text.size()) out.push_back(text.substr(last));
 }
 
+// Digits: runs of numbers (each alone when `individual`) and of the rest. A number is what Rust's
+// char::is_numeric says (Unicode Nd, Nl, No), as in tokenizers.
 void split_digits(const std::string& text, bool individual, std::vector<std::string>& out) {
-  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
-  for (size_t i = 0; i < text.size();) {
-    size_t j = i + 1;
-    if (is_digit(text[i])) {
-      while (!individual && j < text.size() && is_digit(text[j])) ++j;
-    } else {
-      while (j < text.size() && !is_digit(text[j])) ++j;
+  auto numeric = [](utf8proc_int32_t cp) {
+    const utf8proc_category_t c = utf8proc_category(cp);
+    return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
+  };
+  const auto* bytes = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
+  const auto size = static_cast<utf8proc_ssize_t>(text.size());
+  utf8proc_ssize_t start = 0;
+  int kind = -1;  // of the run under way: 1 numeric, 0 not
+  for (utf8proc_ssize_t i = 0; i < size;) {
+    utf8proc_int32_t cp = 0;
+    const utf8proc_ssize_t n = std::max<utf8proc_ssize_t>(1, utf8proc_iterate(bytes + i, size - i, &cp));
+    const int here = numeric(cp) ? 1 : 0;
+    if (kind >= 0 && (here != kind || (here == 1 && individual))) {
+      out.push_back(text.substr(static_cast<size_t>(start), static_cast<size_t>(i - start)));
+      start = i;
     }
-    out.push_back(text.substr(i, j - i));
-    i = j;
+    kind = here;
+    i += n;
   }
+  if (start < size) out.push_back(text.substr(static_cast<size_t>(start)));
 }
 
 bool flag(const json& object, const char* key, bool fallback) {
@@ -217,17 +172,14 @@ bool flag(const json& object, const char* key, bool fallback) {
 void read_normalizer(const json& n, std::vector<int>& out, std::string_view where) {
   if (n.is_null()) return;
   const std::string type = n.value("type", "");
-  const int base = UTF8PROC_STABLE;
+  static const std::map<std::string, int> kForms = {{"NFC", UTF8PROC_COMPOSE},
+                                                     {"NFD", UTF8PROC_DECOMPOSE},
+                                                     {"NFKC", UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
+                                                     {"NFKD", UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT}};
   if (type == "Sequence") {
     for (const json& each : n.at("normalizers")) read_normalizer(each, out, where);
-  } else if (type == "NFC") {
-    out.push_back(base | UTF8PROC_COMPOSE);
-  } else if (type == "NFD") {
-    out.push_back(base | UTF8PROC_DECOMPOSE);
-  } else if (type == "NFKC") {
-    out.push_back(base | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
-  } else if (type == "NFKD") {
-    out.push_back(base | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  } else if (auto form = kForms.find(type); form != kForms.end()) {
+    out.push_back(UTF8PROC_STABLE | form->second);
   } else {
     throw DataError(kModule, fmt::format("{}: normalizer \"{}\" is not supported (loco reads NFC, NFD, NFKC, NFKD "
                                          "and Sequence)", where, type));
@@ -278,6 +230,7 @@ struct ByteLevelBpe::Impl {
   std::vector<PreTokenizerStep> steps;
   AddedTokens raw_added, normalized_added;
   std::optional<int32_t> unk;
+  bool fuse_unk = false;
   bool ignore_merges = false;
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
@@ -292,7 +245,9 @@ struct ByteLevelBpe::Impl {
 };
 
 void ByteLevelBpe::Impl::define(int32_t id, std::string bytes) {
-  if (id < 0) throw DataError(kModule, fmt::format("token id {} is negative", id));
+  if (id < 0 || id >= kMaxTokenId) {
+    throw DataError(kModule, fmt::format("token id {} is outside [0, {})", id, kMaxTokenId));
+  }
   if (static_cast<size_t>(id) >= bytes_of_id.size()) bytes_of_id.resize(static_cast<size_t>(id) + 1);
   bytes_of_id[static_cast<size_t>(id)] = std::move(bytes);
 }
@@ -312,11 +267,13 @@ void ByteLevelBpe::Impl::read_model(const json& model, std::string_view where) {
                                          "byte-level BPE loco reads", where));
   }
   ignore_merges = flag(model, "ignore_merges", false);
+  fuse_unk = flag(model, "fuse_unk", false);
   const std::array<char32_t, 256> chars = byte_characters();
   std::unordered_map<char32_t, char> byte_of;
   for (int b = 0; b < 256; ++b) byte_of[chars[b]] = static_cast<char>(b);
   byte_ids.fill(-1);
   for (const auto& [text, id_json] : model.at("vocab").items()) {
+    if (!id_json.is_number_integer()) throw DataError(kModule, fmt::format("{}: the id of \"{}\" is not an integer", where, text));
     const int32_t id = id_json.get<int32_t>();
     ids_by_text[text] = id;
     std::string bytes;
@@ -361,8 +318,9 @@ void ByteLevelBpe::Impl::read_model(const json& model, std::string_view where) {
       }
       ids[i] = it->second;
     }
-    merges.emplace((static_cast<uint64_t>(static_cast<uint32_t>(ids[0])) << 32) | static_cast<uint32_t>(ids[1]),
-                   std::pair{static_cast<int32_t>(rank), ids[2]});
+    // A pair listed twice takes its last rank, as tokenizers' map of merges does.
+    merges[(static_cast<uint64_t>(static_cast<uint32_t>(ids[0])) << 32) | static_cast<uint32_t>(ids[1])] =
+        std::pair{static_cast<int32_t>(rank), ids[2]};
   }
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     auto it = ids_by_text.find(model["unk_token"].get<std::string>());
@@ -432,16 +390,14 @@ void ByteLevelBpe::Impl::merge(const std::string& piece, std::vector<int32_t>& o
     int32_t id;
     int prev, next;
     size_t len;
+    bool frozen;  // a byte the vocabulary lacks: it merges with nothing
   };
   std::vector<Symbol> symbols;
   for (unsigned char b : piece) {
-    const int32_t id = byte_ids[b];
-    if (id < 0) {
-      if (unk) out.push_back(*unk);  // a byte the vocabulary lacks: unk, or nothing, as tokenizers does
-      continue;
-    }
+    // A missing byte is unk, or nothing without one (as tokenizers.js; never so in a byte-level vocabulary).
+    const bool missing = byte_ids[b] < 0;
     const int index = static_cast<int>(symbols.size());
-    symbols.push_back({id, index - 1, index + 1, 1});
+    symbols.push_back({missing ? unk.value_or(-1) : byte_ids[b], index - 1, index + 1, 1, missing});
   }
   if (symbols.empty()) return;
   symbols.back().next = -1;
@@ -451,6 +407,7 @@ void ByteLevelBpe::Impl::merge(const std::string& piece, std::vector<int32_t>& o
     if (left < 0 || symbols[left].next < 0) return;
     const Symbol& a = symbols[left];
     const Symbol& b = symbols[a.next];
+    if (a.frozen || b.frozen) return;
     auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a.id)) << 32) | static_cast<uint32_t>(b.id));
     if (it != merges.end()) queue.emplace(it->second.first, left, it->second.second, a.len, b.len);
   };
@@ -469,7 +426,11 @@ void ByteLevelBpe::Impl::merge(const std::string& piece, std::vector<int32_t>& o
     consider(a.prev);
     consider(left);
   }
-  for (int i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+  for (int i = 0; i >= 0; i = symbols[i].next) {
+    if (symbols[i].id < 0) continue;
+    if (fuse_unk && symbols[i].frozen && !out.empty() && i > 0 && symbols[symbols[i].prev].frozen) continue;
+    out.push_back(symbols[i].id);
+  }
 }
 
 void ByteLevelBpe::Impl::bpe(const std::string& piece, std::vector<int32_t>& out) const {
@@ -516,6 +477,10 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::parse(std::string_view json_text, st
       throw DataError(kModule, fmt::format("{}: not a byte-level BPE (its pre-tokenizer has no ByteLevel step); loco "
                                            "reads a SentencePiece model from tokenizer.model instead", where));
     }
+    // tokenizers runs the steps after ByteLevel on its printable stand-ins for bytes, loco on the text.
+    if (impl->steps.back().kind != StepKind::kByteLevel) {
+      throw DataError(kModule, fmt::format("{}: a pre-tokenizer step after ByteLevel is not supported", where));
+    }
     impl->read_model(root.at("model"), where);
     impl->read_added_tokens(root.value("added_tokens", json::array()));
   } catch (const json::exception& e) {
@@ -525,17 +490,20 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::parse(std::string_view json_text, st
 }
 
 std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
+  code_points(text, "the text to encode");  // once: the regexes then skip their own check
   std::vector<int32_t> out;
   for (const Section& section : split_added(std::string(text), impl_->raw_added)) {
     if (section.token != nullptr) {
       out.push_back(section.token->id);
       continue;
     }
+    if (section.text.empty()) continue;
     for (const Section& sub : split_added(impl_->normalize(section.text), impl_->normalized_added)) {
       if (sub.token != nullptr) {
         out.push_back(sub.token->id);
         continue;
       }
+      if (sub.text.empty()) continue;  // all white space, stripped beside an added token
       for (const std::string& piece : impl_->pre_tokenize(sub.text)) impl_->bpe(piece, out);
     }
   }

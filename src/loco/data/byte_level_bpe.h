@@ -4,13 +4,15 @@
 //      their lstrip/rstrip; those marked `normalized` are looked for again after normalization;
 //   2. the normalizer: none, NFC, NFD, NFKC, NFKD or a Sequence of them (utf8proc);
 //   3. the pre-tokenizer: ByteLevel (GPT-2's split when use_regex), Split on the file's own regex
-//      (Isolated or Removed; PCRE2, whose syntax covers the Oniguruma patterns these files use),
-//      Digits, or a Sequence of them;
+//      (Isolated or Removed; compiled by PCRE2, \s read as Unicode's White_Space as Oniguruma
+//      reads it; a pattern PCRE2 cannot compile is refused), Digits (numbers as Rust's
+//      char::is_numeric), or a Sequence of them ending with ByteLevel;
 //   4. BPE on the UTF-8 bytes of each piece: the adjacent pair of lowest merge rank is merged first,
 //      the leftmost among equals (`ignore_merges`: a piece that is a vocabulary entry is kept whole).
 // No special tokens are added (add_special_tokens = false): loco ends each document with the eos
 // token itself. What the file asks for beyond this (another model, a single_word added token,
-// dropout, byte fallback, an inverted Split) is refused when it is read, never approximated.
+// dropout, byte fallback, an inverted Split, a step after ByteLevel) is refused when it is read,
+// never approximated.
 // Tested against Hugging Face's own JavaScript tokenizers (tests/data/byte_level_bpe_test.cpp).
 #pragma once
 

@@ -65,7 +65,7 @@ struct NamedToken {
 };
 
 // The `which` ("eos", "bos") token of the byte-level BPE `json_file`: tokenizer_config.json's
-// <which>_token (a string, or an object with its content) beside it, else config.json's
+// <which>_token (a string, or an object with its content; null: none) beside it, else config.json's
 // <which>_token_id (a number, or a list whose first it takes). {"", -1} when neither names one.
 NamedToken special_token(const fs::path& json_file, const std::string& which, const ByteLevelBpe& bpe) {
   const fs::path dir = json_file.parent_path();
@@ -74,7 +74,8 @@ NamedToken special_token(const fs::path& json_file, const std::string& which, co
     if (fs::exists(dir / "tokenizer_config.json", error)) {
       const auto config = nlohmann::json::parse(read_file(dir / "tokenizer_config.json", kModule));
       auto it = config.find(which + "_token");
-      if (it != config.end() && !it->is_null()) {
+      if (it != config.end() && it->is_null()) return {};  // "none", said where the tokenizer's settings are
+      if (it != config.end()) {
         const std::string name = it->is_string() ? it->get<std::string>() : it->at("content").get<std::string>();
         const auto id = bpe.id_of(name);
         if (!id) {
