@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=build-fuzz
-all=(protocol_fuzzer auth_fuzzer config_fuzzer safetensors_fuzzer shard_fuzzer jsonl_fuzzer coordinator_state_fuzzer)
+all=(protocol_fuzzer auth_fuzzer config_fuzzer safetensors_fuzzer shard_fuzzer jsonl_fuzzer coordinator_state_fuzzer
+     tokenizer_json_fuzzer)
 
 configure_and_build() {
   if ! command -v clang++ >/dev/null; then
@@ -62,7 +63,7 @@ failed=0
 printf '%-26s %10s %8s %9s  %s\n' fuzzer inputs seconds inputs/s result
 for fuzzer in "${fuzzers[@]}"; do
   case "$fuzzer" in
-    protocol_fuzzer|safetensors_fuzzer|shard_fuzzer|jsonl_fuzzer|coordinator_state_fuzzer) dict=fuzz/json.dict ;;
+    protocol_fuzzer|safetensors_fuzzer|shard_fuzzer|jsonl_fuzzer|coordinator_state_fuzzer|tokenizer_json_fuzzer) dict=fuzz/json.dict ;;
     config_fuzzer) dict=fuzz/toml.dict ;;
     auth_fuzzer) dict="" ;;  # headers and a body: no grammar to teach it
     *) echo "unknown fuzzer '$fuzzer' (one of: ${all[*]})" >&2; exit 2 ;;

@@ -34,7 +34,7 @@ constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr size_t kMaxCachedPiece = 256;   // bytes; longer pieces are rare and not worth keeping
 constexpr size_t kMaxCacheEntries = 1 << 16;
-constexpr int32_t kMaxTokenId = 1 << 24;  // a vocabulary of 16M tokens is none a model has; a larger id is a bad file
+constexpr int32_t kMaxTokenId = 1 << 22;  // a vocabulary of 4M tokens is none a model has; a larger id is a bad file
 
 // GPT-2's table of printable characters standing for bytes (bytes_to_unicode): the printable
 // Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards, in byte order.
