@@ -5,6 +5,7 @@
 // to 1e-5 relative (‖loco − torch‖ / ‖torch‖). And a Hugging Face model folder read by loco gives
 // the logits PyTorch computed from the Llama equations for the same tensors.
 #include <fmt/format.h>
+#include <functional>
 #include <gtest/gtest.h>
 
 #include "loco/algorithms/streaming.h"
@@ -231,6 +232,38 @@ TEST(HuggingFace, RotaryScalingIsReadAndApplied) {
   auto linear = options;
   linear.rope_scaling = model::RopeScaling::kLinear;
   EXPECT_TRUE(torch::allclose(model::rope_inverse_frequencies(linear) * 8, model::rope_inverse_frequencies(unscaled)));
+}
+
+// train.init_from = a Hugging Face folder: a run whose [model] describes another model is refused,
+// naming the option and the flag that fixes it, rotary settings and the norm's epsilon included
+// (before they were compared, a checkpoint's rope_theta or rms_norm_eps was silently replaced).
+TEST(HuggingFace, ARunWhoseModelDiffersFromTheFolderIsToldTheOptionAndTheFlag) {
+  const auto folder = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
+  model::ModelOptions base;
+  base.context = 8;
+  runtime::RunConfig config;
+  config.model = runtime::read_hugging_face_config(folder, base);
+  config.train.init_from = folder.string();
+  model::Transformer model(config.model, 1);
+  EXPECT_NO_THROW(runtime::load_initial_weights(model, config, 0));
+  const std::vector<std::pair<std::function<void(model::ModelOptions&)>, std::string>> changes = {
+      {[](auto& o) { o.norm_eps = 1e-6; }, "model.norm_eps = 1e-05, this run's config 1e-06; hint: set --model.norm_eps=1e-05"},
+      {[](auto& o) { o.rope_base = 500000; }, "hint: set --model.rope_theta=10000"},
+      {[](auto& o) { o.rope_scaling = model::RopeScaling::kNone; }, "hint: set --model.rope_scaling=llama3"},
+      {[](auto& o) { o.rope_factor = 4; }, "hint: set --model.rope_factor=8"},
+      {[](auto& o) { o.rope_original_context = 128; }, "hint: set --model.rope_original_context=64"},
+      {[](auto& o) { o.kv_heads = 0; }, "hint: set --model.kv_heads=2"}};
+  for (const auto& [change, expected] : changes) {
+    auto other = config;
+    change(other.model);
+    model::Transformer differs(other.model, 1);
+    try {
+      runtime::load_initial_weights(differs, other, 0);
+      ADD_FAILURE() << "accepted; expected: " << expected;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A model written as a Hugging Face folder (loco export --hf) and read back computes the same
