@@ -60,46 +60,58 @@ struct Field {
   bool secret = false;  // never written (to_toml) nor shown (differences)
 };
 
-// The table of keys. Ranges here are the first line of validation; components add cross-field checks.
+// The [model] keys of the table below.
 // (a data table)
-std::vector<Field> fields_of(RunConfig& c) {
+std::vector<Field> model_fields(model::ModelOptions& m) {
   using model::MlpKind;
   using model::NormKind;
   using model::PositionKind;
   using model::RopeScaling;
   auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
   auto at_least = [](double lo, Field f) { f.min = lo; return f; };
+  return {
+      at_least(0, {"model.vocab_size", "vocabulary size; 0 = the dataset's", &m.vocab_size}),
+      at_least(1, {"model.context", "context length T in tokens", &m.context}),
+      at_least(1, {"model.layers", "transformer blocks", &m.layers}),
+      at_least(1, {"model.width", "model width d_model", &m.width}),
+      at_least(1, {"model.heads", "attention heads (must divide width)", &m.heads}),
+      at_least(0, {"model.kv_heads", "key/value heads, dividing heads (grouped-query attention); 0 = heads", &m.kv_heads}),
+      positive({"model.mlp_ratio", "MLP hidden width / model width", &m.mlp_ratio}),
+      at_least(0, {"model.mlp_hidden", "MLP hidden width; 0 = round(mlp_ratio * width)", &m.mlp_hidden_size}),
+      {"model.tie_embeddings", "the output head is the token embedding (false: a matrix of its own, in the head's group)", &m.tie_embeddings},
+      {"model.attention_bias", "biases on the query, key and value projections (Qwen2)", &m.attention_bias},
+      {"model.norm", "normalization: rmsnorm or layernorm", enum_field(m.norm, {{NormKind::kRMSNorm, "rmsnorm"}, {NormKind::kLayerNorm, "layernorm"}})},
+      {"model.position", "positions: rope or learned", enum_field(m.position, {{PositionKind::kRope, "rope"}, {PositionKind::kLearned, "learned"}})},
+      {"model.mlp", "MLP: gelu or swiglu", enum_field(m.mlp, {{MlpKind::kGelu, "gelu"}, {MlpKind::kSwiGlu, "swiglu"}})},
+      {"model.qk_norm", "RMSNorm on queries and keys per head", &m.qk_norm},
+      positive({"model.norm_eps", "epsilon of the normalization (Hugging Face's rms_norm_eps)", &m.norm_eps}),
+      at_least(1.000001, {"model.rope_theta", "base of the rotary embeddings' frequencies (Hugging Face's rope_theta)", &m.rope_base}),
+      {"model.rope_scaling", "rotary scaling, as Hugging Face's rope_scaling: none, linear (frequencies / rope_factor) or llama3 (Llama 3.1's)",
+       enum_field(m.rope_scaling, {{RopeScaling::kNone, "none"}, {RopeScaling::kLinear, "linear"}, {RopeScaling::kLlama3, "llama3"}})},
+      at_least(1, {"model.rope_factor", "rope_scaling: its factor", &m.rope_factor}),
+      positive({"model.rope_low_freq_factor", "rope_scaling = llama3: low_freq_factor", &m.rope_low_freq_factor}),
+      positive({"model.rope_high_freq_factor", "rope_scaling = llama3: high_freq_factor", &m.rope_high_freq_factor}),
+      at_least(1, {"model.rope_original_context", "rope_scaling = llama3: original_max_position_embeddings", &m.rope_original_context}),
+      positive({"model.init_std", "std of the normal initialization", &m.init_std}),
+  };
+}
+// The table of keys. Ranges here are the first line of validation; components add cross-field checks.
+// (a data table)
+std::vector<Field> fields_of(RunConfig& c) {
+  auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
+  auto at_least = [](double lo, Field f) { f.min = lo; return f; };
   auto between = [](double lo, double hi, Field f) { f.min = lo; f.max = hi; return f; };
   auto secret = [](Field f) { f.secret = true; return f; };
-  return {
+  std::vector<Field> fields = {
       {"run.dir", "folder for config.toml, metrics.jsonl and checkpoints/", &c.run.dir},
       {"data.dir", "prepared dataset folder (written by `loco prepare`)", &c.data.dir},
       {"data.shard", "how documents are divided among workers: iid (random), label (whole labels, e.g. Brown's genres) or kmeans (clusters of document embeddings)",
        enum_field(c.data.shard, {{ShardPolicy::kIid, "iid"}, {ShardPolicy::kLabel, "label"}, {ShardPolicy::kKMeans, "kmeans"}})},
       at_least(1, {"data.route_tokens", "kmeans shards: leading tokens of a document whose mean hidden state (initial model) embeds it", &c.data.route_tokens}),
-      at_least(0, {"model.vocab_size", "vocabulary size; 0 = the dataset's", &c.model.vocab_size}),
-      at_least(1, {"model.context", "context length T in tokens", &c.model.context}),
-      at_least(1, {"model.layers", "transformer blocks", &c.model.layers}),
-      at_least(1, {"model.width", "model width d_model", &c.model.width}),
-      at_least(1, {"model.heads", "attention heads (must divide width)", &c.model.heads}),
-      at_least(0, {"model.kv_heads", "key/value heads, dividing heads (grouped-query attention); 0 = heads", &c.model.kv_heads}),
-      positive({"model.mlp_ratio", "MLP hidden width / model width", &c.model.mlp_ratio}),
-      at_least(0, {"model.mlp_hidden", "MLP hidden width; 0 = round(mlp_ratio * width)", &c.model.mlp_hidden_size}),
-      {"model.tie_embeddings", "the output head is the token embedding (false: a matrix of its own, in the head's group)", &c.model.tie_embeddings},
-      {"model.attention_bias", "biases on the query, key and value projections (Qwen2)", &c.model.attention_bias},
-      {"model.norm", "normalization: rmsnorm or layernorm", enum_field(c.model.norm, {{NormKind::kRMSNorm, "rmsnorm"}, {NormKind::kLayerNorm, "layernorm"}})},
-      {"model.position", "positions: rope or learned", enum_field(c.model.position, {{PositionKind::kRope, "rope"}, {PositionKind::kLearned, "learned"}})},
-      {"model.mlp", "MLP: gelu or swiglu", enum_field(c.model.mlp, {{MlpKind::kGelu, "gelu"}, {MlpKind::kSwiGlu, "swiglu"}})},
-      {"model.qk_norm", "RMSNorm on queries and keys per head", &c.model.qk_norm},
-      positive({"model.norm_eps", "epsilon of the normalization (Hugging Face's rms_norm_eps)", &c.model.norm_eps}),
-      at_least(1.000001, {"model.rope_theta", "base of the rotary embeddings' frequencies (Hugging Face's rope_theta)", &c.model.rope_base}),
-      {"model.rope_scaling", "rotary scaling, as Hugging Face's rope_scaling: none, linear (frequencies / rope_factor) or llama3 (Llama 3.1's)",
-       enum_field(c.model.rope_scaling, {{RopeScaling::kNone, "none"}, {RopeScaling::kLinear, "linear"}, {RopeScaling::kLlama3, "llama3"}})},
-      at_least(1, {"model.rope_factor", "rope_scaling: its factor", &c.model.rope_factor}),
-      positive({"model.rope_low_freq_factor", "rope_scaling = llama3: low_freq_factor", &c.model.rope_low_freq_factor}),
-      positive({"model.rope_high_freq_factor", "rope_scaling = llama3: high_freq_factor", &c.model.rope_high_freq_factor}),
-      at_least(1, {"model.rope_original_context", "rope_scaling = llama3: original_max_position_embeddings", &c.model.rope_original_context}),
-      positive({"model.init_std", "std of the normal initialization", &c.model.init_std}),
+  };
+  auto model = model_fields(c.model);
+  fields.insert(fields.end(), std::make_move_iterator(model.begin()), std::make_move_iterator(model.end()));
+  std::vector<Field> rest = {
       positive({"optim.lr", "peak learning rate of AdamW", &c.optim.lr}),
       at_least(0, {"optim.warmup_steps", "linear warmup steps", &c.optim.warmup_steps}),
       at_least(0, {"optim.rewarmup_steps", "elastic: a worker that joins a run under way without saved AdamW moments ramps its learning rate up linearly over this many steps; 0 = off", &c.optim.rewarmup_steps}),
@@ -186,6 +198,8 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"link.workers", "`loco launch`: links of single workers, \"RANK:rate=...,delay=...;RANK:...\" (a slow island among fast ones); keys left out are link.rate and link.delay's", &c.link.workers},
       {"link.cpu", "`loco launch`: each worker island's share of the machine's CPU, in cores (a CPU control group's quota), so that islands compute at equal speed as separate machines would; 0 = the machine's cores as they come (docs/slow-links.md)", &c.link.cpu, 0, 1024},
   };
+  fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  return fields;
 }
 
 const char* type_name(const FieldPtr& p) {
