@@ -18,6 +18,7 @@
 
 #include "loco/core/error.h"
 #include "loco/data/added_tokens.h"
+#include "loco/data/corpus.h"
 
 namespace loco::data {
 namespace {
@@ -490,7 +491,7 @@ std::unique_ptr<ByteLevelBpe> ByteLevelBpe::parse(std::string_view json_text, st
 }
 
 std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
-  code_points(text, "the text to encode");  // once: the regexes then skip their own check
+  check_utf8(text, "the text to encode");  // once: the regexes then skip their own check
   std::vector<int32_t> out;
   for (const Section& section : split_added(std::string(text), impl_->raw_added)) {
     if (section.token != nullptr) {
