@@ -112,6 +112,8 @@ inline int connect_loopback(int port, const char* from = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   if (from != nullptr) {  // another loopback address (127.0.0.0/8) as the source
+    const int late = 1;  // its port chosen at connect(): ports in TIME_WAIT are reused, as without bind()
+    ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &late, sizeof late);
     sockaddr_in source{};
     source.sin_family = AF_INET;
     if (::inet_pton(AF_INET, from, &source.sin_addr) != 1 ||

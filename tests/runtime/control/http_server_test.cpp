@@ -1,15 +1,21 @@
 // The coordinator's HTTP server on its own (http_server.h): routes, deadlines that a slow client
-// cannot stretch, the gate, a full connection table making room, and knowing when it is behind.
+// cannot stretch, the gate, a full connection table making room, trusted addresses first (in
+// making room and in TLS handshakes), and knowing when it is behind.
 #include "loco/runtime/control/http_server.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
+#include "loco/runtime/control/handshake_queue.h"
+
 #include "process_util.h"
+#include "test_util.h"
 
 namespace loco::runtime {
 namespace {
@@ -202,6 +208,160 @@ TEST(HttpServer, BodiesHeldAreBoundedPerAddressAndInAll) {
   EXPECT_LE(server.counts().held_body_bytes, 1'000'000);
   for (int fd : holding) ::close(fd);
   EXPECT_TRUE(held_settles_at(0)) << "closed connections give back what they held";
+}
+
+// The handshake queue: trusted addresses' handshakes first, in arrival order; then the others in
+// turn by address; a connection that closed while waiting is skipped.
+TEST(HandshakeQueue, TrustedFirstThenStrangersInTurnByAddress) {
+  detail::HandshakeQueue queue;
+  std::vector<int> order;
+  auto push = [&](uint64_t id, const char* address) { queue.push(id, address, [&order, id] { order.push_back(static_cast<int>(id)); }); };
+  queue.trust("10.0.0.9", Clock::now());
+  for (uint64_t id = 1; id <= 4; ++id) push(id, "10.0.0.1");  // a flood from one address
+  push(5, "10.0.0.2");
+  push(6, "10.0.0.9");
+  push(7, "10.0.0.3");
+  push(8, "10.0.0.9");
+  queue.remove(2);  // closed while waiting
+  EXPECT_EQ(queue.size(), 7u);
+  while (auto start = queue.pop()) start();
+  EXPECT_EQ(order, (std::vector<int>{6, 8, 1, 5, 7, 3, 4}));
+  EXPECT_TRUE(queue.empty());
+  EXPECT_FALSE(queue.pop());
+
+  // At most kTrustedAddresses are trusted; the one trusted longest ago is forgotten first.
+  const auto now = Clock::now();
+  for (size_t i = 0; i + 1 < detail::HandshakeQueue::kTrustedAddresses; ++i) queue.trust("a" + std::to_string(i), now + 1ms * i);
+  EXPECT_TRUE(queue.trusted("10.0.0.9"));
+  queue.trust("a0", now + 1h);  // trusted again, now the newest
+  queue.trust("b", now + 2h);
+  EXPECT_FALSE(queue.trusted("10.0.0.9"));
+  queue.trust("c", now + 3h);
+  EXPECT_TRUE(queue.trusted("a0"));
+  EXPECT_FALSE(queue.trusted("a1"));
+  EXPECT_TRUE(queue.trusted("c"));
+}
+
+// A route that answers as the coordinator answers an authentic (signed) request.
+void route_authentic(HttpServer& server) {
+  server.route("GET", "/member", [](const HttpRequest&, HttpResponse& response) {
+    response.set_content("member", "text/plain");
+    response.authentic = true;
+  });
+  server.route("GET", "/", [](const HttpRequest&, HttpResponse& response) { response.set_content("here", "text/plain"); });
+}
+
+// A member's kept-alive connection is closed last to make room: strangers' idle connections go
+// first, however recent.
+TEST(HttpServer, AnAuthenticAddressKeepsItsConnectionWhenRoomIsMade) {
+  auto options = fast_options();
+  options.header_deadline = 30s;
+  options.max_connections = 16;
+  HttpServer server(options);
+  route_authentic(server);
+  server.start();
+  const int member = testing_util::connect_loopback(server.port());
+  ASSERT_GE(member, 0);
+  const std::string request = "GET /member HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  ASSERT_EQ(::send(member, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  ASSERT_EQ(answer_on(member, 2000ms).rfind("HTTP/1.1 200", 0), 0u);
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) {
+    idle.push_back(testing_util::connect_loopback(server.port(), "127.0.0.2"));
+    ASSERT_GE(idle.back(), 0);
+    std::this_thread::sleep_for(2ms);
+  }
+  std::this_thread::sleep_for(200ms);
+  EXPECT_GE(server.counts().evicted, 25);
+  ASSERT_EQ(::send(member, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  EXPECT_EQ(answer_on(member, 2000ms).rfind("HTTP/1.1 200", 0), 0u) << "the member's connection, the oldest, was kept";
+  ::close(member);
+  for (int fd : idle) ::close(fd);
+}
+
+// A throwaway self-signed certificate for 127.0.0.1 with an RSA 2048 key (the costliest to answer
+// a handshake with), in `dir`.
+std::pair<std::string, std::string> rsa_certificate(const std::filesystem::path& dir) {
+  const auto cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const auto command = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -keyout " + key +
+                       " -out " + cert + " 2>/dev/null";
+  if (std::system(command.c_str()) != 0) throw std::runtime_error("openssl could not make a certificate");
+  return {cert, key};
+}
+
+// A GET over TLS on a new connection from `from` (no certificate check); the answer's first line.
+std::string tls_get(SSL_CTX* context, int port, const char* from, const std::string& path) {
+  const int fd = testing_util::connect_loopback(port, from);
+  if (fd < 0) return "cannot connect";
+  timeval timeout{20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  SSL* ssl = SSL_new(context);
+  SSL_set_fd(ssl, fd);
+  std::string answer = "no handshake";
+  if (SSL_connect(ssl) == 1) {
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    char buffer[4096];
+    int n = 0;
+    if (SSL_write(ssl, request.data(), static_cast<int>(request.size())) > 0 && (n = SSL_read(ssl, buffer, sizeof buffer)) > 0) {
+      answer = std::string(buffer, static_cast<size_t>(n));
+      answer = answer.substr(0, answer.find('\r'));
+    }
+  }
+  SSL_free(ssl);
+  ::close(fd);
+  return answer;
+}
+
+// A flood of ClientHellos from one address (each costs its sender nothing and the server a
+// signature) does not keep others' new connections waiting behind it: an address that has made an
+// authentic request goes first, and any other address takes its turn with the flood's.
+TEST(HttpServer, ATlsHandshakeFloodDoesNotKeepOtherAddressesWaiting) {
+  testing_util::TempDir dir;
+  const auto [cert, key] = rsa_certificate(dir.path());
+  auto options = fast_options();
+  options.header_deadline = 30s;
+  options.tls_cert = cert;
+  options.tls_key = key;
+  HttpServer server(options);
+  route_authentic(server);
+  server.start();
+  SSL_CTX* context = SSL_CTX_new(TLS_client_method());
+  ASSERT_EQ(tls_get(context, server.port(), "127.0.0.1", "/member"), "HTTP/1.1 200 OK");
+
+  // One ClientHello, made once and sent on 1,000 connections from 127.0.0.2, none of them read.
+  SSL* maker = SSL_new(context);
+  BIO* out = BIO_new(BIO_s_mem());
+  SSL_set_bio(maker, BIO_new(BIO_s_mem()), out);
+  SSL_connect(maker);
+  char* bytes = nullptr;
+  const std::string hello(bytes, static_cast<size_t>(BIO_get_mem_data(out, &bytes)));
+  SSL_free(maker);
+  std::vector<int> flood;
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = testing_util::connect_loopback(server.port(), "127.0.0.2");
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
+    flood.push_back(fd);
+  }
+  auto answered = [&] {
+    return std::count_if(flood.begin(), flood.end(), [](int fd) {
+      char byte;
+      return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+    });
+  };
+  EXPECT_EQ(tls_get(context, server.port(), "127.0.0.1", "/member"), "HTTP/1.1 200 OK");
+  const auto before_member = answered();
+  EXPECT_EQ(tls_get(context, server.port(), "127.0.0.3", "/"), "HTTP/1.1 200 OK");
+  const auto before_other = answered();
+  std::printf("flood's handshakes answered before the member's: %ld, before another address's: %ld (of 1000)\n",
+              static_cast<long>(before_member), static_cast<long>(before_other));
+  EXPECT_LT(before_member, 500) << "the member waited behind the flood";
+  EXPECT_LT(before_other, 500) << "another address waited behind the flood";
+  const auto deadline = Clock::now() + 20s;
+  while (answered() < 1000 && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(answered(), 1000) << "the flood's handshakes were all answered in the end";
+  for (int fd : flood) ::close(fd);
+  SSL_CTX_free(context);
 }
 
 // Requests waiting for a busy handler pool show as the server being behind.

@@ -243,6 +243,7 @@ struct Coordinator::Impl {
       // The answer to an authentic request is signed for that request (auth.h); a refusal is not,
       // so that nobody obtains a signed answer for a nonce of their choosing.
       if (authenticated) {
+        response.authentic = true;
         response.headers.emplace_back(auth::kAnswerMacHeader, auth::answer_mac(verifier->key(), *request.header(auth::kNonceHeader),
                                                                                response.status, response.body));
       }

@@ -4,7 +4,6 @@
 #include <httplib.h>  // the query-string parser, the one cpp-httplib's own server uses
 #include <openssl/ssl.h>
 #include <strings.h>
-#include <sys/resource.h>
 
 #include <array>
 #include <atomic>
@@ -20,6 +19,8 @@
 #include <vector>
 
 #include "loco/core/error.h"
+#include "loco/runtime/control/handshake_queue.h"
+#include "loco/runtime/control/http_server_parts.h"
 
 namespace loco::runtime {
 namespace {
@@ -30,92 +31,14 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-// The process's open-file limit, raised to its hard limit (at most 65536) so that many
-// connections fit; returns the soft limit in effect.
-size_t raise_file_limit() {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
-  const rlim_t wanted = std::min<rlim_t>(limit.rlim_max, 65536);
-  if (limit.rlim_cur < wanted) {
-    limit.rlim_cur = wanted;
-    ::setrlimit(RLIMIT_NOFILE, &limit);
-    ::getrlimit(RLIMIT_NOFILE, &limit);
-  }
-  return static_cast<size_t>(limit.rlim_cur);
-}
-
-const char* reason_of(int status) {
-  switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "";
-  }
-}
-
-// A fixed set of handler threads taking requests in arrival order; knows how long the oldest
-// waiting request has waited.
-class HandlerPool {
- public:
-  void start(size_t threads) {
-    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
-  }
-  // Answers what is queued (each handler is bounded), then stops.
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      quit_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-  }
-  void enqueue(std::function<void()> task) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(Clock::now(), std::move(task));
-    }
-    wake_.notify_one();
-  }
-  Clock::duration oldest_wait() const {
-    std::lock_guard lock(mutex_);
-    return queue_.empty() ? Clock::duration::zero() : Clock::now() - queue_.front().first;
-  }
-
- private:
-  void run() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return quit_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // quit, with every request taken in answered
-        task = std::move(queue_.front().second);
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::pair<Clock::time_point, std::function<void()>>> queue_;
-  std::vector<std::thread> threads_;
-  bool quit_ = false;
-};
-
 // What the server needs to know of a connection to make room for another.
 struct Connection {
+  explicit Connection(std::string from) : address(std::move(from)) {}
   virtual ~Connection() = default;
   virtual void close() = 0;
-  // Waiting for a request's headers or its body, or lingering after a refusal: evictable, since
-  // nothing in it is authenticated yet (a MAC covers the body); not in a handler or a write.
+  const std::string address;  // the peer's
+  // Waiting for its TLS handshake, a request's headers or its body, or lingering after a refusal:
+  // evictable, since nothing in it is authenticated yet (a MAC covers the body).
   bool waiting = true;
   Clock::time_point waiting_since = Clock::now();
   std::atomic<size_t> held{0};  // bytes of a request body counted against the budgets (HttpServer::Impl::hold)
@@ -144,7 +67,7 @@ struct HttpServer::Impl {
   std::map<std::pair<std::string, std::string>, Handler> routes;  // (method, path)
   Gate gate;
   std::optional<asio::ssl::context> tls;
-  HandlerPool pool;
+  detail::HandlerPool pool;
   std::thread io_thread;
   std::atomic<int64_t> tick_due{0};  // when the I/O thread's next tick is due (steady clock, ns)
   std::atomic<int64_t> evicted{0}, timed_out{0}, refused_at_gate{0}, refused_over_budget{0};
@@ -155,7 +78,7 @@ struct HttpServer::Impl {
   // Open connections, by id: touched on the I/O thread, and where a connection is destroyed.
   mutable std::mutex connections_mutex;
   std::map<uint64_t, std::weak_ptr<Connection>> connections;
-  uint64_t next_id = 0;
+  uint64_t next_id = 1;  // (0 is no connection to the handshake queue)
 
   // The bytes of request bodies held, in all and by address (only addresses holding some):
   // declared before `io`, whose destruction ends the connections that give their bytes back.
@@ -163,7 +86,8 @@ struct HttpServer::Impl {
   size_t held_bytes = 0;
   std::map<std::string, size_t> held_by_address;
 
-  // Declared last: destroyed first, with the connections its pending handlers still hold.
+  // Destroyed before the state above, with the connections its pending handlers still hold (only
+  // the handshake queue below, which holds connections too, goes before it).
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer tick{io}, retry{io};
@@ -187,19 +111,31 @@ struct HttpServer::Impl {
     connections.erase(id);
   }
 
-  // At the limit: closes the connection that has waited longest for a request's headers or body
-  // (or lingered after a refusal). False when every connection is busy (then the new one is
-  // refused).
-  bool make_room() {
-    std::shared_ptr<Connection> oldest;
-    {
-      std::lock_guard lock(connections_mutex);
-      if (connections.size() < max_connections) return true;
-      for (const auto& [id, weak] : connections) {
-        auto c = weak.lock();
-        if (c && c->waiting && (!oldest || c->waiting_since < oldest->waiting_since)) oldest = c;
+  // Of the connections `may_go` allows, the one to close first: from an address not trusted
+  // (HandshakeQueue::trust) before one from a trusted address, then the one that has waited
+  // longest. Null when `may_go` allows none.
+  template <class MayGo>
+  std::shared_ptr<Connection> first_to_close(MayGo may_go) {
+    std::shared_ptr<Connection> first;
+    bool first_trusted = false;
+    std::lock_guard lock(connections_mutex);
+    for (const auto& [id, weak] : connections) {
+      auto c = weak.lock();
+      if (!c || !may_go(*c)) continue;
+      const bool trusted = handshakes.trusted(c->address);
+      if (!first || std::make_pair(trusted, c->waiting_since) < std::make_pair(first_trusted, first->waiting_since)) {
+        first = c;
+        first_trusted = trusted;
       }
     }
+    return first;
+  }
+
+  // At the limit: closes a waiting connection (first_to_close). False when every connection is
+  // busy (then the new one is refused).
+  bool make_room() {
+    if (std::lock_guard lock(connections_mutex); connections.size() < max_connections) return true;
+    auto oldest = first_to_close([](const Connection& c) { return c.waiting; });
     if (!oldest) return false;
     oldest->close();
     ++evicted;
@@ -222,17 +158,7 @@ struct HttpServer::Impl {
           return true;
         }
       }
-      std::shared_ptr<Connection> oldest;
-      {
-        std::lock_guard lock(connections_mutex);
-        for (const auto& [id, weak] : connections) {
-          auto c = weak.lock();
-          if (c && c.get() != &connection && c->waiting && c->held > 0 &&
-              (!oldest || c->waiting_since < oldest->waiting_since)) {
-            oldest = c;
-          }
-        }
-      }
+      auto oldest = first_to_close([&](const Connection& c) { return &c != &connection && c.waiting && c.held > 0; });
       if (!oldest) return false;
       oldest->close();  // gives back what it held
       ++evicted;
@@ -243,6 +169,24 @@ struct HttpServer::Impl {
     held_bytes -= bytes;
     const auto mine = held_by_address.find(address);
     if (mine != held_by_address.end() && (mine->second -= bytes) == 0) held_by_address.erase(mine);
+  }
+
+  // TLS handshakes waiting for their turn (handshake_queue.h); one is taken per turn of the I/O
+  // loop. Declared after `io`: destroyed before it, with the connections it holds.
+  detail::HandshakeQueue handshakes;
+  bool handshake_turn_posted = false;
+  void queue_handshake(uint64_t id, const std::string& address, std::function<void()> start) {
+    handshakes.push(id, address, std::move(start));
+    post_handshake_turn();
+  }
+  void post_handshake_turn() {
+    if (handshake_turn_posted || handshakes.empty()) return;
+    handshake_turn_posted = true;
+    asio::post(io, [this] {
+      handshake_turn_posted = false;
+      if (auto start = handshakes.pop()) start();
+      post_handshake_turn();  // behind whatever else is ready by now
+    });
   }
 
   void accept();
@@ -258,33 +202,81 @@ template <class Stream>
 class Session final : public Connection, public std::enable_shared_from_this<Session<Stream>> {
  public:
   Session(HttpServer::Impl& server, uint64_t id, Stream stream, std::string address, int port)
-      : server_(server), id_(id), stream_(std::move(stream)), address_(std::move(address)), port_(port) {}
+      : Connection(std::move(address)), server_(server), id_(id), stream_(std::move(stream)), port_(port) {}
   ~Session() override {
     release_body();
     server_.forget(id_);
   }
 
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
   void start() {
-    if constexpr (std::is_same_v<Stream, beast::tcp_stream>) {
-      read_header();
-    } else {
+    if constexpr (kTls) {
+      // The whole handshake, its wait for a turn included, within the headers' deadline.
       lowest().expires_after(server_.options.header_deadline);
-      stream_.async_handshake(asio::ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
-        if (ec) return self->fail(ec);
-        self->read_header();
-      });
+      handshake_deadline_ = Clock::now() + server_.options.header_deadline;
+      read_hello_record();
+    } else {
+      read_header();
     }
   }
 
-  void close() override {
+  void close() override {  // on the I/O thread, by one that holds the session
     release_body();
     beast::error_code ignored;
     lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
     lowest().socket().close(ignored);
+    server_.handshakes.remove(id_);
   }
 
  private:
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
+  // TLS: the client's first flight, its ClientHello in one or more handshake records, is read whole
+  // before the server does any work for it; then the handshake waits its turn (handshake_queue.h)
+  // and takes these bytes as its first.
+  static constexpr size_t kMaxHello = 64 << 10;
+  void read_hello_record() {
+    const size_t at = hello_.size();
+    hello_.resize(at + 5);
+    asio::async_read(lowest(), asio::buffer(hello_.data() + at, 5), [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->fail(ec);
+      const auto* header = reinterpret_cast<const unsigned char*>(self->hello_.data() + self->hello_.size() - 5);
+      const size_t length = (size_t{header[3]} << 8) | header[4];
+      // A handshake record (type 22), not empty, within the bound: else not a TLS client's hello.
+      if (header[0] != 22 || length == 0 || self->hello_.size() + length > kMaxHello) return self->close();
+      const size_t at = self->hello_.size();
+      self->hello_.resize(at + length);
+      self->hello_payload_ += length;
+      asio::async_read(self->lowest(), asio::buffer(self->hello_.data() + at, length), [self](beast::error_code ec, size_t) {
+        if (ec) return self->fail(ec);
+        self->on_hello_record();
+      });
+    });
+  }
+  void on_hello_record() {
+    // The first record's payload opens with the message's type (1, ClientHello) and length.
+    const auto* message = reinterpret_cast<const unsigned char*>(hello_.data() + 5);
+    if (hello_.size() < 9 || message[0] != 1) return close();
+    const size_t needed = 4 + ((size_t{message[1]} << 16) | (size_t{message[2]} << 8) | message[3]);
+    if (hello_payload_ < needed) return read_hello_record();
+    server_.queue_handshake(id_, address, [self = this->shared_from_this()] { self->handshake(); });
+  }
+  // Its turn: the costly step (the answer to the ClientHello) runs now, on this thread.
+  void handshake() {
+    if constexpr (kTls) {
+      if (Clock::now() >= handshake_deadline_) {
+        ++server_.timed_out;
+        return close();
+      }
+      stream_.async_handshake(asio::ssl::stream_base::server, asio::buffer(hello_),
+                              [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                                self->hello_ = std::string();
+                                if (ec) return self->fail(ec);
+                                self->read_header();
+                              });
+    }
+  }
 
   void read_header() {
     waiting = true;
@@ -312,7 +304,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     request_.path = request_.target.substr(0, query);
     if (query != std::string::npos) httplib::detail::parse_query_text(request_.target.substr(query + 1), request_.params);
     for (const auto& field : message) request_.headers.emplace(std::string(field.name_string()), std::string(field.value()));
-    request_.remote_addr = address_;
+    request_.remote_addr = address;
     request_.remote_port = port_;
     if (server_.gate) {
       if (auto refusal = server_.gate(request_)) {
@@ -327,7 +319,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     const auto announced = parser_->content_length();
     const size_t bytes = announced ? static_cast<size_t>(std::min<uint64_t>(*announced, server_.options.max_body_bytes))
                                    : server_.options.max_body_bytes;
-    if (!server_.hold(*this, address_, bytes)) {
+    if (!server_.hold(*this, address, bytes)) {
       ++server_.refused_over_budget;
       return refuse(503, "the server holds as many request bodies as it may; ask again");
     }
@@ -358,7 +350,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
         response = self->server_.handle(request);
       } catch (const std::exception& e) {
         response.status = 500;
-        response.set_content(json_error(e.what()), "application/json");
+        response.set_content(detail::json_error(e.what()), "application/json");
       }
       asio::post(self->server_.io, [self, response = std::move(response), close_after]() mutable {
         self->write(std::move(response), close_after, true);
@@ -366,29 +358,20 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     });
   }
 
-  // An error text as a JSON object, {"error": "..."}.
-  static std::string json_error(const std::string& what) {
-    std::string escaped;
-    for (char c : what) {
-      if (c == '"' || c == '\\') escaped += '\\';
-      if (static_cast<unsigned char>(c) >= 0x20) escaped += c;
-    }
-    return "{\"error\": \"" + escaped + "\"}";
-  }
-
   void too_large() { refuse(413, fmt::format("the body is over {} bytes", server_.options.max_body_bytes)); }
 
   void refuse(int status, const std::string& why) {
     HttpResponse response;
     response.status = status;
-    response.set_content(json_error(why), "application/json");
+    response.set_content(detail::json_error(why), "application/json");
     write(std::move(response), true);
   }
 
   void write(HttpResponse response, bool close_after, bool answer = false) {
     waiting = false;
+    if (response.authentic) server_.handshakes.trust(address, Clock::now());
     response_.emplace(static_cast<http::status>(response.status), 11);
-    response_->reason(reason_of(response.status));
+    response_->reason(detail::reason_of(response.status));
     response_->set(http::field::content_type, response.content_type);
     for (const auto& [name, value] : response.headers) response_->set(name, value);
     response_->keep_alive(!close_after);
@@ -415,7 +398,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     drain(8 << 20);
   }
   void drain(size_t budget) {
-    lowest().async_read_some(asio::buffer(discard_), [self = this->shared_from_this(), budget](beast::error_code ec, size_t n) {
+    if (!discard_) discard_ = std::make_unique<std::array<char, 16384>>();
+    lowest().async_read_some(asio::buffer(*discard_), [self = this->shared_from_this(), budget](beast::error_code ec, size_t n) {
       if (ec || n >= budget) return self->close();
       self->drain(budget - n);
     });
@@ -423,7 +407,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   // Gives back the bytes of the request body counted against the budgets.
   void release_body() {
-    if (const size_t bytes = held.exchange(0)) server_.release(address_, bytes);
+    if (const size_t bytes = held.exchange(0)) server_.release(address, bytes);
   }
 
   void fail(beast::error_code ec) {
@@ -434,10 +418,12 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   HttpServer::Impl& server_;
   const uint64_t id_;
   Stream stream_;
-  std::string address_;
   int port_;
+  std::string hello_;  // TLS: the client's first flight, until the handshake has taken it
+  size_t hello_payload_ = 0;
+  Clock::time_point handshake_deadline_;
   beast::flat_buffer buffer_;
-  std::array<char, 16384> discard_;
+  std::unique_ptr<std::array<char, 16384>> discard_;  // lingering: what is read and dropped
   std::optional<http::request_parser<http::string_body>> parser_;
   std::optional<http::response<http::string_body>> response_;
   HttpRequest request_;
@@ -457,6 +443,13 @@ void HttpServer::Impl::accept() {
       return;
     }
     on_accept(std::move(socket));
+    // Takes in what else waits (without blocking): connections wait in the server's order, not the backlog's.
+    for (int more = 0; more < 64; ++more) {
+      tcp::socket next(io);
+      acceptor.accept(next, ec);
+      if (ec) break;
+      on_accept(std::move(next));
+    }
     accept();
   });
 }
@@ -496,13 +489,19 @@ void HttpServer::Impl::start_tick() {
 
 HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   auto& o = impl_->options;
-  const size_t files = raise_file_limit();
+  const size_t files = detail::raise_file_limit();
   impl_->max_connections = std::max<size_t>(16, std::min(o.max_connections, files > 512 ? files - 256 : files / 2));
   if (!o.tls_cert.empty()) {
     try {
       impl_->tls.emplace(asio::ssl::context::tls_server);
       impl_->tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
                               asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
+      // TLS 1.2 only with forward-secret key exchanges (TLS 1.3's are), and no renegotiation: a
+      // stranger gets one costly step per connection from the server, taken in turn.
+      SSL_CTX_set_options(impl_->tls->native_handle(), SSL_OP_NO_RENEGOTIATION);
+      if (SSL_CTX_set_cipher_list(impl_->tls->native_handle(), "ECDHE+AESGCM:ECDHE+CHACHA20") != 1) {
+        throw std::runtime_error("OpenSSL has none of the ECDHE ciphers");
+      }
       impl_->tls->use_certificate_chain_file(o.tls_cert);
       impl_->tls->use_private_key_file(o.tls_key, asio::ssl::context::pem);
       if (SSL_CTX_check_private_key(impl_->tls->native_handle()) != 1) throw std::runtime_error("the key is not the certificate's");
@@ -523,6 +522,7 @@ HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>
     if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor.bind(endpoint, ec);
     if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (!ec) acceptor.non_blocking(true, ec);
     if (!ec) impl_->port = acceptor.local_endpoint(ec).port();
   }
   if (ec) {

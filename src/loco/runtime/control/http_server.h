@@ -5,7 +5,9 @@
 // is read; complete requests run on a fixed pool of handler threads. When the connection table is
 // full, the connection that has waited longest for a request is closed to make room (a worker's
 // client reconnects); the bytes of request bodies held are bounded per address and in all.
-// Optional TLS through Asio's OpenSSL streams.
+// Optional TLS through Asio's OpenSSL streams: a client's ClientHello is read whole before the
+// server answers it, and the answers (a key exchange and a signature each, the costly step) are
+// given one per turn of the I/O loop, trusted addresses first (handshake_queue.h).
 #pragma once
 
 #include <chrono>
@@ -45,6 +47,9 @@ struct HttpResponse {
   std::string body;
   std::string content_type = "text/plain";
   std::vector<std::pair<std::string, std::string>> headers;  // more headers (names as sent)
+  // The request was authentic (signed with the run's key): the server then trusts its address,
+  // whose TLS handshakes go first and whose connections are closed last to make room.
+  bool authentic = false;
   void set_content(std::string content, std::string type) {
     body = std::move(content);
     content_type = std::move(type);
