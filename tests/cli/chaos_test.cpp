@@ -4,6 +4,7 @@
 // complete, every round must end with one θ on all its participants, the final validation loss
 // must be within 5% of the same seed's run without failures, and no process may be left behind.
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 
 #include "loco/core/files.h"
 #include "loco/runtime/store/checkpoint.h"
+#include "loco/runtime/control/auth.h"
 #include "loco/runtime/control/coordinator_client.h"
 #include "process_util.h"
 #include "test_util.h"
@@ -850,6 +852,174 @@ TEST_F(ChaosTest, MisbehavingClientsDoNotStarveTheMembers) {
   const auto completed = events("abuse", "round_complete");
   ASSERT_FALSE(completed.empty());
   EXPECT_EQ(completed.back()["step"], 300);
+}
+
+// The coordinator process's resident memory (VmRSS) in KiB, and its open sockets; 0 when gone.
+std::pair<int64_t, int64_t> memory_and_sockets(pid_t pid) {
+  int64_t rss_kib = 0, sockets = 0;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss_kib = std::stoll(line.substr(6));
+  }
+  std::error_code error;
+  for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", error)) {
+    if (fs::read_symlink(fd.path(), error).string().rfind("socket:", 0) == 0) ++sockets;
+  }
+  return {rss_kib, sockets};
+}
+
+// Whether the server closed `fd` (end of file or a reset); what it sent is read and dropped.
+bool closed_by_server(int fd) {
+  char buffer[16384];
+  for (;;) {
+    const auto n = ::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n > 0) continue;
+    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+}
+
+// A TLS connection from `from` whose first bytes, once the handshake is done, are `request`;
+// -1 when it could not be made. No certificate check: a stranger does not care. The SSL object is
+// freed at once: the socket is all a holder needs.
+int tls_holding(SSL_CTX* context, int port, const char* from, const std::string& request) {
+  const int fd = testing_util::connect_loopback(port, from);
+  if (fd < 0) return -1;
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  SSL* ssl = SSL_new(context);
+  SSL_set_fd(ssl, fd);
+  const bool sent = SSL_connect(ssl) == 1 && SSL_write(ssl, request.data(), static_cast<int>(request.size())) > 0;
+  SSL_free(ssl);
+  if (!sent) ::close(fd);
+  return sent ? fd : -1;
+}
+
+// More than 4,096 connections held at once by strangers (from 127.0.0.2-9, as from other hosts)
+// while an elastic run trains over TLS: TLS handshakes stalled after a record header, request bodies
+// announced and not sent (with well-formed signature headers, which only the body's MAC can prove
+// wrong), and refused requests lingering. The coordinator's table fills, it makes room, the
+// members' connections go last; no member is declared dead, the run completes, and the
+// coordinator's memory stays bounded (by its connection table and body budgets, not by the flood).
+TEST_F(ChaosTest, ThousandsOfHeldConnectionsLockNoMemberOutOfATlsRun) {
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = std::min<rlim_t>(files.rlim_max, 16384);
+  ::setrlimit(RLIMIT_NOFILE, &files);
+  ASSERT_GE(files.rlim_cur, 8192u) << "the test needs 8,192 open files";
+  const auto cert = (dir_.path() / "coordinator.pem").string(), key = (dir_.path() / "coordinator.key").string();
+  ASSERT_EQ(std::system(("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj "
+                         "/CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout " + key + " -out " + cert +
+                         " 2>/dev/null").c_str()), 0);
+  const int port = testing_util::free_port();
+  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  for (auto& a : common("held")) args.push_back(a);
+  for (const std::string& a : {std::string("--cluster.workers=3"), std::string("--train.steps=600"), "--cluster.tls_cert=" + cert, "--cluster.tls_key=" + key}) {
+    args.push_back(a);
+  }
+  Child launcher(args, log("held"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, {"", true, cert});
+  ASSERT_TRUE(wait_for_rounds(client, 2, Clock::now() + 120s)) << read_file(log("held"), "test");
+
+  // The instance the coordinator signs for, told with any refusal: a stranger learns it so.
+  SSL_CTX* context = SSL_CTX_new(TLS_client_method());
+  std::string instance;
+  {
+    const int fd = testing_util::connect_loopback(port, "127.0.0.2");
+    ASSERT_GE(fd, 0);
+    SSL* ssl = SSL_new(context);
+    SSL_set_fd(ssl, fd);
+    const std::string unsigned_post = "POST /v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                      "Content-Length: 2\r\nConnection: close\r\n\r\n{}";
+    char answer[4096];
+    int n = 0;
+    if (SSL_connect(ssl) == 1 && SSL_write(ssl, unsigned_post.data(), static_cast<int>(unsigned_post.size())) > 0) {
+      n = SSL_read(ssl, answer, sizeof answer);
+    }
+    SSL_free(ssl);
+    ::close(fd);
+    const std::string text(answer, static_cast<size_t>(std::max(n, 0)));
+    const std::string header = std::string(runtime::auth::kInstanceHeader) + ": ";
+    const auto at = text.find(header);
+    ASSERT_NE(at, std::string::npos) << text;
+    instance = text.substr(at + header.size(), text.find('\r', at) - at - header.size());
+  }
+  const auto [baseline_kib, baseline_sockets] = memory_and_sockets(launcher.pid());
+  auto body_request = [&] {
+    static std::atomic<uint64_t> nonce = 0;
+    return fmt::format("POST /v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 20000\r\nX-Loco-Time: {}\r\nX-Loco-Nonce: {:032x}\r\nX-Loco-Mac: {}\r\n"
+                       "X-Loco-Instance: {}\r\n\r\n{{", std::time(nullptr), ++nonce, std::string(64, 'a'), instance);
+  };
+  const std::string lingering = "POST /v1/stop HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://a.page.example\r\n"
+                                "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n";
+  const std::string stalled_hello("\x16\x03\x01\x02\x00", 5);  // a handshake record of 512 bytes, never sent
+
+  std::atomic<bool> quit = false;
+  std::atomic<int64_t> held[3] = {0, 0, 0}, most[3] = {0, 0, 0};
+  // Each kind of holder keeps `target` connections open, opening others as the server closes some.
+  auto holder = [&](int kind, size_t target, std::function<int(const char*)> open) {
+    return std::thread([&, kind, target, open] {
+      std::vector<int> fds;
+      for (uint64_t n = 0; !quit; ++n) {
+        while (!quit && fds.size() < target) {
+          const std::string from = fmt::format("127.0.0.{}", 2 + (n++ % 8));
+          const int fd = open(from.c_str());
+          if (fd >= 0) fds.push_back(fd);
+        }
+        held[kind] = static_cast<int64_t>(fds.size());
+        most[kind] = std::max<int64_t>(most[kind], held[kind]);
+        std::this_thread::sleep_for(200ms);
+        std::erase_if(fds, [](int fd) {
+          if (!closed_by_server(fd)) return false;
+          ::close(fd);
+          return true;
+        });
+      }
+      for (int fd : fds) ::close(fd);
+    });
+  };
+  std::vector<std::thread> abusers;
+  abusers.push_back(holder(0, 2600, [&](const char* from) {
+    const int fd = testing_util::connect_loopback(port, from);
+    if (fd >= 0 && ::send(fd, stalled_hello.data(), stalled_hello.size(), MSG_NOSIGNAL) != 5) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }));
+  abusers.push_back(holder(1, 1000, [&](const char* from) { return tls_holding(context, port, from, body_request()); }));
+  abusers.push_back(holder(2, 500, [&](const char* from) { return tls_holding(context, port, from, lingering); }));
+
+  int64_t peak_kib = baseline_kib, peak_sockets = 0, peak_held = 0;
+  const auto output_deadline = Clock::now() + 400s;
+  int status = -1;
+  while (Clock::now() < output_deadline && (status = launcher.wait(0s)) < 0) {
+    const auto [kib, sockets] = memory_and_sockets(launcher.pid());
+    peak_kib = std::max(peak_kib, kib);
+    peak_sockets = std::max(peak_sockets, sockets);
+    peak_held = std::max(peak_held, held[0] + held[1] + held[2]);
+    std::this_thread::sleep_for(200ms);
+  }
+  quit = true;
+  for (auto& t : abusers) t.join();
+  SSL_CTX_free(context);
+  const auto output = read_file(log("held"), "test");
+  ASSERT_EQ(status, 0) << output;
+  std::printf("held: up to %ld connections held by strangers at once (up to %ld stalled handshakes, %ld bodies, %ld "
+              "lingering); the coordinator had up to %ld sockets open; its memory %ld MiB before, %ld MiB at most\n",
+              static_cast<long>(peak_held), static_cast<long>(most[0].load()), static_cast<long>(most[1].load()),
+              static_cast<long>(most[2].load()), static_cast<long>(peak_sockets), static_cast<long>(baseline_kib / 1024),
+              static_cast<long>(peak_kib / 1024));
+  EXPECT_GE(peak_held, 4096) << "strangers held more connections than the coordinator's table has room for";
+  EXPECT_GE(peak_sockets, 4000) << "the coordinator's table was full";
+  // Bounded by the table (4,096 connections, each with its TLS state: about 85 KiB measured) and
+  // the bodies' budget (256 MiB), not by how many connections the strangers open.
+  EXPECT_LT(peak_kib - baseline_kib, 1024 * 1024) << "the coordinator's memory grew by a GiB or more";
+  EXPECT_TRUE(events("held", "failure").empty()) << "no member was declared dead: " << output;
+  EXPECT_EQ(output.find("stopping"), std::string::npos) << output;
+  const auto completed = events("held", "round_complete");
+  ASSERT_FALSE(completed.empty());
+  EXPECT_EQ(completed.back()["step"], 600);
 }
 
 }  // namespace
