@@ -19,7 +19,6 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -37,6 +36,7 @@
 
 #include "loco/runtime/control/coordinator_client.h"
 #include "loco/runtime/control/http_server.h"
+#include "process_util.h"  // (tests/: connect_loopback)
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -64,27 +64,7 @@ std::pair<std::string, std::string> make_certificate(const fs::path& dir, const 
 }
 
 // A connection to 127.0.0.1:port from 127.0.0.2, another loopback address: the flood's machine.
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1);
-  const int late = 1;  // the port is chosen at connect(), so that ports in TIME_WAIT are reused
-  ::setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &late, sizeof late);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+int connect_loopback(int port) { return loco::testing_util::connect_loopback(port, "127.0.0.2"); }
 
 // A TLS ClientHello, made once: sent again and again, it costs its sender nothing, while the
 // server answers each with a key exchange and a signature.
