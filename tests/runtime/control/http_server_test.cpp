@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "loco/runtime/control/handshake_queue.h"
+#include "loco/runtime/control/http_server_parts.h"
 
 #include "process_util.h"
 #include "test_util.h"
@@ -362,6 +364,21 @@ TEST(HttpServer, ATlsHandshakeFloodDoesNotKeepOtherAddressesWaiting) {
   EXPECT_EQ(answered(), 1000) << "the flood's handshakes were all answered in the end";
   for (int fd : flood) ::close(fd);
   SSL_CTX_free(context);
+}
+
+// A request completed while the server stops is not queued for a handler thread that will never
+// come: the task is refused, and what it held (its connection) is released at once rather than when
+// the server's state is already gone (TSan found that use after free at a coordinator's shutdown).
+TEST(HandlerPool, ATaskOfferedAfterStopIsRefusedAndReleasedAtOnce) {
+  detail::HandlerPool pool;
+  pool.start(1);
+  std::promise<void> ran;
+  EXPECT_TRUE(pool.enqueue([&ran] { ran.set_value(); }));
+  EXPECT_EQ(ran.get_future().wait_for(5s), std::future_status::ready);
+  pool.stop();
+  auto held = std::make_shared<int>(1);
+  EXPECT_FALSE(pool.enqueue([held] {}));
+  EXPECT_EQ(held.use_count(), 1) << "nothing keeps what the refused task held";
 }
 
 // Requests waiting for a busy handler pool show as the server being behind.

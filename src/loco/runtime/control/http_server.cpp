@@ -111,9 +111,8 @@ struct HttpServer::Impl {
     connections.erase(id);
   }
 
-  // Of the connections `may_go` allows, the one to close first: from an address not trusted
-  // (HandshakeQueue::trust) before one from a trusted address, then the one that has waited
-  // longest. Null when `may_go` allows none.
+  // Of the connections `may_go` allows, the one to close first (null if none): an untrusted address's
+  // (HandshakeQueue::trust) before a trusted one's, then the one that has waited longest.
   template <class MayGo>
   std::shared_ptr<Connection> first_to_close(MayGo may_go) {
     std::shared_ptr<Connection> first;
@@ -175,10 +174,6 @@ struct HttpServer::Impl {
   // loop. Declared after `io`: destroyed before it, with the connections it holds.
   detail::HandshakeQueue handshakes;
   bool handshake_turn_posted = false;
-  void queue_handshake(uint64_t id, const std::string& address, std::function<void()> start) {
-    handshakes.push(id, address, std::move(start));
-    post_handshake_turn();
-  }
   void post_handshake_turn() {
     if (handshake_turn_posted || handshakes.empty()) return;
     handshake_turn_posted = true;
@@ -260,7 +255,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     if (hello_.size() < 9 || message[0] != 1) return close();
     const size_t needed = 4 + ((size_t{message[1]} << 16) | (size_t{message[2]} << 8) | message[3]);
     if (hello_payload_ < needed) return read_hello_record();
-    server_.queue_handshake(id_, address, [self = this->shared_from_this()] { self->handshake(); });
+    server_.handshakes.push(id_, address, [self = this->shared_from_this()] { self->handshake(); });
+    server_.post_handshake_turn();
   }
   // Its turn: the costly step (the answer to the ClientHello) runs now, on this thread.
   void handshake() {
@@ -339,12 +335,12 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     dispatch();
   }
 
-  // The handler runs on the pool; its answer is written from the I/O thread.
+  // The handler runs on the pool; the I/O thread gets the session back whole (TSan: not destroyed on the pool).
   void dispatch() {
     lowest().expires_never();
     ++server_.answering;
     const bool close_after = !parser_->get().keep_alive();
-    server_.pool.enqueue([self = this->shared_from_this(), request = std::move(request_), close_after]() mutable {
+    const bool taken = server_.pool.enqueue([self = this->shared_from_this(), request = std::move(request_), close_after]() mutable {
       HttpResponse response;
       try {
         response = self->server_.handle(request);
@@ -352,10 +348,15 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
         response.status = 500;
         response.set_content(detail::json_error(e.what()), "application/json");
       }
-      asio::post(self->server_.io, [self, response = std::move(response), close_after]() mutable {
+      auto& io = self->server_.io;
+      asio::post(io, [self = std::move(self), response = std::move(response), close_after]() mutable {
         self->write(std::move(response), close_after, true);
       });
     });
+    if (!taken) {  // stopping: a task queued now would outlive the server's state
+      --server_.answering;
+      close();
+    }
   }
 
   void too_large() { refuse(413, fmt::format("the body is over {} bytes", server_.options.max_body_bytes)); }
@@ -418,7 +419,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   HttpServer::Impl& server_;
   const uint64_t id_;
   Stream stream_;
-  int port_;
+  const int port_;
   std::string hello_;  // TLS: the client's first flight, until the handshake has taken it
   size_t hello_payload_ = 0;
   Clock::time_point handshake_deadline_;
@@ -461,10 +462,9 @@ void HttpServer::Impl::on_accept(tcp::socket socket) {
   if (ec) return;
   const uint64_t id = next_id++;
   auto begin = [&](auto session) {
-    {
-      std::lock_guard lock(connections_mutex);
-      connections.emplace(id, session);
-    }
+    std::unique_lock lock(connections_mutex);
+    connections.emplace(id, session);
+    lock.unlock();
     session->start();
   };
   auto address = remote.address().to_string();

@@ -75,12 +75,15 @@ class HandlerPool {
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
-  void enqueue(std::function<void()> task) {
+  // False once stopping: the task is not taken (it is destroyed here, with what it holds).
+  bool enqueue(std::function<void()> task) {
     {
       std::lock_guard lock(mutex_);
+      if (quit_) return false;
       queue_.emplace_back(std::chrono::steady_clock::now(), std::move(task));
     }
     wake_.notify_one();
+    return true;
   }
   std::chrono::steady_clock::duration oldest_wait() const {
     std::lock_guard lock(mutex_);
