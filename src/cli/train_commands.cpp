@@ -167,7 +167,7 @@ class Launch : public Command {
     options.port = port_ > 0 ? port_ : 0;
     options.restarts = restarts_;
     options.links = links_;
-    options.executable = fs::read_symlink("/proc/self/exe");
+    options.executable = read_environment().worker_executable.value_or(fs::read_symlink("/proc/self/exe"));
     options.interactive = metrics::Progress::is_terminal(stderr);
     options.interrupts = &interrupts();
     return dipaco ? run_dipaco(config, options) : run_dense(config, options);

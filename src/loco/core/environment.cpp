@@ -35,6 +35,7 @@ Environment read_environment() {
   env.cache_dir = path_variable("LOCO_CACHE");
   env.home = path_variable("HOME");
   env.spm_library = path_variable("LOCO_SPM_LIBRARY");
+  env.worker_executable = path_variable("LOCO_WORKER_EXECUTABLE");
   env.local_processes = integer_variable("LOCO_LOCAL_PROCESSES", 1).value_or(1);
   env.rank = integer_variable("RANK", 0);
   if (!env.rank) env.rank = integer_variable("SLURM_PROCID", 0);

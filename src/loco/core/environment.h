@@ -13,6 +13,9 @@ struct Environment {
   std::optional<std::filesystem::path> home;         // HOME: default cache under ~/.cache/loco
   int64_t local_processes = 1;                       // LOCO_LOCAL_PROCESSES: loco processes sharing the cores
   std::optional<std::filesystem::path> spm_library;  // LOCO_SPM_LIBRARY: path of libloco_spm.so
+  // LOCO_WORKER_EXECUTABLE: the `loco` binary `loco launch` starts its workers with (default: its
+  // own), e.g. plain workers under a launcher built with ThreadSanitizer (scripts/tsan.sh).
+  std::optional<std::filesystem::path> worker_executable;
   // Set by torchrun / Slurm, read by `loco worker` when its flags do not say:
   std::optional<int64_t> rank;               // RANK, else SLURM_PROCID
   std::optional<int64_t> world_size;         // WORLD_SIZE, else SLURM_NTASKS
