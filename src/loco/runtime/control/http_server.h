@@ -3,8 +3,9 @@
 // Asio), so an idle or slow connection holds no thread; every request has deadlines for its
 // headers, its body and its answer; a gate refuses a request on its headers alone, before its body
 // is read; complete requests run on a fixed pool of handler threads. When the connection table is
-// full, the connection that has waited longest for a request is closed to make room (a worker's
-// client reconnects); the bytes of request bodies held are bounded per address and in all.
+// full, the connection that has waited longest for a request is closed to make room, a stranger's
+// before one from an address that made an authentic request (a worker's client reconnects); the
+// bytes of request bodies held are bounded per address and in all.
 // Optional TLS through Asio's OpenSSL streams: a client's ClientHello is read whole before the
 // server answers it, and the answers (a key exchange and a signature each, the costly step) are
 // given one per turn of the I/O loop, trusted addresses first (handshake_queue.h).
