@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 build=build-fuzz
 all=(protocol_fuzzer auth_fuzzer config_fuzzer safetensors_fuzzer shard_fuzzer jsonl_fuzzer coordinator_state_fuzzer
-     tokenizer_json_fuzzer)
+     tokenizer_json_fuzzer client_hello_fuzzer)
 
 configure_and_build() {
   if ! command -v clang++ >/dev/null; then
@@ -66,10 +66,12 @@ for fuzzer in "${fuzzers[@]}"; do
     protocol_fuzzer|safetensors_fuzzer|shard_fuzzer|jsonl_fuzzer|coordinator_state_fuzzer|tokenizer_json_fuzzer) dict=fuzz/json.dict ;;
     config_fuzzer) dict=fuzz/toml.dict ;;
     auth_fuzzer) dict="" ;;  # headers and a body: no grammar to teach it
+    client_hello_fuzzer) dict="" ;;  # binary records
     *) echo "unknown fuzzer '$fuzzer' (one of: ${all[*]})" >&2; exit 2 ;;
   esac
   max_len=4096
   [ "$fuzzer" = coordinator_state_fuzzer ] && max_len=16384  # a saved table with a round under way
+  [ "$fuzzer" = client_hello_fuzzer ] && max_len=70000  # past the 64 KiB bound
   corpus="$work/$fuzzer"
   mkdir -p "$corpus"
   cp fuzz/corpus/"$fuzzer"/* "$corpus"/

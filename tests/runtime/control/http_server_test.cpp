@@ -314,6 +314,56 @@ std::string tls_get(SSL_CTX* context, int port, const char* from, const std::str
   return answer;
 }
 
+// A TLS client's first flight as OpenSSL writes it (the client then waits for the server's answer).
+std::string client_hello(SSL_CTX* context) {
+  SSL* maker = SSL_new(context);
+  BIO* out = BIO_new(BIO_s_mem());
+  SSL_set_bio(maker, BIO_new(BIO_s_mem()), out);
+  SSL_connect(maker);
+  char* bytes = nullptr;
+  std::string hello(bytes, static_cast<size_t>(BIO_get_mem_data(out, &bytes)));
+  SSL_free(maker);
+  return hello;
+}
+
+// The server reads a ClientHello record by record, whole, before answering it; anything else is
+// refused on its first bytes.
+TEST(HttpServer, AClientHelloIsReadWholeRecordByRecord) {
+  using detail::client_hello_missing;
+  SSL_CTX* context = SSL_CTX_new(TLS_client_method());
+  const std::string hello = client_hello(context);
+  SSL_CTX_free(context);
+  ASSERT_GT(hello.size(), 50u);
+  ASSERT_EQ(hello[0], 22) << "one handshake record";
+  const size_t payload = hello.size() - 5;
+  EXPECT_EQ(client_hello_missing(""), 5u);
+  EXPECT_EQ(client_hello_missing(hello.substr(0, 3)), 2u);
+  EXPECT_EQ(client_hello_missing(hello.substr(0, 5)), payload);
+  EXPECT_EQ(client_hello_missing(hello.substr(0, 40)), payload - 35);
+  EXPECT_EQ(client_hello_missing(hello), 0u);
+
+  // The same message in two records (as a client may fragment it): the first record does not end it.
+  auto record = [](std::string_view body) {
+    return std::string{'\x16', '\x03', '\x01', static_cast<char>(body.size() >> 8), static_cast<char>(body.size() & 0xff)} +
+           std::string(body);
+  };
+  const std::string_view message = std::string_view(hello).substr(5);
+  const std::string split = record(message.substr(0, 30)) + record(message.substr(30));
+  EXPECT_EQ(client_hello_missing(split.substr(0, 35)), 5u) << "the next record's header";
+  EXPECT_EQ(client_hello_missing(split.substr(0, 40)), message.size() - 30);
+  EXPECT_EQ(client_hello_missing(split), 0u);
+
+  EXPECT_FALSE(client_hello_missing("GET / HTTP/1.1\r\n")) << "plain HTTP on the TLS port";
+  EXPECT_FALSE(client_hello_missing(std::string("\x17\x03\x03\x00\x10", 5))) << "application data first";
+  EXPECT_FALSE(client_hello_missing(std::string("\x16\x03\x01\x00\x00", 5))) << "an empty record";
+  EXPECT_FALSE(client_hello_missing(record("\x01\x00"))) << "too short to name its message";
+  EXPECT_FALSE(client_hello_missing(record(std::string("\x02\x00\x00\x01x", 5)))) << "a ServerHello";
+  std::string huge = record(std::string("\x01\x01\x00\x00", 4) + std::string(16000, 'x'));  // a 64 KiB message
+  for (int i = 0; i < 3; ++i) huge += record(std::string(16000, 'x'));
+  EXPECT_EQ(client_hello_missing(huge), 5u);
+  EXPECT_FALSE(client_hello_missing(huge + record(std::string(16000, 'x')).substr(0, 5))) << "over 64 KiB";
+}
+
 // A flood of ClientHellos from one address (each costs its sender nothing and the server a
 // signature) does not keep others' new connections waiting behind it: an address that has made an
 // authentic request goes first, and any other address takes its turn with the flood's.
@@ -331,13 +381,7 @@ TEST(HttpServer, ATlsHandshakeFloodDoesNotKeepOtherAddressesWaiting) {
   ASSERT_EQ(tls_get(context, server.port(), "127.0.0.1", "/member"), "HTTP/1.1 200 OK");
 
   // One ClientHello, made once and sent on 1,000 connections from 127.0.0.2, none of them read.
-  SSL* maker = SSL_new(context);
-  BIO* out = BIO_new(BIO_s_mem());
-  SSL_set_bio(maker, BIO_new(BIO_s_mem()), out);
-  SSL_connect(maker);
-  char* bytes = nullptr;
-  const std::string hello(bytes, static_cast<size_t>(BIO_get_mem_data(out, &bytes)));
-  SSL_free(maker);
+  const std::string hello = client_hello(context);
   std::vector<int> flood;
   for (int i = 0; i < 1000; ++i) {
     const int fd = testing_util::connect_loopback(server.port(), "127.0.0.2");

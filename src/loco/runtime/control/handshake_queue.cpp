@@ -4,6 +4,25 @@
 
 namespace loco::runtime::detail {
 
+std::optional<size_t> client_hello_missing(std::string_view bytes) {
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  size_t at = 0, payload = 0, message = 0;  // message: the ClientHello's length with its header
+  for (;;) {
+    if (bytes.size() - at < 5) return 5 - (bytes.size() - at);
+    const unsigned char* header = data + at;
+    const size_t length = (size_t{header[3]} << 8) | header[4];
+    if (header[0] != 22 || length == 0 || at + 5 + length > kMaxClientHello) return std::nullopt;
+    if (bytes.size() - at - 5 < length) return length - (bytes.size() - at - 5);
+    if (at == 0) {  // the first record's payload opens with the message's type (1) and length
+      if (length < 4 || header[5] != 1) return std::nullopt;
+      message = 4 + ((size_t{header[6]} << 16) | (size_t{header[7]} << 8) | header[8]);
+    }
+    payload += length;
+    at += 5 + length;
+    if (payload >= message) return 0;
+  }
+}
+
 void HandshakeQueue::push(uint64_t id, const std::string& address, std::function<void()> start) {
   waiting_[id] = std::move(start);
   if (trusted(address)) {

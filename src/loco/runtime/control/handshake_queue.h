@@ -16,9 +16,21 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace loco::runtime::detail {
+
+// A TLS client's first flight is read record by record (a 5-byte header, then its payload) until
+// its ClientHello is whole, before the server does any work for it; at most this many bytes.
+inline constexpr size_t kMaxClientHello = 64 << 10;
+
+// Of `bytes`, the records read so far: how many bytes to read next (the rest of a record's header
+// or of its payload), 0 once the ClientHello is whole, or nullopt when they are not a ClientHello
+// (a record that is no handshake record, or empty; a first record too short to name its message,
+// or naming another; more than kMaxClientHello bytes).
+std::optional<size_t> client_hello_missing(std::string_view bytes);
 
 class HandshakeQueue {
  public:

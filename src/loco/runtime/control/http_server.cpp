@@ -210,7 +210,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       // The whole handshake, its wait for a turn included, within the headers' deadline.
       lowest().expires_after(server_.options.header_deadline);
       handshake_deadline_ = Clock::now() + server_.options.header_deadline;
-      read_hello_record();
+      read_hello();
     } else {
       read_header();
     }
@@ -227,36 +227,21 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
  private:
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
 
-  // TLS: the client's first flight, its ClientHello in one or more handshake records, is read whole
-  // before the server does any work for it; then the handshake waits its turn (handshake_queue.h)
-  // and takes these bytes as its first.
-  static constexpr size_t kMaxHello = 64 << 10;
-  void read_hello_record() {
+  // TLS: the client's first flight is read whole (handshake_queue.h: client_hello_missing) before
+  // the server does any work for it; then the handshake waits its turn and takes these bytes first.
+  void read_hello() {
+    const auto missing = detail::client_hello_missing(hello_);
+    if (!missing) return close();  // not a TLS client's hello
+    if (*missing == 0) {
+      server_.handshakes.push(id_, address, [self = this->shared_from_this()] { self->handshake(); });
+      return server_.post_handshake_turn();
+    }
     const size_t at = hello_.size();
-    hello_.resize(at + 5);
-    asio::async_read(lowest(), asio::buffer(hello_.data() + at, 5), [self = this->shared_from_this()](beast::error_code ec, size_t) {
+    hello_.resize(at + *missing);
+    asio::async_read(lowest(), asio::buffer(hello_.data() + at, *missing), [self = this->shared_from_this()](beast::error_code ec, size_t) {
       if (ec) return self->fail(ec);
-      const auto* header = reinterpret_cast<const unsigned char*>(self->hello_.data() + self->hello_.size() - 5);
-      const size_t length = (size_t{header[3]} << 8) | header[4];
-      // A handshake record (type 22), not empty, within the bound: else not a TLS client's hello.
-      if (header[0] != 22 || length == 0 || self->hello_.size() + length > kMaxHello) return self->close();
-      const size_t at = self->hello_.size();
-      self->hello_.resize(at + length);
-      self->hello_payload_ += length;
-      asio::async_read(self->lowest(), asio::buffer(self->hello_.data() + at, length), [self](beast::error_code ec, size_t) {
-        if (ec) return self->fail(ec);
-        self->on_hello_record();
-      });
+      self->read_hello();
     });
-  }
-  void on_hello_record() {
-    // The first record's payload opens with the message's type (1, ClientHello) and length.
-    const auto* message = reinterpret_cast<const unsigned char*>(hello_.data() + 5);
-    if (hello_.size() < 9 || message[0] != 1) return close();
-    const size_t needed = 4 + ((size_t{message[1]} << 16) | (size_t{message[2]} << 8) | message[3]);
-    if (hello_payload_ < needed) return read_hello_record();
-    server_.handshakes.push(id_, address, [self = this->shared_from_this()] { self->handshake(); });
-    server_.post_handshake_turn();
   }
   // Its turn: the costly step (the answer to the ClientHello) runs now, on this thread.
   void handshake() {
@@ -421,7 +406,6 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   Stream stream_;
   const int port_;
   std::string hello_;  // TLS: the client's first flight, until the handshake has taken it
-  size_t hello_payload_ = 0;
   Clock::time_point handshake_deadline_;
   beast::flat_buffer buffer_;
   std::unique_ptr<std::array<char, 16384>> discard_;  // lingering: what is read and dropped
