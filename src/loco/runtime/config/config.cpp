@@ -60,6 +60,26 @@ struct Field {
   bool secret = false;  // never written (to_toml) nor shown (differences)
 };
 
+// A field's range or secrecy, as the tables below write it.
+Field positive(Field f) {
+  f.min = 0;
+  f.min_exclusive = true;
+  return f;
+}
+Field at_least(double lo, Field f) {
+  f.min = lo;
+  return f;
+}
+Field between(double lo, double hi, Field f) {
+  f.min = lo;
+  f.max = hi;
+  return f;
+}
+Field secret(Field f) {
+  f.secret = true;
+  return f;
+}
+
 // The [model] keys of the table below.
 // (a data table)
 std::vector<Field> model_fields(model::ModelOptions& m) {
@@ -67,8 +87,6 @@ std::vector<Field> model_fields(model::ModelOptions& m) {
   using model::NormKind;
   using model::PositionKind;
   using model::RopeScaling;
-  auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
-  auto at_least = [](double lo, Field f) { f.min = lo; return f; };
   return {
       at_least(0, {"model.vocab_size", "vocabulary size; 0 = the dataset's", &m.vocab_size}),
       at_least(1, {"model.context", "context length T in tokens", &m.context}),
@@ -95,13 +113,30 @@ std::vector<Field> model_fields(model::ModelOptions& m) {
       positive({"model.init_std", "std of the normal initialization", &m.init_std}),
   };
 }
+// The [dipaco] keys of the table below.
+// (a data table)
+std::vector<Field> dipaco_fields(DipacoSection& d) {
+  return {
+      {"dipaco.levels", "DiPaCo: the modular model's levels in block order, each BLOCKS:MODULES (MODULES a count, 1 = shared by every path, or path = path-specific), e.g. \"2:2,2:2\" (4 paths); \"\" = a dense model. `loco plan` prints the plan, `loco launch` trains it", &d.levels},
+      {"dipaco.embed", "DiPaCo: the embeddings and final norm: shared by every path, or path (one copy per path)",
+       enum_field(d.embed_path_specific, {{false, "shared"}, {true, "path"}})},
+      {"dipaco.routing", "DiPaCo: how `loco route` assigns documents to paths: kmeans (balanced k-means, k = paths) or product (product k-means over the feature's halves; paths must be a square k*k)",
+       enum_field(d.product_routing, {{false, "kmeans"}, {true, "product"}})},
+      secret({"dipaco.database", "DiPaCo: where the task queue and the module registry live: \"\" = $LOCO_DIPACO_DATABASE if set, else RUN/dipaco.sqlite (SQLite, one machine or a shared folder), or a PostgreSQL connection string (\"host=... dbname=... user=...\"; the password from ~/.pgpass or $PGPASSWORD) for runs across machines; never written to config.toml or logs", &d.database}),
+      at_least(1, {"dipaco.top_n", "DiPaCo: overlapping training shards: each training document goes to its balanced path and its next n - 1 nearest paths (1 = disjoint shards); evaluation and inference always run one path, the router's", &d.top_n}),
+      at_least(0, {"dipaco.reroute_phase", "DiPaCo: discriminative re-routing before this phase: every path scores the held-out router documents, a linear router learns which path models each best (its biases tuned to balanced shards) and re-shards the training and validation documents; 0 = k-means routing throughout", &d.reroute_phase}),
+      between(0.001, 0.5, {"dipaco.router_fraction", "DiPaCo with dipaco.reroute_phase: the share of the training documents held out of training as the router's documents", &d.router_fraction}),
+      at_least(0, {"dipaco.phase_deadline_s", "DiPaCo: seconds after a module's first report of a phase that its outer step runs with the reports that arrived (weighted by shard, rescaled by the square root of their count); a later path's report to it is left out, and a path left behind by all its modules restarts from their new versions; 0 = every module waits for all its paths", &d.phase_deadline_s}),
+      {"dipaco.outer_rescale", "DiPaCo: multiply a module's averaged outer gradient by the square root of how many paths reported to it (averaging n nearly independent outer gradients shrinks their norm by about that much); false = the plain weighted average", &d.outer_rescale},
+      at_least(0, {"dipaco.keep_every", "DiPaCo: every module keeps its versions 0, K, 2K, ... and its last on disk, for early stopping (each costs a module's size); 0 = only the versions the next tasks need", &d.keep_every}),
+      {"dipaco.early_stopping", "DiPaCo: scoring (at the end of `loco launch`, `loco eval`) picks each path's version among those kept (dipaco.keep_every) by its loss on half of the path's validation documents, scores the other half, and `loco generate` runs the picked versions", &d.early_stopping},
+      positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &d.lease_s}),
+  };
+}
+
 // The table of keys. Ranges here are the first line of validation; components add cross-field checks.
 // (a data table)
 std::vector<Field> fields_of(RunConfig& c) {
-  auto positive = [](Field f) { f.min = 0; f.min_exclusive = true; return f; };
-  auto at_least = [](double lo, Field f) { f.min = lo; return f; };
-  auto between = [](double lo, double hi, Field f) { f.min = lo; f.max = hi; return f; };
-  auto secret = [](Field f) { f.secret = true; return f; };
   std::vector<Field> fields = {
       {"run.dir", "folder for config.toml, metrics.jsonl and checkpoints/", &c.run.dir},
       {"data.dir", "prepared dataset folder (written by `loco prepare`)", &c.data.dir},
@@ -179,26 +214,17 @@ std::vector<Field> fields_of(RunConfig& c) {
       {"cluster.tls_cert", "coordinator: its TLS certificate (PEM); set with cluster.tls_key, it serves HTTPS only; \"\" = plain HTTP", &c.cluster.tls_cert},
       {"cluster.tls_key", "coordinator: the private key (PEM) of cluster.tls_cert", &c.cluster.tls_key},
       {"cluster.tls_ca", "worker: reach the coordinator over HTTPS and verify its certificate against this CA (PEM); \"\" = cluster.tls_cert if set (self-signed), else plain HTTP", &c.cluster.tls_ca},
-      {"dipaco.levels", "DiPaCo: the modular model's levels in block order, each BLOCKS:MODULES (MODULES a count, 1 = shared by every path, or path = path-specific), e.g. \"2:2,2:2\" (4 paths); \"\" = a dense model. `loco plan` prints the plan, `loco launch` trains it", &c.dipaco.levels},
-      {"dipaco.embed", "DiPaCo: the embeddings and final norm: shared by every path, or path (one copy per path)",
-       enum_field(c.dipaco.embed_path_specific, {{false, "shared"}, {true, "path"}})},
-      {"dipaco.routing", "DiPaCo: how `loco route` assigns documents to paths: kmeans (balanced k-means, k = paths) or product (product k-means over the feature's halves; paths must be a square k*k)",
-       enum_field(c.dipaco.product_routing, {{false, "kmeans"}, {true, "product"}})},
-      secret({"dipaco.database", "DiPaCo: where the task queue and the module registry live: \"\" = $LOCO_DIPACO_DATABASE if set, else RUN/dipaco.sqlite (SQLite, one machine or a shared folder), or a PostgreSQL connection string (\"host=... dbname=... user=...\"; the password from ~/.pgpass or $PGPASSWORD) for runs across machines; never written to config.toml or logs", &c.dipaco.database}),
-      at_least(1, {"dipaco.top_n", "DiPaCo: overlapping training shards: each training document goes to its balanced path and its next n - 1 nearest paths (1 = disjoint shards); evaluation and inference always run one path, the router's", &c.dipaco.top_n}),
-      at_least(0, {"dipaco.reroute_phase", "DiPaCo: discriminative re-routing before this phase: every path scores the held-out router documents, a linear router learns which path models each best (its biases tuned to balanced shards) and re-shards the training and validation documents; 0 = k-means routing throughout", &c.dipaco.reroute_phase}),
-      between(0.001, 0.5, {"dipaco.router_fraction", "DiPaCo with dipaco.reroute_phase: the share of the training documents held out of training as the router's documents", &c.dipaco.router_fraction}),
-      at_least(0, {"dipaco.phase_deadline_s", "DiPaCo: seconds after a module's first report of a phase that its outer step runs with the reports that arrived (weighted by shard, rescaled by the square root of their count); a later path's report to it is left out, and a path left behind by all its modules restarts from their new versions; 0 = every module waits for all its paths", &c.dipaco.phase_deadline_s}),
-      {"dipaco.outer_rescale", "DiPaCo: multiply a module's averaged outer gradient by the square root of how many paths reported to it (averaging n nearly independent outer gradients shrinks their norm by about that much); false = the plain weighted average", &c.dipaco.outer_rescale},
-      at_least(0, {"dipaco.keep_every", "DiPaCo: every module keeps its versions 0, K, 2K, ... and its last on disk, for early stopping (each costs a module's size); 0 = only the versions the next tasks need", &c.dipaco.keep_every}),
-      {"dipaco.early_stopping", "DiPaCo: scoring (at the end of `loco launch`, `loco eval`) picks each path's version among those kept (dipaco.keep_every) by its loss on half of the path's validation documents, scores the other half, and `loco generate` runs the picked versions", &c.dipaco.early_stopping},
-      positive({"dipaco.lease_s", "DiPaCo: seconds a task's lease lasts without renewal; a worker renews it while it works, so a worker that dies loses its task to another after at most this long", &c.dipaco.lease_s}),
+  };
+  fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  auto dipaco = dipaco_fields(c.dipaco);
+  fields.insert(fields.end(), std::make_move_iterator(dipaco.begin()), std::make_move_iterator(dipaco.end()));
+  std::vector<Field> links = {
       {"link.rate", "`loco launch`: run each process in an emulated island (its own network namespace; needs root) whose link has this rate, e.g. \"100mbit\" or \"1gbit\" (shaped by the kernel's tbf, both directions); \"\" = not shaped (docs/slow-links.md)", &c.link.rate},
       {"link.delay", "`loco launch`: the islands' one-way delay, e.g. \"50ms\" (added by loco's relay: this kernel has no netem); \"\" = none", &c.link.delay},
       {"link.workers", "`loco launch`: links of single workers, \"RANK:rate=...,delay=...;RANK:...\" (a slow island among fast ones); keys left out are link.rate and link.delay's", &c.link.workers},
       {"link.cpu", "`loco launch`: each worker island's share of the machine's CPU, in cores (a CPU control group's quota), so that islands compute at equal speed as separate machines would; 0 = the machine's cores as they come (docs/slow-links.md)", &c.link.cpu, 0, 1024},
   };
-  fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  fields.insert(fields.end(), std::make_move_iterator(links.begin()), std::make_move_iterator(links.end()));
   return fields;
 }
 
