@@ -135,7 +135,7 @@ bool wait_for_rounds(runtime::CoordinatorClient& client, int64_t rounds, Clock::
 TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   // The same seed without failures: the reference loss.
   auto calm = testing_util::run_command([&] {
-    std::vector<std::string> args = {LOCO_BINARY, "launch"};
+    std::vector<std::string> args = {testing_util::loco_binary(), "launch"};
     for (auto& a : common("calm")) args.push_back(a);
     return args;
   }(), log("calm"), 300s);
@@ -144,7 +144,7 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   ASSERT_TRUE(std::isfinite(calm_loss));
 
   const int port = testing_util::free_port();
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port)};
   for (auto& a : common("chaos")) args.push_back(a);
   Child launcher(args, log("chaos"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
@@ -172,7 +172,7 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   };
   std::vector<std::unique_ptr<Child>> replacements;
   auto start_replacement = [&] {
-    std::vector<std::string> worker = {LOCO_BINARY, "worker", "--coordinator", fmt::format("127.0.0.1:{}", port)};
+    std::vector<std::string> worker = {testing_util::loco_binary(), "worker", "--coordinator", fmt::format("127.0.0.1:{}", port)};
     for (auto& a : common("chaos")) worker.push_back(a);
     replacements.push_back(std::make_unique<Child>(worker, log(fmt::format("replacement-{}", replacements.size()))));
   };
@@ -302,7 +302,7 @@ void ChaosTest::full_stop_resume(const std::vector<std::string>& algorithm) {
   std::vector<std::string> shorter = {"--cluster.workers=3", "--train.steps=150"};  // about 30 rounds
   shorter.insert(shorter.end(), algorithm.begin(), algorithm.end());
   auto launch_args = [&](const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> args = {LOCO_BINARY, "launch"};
+    std::vector<std::string> args = {testing_util::loco_binary(), "launch"};
     for (auto& a : common(name)) args.push_back(a);
     for (auto& a : shorter) args.push_back(a);
     for (auto& a : extra) args.push_back(a);
@@ -380,14 +380,14 @@ TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
     return head;
   };
   auto start_coordinator = [&](const std::string& name, bool resume) {
-    auto a = args({LOCO_BINARY, "coordinator", "--port", std::to_string(port)});
+    auto a = args({testing_util::loco_binary(), "coordinator", "--port", std::to_string(port)});
     if (resume) a.push_back("--resume");
     return std::make_unique<Child>(a, log(name));
   };
   auto start_workers = [&](const std::string& name, bool resume) {
     std::vector<std::unique_ptr<Child>> out;
     for (int r = 0; r < 3; ++r) {
-      auto a = args({LOCO_BINARY, "worker", "--coordinator", address, "--rank", std::to_string(r)});
+      auto a = args({testing_util::loco_binary(), "worker", "--coordinator", address, "--rank", std::to_string(r)});
       if (resume) a.push_back("--resume");
       out.push_back(std::make_unique<Child>(a, log(fmt::format("{}-{}", name, r))));
     }
@@ -452,11 +452,11 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
     return head;
   };
   auto worker = [&](const std::string& host, const std::string& ip, std::vector<std::string> extra, const std::string& name) {
-    auto a = args({LOCO_BINARY, "worker", "--coordinator", address, "--cluster.host=" + ip}, host);
+    auto a = args({testing_util::loco_binary(), "worker", "--coordinator", address, "--cluster.host=" + ip}, host);
     a.insert(a.end(), extra.begin(), extra.end());
     return std::make_unique<Child>(a, log(name));
   };
-  Child coordinator(args({LOCO_BINARY, "coordinator", "--port", std::to_string(port)}, "alpha"), log("coordinator"));
+  Child coordinator(args({testing_util::loco_binary(), "coordinator", "--port", std::to_string(port)}, "alpha"), log("coordinator"));
   auto alpha0 = worker("alpha", "127.0.0.1", {"--rank", "0"}, "alpha-0");
   auto alpha1 = worker("alpha", "127.0.0.1", {"--rank", "1"}, "alpha-1");
   auto beta = worker("beta", "127.0.0.2", {"--rank", "2"}, "beta");
@@ -528,7 +528,7 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
 // do, and the run completes with one θ per round.
 TEST_F(ChaosTest, TimeBudgetedRoundsDoNotWaitForASlowWorker) {
   const int port = testing_util::free_port();
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port)};
   for (auto& a : common("budget")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=3000", "--sync.round_seconds=0.3", "--sync.round_grace_s=1"}) {
     args.push_back(a);
@@ -597,7 +597,7 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
   const int port = testing_util::free_port();
   const std::string address = fmt::format("127.0.0.1:{}", port);
   const std::vector<std::string> extra = {"--cluster.workers=2", "--train.steps=800"};
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port)};
   for (auto& a : common("orphans")) args.push_back(a);
   for (auto& a : extra) args.push_back(a);
   Child launcher(args, log("orphans"));
@@ -613,7 +613,7 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
     return out;
   };
   auto replacement = [&](const std::string& name) {
-    std::vector<std::string> worker = {LOCO_BINARY, "worker", "--coordinator", address};
+    std::vector<std::string> worker = {testing_util::loco_binary(), "worker", "--coordinator", address};
     for (auto& a : common("orphans")) worker.push_back(a);
     for (auto& a : extra) worker.push_back(a);
     return std::make_unique<Child>(worker, log(name));
@@ -648,7 +648,7 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
 // joins as a replacement for its slot, and the run completes with it.
 void ChaosTest::restart_a_dead_worker(const std::vector<std::string>& algorithm) {
   const int port = testing_util::free_port();
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port), "--restarts", "1"};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port), "--restarts", "1"};
   for (auto& a : common("restarts")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
   args.insert(args.end(), algorithm.begin(), algorithm.end());
@@ -692,7 +692,7 @@ TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithStreamingDiLoCo) { restar
 // (round_retried); the launcher starts the worker again, and the run completes with one θ per round.
 TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
   const int port = testing_util::free_port();
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port), "--restarts", "1"};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port), "--restarts", "1"};
   for (auto& a : common("streaming")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
   args.insert(args.end(), kStreaming.begin(), kStreaming.end());
@@ -759,7 +759,7 @@ TEST_F(ChaosTest, MisbehavingClientsDoNotStarveTheMembers) {
   files.rlim_cur = std::min<rlim_t>(files.rlim_max, 8192);
   ::setrlimit(RLIMIT_NOFILE, &files);
   const int port = testing_util::free_port();
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port)};
   for (auto& a : common("abuse")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=300"}) args.push_back(a);
   Child launcher(args, log("abuse"));
@@ -911,7 +911,7 @@ TEST_F(ChaosTest, ThousandsOfHeldConnectionsLockNoMemberOutOfATlsRun) {
                          "/CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout " + key + " -out " + cert +
                          " 2>/dev/null").c_str()), 0);
   const int port = testing_util::free_port();
-  std::vector<std::string> args = {LOCO_BINARY, "launch", "--port", std::to_string(port)};
+  std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port)};
   for (auto& a : common("held")) args.push_back(a);
   for (const std::string& a : {std::string("--cluster.workers=3"), std::string("--train.steps=600"), "--cluster.tls_cert=" + cert, "--cluster.tls_key=" + key}) {
     args.push_back(a);

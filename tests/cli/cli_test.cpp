@@ -49,7 +49,7 @@ every = 50
   static fs::path config() { return dir_->path() / "tiny.toml"; }
   static std::string log(const std::string& name) { return (dir_->path() / (name + ".log")).string(); }
   static std::vector<std::string> train_args(const std::string& run) {
-    return {LOCO_BINARY, "train", "--config", config().string(), "--data.dir=" + data().string(),
+    return {testing_util::loco_binary(), "train", "--config", config().string(), "--data.dir=" + data().string(),
             "--run.dir", (dir_->path() / run).string()};
   }
   // Runs a command that must fail as bad input: exit status 1 and a message containing `fragment`.
@@ -118,17 +118,17 @@ TEST_F(CliTest, EvalAndGenerate) {
   auto trained = run_command(train_args("for-eval"), log("for-eval"));
   ASSERT_EQ(trained.status, 0) << trained.output;
   const auto run = (dir_->path() / "for-eval").string();
-  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run}, log("eval"));
+  auto eval = run_command({testing_util::loco_binary(), "eval", "--checkpoint", run}, log("eval"));
   ASSERT_EQ(eval.status, 0) << eval.output;
   EXPECT_NE(eval.output.find("val_loss"), std::string::npos);
   EXPECT_NE(eval.output.find("(step 150)"), std::string::npos) << eval.output;
 
-  auto gen = run_command({LOCO_BINARY, "generate", "--checkpoint", run, "--prompt", "the cat", "--max-new-tokens",
+  auto gen = run_command({testing_util::loco_binary(), "generate", "--checkpoint", run, "--prompt", "the cat", "--max-new-tokens",
                           "12", "--seed", "3"}, log("generate"));
   ASSERT_EQ(gen.status, 0) << gen.output;
   EXPECT_EQ(gen.output.rfind("the cat", 0), 0u) << gen.output;
   EXPECT_GT(gen.output.size(), std::string("the cat\n").size());
-  auto again = run_command({LOCO_BINARY, "generate", "--checkpoint", run, "--prompt", "the cat", "--max-new-tokens",
+  auto again = run_command({testing_util::loco_binary(), "generate", "--checkpoint", run, "--prompt", "the cat", "--max-new-tokens",
                             "12", "--seed", "3"}, log("generate2"));
   EXPECT_EQ(again.output, gen.output) << "same seed, same text";
 }
@@ -137,25 +137,25 @@ TEST_F(CliTest, DatasetWithAnotherTokenizerIsRefused) {
   auto trained = run_command(train_args("for-mismatch"), log("for-mismatch"));
   ASSERT_EQ(trained.status, 0) << trained.output;
   const auto other = (dir_->path() / "other-data").string();
-  auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other,
+  auto prepared = run_command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other,
                                "--vocab-size", "300"}, log("other-prepare"));
   ASSERT_EQ(prepared.status, 0) << prepared.output;
   const auto run = (dir_->path() / "for-mismatch").string();
-  expect_refused({LOCO_BINARY, "eval", "--checkpoint", run, "--data", other}, "mismatch-eval", "was trained with tokenizer");
-  expect_refused({LOCO_BINARY, "generate", "--checkpoint", run, "--data", other}, "mismatch-gen", "was trained with tokenizer");
+  expect_refused({testing_util::loco_binary(), "eval", "--checkpoint", run, "--data", other}, "mismatch-eval", "was trained with tokenizer");
+  expect_refused({testing_util::loco_binary(), "generate", "--checkpoint", run, "--data", other}, "mismatch-gen", "was trained with tokenizer");
 }
 
 TEST_F(CliTest, ConfigurationDocsListEveryKey) {
   // docs/configuration.md embeds `loco config --reference`; this keeps the two from drifting.
-  auto reference = run_command({LOCO_BINARY, "config", "--reference"}, log("reference"));
+  auto reference = run_command({testing_util::loco_binary(), "config", "--reference"}, log("reference"));
   ASSERT_EQ(reference.status, 0);
-  const auto docs = read_file(fs::path(LOCO_SOURCE_DIR) / "docs" / "configuration.md", "test");
+  const auto docs = read_file(testing_util::source_dir() / "docs" / "configuration.md", "test");
   EXPECT_NE(docs.find(reference.output), std::string::npos)
       << "docs/configuration.md is out of date: paste the output of `loco config --reference` into it";
 }
 
 TEST_F(CliTest, BadInputGetsClearErrors) {
-  expect_refused({LOCO_BINARY, "prepare", "--corpus", "no-such-corpus", "--out", (dir_->path() / "x").string()}, "bad1",
+  expect_refused({testing_util::loco_binary(), "prepare", "--corpus", "no-such-corpus", "--out", (dir_->path() / "x").string()}, "bad1",
                  "unknown corpus 'no-such-corpus'");
 
   auto args = train_args("bad-key");
@@ -163,9 +163,9 @@ TEST_F(CliTest, BadInputGetsClearErrors) {
   expect_refused(args, "bad2", "did you mean 'train.steps'");
   EXPECT_FALSE(fs::exists(dir_->path() / "bad-key")) << "nothing may be written for an invalid config";
 
-  expect_refused({LOCO_BINARY, "eval", "--checkpoint", (dir_->path() / "nothing-here").string()}, "bad3", "nothing-here");
+  expect_refused({testing_util::loco_binary(), "eval", "--checkpoint", (dir_->path() / "nothing-here").string()}, "bad3", "nothing-here");
 
-  auto no_command = run_command({LOCO_BINARY}, log("bad4"));
+  auto no_command = run_command({testing_util::loco_binary()}, log("bad4"));
   EXPECT_NE(no_command.status, 0);
 }
 
@@ -174,14 +174,14 @@ TEST_F(CliTest, BadInputGetsClearErrors) {
 // which this version plans but does not train, writing nothing.
 TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
   const std::string data_dir = "--data.dir=" + data().string();
-  auto plan = run_command({LOCO_BINARY, "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2,1:3"}, log("plan"));
+  auto plan = run_command({testing_util::loco_binary(), "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2,1:3"}, log("plan"));
   EXPECT_EQ(plan.status, 0) << plan.output;
   EXPECT_NE(plan.output.find("6 paths, 6 modules"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("| 2 | blocks 1 | chosen | 3 |"), std::string::npos) << plan.output;
 
-  expect_refused({LOCO_BINARY, "plan", "--config", config().string(), data_dir}, "plan-dense", "sets no dipaco.levels");
+  expect_refused({testing_util::loco_binary(), "plan", "--config", config().string(), data_dir}, "plan-dense", "sets no dipaco.levels");
 
-  expect_refused({LOCO_BINARY, "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2"}, "plan-misfit",
+  expect_refused({testing_util::loco_binary(), "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2"}, "plan-misfit",
                  "spans 1 blocks but the model has 2");
 
   auto args = train_args("dipaco");
@@ -195,7 +195,7 @@ TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
 TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
   const std::string data_dir = "--data.dir=" + data().string();
   const std::string run_dir = "--run.dir=" + (dir_->path() / "routed").string();
-  std::vector<std::string> args{LOCO_BINARY, "route", "--config", config().string(), data_dir, run_dir, "--dipaco.levels=1:2,1:2"};
+  std::vector<std::string> args{testing_util::loco_binary(), "route", "--config", config().string(), data_dir, run_dir, "--dipaco.levels=1:2,1:2"};
   auto routed = run_command(args, log("route"));
   ASSERT_EQ(routed.status, 0) << routed.output;
   EXPECT_NE(routed.output.find("to 4 paths (balanced k-means)"), std::string::npos) << routed.output;
@@ -238,7 +238,7 @@ TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
     if (in.size() == 2) EXPECT_NE(in[0], in[1]);
   }
 
-  expect_refused({LOCO_BINARY, "route", "--config", config().string(), data_dir,
+  expect_refused({testing_util::loco_binary(), "route", "--config", config().string(), data_dir,
                   "--run.dir=" + (dir_->path() / "routed-product").string(), "--dipaco.levels=1:2,1:3",
                   "--dipaco.routing=product"},
                  "route-product", "makes 6");
@@ -252,8 +252,8 @@ TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
 // back with its tokenizer.
 TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
   const fs::path dir = dir_->path() / "llama";
-  const fs::path fixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/qwen2_tokenizer";
-  const std::string example = (fs::path(LOCO_SOURCE_DIR) / "configs/llama-example.toml").string();
+  const fs::path fixture = testing_util::source_dir() / "tests/data/fixtures/qwen2_tokenizer";
+  const std::string example = (testing_util::source_dir() / "configs/llama-example.toml").string();
   auto command = [&](std::vector<std::string> args, const std::string& name) {
     if (args[1] == "train" || args[1] == "launch") {
       for (const char* small : {"--model.context=32", "--model.width=32", "--model.heads=4", "--model.kv_heads=2",
@@ -267,12 +267,12 @@ TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
     EXPECT_EQ(result.status, 0) << result.output;
     return result.status == 0;
   };
-  ASSERT_TRUE(command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
+  ASSERT_TRUE(command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
                        fixture.string(), "--out", (dir / "base-data").string()}, "prepare-base"));
-  ASSERT_TRUE(command({LOCO_BINARY, "train", "--config", example, "--data.dir=" + (dir / "base-data").string(),
+  ASSERT_TRUE(command({testing_util::loco_binary(), "train", "--config", example, "--data.dir=" + (dir / "base-data").string(),
                        "--run.dir=" + (dir / "base").string(), "--train.init_from=", "--sync.algorithm=none",
                        "--cluster.workers=1", "--optim.lr=3e-3"}, "base"));
-  ASSERT_TRUE(command({LOCO_BINARY, "export", "--checkpoint", (dir / "base").string(), "--hf", (dir / "base-hf").string()},
+  ASSERT_TRUE(command({testing_util::loco_binary(), "export", "--checkpoint", (dir / "base").string(), "--hf", (dir / "base-hf").string()},
                       "export-base"));
   for (const char* name : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}) {
     EXPECT_TRUE(fs::exists(dir / "base-hf" / name)) << name;
@@ -281,12 +281,12 @@ TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
   EXPECT_EQ(nlohmann::json::parse(read_file(dir / "base-hf" / "config.json", "test"))["eos_token_id"], 856);
 
   // The user's side: their corpus in the model's tokens, then the example's config from the folder.
-  ASSERT_TRUE(command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
+  ASSERT_TRUE(command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
                        (dir / "base-hf").string(), "--seed", "7", "--out", (dir / "data").string()}, "prepare"));
-  ASSERT_TRUE(command({LOCO_BINARY, "launch", "--config", example, "--data.dir=" + (dir / "data").string(),
+  ASSERT_TRUE(command({testing_util::loco_binary(), "launch", "--config", example, "--data.dir=" + (dir / "data").string(),
                        "--run.dir=" + (dir / "run").string(), "--train.init_from=" + (dir / "base-hf").string(),
                        "--cluster.workers=2", "--sync.inner_steps=4"}, "launch"));
-  ASSERT_TRUE(command({LOCO_BINARY, "export", "--checkpoint", (dir / "run").string(), "--hf", (dir / "out").string()},
+  ASSERT_TRUE(command({testing_util::loco_binary(), "export", "--checkpoint", (dir / "run").string(), "--hf", (dir / "out").string()},
                       "export"));
   EXPECT_TRUE(fs::exists(dir / "out" / "tokenizer.json"));
   // It started from the model, not from scratch: its first loss is the base's last, not a random model's.

@@ -106,7 +106,7 @@ lease_s = 2
   }
   static std::vector<std::string> command(const std::string& verb, const std::string& run,
                                           const std::vector<std::string>& more = {}) {
-    std::vector<std::string> argv = {LOCO_BINARY, verb, "--config", config_file().string()};
+    std::vector<std::string> argv = {testing_util::loco_binary(), verb, "--config", config_file().string()};
     for (const auto& o : overrides(run, more)) argv.push_back("--" + o);
     return argv;
   }
@@ -283,7 +283,7 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
             std::string::npos) << other_features.output;
 
   // `loco report`: the run's row, and what the router learned.
-  auto report = run_command({LOCO_BINARY, "report", (dir_->path() / "launched").string()}, log("report"));
+  auto report = run_command({testing_util::loco_binary(), "report", (dir_->path() / "launched").string()}, log("report"));
   ASSERT_EQ(report.status, 0) << report.output;
   // Its workers are those that did tasks: on a loaded machine one of the two may have done them all.
   const auto row = report.output.find("| launched | dipaco 1:2,1:2 | ");
@@ -518,7 +518,7 @@ TEST_F(DipacoRunTest, EarlyStoppingScoresEachPathAtTheVersionItsHeldOutLossPicks
   // Twice the documents, half of them for validation: each path gets enough to pick and to score.
   const auto data = dir_->path() / "data-early";
   testing_util::write_tiny_corpus(dir_->path() / "corpus-early", 80);
-  auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus-early").string(), "--out",
+  auto prepared = run_command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus-early").string(), "--out",
                                data.string(), "--vocab-size", "320", "--val-fraction", "0.5", "--cache",
                                (dir_->path() / "cache").string()}, log("prepare-early"));
   ASSERT_EQ(prepared.status, 0) << prepared.output;

@@ -42,7 +42,7 @@ class LaunchTest : public ::testing::Test {
   static fs::path run(const std::string& name) { return dir_->path() / name; }
   static std::string log(const std::string& name) { return (dir_->path() / (name + ".log")).string(); }
   static std::vector<std::string> launch_args(const std::string& name, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {LOCO_BINARY, "launch", "--config", config().string(), "--data.dir=" + data().string(),
+    std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--config", config().string(), "--data.dir=" + data().string(),
                                      "--run.dir=" + run(name).string()};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
@@ -110,7 +110,7 @@ TEST_F(LaunchTest, DiLoCoWorkersHoldIdenticalParametersAfterEveryRound) {
   }
   // The global parameters are scored once, by worker 0, and `loco eval` finds them in the run.
   for (const auto& e : events("diloco", "eval")) EXPECT_EQ(e["worker"], 0);
-  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run("diloco").string()}, log("diloco-eval"));
+  auto eval = run_command({testing_util::loco_binary(), "eval", "--checkpoint", run("diloco").string()}, log("diloco-eval"));
   ASSERT_EQ(eval.status, 0) << eval.output;
   EXPECT_NE(eval.output.find(fmt::format("val_loss {:.4f}", events("diloco", "eval").back()["val_loss"].get<double>())),
             std::string::npos) << eval.output;
@@ -168,14 +168,14 @@ TEST_F(LaunchTest, StreamingWorkersAgreeAndResumeMidFlight) {
   }
   EXPECT_NE(result.output.find("compute utilization end to end (time computing / wall time): "), std::string::npos)
       << result.output;
-  auto report = run_command({LOCO_BINARY, "report", run("streaming").string()}, log("streaming-report"));
+  auto report = run_command({testing_util::loco_binary(), "report", run("streaming").string()}, log("streaming-report"));
   ASSERT_EQ(report.status, 0) << report.output;
   EXPECT_NE(report.output.find("| compute, end to end |"), std::string::npos) << report.output;
   // θ is scored mid-run (step 20) without waiting for a round boundary, and at the end.
   std::vector<int64_t> eval_steps;
   for (const auto& e : events("streaming", "eval")) eval_steps.push_back(e["step"].get<int64_t>());
   EXPECT_EQ(eval_steps, (std::vector<int64_t>{20, 40}));
-  auto eval = run_command({LOCO_BINARY, "eval", "--checkpoint", run("streaming").string()}, log("streaming-eval"));
+  auto eval = run_command({testing_util::loco_binary(), "eval", "--checkpoint", run("streaming").string()}, log("streaming-eval"));
   ASSERT_EQ(eval.status, 0) << eval.output;
   EXPECT_NE(eval.output.find(fmt::format("val_loss {:.4f}", events("streaming", "eval").back()["val_loss"].get<double>())),
             std::string::npos) << eval.output;
@@ -214,7 +214,7 @@ TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
 
   // `loco report`: what DDP would send for a run is what this DDP run measured; its report kept as
   // JSON serves as a baseline for another run.
-  auto json = run_command({LOCO_BINARY, "report", "--json", run("ddp").string()}, log("report-json"));
+  auto json = run_command({testing_util::loco_binary(), "report", "--json", run("ddp").string()}, log("report-json"));
   ASSERT_EQ(json.status, 0) << json.output;
   const auto reports = nlohmann::json::parse(json.output);
   ASSERT_EQ(reports.size(), 1u);
@@ -222,7 +222,7 @@ TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
               0.01 * reports[0]["bytes_sent"].get<double>());
   const auto saved = dir_->path() / "baselines.json";
   std::ofstream(saved) << json.output;
-  auto compared = run_command({LOCO_BINARY, "report", run("local").string(), "--baseline", saved.string()}, log("report"));
+  auto compared = run_command({testing_util::loco_binary(), "report", run("local").string(), "--baseline", saved.string()}, log("report"));
   ASSERT_EQ(compared.status, 0) << compared.output;
   const double ddp_loss = reports[0]["val_loss"].get<double>();
   EXPECT_NE(compared.output.find(fmt::format("local against ddp (ddp, 2 workers): val_loss {:.4f} vs {:.4f}",
@@ -232,7 +232,7 @@ TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
             std::string::npos) << compared.output;
   EXPECT_NE(compared.output.find("local: DDP would have sent"), std::string::npos) << compared.output;
   std::ofstream(saved) << "[{\"name\": \"x\"}]";
-  auto bad = run_command({LOCO_BINARY, "report", run("local").string(), "--baseline", saved.string()}, log("report-bad"));
+  auto bad = run_command({testing_util::loco_binary(), "report", run("local").string(), "--baseline", saved.string()}, log("report-bad"));
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("has no text \"algorithm\""), std::string::npos) << bad.output;
 }
@@ -241,7 +241,7 @@ TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
 TEST_F(LaunchTest, OneLaunchedWorkerIsPlainTraining) {
   auto launched = run_command(launch_args("one", {"--workers", "1", "--sync.inner_steps=1", "--outer.optimizer=sgd"}), log("one"), 240s);
   ASSERT_EQ(launched.status, 0) << launched.output;
-  auto plain = run_command({LOCO_BINARY, "train", "--config", config().string(), "--data.dir=" + data().string(),
+  auto plain = run_command({testing_util::loco_binary(), "train", "--config", config().string(), "--data.dir=" + data().string(),
                             "--run.dir=" + run("plain").string(), "--cluster.workers=1", "--sync.algorithm=none"},
                            log("plain"));
   ASSERT_EQ(plain.status, 0) << plain.output;
@@ -324,7 +324,7 @@ TEST_F(LaunchTest, LabelAndKMeansShards) {
 TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
   auto start_coordinator = [&](const std::string& name, int port, double join_timeout) {
     return std::make_unique<Child>(
-        std::vector<std::string>{LOCO_BINARY, "coordinator", "--config", config().string(), "--data.dir=" + data().string(),
+        std::vector<std::string>{testing_util::loco_binary(), "coordinator", "--config", config().string(), "--data.dir=" + data().string(),
                                  "--run.dir=" + run(name).string(), "--port", std::to_string(port), "--bind", "127.0.0.1",
                                  "--workers", "2", fmt::format("--cluster.join_timeout_s={}", join_timeout)},
         log(name));
@@ -332,7 +332,7 @@ TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
   // The workers share the coordinator's run folder, where it keeps the run's generated join token.
   auto worker = [&](int port, const std::string& name, std::vector<std::string> extra,
                     const std::string& run_name = "coordinated") {
-    std::vector<std::string> args = {LOCO_BINARY, "worker", "--coordinator", fmt::format("127.0.0.1:{}", port), "--config",
+    std::vector<std::string> args = {testing_util::loco_binary(), "worker", "--coordinator", fmt::format("127.0.0.1:{}", port), "--config",
                                      config().string(), "--data.dir=" + data().string(),
                                      "--run.dir=" + run(run_name).string(), "--cluster.workers=2"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -345,7 +345,7 @@ TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
   EXPECT_NE(shape.output.find("config differs from the run's (run -> worker): model.layers: 2 -> 3"), std::string::npos) << shape.output;
 
   const auto other = dir_->path() / "other-data";
-  auto prepared = run_command({LOCO_BINARY, "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other.string(),
+  auto prepared = run_command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--out", other.string(),
                                "--vocab-size", "300", "--cache", (dir_->path() / "cache").string()}, log("other"));
   ASSERT_EQ(prepared.status, 0) << prepared.output;
   auto dataset = worker(port, "bad-data", {"--data.dir=" + other.string()});
@@ -370,11 +370,11 @@ TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
 
 TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
   const int port = free_port();
-  Child first({LOCO_BINARY, "coordinator", "--config", config().string(), "--run.dir=" + run("port").string(), "--port",
+  Child first({testing_util::loco_binary(), "coordinator", "--config", config().string(), "--run.dir=" + run("port").string(), "--port",
                std::to_string(port), "--cluster.join_timeout_s=20"},
               log("first"));
   std::this_thread::sleep_for(1s);
-  auto second = run_command({LOCO_BINARY, "coordinator", "--config", config().string(), "--run.dir=" + run("port2").string(),
+  auto second = run_command({testing_util::loco_binary(), "coordinator", "--config", config().string(), "--run.dir=" + run("port2").string(),
                              "--port", std::to_string(port)}, log("second"), 30s);
   EXPECT_EQ(second.status, 1);
   EXPECT_NE(second.output.find(fmt::format("cannot listen on 127.0.0.1:{}", port)), std::string::npos) << second.output;
@@ -383,7 +383,7 @@ TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
 
   // Nobody listens: the worker retries with backoff, then says so.
   const auto start = std::chrono::steady_clock::now();
-  auto unreachable = run_command({LOCO_BINARY, "worker", "--coordinator", fmt::format("127.0.0.1:{}", free_port()), "--config",
+  auto unreachable = run_command({testing_util::loco_binary(), "worker", "--coordinator", fmt::format("127.0.0.1:{}", free_port()), "--config",
                                   config().string(), "--data.dir=" + data().string(), "--run.dir=" + run("nowhere").string(),
                                   "--cluster.connect_timeout_s=2"},
                                  log("unreachable"), 60s);
@@ -391,7 +391,7 @@ TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
   EXPECT_NE(unreachable.output.find("cannot reach the coordinator at 127.0.0.1:"), std::string::npos) << unreachable.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
 
-  auto malformed = run_command({LOCO_BINARY, "worker", "--coordinator", "nohostport", "--config", config().string(),
+  auto malformed = run_command({testing_util::loco_binary(), "worker", "--coordinator", "nohostport", "--config", config().string(),
                                 "--data.dir=" + data().string()}, log("malformed"), 30s);
   EXPECT_EQ(malformed.status, 1);
   EXPECT_NE(malformed.output.find("'nohostport' is not HOST:PORT"), std::string::npos) << malformed.output;
@@ -402,7 +402,7 @@ TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
   auto used = run_command(launch_args("used"), log("used"), 30s);
   EXPECT_EQ(used.status, 1);
   EXPECT_NE(used.output.find("already holds a run; pass --resume"), std::string::npos) << used.output;
-  auto train = run_command({LOCO_BINARY, "train", "--config", config().string(), "--data.dir=" + data().string(),
+  auto train = run_command({testing_util::loco_binary(), "train", "--config", config().string(), "--data.dir=" + data().string(),
                             "--run.dir=" + run("train-many").string()}, log("train-many"), 30s);
   EXPECT_EQ(train.status, 1);
   EXPECT_NE(train.output.find("use `loco launch`"), std::string::npos) << train.output;

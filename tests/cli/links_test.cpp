@@ -182,7 +182,7 @@ TEST(IslandsTest, NamespacesGoWithTheirDescriptorsAndSpawnedProcessesLiveInThem)
 
 TEST(IslandsTest, WithoutPrivilegesTheErrorSaysWhatIsNeeded) {
   TempDir dir;
-  auto result = run_command({"/usr/bin/setpriv", "--bounding-set", "-sys_admin,-net_admin", "--", LOCO_BINARY, "link-check",
+  auto result = run_command({"/usr/bin/setpriv", "--bounding-set", "-sys_admin,-net_admin", "--", testing_util::loco_binary(), "link-check",
                              "--link", "rate=10mbit"},
                             (dir.path() / "out.log").string(), 60s);
   EXPECT_EQ(result.status, 1) << result.output;
@@ -206,7 +206,7 @@ delay = "20ms"
     EXPECT_TRUE(processes_mentioning(dir_->path().string()).empty()) << "a loco process outlived its test";
   }
   static std::vector<std::string> launch_args(const std::string& name, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {LOCO_BINARY, "launch", "--config", (dir_->path() / "tiny.toml").string(),
+    std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--config", (dir_->path() / "tiny.toml").string(),
                                      "--data.dir=" + (dir_->path() / "data").string(),
                                      "--run.dir=" + (dir_->path() / name).string()};
     args.insert(args.end(), extra.begin(), extra.end());

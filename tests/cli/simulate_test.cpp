@@ -297,7 +297,7 @@ delay = "50ms"
 // Returns how many runs the file holds.
 size_t expect_predicted_within_15_percent(const char* file, std::optional<SimulationOptions::Transport> transport,
                                           double ddp_tolerance = 0.15) {
-  std::ifstream in(std::filesystem::path(LOCO_SOURCE_DIR) / file);
+  std::ifstream in(testing_util::source_dir() / file);
   EXPECT_TRUE(in) << file << " is missing (docs/slow-links.md says how it is made)";
   if (!in) return 0;
   const auto runs = nlohmann::json::parse(in);
@@ -351,8 +351,8 @@ TEST(SimulateTest, PredictsTheWholeBenchmarkOnTheDirectTransportWithin15Percent)
 
 TEST(SimulateTest, TheCommandPrintsThePredictionAndTheBandwidthNeeded) {
   testing_util::TempDir dir;
-  const std::string config = std::string(LOCO_SOURCE_DIR) + "/configs/brown.toml";
-  auto r = testing_util::run_command({LOCO_BINARY, "simulate", "--config", config, "--params", "1e9", "--layers", "24",
+  const std::string config = testing_util::source_dir().string() + "/configs/brown.toml";
+  auto r = testing_util::run_command({testing_util::loco_binary(), "simulate", "--config", config, "--params", "1e9", "--layers", "24",
                                       "--step-time", "0.5", "--link", "rate=1gbit,delay=50ms", "--sync.algorithm=diloco",
                                       "--sync.inner_steps=100", "--target", "0.97"},
                                      (dir.path() / "out.log").string(), std::chrono::seconds(60));
@@ -361,11 +361,11 @@ TEST(SimulateTest, TheCommandPrintsThePredictionAndTheBandwidthNeeded) {
   EXPECT_NE(r.output.find("over 1 Gbit/s, 50 ms one-way, as loco runs it: compute utilization"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("97%: "), std::string::npos) << r.output;
   // Without a step time it says how to give one.
-  r = testing_util::run_command({LOCO_BINARY, "simulate", "--config", config, "--params", "1e9"},
+  r = testing_util::run_command({testing_util::loco_binary(), "simulate", "--config", config, "--params", "1e9"},
                                 (dir.path() / "bad.log").string(), std::chrono::seconds(60));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("give the step time"), std::string::npos) << r.output;
-  r = testing_util::run_command({LOCO_BINARY, "simulate", "--published"}, (dir.path() / "published.log").string(),
+  r = testing_util::run_command({testing_util::loco_binary(), "simulate", "--published"}, (dir.path() / "published.log").string(),
                                 std::chrono::seconds(60));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("| 100B | Streaming DiLoCo | Douillard T4, Kale T5 | 2.4 / 2.9 (+1) |"), std::string::npos) << r.output;

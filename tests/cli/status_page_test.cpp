@@ -34,8 +34,8 @@ std::string browser() {
       GTEST_SKIP() << "no browser at " << browser() << ": install Debian's chromium (scripts/setup.sh does) or set " \
                       "LOCO_CHROMIUM";                                                                               \
     }                                                                                                                \
-    ASSERT_TRUE(fs::exists(fs::path(LOCO_WEB_TEST_DIR) / "node_modules/playwright-core"))                          \
-        << "playwright-core is not installed in " LOCO_WEB_TEST_DIR " (npm failed at configure time?)";             \
+    ASSERT_TRUE(fs::exists((testing_util::build_dir() / "web-test") / "node_modules/playwright-core"))                          \
+        << "playwright-core is not installed in " << (testing_util::build_dir() / "web-test").string() << " (npm failed at configure time?)";             \
   } while (0)
 
 std::string slurp(const fs::path& path) {
@@ -44,7 +44,7 @@ std::string slurp(const fs::path& path) {
 }
 
 fs::path artifacts(const std::string& name) {
-  const fs::path dir = fs::path(LOCO_ARTIFACTS_DIR) / name;
+  const fs::path dir = (testing_util::build_dir() / "test-artifacts") / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -55,10 +55,10 @@ fs::path artifacts(const std::string& name) {
 // address; returns what the page showed (OUT/result.json).
 nlohmann::json watch_launch(const TempDir& dir, const std::string& config, const fs::path& out, const std::vector<std::string>& flags) {
   const int port = testing_util::free_port();
-  Child launcher({LOCO_BINARY, "launch", "--config", (dir.path() / config).string(), "--data.dir=" + (dir.path() / "data").string(),
+  Child launcher({testing_util::loco_binary(), "launch", "--config", (dir.path() / config).string(), "--data.dir=" + (dir.path() / "data").string(),
                   "--run.dir=" + (dir.path() / "run").string(), "--port", std::to_string(port)},
                  (dir.path() / "launch.log").string());
-  std::vector<std::string> argv = {"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "status_page.mjs").string(),
+  std::vector<std::string> argv = {"/usr/bin/env", "node", ((testing_util::build_dir() / "web-test") / "status_page.mjs").string(),
                                    fmt::format("http://127.0.0.1:{}/", port), out.string()};
   argv.insert(argv.end(), flags.begin(), flags.end());
   const auto page = run_command(argv, (out / "node.log").string(), 180s);
@@ -144,20 +144,20 @@ TEST(Report, HtmlAndSvgChartsOfRunsOverlaid) {
   ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir.path(), dir.path() / "data"));
   std::ofstream(dir.path() / "run.toml") << testing_util::tiny_launch_config(2);
   for (const std::string algorithm : {"diloco", "ddp"}) {
-    const auto r = run_command({LOCO_BINARY, "launch", "--config", (dir.path() / "run.toml").string(),
+    const auto r = run_command({testing_util::loco_binary(), "launch", "--config", (dir.path() / "run.toml").string(),
                                 "--data.dir=" + (dir.path() / "data").string(), "--run.dir=" + (dir.path() / algorithm).string(),
                                 "--sync.algorithm=" + algorithm},
                                (dir.path() / (algorithm + ".log")).string(), 240s);
     ASSERT_EQ(r.status, 0) << r.output;
   }
   const auto out = artifacts("report");
-  const auto report = run_command({LOCO_BINARY, "report", (dir.path() / "diloco").string(), (dir.path() / "ddp").string(),
+  const auto report = run_command({testing_util::loco_binary(), "report", (dir.path() / "diloco").string(), (dir.path() / "ddp").string(),
                                    "--html", (out / "report.html").string(), "--svg", (out / "svg").string()},
                                   (dir.path() / "report.log").string(), 120s);
   ASSERT_EQ(report.status, 0) << report.output;
   EXPECT_NE(report.output.find("| diloco | diloco |"), std::string::npos) << "the table is still printed: " << report.output;
 
-  const auto page = run_command({"/usr/bin/env", "node", (fs::path(LOCO_WEB_TEST_DIR) / "report_page.mjs").string(),
+  const auto page = run_command({"/usr/bin/env", "node", ((testing_util::build_dir() / "web-test") / "report_page.mjs").string(),
                                  (out / "report.html").string(), out.string()},
                                 (out / "node.log").string(), 120s);
   ASSERT_EQ(page.status, 0) << page.output;
@@ -185,7 +185,7 @@ TEST(Report, HtmlAndSvgChartsOfRunsOverlaid) {
   const auto hostile = dir.path() / "x'\nsystem(\"touch PWNED\")\n#";
   fs::copy(dir.path() / "ddp", hostile, fs::copy_options::recursive);
   const auto svg_dir = dir.path() / "hostile-svg";
-  const auto named = run_command({LOCO_BINARY, "report", hostile.string(), "--svg", svg_dir.string(), "--html",
+  const auto named = run_command({testing_util::loco_binary(), "report", hostile.string(), "--svg", svg_dir.string(), "--html",
                                   (dir.path() / "hostile.html").string()},
                                  (dir.path() / "hostile.log").string(), 60s);
   EXPECT_EQ(named.status, 0) << named.output;
@@ -193,7 +193,7 @@ TEST(Report, HtmlAndSvgChartsOfRunsOverlaid) {
   EXPECT_FALSE(fs::exists(fs::current_path() / "PWNED")) << "gnuplot ran a command from a folder name";
 
   // Without gnuplot, --svg says what to install; the HTML needs nothing.
-  const auto without = run_command({"/usr/bin/env", "PATH=/nonexistent", LOCO_BINARY, "report", (dir.path() / "ddp").string(),
+  const auto without = run_command({"/usr/bin/env", "PATH=/nonexistent", testing_util::loco_binary(), "report", (dir.path() / "ddp").string(),
                                     "--svg", (dir.path() / "svg").string()},
                                    (dir.path() / "without.log").string(), 60s);
   EXPECT_EQ(without.status, 1) << without.output;

@@ -23,7 +23,7 @@ using testing::TempDir;
 using testing::throws_with;
 using testing::write_text;
 
-const fs::path kFixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/qwen2_tokenizer";
+const fs::path kFixture = testing_util::source_dir() / "tests/data/fixtures/qwen2_tokenizer";
 constexpr const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
@@ -176,10 +176,10 @@ std::vector<std::string> parity_texts() {
 // What Hugging Face's JavaScript tokenizers make of `texts` with the tokenizer.json and
 // tokenizer_config.json in `dir`: for each text, {"ids": [...], "text": decoded}.
 std::vector<json> reference_encodings(const fs::path& dir, const std::vector<std::string>& texts) {
-  const fs::path package = fs::path(LOCO_HF_TOKENIZERS_DIR) / "node_modules/@huggingface/tokenizers";
+  const fs::path package = (testing_util::build_dir() / "hf-tokenizers") / "node_modules/@huggingface/tokenizers";
   EXPECT_TRUE(fs::exists(package / "dist/tokenizers.mjs"))
-      << "@huggingface/tokenizers is not installed in " LOCO_HF_TOKENIZERS_DIR " (npm failed at configure time?)";
-  std::vector<std::string> argv = {"/usr/bin/env", "node", fs::path(LOCO_HF_TOKENIZERS_DIR) / "hf_tokenize.mjs",
+      << "@huggingface/tokenizers is not installed in " << (testing_util::build_dir() / "hf-tokenizers").string() << " (npm failed at configure time?)";
+  std::vector<std::string> argv = {"/usr/bin/env", "node", (testing_util::build_dir() / "hf-tokenizers") / "hf_tokenize.mjs",
                                    package.string(), dir.string()};
   for (size_t i = 0; i < texts.size(); ++i) {
     argv.push_back((dir / fmt::format("text-{}.txt", i)).string());
@@ -221,7 +221,7 @@ TEST(ByteLevelBpe, MatchesHuggingFacesJavaScriptTokenizers) {
 // (as transformers' LlamaConverter writes it; scripts/bpe_fixture.py) gives in JavaScript.
 TEST(SentencePieceModel, MatchesHuggingFacesJavaScriptTokenizersOnALlama2StyleModel) {
   TempDir tmp;
-  const fs::path fixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/llama2_tokenizer";
+  const fs::path fixture = testing_util::source_dir() / "tests/data/fixtures/llama2_tokenizer";
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fixture / name, tmp.path() / name);
   const std::vector<std::string> texts = parity_texts();
   const auto expected = reference_encodings(tmp.path(), texts);

@@ -402,7 +402,7 @@ TEST(PrepareDataset, AModelsOwnTokenizerIsUsedAsItIs) {
 
   // A byte-level BPE (tokenizer.json) with its eos named by tokenizer_config.json, and a model
   // beside it whose embedding is padded beyond the tokenizer's vocabulary (as Qwen2's is).
-  const fs::path fixture = fs::path(LOCO_SOURCE_DIR) / "tests/data/fixtures/qwen2_tokenizer";
+  const fs::path fixture = testing_util::source_dir() / "tests/data/fixtures/qwen2_tokenizer";
   fs::create_directories(tmp / "bpe");
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(fixture / name, tmp / "bpe" / name);
   write_text(tmp / "bpe" / "config.json", R"({"vocab_size": 896})");

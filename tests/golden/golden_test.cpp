@@ -36,7 +36,7 @@ struct Fixture {
 };
 
 Fixture load(const std::string& name) {
-  const auto file = runtime::load_safetensors(fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / (name + ".safetensors"));
+  const auto file = runtime::load_safetensors(testing_util::source_dir() / "tests" / "golden" / "fixtures" / (name + ".safetensors"));
   Fixture f;
   for (const auto& [key, tensor] : file.tensors) f.tensors[key] = tensor;
   f.metadata = file.metadata;
@@ -196,7 +196,7 @@ std::pair<torch::Tensor, torch::Tensor> folder_logits(const fs::path& folder, co
 // attention, q/k/v biases, an untied head) read by loco: its logits are the reference's, computed
 // in float64 from the Llama equations, to 1e-4 (float32 against float64).
 TEST(HuggingFace, AFolderReadsIntoTheModelItDescribes) {
-  const auto folder = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2";
+  const auto folder = testing_util::source_dir() / "tests" / "golden" / "fixtures" / "hf_qwen2";
   ASSERT_TRUE(runtime::is_hugging_face_folder(folder));
   model::ModelOptions base;
   base.context = 8;
@@ -215,7 +215,7 @@ TEST(HuggingFace, AFolderReadsIntoTheModelItDescribes) {
 // in all three bands (kept, blended, divided) as the reference computes them; read without the
 // scaling, the same parameters give other logits.
 TEST(HuggingFace, RotaryScalingIsReadAndApplied) {
-  const auto folder = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
+  const auto folder = testing_util::source_dir() / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
   model::ModelOptions base;
   base.context = 8;
   const auto options = runtime::read_hugging_face_config(folder, base);
@@ -238,7 +238,7 @@ TEST(HuggingFace, RotaryScalingIsReadAndApplied) {
 // naming the option and the flag that fixes it, rotary settings and the norm's epsilon included
 // (before they were compared, a checkpoint's rope_theta or rms_norm_eps was silently replaced).
 TEST(HuggingFace, ARunWhoseModelDiffersFromTheFolderIsToldTheOptionAndTheFlag) {
-  const auto folder = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
+  const auto folder = testing_util::source_dir() / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
   model::ModelOptions base;
   base.context = 8;
   runtime::RunConfig config;
@@ -333,7 +333,7 @@ TEST(HuggingFace, AnExportedModelReadsBackTheSame) {
 
 // A bad folder is refused with the file and what is wrong in it.
 TEST(HuggingFace, BadFoldersAreNamed) {
-  const auto fixture = fs::path(LOCO_SOURCE_DIR) / "tests" / "golden" / "fixtures" / "hf_qwen2";
+  const auto fixture = testing_util::source_dir() / "tests" / "golden" / "fixtures" / "hf_qwen2";
   model::ModelOptions base;
   base.context = 8;
   const auto options = runtime::read_hugging_face_config(fixture, base);

@@ -1,0 +1,68 @@
+# libtorch's precompiled header, only where torch is used.
+#
+# Loading the header costs every translation unit that gets it seconds, even one that never names
+# torch (docs/benchmarks.md, "Build"), so loco_use_torch(target) gives it only to the sources that
+# reach a torch header (<torch/...>, <ATen/...>, <c10/...>) through their quoted includes, followed
+# from file to file at configure time. The others compile without it.
+
+# Sets `out` to TRUE when `file` reaches a torch header. Quoted includes are looked up beside the
+# including file, then in src/ and tests/ (the include paths loco's targets use). Memoized.
+function(loco_reaches_torch file out)
+  get_property(known GLOBAL PROPERTY "loco_torch:${file}" SET)
+  if(known)
+    get_property(result GLOBAL PROPERTY "loco_torch:${file}")
+    set(${out} ${result} PARENT_SCOPE)
+    return()
+  endif()
+  set_property(GLOBAL PROPERTY "loco_torch:${file}" FALSE)  # an include cycle ends here
+  set(result FALSE)
+  if(EXISTS ${file})
+    file(STRINGS ${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
+    get_filename_component(dir ${file} DIRECTORY)
+    foreach(line IN LISTS includes)
+      if(line MATCHES "<(torch|ATen|c10|c10d)/")
+        set(result TRUE)
+        break()
+      endif()
+      if(line MATCHES "\"([^\"]+)\"")
+        set(name ${CMAKE_MATCH_1})
+        foreach(base ${dir} ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+          if(EXISTS ${base}/${name})
+            get_filename_component(header ${base}/${name} ABSOLUTE)
+            loco_reaches_torch(${header} reaches)
+            if(reaches)
+              set(result TRUE)
+            endif()
+            break()
+          endif()
+        endforeach()
+        if(result)
+          break()
+        endif()
+      endif()
+    endforeach()
+  endif()
+  set_property(GLOBAL PROPERTY "loco_torch:${file}" ${result})
+  set(${out} ${result} PARENT_SCOPE)
+endfunction()
+
+# Links `target` with libtorch and gives the shared precompiled header to those of its sources
+# that reach torch.
+function(loco_use_torch target)
+  target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
+  get_target_property(sources ${target} SOURCES)
+  get_target_property(dir ${target} SOURCE_DIR)
+  set(with_torch 0)
+  foreach(source IN LISTS sources)
+    get_filename_component(path ${source} ABSOLUTE BASE_DIR ${dir})
+    loco_reaches_torch(${path} reaches)
+    if(reaches)
+      math(EXPR with_torch "${with_torch} + 1")
+    else()
+      set_source_files_properties(${path} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    endif()
+  endforeach()
+  if(with_torch GREATER 0)
+    target_precompile_headers(${target} REUSE_FROM loco_torch_pch)
+  endif()
+endfunction()
