@@ -2,11 +2,11 @@
 //
 //   build/loco-bench-control [--key ec|rsa] [--flooders 8] [--hello-only [--burst 1]] [--fresh] [--seconds 10] [--cpus 0:1]
 //
-// The coordinator's HTTP server (runtime/control/http_server.h) serves HTTPS with a throwaway
+// The coordinator's HTTP server (runtime/net/http_server.h) serves HTTPS with a throwaway
 // certificate (an ECDSA P-256 or an RSA 2048 key, made by the openssl tool). A member (from
 // 127.0.0.1, its requests answered as authentic, as a signed request is) asks it every 20 ms over its kept-alive connection, as a worker's heartbeat does (or, with --fresh, over
 // a new connection each time, as a worker that lost its connection does), through loco's own
-// client (CoordinatorClient); a second process, the flood, from 127.0.0.2, opens connections as fast as it can with
+// client (HttpClient); a second process, the flood, from 127.0.0.2, opens connections as fast as it can with
 // `flooders` threads, each doing a whole TLS handshake and hanging up. Printed, for a quiet minute
 // and then under the flood: the member's request latency (median, 99th percentile, worst), how far
 // the server's I/O thread fell behind (HttpServer::behind(), which the elastic run's hold-off
@@ -34,8 +34,8 @@
 #include <thread>
 #include <vector>
 
-#include "loco/runtime/control/coordinator_client.h"
-#include "loco/runtime/control/http_server.h"
+#include "loco/runtime/net/http_client.h"
+#include "loco/runtime/net/http_server.h"
 #include "process_util.h"  // (tests/: connect_loopback)
 
 using Clock = std::chrono::steady_clock;
@@ -146,7 +146,7 @@ double cpu_seconds() {
 }
 
 // The member's requests and the server's lag, sampled for `seconds`.
-Phase observe(loco::runtime::HttpServer& server, loco::runtime::CoordinatorClient& member, bool fresh, double seconds) {
+Phase observe(loco::runtime::HttpServer& server, loco::runtime::HttpClient& member, bool fresh, double seconds) {
   Phase phase;
   std::atomic<bool> done = false;
   std::thread lag([&] {
@@ -162,7 +162,7 @@ Phase observe(loco::runtime::HttpServer& server, loco::runtime::CoordinatorClien
     const auto start = Clock::now();
     try {
       if (fresh) {
-        loco::runtime::CoordinatorClient once(member.address(), 5s, member.security());
+        loco::runtime::HttpClient once("coordinator", member.address(), member.security());
         once.request("GET", "/v1/ping", "", 10s);
       } else {
         member.request("GET", "/v1/ping", "", 10s);
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
     response.authentic = true;
   });
   server.start();
-  loco::runtime::CoordinatorClient member(fmt::format("127.0.0.1:{}", server.port()), 5s, {"", true, cert});
+  loco::runtime::HttpClient member("coordinator", fmt::format("127.0.0.1:{}", server.port()), {"", true, cert});
 
   auto report = [&](const char* name, const Phase& phase, double handshakes_per_s) {
     if (json) {

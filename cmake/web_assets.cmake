@@ -1,4 +1,4 @@
-# The web pages' assets: the status page (src/loco/runtime/control/web) and uPlot (MIT), the charting
+# The web pages' assets: the status page (src/loco/runtime/status/web) and uPlot (MIT), the charting
 # library of the page and of `loco report`'s HTML. uPlot comes from npm at configure time, like the
 # corpora: pinned by version and by the SHA-512 that npm's registry publishes for it, cached in
 # $LOCO_CACHE or ~/.cache/loco so that a fresh clone needs no network, or taken from -DLOCO_UPLOT_TGZ

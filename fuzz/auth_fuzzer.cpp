@@ -1,4 +1,4 @@
-// The control plane's signatures as a coordinator and a worker check them (runtime/control/auth.h):
+// The control plane's signatures as a coordinator and a worker check them (runtime/net/auth.h):
 // the bytes are, separated by NUL, a request's X-Loco-Time, X-Loco-Nonce, X-Loco-Mac and
 // X-Loco-Instance, an answer's X-Loco-Answer-Mac, and a body. Without the key no input may pass either check, and
 // neither check may throw or read out of bounds, whatever the headers hold.
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz.h"
-#include "loco/runtime/control/auth.h"
+#include "loco/runtime/net/auth.h"
 
 using namespace loco::runtime;
 

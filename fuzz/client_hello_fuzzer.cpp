@@ -1,4 +1,4 @@
-// The coordinator's TLS server reading a client's first flight (runtime/control/handshake_queue.h:
+// The coordinator's TLS server reading a client's first flight (runtime/net/handshake_queue.h:
 // client_hello_missing), driven as the server drives it: it asks how many bytes are missing, reads
 // them from the input, and asks again, until the ClientHello is whole, refused, or the input ends
 // (the server would wait). It must ask for something each time, never take more than
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fuzz.h"
-#include "loco/runtime/control/handshake_queue.h"
+#include "loco/runtime/net/handshake_queue.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using loco::runtime::detail::client_hello_missing;

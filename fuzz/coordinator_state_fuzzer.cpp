@@ -1,5 +1,5 @@
 // The coordinator's state file, RUN/coordinator.json, as a restarted coordinator reads it back
-// (ElasticRun::restore_live_state in runtime/control/elastic_run.cpp; this harness makes the same
+// (ElasticRun::restore_live_state in runtime/coordinator/elastic_run.cpp; this harness makes the same
 // calls): JSON, the run's phase, MembershipTable::load of "table", "run_id" and "stopping". The
 // failures restore_live_state turns into a DataError naming the file are nlohmann's exceptions,
 // ProtocolError and std::invalid_argument, which MembershipTable::load documents; anything else
@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "fuzz.h"
-#include "loco/runtime/control/membership.h"
+#include "loco/runtime/coordinator/membership.h"
 
 namespace {
 

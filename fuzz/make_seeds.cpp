@@ -8,7 +8,7 @@
 
 #include "loco/core/files.h"
 #include "loco/data/shard.h"
-#include "loco/runtime/control/membership.h"
+#include "loco/runtime/coordinator/membership.h"
 #include "loco/runtime/store/safetensors.h"
 
 namespace {

@@ -1,10 +1,10 @@
-// The control protocol's messages (runtime/control/protocol.h): the bytes are a request or reply
+// The control protocol's messages (runtime/coordinator/protocol.h): the bytes are a request or reply
 // body as the coordinator or a worker receives it. Every message's from_json() must accept it or
 // throw ProtocolError; what it accepts must survive to_json() and from_json() again unchanged.
 #include <nlohmann/json.hpp>
 
 #include "fuzz.h"
-#include "loco/runtime/control/protocol.h"
+#include "loco/runtime/coordinator/protocol.h"
 
 namespace {
 

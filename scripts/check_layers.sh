@@ -18,11 +18,14 @@ declare -A may_use=(
   [loco/runtime/store]="loco/core loco/data"
   [loco/runtime/tasks]="loco/core loco/runtime/store"
   [loco/runtime/simulate]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config"
-  [loco/runtime/control]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks"
-  [loco/runtime/report]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control"
-  [loco/runtime/worker]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control"
-  [loco/runtime/dipaco]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control loco/runtime/worker"
-  [loco/runtime/launch]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/control loco/runtime/worker loco/runtime/dipaco"
+  # net knows nothing of runs: only core. status draws the page from net and metrics, without the coordinator.
+  [loco/runtime/net]="loco/core"
+  [loco/runtime/status]="loco/core loco/metrics loco/runtime/net"
+  [loco/runtime/coordinator]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/net loco/runtime/status"
+  [loco/runtime/report]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/net loco/runtime/status"
+  [loco/runtime/worker]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/net loco/runtime/status loco/runtime/coordinator"
+  [loco/runtime/dipaco]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/net loco/runtime/status loco/runtime/coordinator loco/runtime/worker"
+  [loco/runtime/launch]="loco/core loco/data loco/model loco/optim loco/comm loco/metrics loco/algorithms loco/runtime/config loco/runtime/store loco/runtime/tasks loco/runtime/net loco/runtime/status loco/runtime/coordinator loco/runtime/worker loco/runtime/dipaco"
   [cli]="loco"
 )
 

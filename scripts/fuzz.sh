@@ -6,6 +6,7 @@
 #   scripts/fuzz.sh [RUNS] [FUZZER...]   RUNS inputs each (default 20000: CI's smoke); all fuzzers
 #                                        unless some are named (protocol_fuzzer, config_fuzzer...)
 #   scripts/fuzz.sh --seeds              regenerates the seeds that loco's own writers make
+#   scripts/fuzz.sh --build              configures and builds the fuzzers, runs none
 #
 # Prints one line per fuzzer (inputs executed, seconds, inputs/s, result) and exits non-zero when
 # any fuzzer found a crash, a sanitizer report, an escaped exception, a leak, a timeout (10 s per
@@ -28,7 +29,7 @@ configure_and_build() {
     CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DLOCO_FUZZ=ON -DLOCO_BUILD_TESTS=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   fi
-  # As scripts/build.sh: libtorch translation units need about 2 GiB each.
+  # As scripts/build.sh: a libtorch translation unit needs up to 2 GiB.
   local jobs mem_jobs
   jobs=$(nproc)
   mem_jobs=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) / 2000000 ))
@@ -36,6 +37,10 @@ configure_and_build() {
   cmake --build "$build" -j "$jobs" --target "$@"
 }
 
+if [ "${1:-}" = "--build" ]; then
+  configure_and_build fuzzers
+  exit 0
+fi
 if [ "${1:-}" = "--seeds" ]; then
   configure_and_build make_seeds
   "$build/fuzz/make_seeds" fuzz/corpus
@@ -43,7 +48,7 @@ if [ "${1:-}" = "--seeds" ]; then
 fi
 
 runs=${1:-20000}
-[[ "$runs" =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [RUNS] [FUZZER...] | --seeds" >&2; exit 2; }
+[[ "$runs" =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [RUNS] [FUZZER...] | --seeds | --build" >&2; exit 2; }
 shift || true
 fuzzers=("$@")
 (( ${#fuzzers[@]} > 0 )) || fuzzers=("${all[@]}")

@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
+  clang lld                    # the default compiler and linker (scripts/build.sh; docs/benchmarks.md, "Build")
+  universal-ctags              # the `sizes` check finds every function with it
   libtorch-dev                 # libtorch's C++ frontend, CPU (1.13)
   libgloo-dev                  # headers of Gloo, the collectives under c10d's ProcessGroupGloo
   libcpp-httplib-dev           # the coordinator's HTTP control plane
@@ -21,7 +23,7 @@ packages=(
   libfmt-dev                   # formatting
   libxxhash-dev                # checksums
   libgtest-dev                 # tests
-  clang libclang-rt-14-dev     # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
+  libclang-rt-14-dev           # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
   iproute2 util-linux          # `loco launch --link`: ip and tc for the emulated islands; setpriv in its tests
   gnuplot-nox                  # `loco report --svg`: the charts of finished runs
   chromium                     # the status page's and the report's browser tests (headless, driven by playwright-core)

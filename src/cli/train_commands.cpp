@@ -11,7 +11,7 @@
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/data/dataset.h"
-#include "loco/runtime/control/coordinator.h"
+#include "loco/runtime/coordinator/coordinator.h"
 #include "loco/runtime/dipaco/evaluation.h"
 #include "loco/runtime/dipaco/worker.h"
 #include "loco/runtime/launch/dipaco_launch.h"

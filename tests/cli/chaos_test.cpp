@@ -21,8 +21,8 @@
 
 #include "loco/core/files.h"
 #include "loco/runtime/store/checkpoint.h"
-#include "loco/runtime/control/auth.h"
-#include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/net/auth.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
 #include "process_util.h"
 #include "test_util.h"
 #include "cli_util.h"

@@ -1,4 +1,4 @@
-// What a worker tells the coordinator's status page (runtime/control/dashboard.h) while it trains:
+// What a worker tells the coordinator's status page (runtime/status/dashboard.h) while it trains:
 // every metrics.jsonl event, and what it is doing now. The training loop writes into it without
 // I/O; the worker's sender thread takes what accumulated and posts it (runtime/worker/telemetry.h).
 // A coordinator that cannot be reached costs the loop nothing: the oldest events are dropped once

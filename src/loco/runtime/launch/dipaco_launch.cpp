@@ -19,7 +19,7 @@
 #include "loco/runtime/config/secrets.h"
 #include "loco/runtime/dipaco/inference.h"
 #include "loco/runtime/launch/islands.h"
-#include "loco/runtime/control/status_routes.h"
+#include "loco/runtime/status/status_routes.h"
 #include "loco/runtime/launch/supervisor.h"
 #include "loco/runtime/worker/worker.h"
 

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "loco/runtime/config/secrets.h"
-#include "loco/runtime/control/auth.h"
+#include "loco/runtime/net/auth.h"
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/supervisor.h"
 #include "loco/metrics/progress.h"

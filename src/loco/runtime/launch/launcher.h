@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "loco/runtime/config/config.h"
-#include "loco/runtime/control/coordinator.h"
+#include "loco/runtime/coordinator/coordinator.h"
 
 namespace loco::runtime {
 

@@ -11,8 +11,8 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/metrics/events.h"
-#include "loco/runtime/control/protocol.h"
-#include "loco/runtime/control/web_assets.h"
+#include "loco/runtime/net/wire.h"
+#include "loco/runtime/status/web_assets.h"
 
 namespace loco::runtime {
 namespace {
@@ -186,7 +186,7 @@ std::string report_html(const std::vector<RunReport>& reports, const std::vector
   }
   for (const auto& c : curves) data["curves"].push_back(to_json(c));
   // Inside <script>, no "<" at all: "<!--" and "</script" would change how the page is parsed.
-  std::string json = protocol::to_wire(data);
+  std::string json = wire::to_wire(data);
   for (size_t at = 0; (at = json.find('<', at)) != std::string::npos; at += 6) json.replace(at, 1, "\\u003c");
   return fmt::format(R"(<!doctype html>
 <html lang="en">

@@ -2,8 +2,8 @@
 // every kind of run shares. A task says what a worker trains (its scope), from which version, for
 // how long, and what it sends back; a worker leases it, runs it and reports it. The kinds of run
 // are policies that decide which tasks to issue and what their results do:
-//   - a fixed run (control/fixed_run.h) and an elastic run's rounds (control/membership.h) issue
-//     kModel or kFragment tasks into the coordinator's TaskTable (control/tasks.h), kept in memory
+//   - a fixed run (coordinator/fixed_run.h) and an elastic run's rounds (coordinator/membership.h) issue
+//     kModel or kFragment tasks into the coordinator's TaskTable (coordinator/tasks.h), kept in memory
 //     and leased by the coordinator to the members it chooses;
 //   - DiPaCo's phase graph (dipaco/registry.h) issues kPath, kModuleStep and kRoute tasks into a
 //     SqlTaskQueue (sql_queue.h) in the run's database, which workers lease from themselves.

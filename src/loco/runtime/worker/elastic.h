@@ -22,7 +22,7 @@
 
 #include "loco/algorithms/membership.h"
 #include "loco/runtime/config/config.h"
-#include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
 #include "loco/runtime/store/checkpoint.h"
 
 namespace loco::runtime {

@@ -1,4 +1,4 @@
-// A worker's reports to the coordinator's status page (runtime/control/dashboard.h): every second,
+// A worker's reports to the coordinator's status page (runtime/status/dashboard.h): every second,
 // on a thread and a connection of its own, the events its training loop recorded (metrics/telemetry.h)
 // and what it is doing now go to POST /v1/telemetry, signed like every other request. The page is
 // best effort: a report that cannot be delivered is kept for the next (bounded), and training never
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "loco/metrics/telemetry.h"
-#include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
 
 namespace loco::runtime {
 

@@ -13,7 +13,7 @@
 #include "loco/data/sharding.h"
 #include "loco/metrics/progress.h"
 #include "loco/runtime/config/config.h"
-#include "loco/runtime/control/coordinator_client.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
 #include "loco/runtime/worker/trainer.h"
 
 namespace loco::runtime {

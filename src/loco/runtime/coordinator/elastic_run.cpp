@@ -1,0 +1,387 @@
+#include "loco/runtime/coordinator/elastic_run.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "loco/core/hash.h"
+#include "loco/runtime/coordinator/events.h"
+#include "loco/runtime/store/checkpoint.h"
+
+namespace loco::runtime {
+namespace {
+
+using protocol::Phase;
+using protocol::ProtocolError;
+
+// A worker waiting for a slot asks at least this often (its backoff stops at 2 s); quieter, it is
+// no longer counted as waiting.
+constexpr auto kWaiterSilence = std::chrono::seconds(5);
+
+MembershipOptions membership_options(const RunConfig& config) {
+  MembershipOptions o;
+  o.slots = config.cluster.workers;
+  o.min_workers = config.cluster.min_workers;
+  o.dead_after = std::chrono::milliseconds(static_cast<int64_t>(config.cluster.dead_after_s * 1000));
+  o.total_steps = config.train.steps;
+  if (config.sync.round_seconds > 0) {
+    o.round_grace = std::chrono::milliseconds(static_cast<int64_t>(config.sync.round_grace_s * 1000));
+  }
+  o.inner_steps = config.sync.inner_steps;
+  o.fragments = config.sync.algorithm == Algorithm::kStreaming ? config.sync.fragments : 1;
+  o.round_seconds = config.sync.round_seconds;
+  return o;
+}
+
+}  // namespace
+
+ElasticRun::ElasticRun(const CoordinatorOptions& options, RunStatus& status, RunIdentity& identity)
+    : options_(options),
+      status_(status),
+      identity_(identity),
+      table_(membership_options(options.config)),
+      events_(fs::path(options.config.run.dir) / "metrics.jsonl"),
+      state_file_(fs::path(options.config.run.dir) / "coordinator.json") {
+  if (options_.resume) {
+    restore_from_checkpoint();
+  } else if (fs::exists(state_file_)) {
+    restore_live_state();
+  }
+}
+
+void ElasticRun::log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+// A coordinator started again on a run whose coordinator died (RUN/coordinator.json says it was
+// under way) takes its membership back; its workers kept training and retrying
+// (cluster.coordinator_timeout_s), and carry on with it.
+void ElasticRun::restore_live_state() {
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(read_file(state_file_, "coordinator"));
+    // (Before anything copies or dumps it: both recurse, one call per level.)
+    if (protocol::nested_deeper_than(saved, protocol::kMaxJsonDepth)) {
+      throw ProtocolError(fmt::format("malformed: nested deeper than {} levels", protocol::kMaxJsonDepth));
+    }
+    const auto was = protocol::parse_phase(saved.at("phase").get<std::string>());
+    if (was == Phase::kFinished || was == Phase::kFailed) {
+      throw ConfigError("coordinator", fmt::format("{} holds a {} run ({}); pass --resume to continue it from its "
+                                                   "checkpoints, or choose another run.dir", options_.config.run.dir,
+                                                   protocol::to_string(was), state_file_.string()));
+    }
+    table_.load(saved.at("table"), Clock::now());
+    status_.set_run_id(saved.at("run_id").get<std::string>());
+    status_.set_stopping(saved.at("stopping").get<bool>());
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("coordinator", fmt::format("{}: malformed ({}); delete it to start a new run there, or continue from "
+                                               "the checkpoints with --resume", state_file_.string(), e.what()));
+  } catch (const ProtocolError& e) {
+    throw DataError("coordinator", fmt::format("{}: {}; delete it to start a new run there, or continue from the "
+                                               "checkpoints with --resume", state_file_.string(), e.what()));
+  } catch (const std::invalid_argument& e) {
+    throw DataError("coordinator", fmt::format("{}: {}; delete it to start a new run there, or continue from the "
+                                               "checkpoints with --resume", state_file_.string(), e.what()));
+  }
+  if (table_.started()) status_.enter(Phase::kRunning);
+  log(fmt::format("continuing run {} from {}: epoch {}, {} rounds completed, {} live members (each has "
+                  "cluster.dead_after_s to be heard from)", status_.run_id(), state_file_.string(), table_.epoch(),
+                  table_.rounds_completed(), table_.live_members()));
+  events_.write("coordinator_restored", {{"epoch", table_.epoch()}, {"round", table_.rounds_completed()},
+                                         {"live_members", table_.live_members()}});
+  saved_state_ = saved.dump();
+}
+
+// Writes RUN/coordinator.json when the durable membership changed (atomically: a crash leaves the
+// previous one). Called after every change, before any answer that depends on it.
+void ElasticRun::persist() {
+  const nlohmann::json state = {{"format_version", 1}, {"run_id", status_.run_id()},
+                                {"phase", protocol::to_string(status_.phase())}, {"stopping", status_.stopping()},
+                                {"table", table_.save()}};
+  auto text = state.dump();
+  if (text == saved_state_) return;
+  try {
+    write_file_atomic(state_file_, text + "\n", "coordinator");
+    saved_state_ = std::move(text);
+    state_write_failed_ = false;
+  } catch (const std::exception& e) {
+    if (!state_write_failed_) log(fmt::format("cannot save the membership ({}); a restarted coordinator would not find it", e.what()));
+    state_write_failed_ = true;
+  }
+}
+
+// A resumed elastic run continues from a global checkpoint (docs/failure-model.md): the newest one
+// of a round for which every slot's inner state was saved too (then the run continues as if never
+// stopped), else the newest. Its round and slot positions become the table's.
+void ElasticRun::restore_from_checkpoint() {
+  const fs::path run(options_.config.run.dir);
+  const auto global = CheckpointStore(run / "checkpoints", 1).steps();
+  if (global.empty()) {
+    throw DataError("coordinator", fmt::format("--resume: {} holds no global checkpoint", (run / "checkpoints").string()));
+  }
+  std::vector<std::vector<int64_t>> slot_steps;
+  for (int64_t s = 0; s < workers(); ++s) slot_steps.push_back(CheckpointStore(slot_state_dir(run, s), 1).steps());
+  const auto has = [](const std::vector<int64_t>& steps, int64_t step) {
+    return std::find(steps.begin(), steps.end(), step) != steps.end();
+  };
+  const auto complete = [&](int64_t step) {
+    return std::all_of(slot_steps.begin(), slot_steps.end(), [&](const auto& steps) { return has(steps, step); });
+  };
+  auto chosen = std::find_if(global.rbegin(), global.rend(), complete);
+  const int64_t step = chosen != global.rend() ? *chosen : global.back();
+  const auto [round, positions] = read_global_checkpoint(step);
+  table_.restore(round, step, positions);
+  resume_step_ = step;
+  std::vector<int64_t> fresh;
+  for (int64_t s = 0; s < workers(); ++s) {
+    if (!has(slot_steps[static_cast<size_t>(s)], step)) fresh.push_back(s);
+  }
+  log(fmt::format("resuming from {} (round {}, step {}){}", CheckpointStore(run / "checkpoints", 1).at(step).string(), round,
+                  step, fresh.empty() ? "" : fmt::format("; slot(s) {} have no inner state of that step: their AdamW "
+                                                         "moments start from the leader's", fmt::join(fresh, ", "))));
+  events_.write("run_resumed", {{"step", step}, {"round", round}, {"slots_without_inner_state", fresh}});
+}
+
+std::pair<int64_t, std::vector<data::SamplerPosition>> ElasticRun::read_global_checkpoint(int64_t step) const {
+  const auto checkpoint = load_checkpoint(CheckpointStore(fs::path(options_.config.run.dir) / "checkpoints", 1).at(step));
+  const auto& run = checkpoint.state.run;
+  if (!run || static_cast<int64_t>(run->shards.size()) != workers()) {
+    throw DataError("coordinator", fmt::format("{} is not the global checkpoint of an elastic run of {} slots: its "
+                                               "state.json has {} (the run section: rounds and each slot's data position)",
+                                               checkpoint.dir.string(), workers(),
+                                               run ? fmt::format("{} slots in its run section", run->shards.size())
+                                                   : std::string("no run section")));
+  }
+  return {run->rounds, run->shards};
+}
+
+// Members wait for the run's state and no active member is left to send it (every one failed):
+// they continue from the newest global checkpoint instead (docs/failure-model.md).
+void ElasticRun::restart_orphans() {
+  const fs::path checkpoints = fs::path(options_.config.run.dir) / "checkpoints";
+  const auto steps = CheckpointStore(checkpoints, 1).steps();
+  try {
+    if (steps.empty()) {
+      if (table_.rounds_completed() > 0) {
+        fail(fmt::format("every worker that held the run's state failed, and {} has no global checkpoint to continue "
+                         "from", checkpoints.string()));
+        return;
+      }
+      table_.restart_from(0, std::nullopt, std::vector<data::SamplerPosition>(static_cast<size_t>(workers())), Clock::now());
+      log("every worker that held the run's state failed before the first round: the waiting workers start it afresh");
+    } else {
+      const auto [round, positions] = read_global_checkpoint(steps.back());
+      table_.restart_from(round, steps.back(), positions, Clock::now());
+      log(fmt::format("every worker that held the run's state failed: the waiting workers continue from the global "
+                      "checkpoint of step {} (round {})", steps.back(), round));
+    }
+  } catch (const Error& e) {
+    fail(fmt::format("every worker that held the run's state failed, and the global checkpoint cannot be read: {}", e.what()));
+    return;
+  }
+  flush_events();
+}
+
+// Writes the table's events to the log and metrics.jsonl, then saves the table.
+void ElasticRun::flush_events() {
+  for (auto& e : table_.take_events()) {
+    const std::string name = e["event"].get<std::string>();
+    e.erase("event");
+    log(describe_event(name, e));
+    try {
+      events_.write(name, e);
+    } catch (const std::exception& error) {
+      log(fmt::format("cannot write metrics.jsonl: {}", error.what()));
+    }
+  }
+  persist();
+}
+
+void ElasticRun::fail(const std::string& why) {
+  if (!status_.fail(why)) return;
+  persist();
+  log("run failed: " + why);
+}
+
+void ElasticRun::hold_off(std::chrono::milliseconds behind, Clock::time_point now) {
+  constexpr std::chrono::milliseconds kBehind{500};
+  if (behind < kBehind) {
+    if (holding_off_) log("request handling caught up");
+    holding_off_ = false;
+    return;
+  }
+  if (!holding_off_) {
+    log(fmt::format("request handling is {:.1f} s behind: members' silence is not held against them until it catches up",
+                    std::chrono::duration<double>(behind).count()));
+  }
+  holding_off_ = true;
+  table_.forgive(now);
+}
+
+void ElasticRun::start(const std::string& why) {
+  table_.start(Clock::now());
+  status_.enter(Phase::kRunning);
+  log(fmt::format("training starts with {} of {} workers{}", table_.live_members(), workers(), why));
+  flush_events();
+}
+
+protocol::JoinReply ElasticRun::join(const protocol::JoinRequest& request, const RunConfig& theirs) {
+  if (status_.ended()) {
+    throw Refusal(fmt::format("the run is {}{}", protocol::to_string(status_.phase()),
+                              status_.phase() == Phase::kFailed ? ": " + status_.reason() : ""));
+  }
+  if (status_.stopping()) throw Refusal("the run is stopping");
+  identity_.check(request, theirs);
+  if (!shards_hash_) {
+    shards_hash_ = request.shards_hash;
+  } else if (*shards_hash_ != request.shards_hash) {
+    throw Refusal(fmt::format("{} divided the data into shards differently ({} vs the run's {}); k-means on different "
+                              "hardware can do this: use data.shard = \"iid\" or \"label\"", request.name,
+                              hex64(request.shards_hash), hex64(*shards_hash_)));
+  }
+  std::string why;
+  table_.expire(Clock::now());  // a silent member's slot is vacant now, whoever else is asking
+  auto joined = table_.join(request.name, request.rank, Clock::now(), why);
+  if (!joined && table_.full()) {
+    slot_waiters_[request.name] = Clock::now();
+    throw Full(fmt::format("{} cannot join yet: {}", request.name, why));
+  }
+  slot_waiters_.erase(request.name);
+  if (!joined) throw Refusal(fmt::format("{} cannot join: {}", request.name, why));
+  flush_events();
+  if (status_.phase() == Phase::kWaiting && table_.live_members() == workers()) start("");
+  protocol::JoinReply reply{joined->slot, workers(), status_.run_id()};
+  reply.member = joined->member;
+  reply.joiner = joined->joiner;
+  reply.position = joined->position;
+  if (!joined->joiner) reply.resume_step = resume_step_;  // the initial members load the checkpoint
+  return reply;
+}
+
+protocol::StartReply ElasticRun::start_reply(int64_t rank) const {
+  (void)rank;  // every member starts alike; a joiner's state comes at its first round
+  protocol::StartReply reply;
+  reply.phase = status_.phase();
+  reply.epoch = table_.epoch();
+  reply.error = status_.phase() == Phase::kFailed ? status_.reason() : "";
+  return reply;
+}
+
+void ElasticRun::done(const protocol::DoneRequest& request) {
+  if (request.member < 0 || !table_.known(request.member)) {
+    throw ProtocolError(fmt::format("member {} is not a member of this run", request.member));
+  }
+  table_.leave(request.member, request.status, Clock::now());
+  ended_[request.member] = Ended{request.rank, request.status, request.error, request.summary};
+  log(fmt::format("member {} {}{}", request.member, protocol::to_string(request.status),
+                  request.error.empty() ? "" : ": " + request.error));
+  flush_events();
+  check_end(Clock::now());
+}
+
+protocol::HeartbeatReply ElasticRun::heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now) {
+  table_.expire(now);
+  const auto reply = table_.heartbeat(request.member, status_.stopping(), now, request.step);
+  flush_events();
+  return reply;
+}
+
+protocol::RoundReply ElasticRun::arrive(const protocol::RoundRequest& request, Clock::time_point now) {
+  table_.expire(now);
+  auto reply = table_.arrive(request, status_.stopping(), now);
+  flush_events();
+  if (status_.phase() == Phase::kFailed) {
+    reply.action = protocol::RoundAction::kStop;
+    reply.reason = "the run failed: " + status_.reason();
+  }
+  return reply;
+}
+
+bool ElasticRun::round_done(const protocol::RoundDone& report, Clock::time_point now) {
+  auto error = table_.round_done(report, now);
+  flush_events();
+  if (error) fail(*error);
+  return !error;
+}
+
+void ElasticRun::process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now) {
+  if (auto member = table_.member_of_process(host, pid)) {
+    table_.declare_failed(*member, fmt::format("its process exited with status {}", status), now);
+    flush_events();
+  }
+}
+
+// Without every slot filled by cluster.join_timeout_s, training starts with the quorum
+// (cluster.min_workers), or the run fails naming who is missing.
+void ElasticRun::check_start(Clock::time_point now) {
+  if (status_.phase() != Phase::kWaiting) return;
+  const auto limit = std::chrono::duration<double>(options_.config.cluster.join_timeout_s);
+  if (now - created_ < limit) return;
+  if (table_.live_members() >= options_.config.cluster.min_workers) {
+    start(fmt::format(" (cluster.join_timeout_s = {:g} s passed; the others may join later)",
+                      options_.config.cluster.join_timeout_s));
+    return;
+  }
+  fail(fmt::format("only {} of the {} workers needed (cluster.min_workers) joined within {:g} s (cluster.join_timeout_s)",
+                   table_.live_members(), options_.config.cluster.min_workers, options_.config.cluster.join_timeout_s));
+}
+
+// The end of an elastic run: every member has left (finished, stopped, failed).
+void ElasticRun::check_end(Clock::time_point now) {
+  if (status_.phase() != Phase::kRunning) return;
+  table_.expire(now);
+  flush_events();
+  if (table_.orphaned()) restart_orphans();
+  if (!table_.all_left()) return;
+  // A worker that found the run full (it asked before the last members were declared failed) is
+  // about to take a slot: it continues the run (from the global checkpoint) rather than finding it
+  // failed.
+  std::erase_if(slot_waiters_, [&](const auto& w) { return now - w.second > kWaiterSilence; });
+  if (!table_.training_complete() && !status_.stopping() && !slot_waiters_.empty()) return;
+  if (!table_.training_complete() && !status_.stopping()) {
+    fail(fmt::format("every worker left before training completed ({} rounds done); resume with --resume",
+                     table_.rounds_completed()));
+    return;
+  }
+  // Not silent: a shard whose slot sat idle for rounds was trained on less than the others.
+  const auto& missed = table_.rounds_missed();
+  for (size_t s = 0; s < missed.size(); ++s) {
+    if (missed[s] > 0) {
+      log(fmt::format("slot {} was idle (vacant, or its worker left out) in {} of {} rounds: its shard was trained on "
+                      "that much less than the others", s, missed[s], table_.rounds_completed()));
+    }
+  }
+  events_.write("slots_summary", {{"rounds", table_.rounds_completed()}, {"rounds_missed", missed}});
+  status_.enter(Phase::kFinished);
+  persist();
+}
+
+CoordinatorResult ElasticRun::result() const {
+  // An elastic run fails only as a whole: members that failed were replaced or done without.
+  CoordinatorResult result;
+  result.message = status_.reason();
+  bool any_stopped = false;
+  for (const auto& [id, m] : ended_) {
+    result.summaries.push_back(m.summary);
+    if (m.status == protocol::EndStatus::kStopped) any_stopped = true;
+  }
+  result.outcome = status_.phase() == Phase::kFailed     ? RunOutcome::kFailed
+                   : any_stopped || status_.stopping()   ? RunOutcome::kStopped
+                                                         : RunOutcome::kFinished;
+  return result;
+}
+
+nlohmann::json ElasticRun::describe() const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [id, m] : ended_) {
+    list.push_back({{"member", id}, {"slot", m.slot}, {"status", protocol::to_string(m.status)}});
+  }
+  return {{"members", list}, {"missing", nlohmann::json::array()}, {"elastic", table_.describe()}};
+}
+
+std::vector<std::string> ElasticRun::status_lines() const {
+  return {fmt::format("elastic: epoch {}, {} rounds completed, {} live members of {} slots", table_.epoch(),
+                      table_.rounds_completed(), table_.live_members(), workers())};
+}
+
+}  // namespace loco::runtime

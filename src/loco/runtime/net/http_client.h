@@ -1,0 +1,100 @@
+// One peer's HTTP client, as loco's control plane talks: every request signed with the run's key
+// (auth.h) and its answer checked to be the peer's, over TLS when asked, with a timeout on every
+// attempt and retries with backoff while the peer cannot be reached. It knows nothing of what the
+// requests mean (coordinator/coordinator_client.h speaks the coordinator's protocol over it).
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "loco/core/error.h"
+#include "loco/runtime/net/auth.h"
+
+namespace httplib {
+class Client;
+}
+
+namespace loco::runtime {
+
+// The peer did not answer (refused, reset or timed out) through all of a request's retries.
+class PeerUnreachable : public PeerError {
+ public:
+  PeerUnreachable(std::string_view peer, std::string_view message) : PeerError(peer, message) {}
+};
+
+// How a client reaches its peer securely (docs/security.md).
+struct ClientSecurity {
+  std::string token;   // signs every request (auth.h); "" = requests are not signed
+  bool tls = false;    // HTTPS, verifying the peer's certificate against `tls_ca`
+  std::string tls_ca;  // PEM file of the CA (or the self-signed certificate) to trust
+  // Where the run's generated token appears when a coordinator on this machine makes one
+  // (RUN/join_token): read when `token` is "" and the file exists by the time of a request, so
+  // that a worker started together with its coordinator finds it.
+  std::filesystem::path token_file;
+};
+
+// The text of an error answer: its JSON "error" field, else its first 500 bytes.
+std::string error_text(const std::string& body);
+
+class HttpClient {
+ public:
+  using Reply = std::pair<int, std::string>;  // (HTTP status, body)
+
+  // `address` is "host:port" (ConfigError when malformed); `peer` names the peer in errors
+  // ("coordinator"). Nothing is sent yet.
+  HttpClient(std::string peer, const std::string& address, ClientSecurity security = {});
+  ~HttpClient();
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  std::string address() const;
+  const ClientSecurity& security() const { return security_; }
+  // Whether requests are signed (a token was given, or the token file has appeared).
+  bool signs() const { return key_.has_value(); }
+
+  // How long request() keeps retrying a peer that does not answer (backoff from 0.2 s, doubling to
+  // 5 s). Default 3 s.
+  void set_patience(std::chrono::milliseconds patience) { patience_ = patience; }
+
+  // One request, signed when there is a token, retried (signed anew) on connection errors for the
+  // patience. Returns (HTTP status, body); throws PeerUnreachable when it stays unreachable.
+  Reply request(const std::string& method, const std::string& path, const std::string& body,
+                std::chrono::milliseconds read_timeout);
+  // One attempt of a request, for callers with a retry policy of their own: nullopt on a
+  // connection error or an answer that is not the peer's (then `error` says which). A request
+  // refused (401) is signed and sent again when there is something new to sign it with: the run's
+  // token file, for an unsigned request (a coordinator starting beside this worker writes it just
+  // before it listens), or the peer instance the refusal told (this client's first request, or its
+  // first after the peer restarted).
+  std::optional<Reply> attempt(const std::string& method, const std::string& path, const std::string& body,
+                               std::chrono::milliseconds read_timeout, std::string& error);
+
+  // The local address this machine uses to reach the peer: the one peers on its network can reach
+  // this machine at (no packet is sent to find it). ConfigError when there is none.
+  std::string local_address() const;
+
+ private:
+  std::optional<Reply> send(const std::string& method, const std::string& path, const std::string& body, std::string& error);
+  // One request; on a refusal that tells an instance (auth::kInstanceHeader), `told` is set to it.
+  std::optional<Reply> send_once(const std::string& method, const std::string& path, const std::string& body,
+                                 std::string& error, std::string& told);
+  // Adopts the run's generated token once its file exists (ClientSecurity::token_file).
+  void load_token_file();
+
+  std::string peer_;
+  std::string host_;
+  int port_ = 0;
+  ClientSecurity security_;
+  std::optional<auth::Key> key_;
+  std::string instance_;  // the peer instance requests are signed for; "" until a refusal tells it
+  std::chrono::milliseconds patience_{3000};
+  std::mutex mutex_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+}  // namespace loco::runtime

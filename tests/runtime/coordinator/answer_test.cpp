@@ -1,0 +1,203 @@
+// Signed answers (docs/security.md): the coordinator signs its answer to every authentic request
+// for that request, and a worker believes nothing else: not an unsigned answer (another process on
+// the port, a man in the middle without TLS), not a genuine answer replayed for another request,
+// not an altered one, and not one over auth::kMaxAnswerBytes. A refusal (401) is believed unsigned.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <sys/socket.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loco/runtime/net/auth.h"
+#include "loco/runtime/coordinator/coordinator.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace loco::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_util::expect_error;
+
+const std::string kToken = "4f1c2a9d8e7b6c5a4f1c2a9d8e7b6c5a";
+
+TEST(Auth, AnAnswersMacBindsItsRequestStatusAndBody) {
+  const auth::Key key(kToken), other(kToken + "x");
+  const std::string nonce(32, 'a'), body = R"({"size": 3})";
+  const auto mac = auth::answer_mac(key, nonce, 200, body);
+  EXPECT_EQ(mac.size(), 64u);
+  EXPECT_FALSE(auth::check_answer(key, nonce, 200, body, &mac));
+  EXPECT_EQ(auth::check_answer(key, std::string(32, 'b'), 200, body, &mac), "the answer's signature is wrong") << "another request";
+  EXPECT_EQ(auth::check_answer(key, nonce, 409, body, &mac), "the answer's signature is wrong") << "another status";
+  EXPECT_EQ(auth::check_answer(key, nonce, 200, R"({"size": 4})", &mac), "the answer's signature is wrong") << "another body";
+  EXPECT_EQ(auth::check_answer(other, nonce, 200, body, &mac), "the answer's signature is wrong") << "another key";
+  EXPECT_EQ(auth::check_answer(key, nonce, 200, body, nullptr), "the answer is not signed");
+  for (const std::string& bad : std::vector<std::string>{"", "xyz", std::string(64, 'G'), mac.substr(1), mac + "0"}) {
+    EXPECT_EQ(auth::check_answer(key, nonce, 200, body, &bad), "the answer's signature is malformed") << bad;
+  }
+  EXPECT_NE(auth::answer_mac(key, nonce, 200, body), auth::mac(key, "GET", "/", 0, nonce, "", body)) << "not a request's MAC";
+}
+
+// A stand-in for the coordinator on loopback that answers every request with `answer`.
+class FakeCoordinator {
+ public:
+  using Answer = std::function<void(const httplib::Request&, httplib::Response&)>;
+  explicit FakeCoordinator(Answer answer) {
+    server_.Get(".*", answer);
+    server_.Post(".*", answer);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
+  }
+  ~FakeCoordinator() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// A coordinator of a one-worker run with kToken, listening on a free port of loopback.
+std::unique_ptr<Coordinator> started_coordinator() {
+  CoordinatorOptions o;
+  o.config.cluster.workers = 1;
+  o.token = kToken;
+  o.bind = "127.0.0.1";
+  o.port = 0;
+  auto coordinator = std::make_unique<Coordinator>(o);
+  coordinator->start();
+  return coordinator;
+}
+
+std::string unreachable_reason(const std::string& address) {
+  CoordinatorClient client(address, 2s, {kToken});
+  client.set_patience(300ms);
+  try {
+    client.request("GET", "/v1/kv/size", "", 2s);
+  } catch (const CoordinatorUnreachable& e) {
+    return e.what();
+  }
+  return "(the answer was believed)";
+}
+
+TEST(CoordinatorClient, BelievesOnlyAnswersSignedForItsRequest) {
+  // The real coordinator signs; its answers are believed.
+  auto started = started_coordinator();
+  Coordinator& coordinator = *started;
+  CoordinatorClient client("127.0.0.1:" + std::to_string(coordinator.port()), 2s, {kToken});
+  EXPECT_EQ(client.request("GET", "/v1/kv/size", "", 2s).first, 200);
+
+  const auth::Key key(kToken);
+  const std::string body = R"({"size": 1})";
+  FakeCoordinator unsigned_answer([&](const httplib::Request&, httplib::Response& response) {
+    response.set_content(body, "application/json");
+  });
+  EXPECT_NE(unreachable_reason(unsigned_answer.address()).find("the answer is not signed (HTTP 200 to /v1/kv/size)"),
+            std::string::npos) << unreachable_reason(unsigned_answer.address());
+
+  // A genuine answer, captured and replayed for another request.
+  const std::string captured = auth::answer_mac(key, std::string(32, '0'), 200, body);
+  FakeCoordinator replayed([&](const httplib::Request&, httplib::Response& response) {
+    response.set_header(auth::kAnswerMacHeader, captured);
+    response.set_content(body, "application/json");
+  });
+  EXPECT_NE(unreachable_reason(replayed.address()).find("the answer's signature is wrong"), std::string::npos);
+
+  // The answer signed for this request, altered on the way.
+  FakeCoordinator altered([&](const httplib::Request& request, httplib::Response& response) {
+    response.set_header(auth::kAnswerMacHeader, auth::answer_mac(key, request.get_header_value(auth::kNonceHeader), 200, body));
+    response.set_content(R"({"size": 2})", "application/json");
+  });
+  EXPECT_NE(unreachable_reason(altered.address()).find("the answer's signature is wrong"), std::string::npos);
+
+  // Signed correctly but longer than any answer of the coordinator's: cut off, refused.
+  const std::string huge(auth::kMaxAnswerBytes + 1, ' ');
+  FakeCoordinator flood([&](const httplib::Request& request, httplib::Response& response) {
+    response.set_header(auth::kAnswerMacHeader, auth::answer_mac(key, request.get_header_value(auth::kNonceHeader), 200, huge));
+    response.set_content(huge, "application/json");
+  });
+  EXPECT_NE(unreachable_reason(flood.address()).find("is over 16 MiB"), std::string::npos);
+
+  // Signed for this request: believed, as the coordinator's are.
+  FakeCoordinator right([&](const httplib::Request& request, httplib::Response& response) {
+    response.set_header(auth::kAnswerMacHeader, auth::answer_mac(key, request.get_header_value(auth::kNonceHeader), 200, body));
+    response.set_content(body, "application/json");
+  });
+  CoordinatorClient believer(right.address(), 2s, {kToken});
+  EXPECT_EQ(believer.request("GET", "/v1/kv/size", "", 2s), (std::pair<int, std::string>{200, body}));
+
+  // A refusal is believed unsigned: it gives nothing away.
+  FakeCoordinator refusal([&](const httplib::Request&, httplib::Response& response) {
+    response.status = 401;
+    response.set_content(R"({"error": "wrong MAC"})", "application/json");
+  });
+  CoordinatorClient refused(refusal.address(), 2s, {kToken});
+  EXPECT_EQ(refused.request("GET", "/v1/kv/size", "", 2s).first, 401);
+}
+
+// A worker started beside its coordinator may look for the run's token file just before the
+// coordinator writes it and connect just after it listens: the unsigned request is refused, and is
+// sent once more, signed with the token now in the file (CI saw this race in LaunchTest).
+TEST(CoordinatorClient, AnUnsignedRequestRefusedIsSignedOnceTheRunsTokenFileAppears) {
+  testing_util::TempDir dir;
+  const auto token_file = dir.path() / "join_token";
+  int unsigned_requests = 0;
+  FakeCoordinator coordinator([&](const httplib::Request& request, httplib::Response& response) {
+    if (!request.has_header(auth::kMacHeader)) {
+      ++unsigned_requests;
+      auth::generated_token(dir.path());  // the coordinator starts writing only now
+      response.status = 401;
+      response.set_content(R"({"error": "the request is not signed"})", "application/json");
+      return;
+    }
+    const auth::Key key(auth::resolve_token("", dir.path()));
+    response.set_header(auth::kAnswerMacHeader, auth::answer_mac(key, request.get_header_value(auth::kNonceHeader), 200, "{}"));
+    response.set_content("{}", "application/json");
+  });
+  ClientSecurity security;
+  security.token_file = token_file;
+  CoordinatorClient client(coordinator.address(), 2s, security);
+  EXPECT_EQ(client.request("GET", "/v1/kv/size", "", 2s), (std::pair<int, std::string>{200, "{}"}));
+  EXPECT_EQ(unsigned_requests, 1);
+
+  // Without a token file to look at, a refusal is the answer.
+  CoordinatorClient tokenless(coordinator.address(), 2s, {});
+  EXPECT_EQ(tokenless.request("GET", "/v1/kv/size", "", 2s).first, 401);
+  EXPECT_EQ(unsigned_requests, 2);
+}
+
+// A status read announcing a body is refused at the gate, before the body could hold the
+// connection (docs/security.md, "Available while other clients misbehave").
+TEST(Coordinator, AStatusReadWithABodyIsRefusedBeforeItsBody) {
+  auto started = started_coordinator();
+  Coordinator& coordinator = *started;
+  const int fd = testing_util::connect_loopback(static_cast<int>(coordinator.port()));
+  ASSERT_GE(fd, 0);
+  const std::string request = "GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nx";
+  ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char answer[512] = {};
+  const auto n = ::recv(fd, answer, sizeof answer - 1, 0);
+  ::close(fd);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(answer).substr(0, 12), "HTTP/1.1 400") << answer;
+  EXPECT_NE(std::string(answer).find("a status read carries no body"), std::string::npos) << answer;
+  httplib::Client client("127.0.0.1", static_cast<int>(coordinator.port()));
+  auto status = client.Get("/v1/status");
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->status, 200) << "one without a body is still read";
+}
+
+}  // namespace
+}  // namespace loco::runtime
