@@ -29,24 +29,6 @@
 
 namespace loco::algorithms {
 
-struct DiLoCoOptions {
-  int64_t inner_steps = 50;         // H
-  double round_seconds = 0;         // > 0: a round ends after this long of inner steps instead (elastic)
-  int64_t total_steps = 0;          // the run's inner steps; its last step ends the final round
-  optim::OuterOptions outer;
-  Weighting weighting = Weighting::kTokens;
-  int64_t shard_tokens = 0;         // Weighting::kShard: the tokens of this worker's shard
-  double drop_probability = 0;      // an experiment: see StreamingOptions
-  comm::Encoding exchange = comm::Encoding::kFp32;  // outer gradients on the wire (fp32: θ̄ travels)
-  uint64_t drop_seed = 0;
-  int64_t piece_bytes = 1 << 20;  // outer-gradient bytes per message of the all-reduce
-  bool eager = false;               // eager outer updates (streaming.h): a round's exchange overlaps the next
-  void validate() const;            // ConfigError
-
-  // The Streaming DiLoCo options that are this DiLoCo: one fragment, τ = 0, α = 0, fp32.
-  StreamingOptions as_streaming() const;
-};
-
 class DiLoCo final : public StreamingDiLoCo {
  public:
   DiLoCo(comm::Group group, DiLoCoOptions options, Membership* membership = nullptr);

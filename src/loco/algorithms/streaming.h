@@ -55,43 +55,13 @@
 #include "loco/algorithms/elastic_rounds.h"
 #include "loco/algorithms/flat_buffer.h"
 #include "loco/algorithms/membership.h"
+#include "loco/algorithms/options.h"
 #include "loco/algorithms/restored_state.h"
 #include "loco/algorithms/sync.h"
 #include "loco/comm/background.h"
 #include "loco/optim/outer.h"
 
 namespace loco::algorithms {
-
-enum class FragmentPattern { kStrided, kSequential };
-
-// How the workers' outer gradients are weighted: by the tokens each trained on this round, by the
-// size of each worker's shard (DiLoCo §6.1 and DiPaCo, for shards of unequal size), or 1/M.
-enum class Weighting { kTokens, kShard, kUniform };
-
-struct StreamingOptions {
-  int64_t inner_steps = 50;   // H: inner steps between two syncs of one fragment
-  int64_t total_steps = 0;    // the run's inner steps; its last step synchronizes every fragment
-  int64_t fragments = 4;      // P
-  FragmentPattern pattern = FragmentPattern::kStrided;
-  int64_t overlap_steps = 1;  // τ: inner steps between the start of a fragment's sync and its use
-  double merge_alpha = 0.5;   // α: the share of the local fragment kept at the merge
-  comm::Encoding exchange = comm::Encoding::kFp32;
-  // > 0: time-budgeted rounds (elastic DiLoCo): a round ends once this many seconds of inner steps
-  // have passed since it began, and the round's step is the furthest contributor's. Needs one
-  // fragment and no overlap.
-  double round_seconds = 0;
-  optim::OuterOptions outer;
-  Weighting weighting = Weighting::kTokens;
-  int64_t shard_tokens = 0;         // kShard: the tokens of this worker's shard (> 0)
-  // An experiment (DiLoCo paper §6.3): each worker's outer gradient is left out of a sync with this
-  // probability, drawn from (drop_seed, fragment, sync, rank); the others' weights renormalize, and
-  // a sync that every worker dropped leaves θ as it was.
-  double drop_probability = 0;
-  uint64_t drop_seed = 0;
-  int64_t piece_bytes = 1 << 20;  // fp32 bytes per message of an exchange
-  bool eager = false;               // eager outer updates (above)
-  void validate() const;            // ConfigError naming the bad option
-};
 
 // A piece of a fragment: rows [begin, begin + rows) of dimension 0 of parameter `index` (in the
 // model's named_parameters() order); the whole parameter when it has no more rows.

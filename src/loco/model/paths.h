@@ -25,9 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "loco/model/transformer.h"
+#include "loco/model/options.h"
 
 namespace loco::model {
+
+class Transformer;      // transformer.h
+struct ParameterGroup;  // transformer.h
 
 struct LevelSpec {
   int64_t blocks = 1;          // consecutive blocks the level spans

@@ -13,16 +13,9 @@
 #include <utility>
 #include <vector>
 
-namespace loco::optim {
+#include "loco/optim/options.h"
 
-struct AdamWOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;
-  // Throws ConfigError("[optim] ...") naming the bad option.
-  void validate() const;
-};
+namespace loco::optim {
 
 struct NamedParameter {
   std::string name;

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "loco/algorithms/diloco.h"
+// Only the components' options, never their implementations (no torch): a config is named in many
+// files, and what those include should not rebuild when an algorithm's header changes.
+#include "loco/algorithms/options.h"
 #include "loco/data/dataset.h"
-#include "loco/algorithms/streaming.h"
+#include "loco/model/options.h"
 #include "loco/model/paths.h"
-#include "loco/model/transformer.h"
-#include "loco/optim/adamw.h"
-#include "loco/optim/outer.h"
+#include "loco/optim/options.h"
 
 namespace loco::runtime {
 

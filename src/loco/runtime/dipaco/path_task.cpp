@@ -97,8 +97,8 @@ void TaskWorker::run_path(const TaskKey& task, const LeaseKeeper& keeper) {
   }
   model->to(device_);
   model->train();
-  auto adamw = make_inner_optimizer(model, config);
-  InnerStep inner(model, adamw, config, device_, "the modules' published versions are intact");
+  auto adamw = make_inner_optimizer(model, config.optim.adamw);
+  InnerStep inner(model, adamw, inner_step_options(config), device_, "the modules' published versions are intact");
   const auto previous_inner = load_inner_state(adamw, path, phase, read);
   const int64_t first = phase * config.sync.inner_steps;
   if (phase > 0 && !previous_inner) inner.rewarm_from(first);  // its moments start from zero (a phase deadline)

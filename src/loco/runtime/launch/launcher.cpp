@@ -133,7 +133,7 @@ class Launch {
  public:
   Launch(const RunConfig& config, const LaunchOptions& options)
       : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every),
-        islands_(make_islands()), back_home_(islands_.get()), coordinator_(coordinator_options()),
+        islands_(make_islands()), back_home_{islands_.get()}, coordinator_(coordinator_options()),
         workers_(config.cluster.workers, std::chrono::duration_cast<Supervisor::Clock::duration>(
                                              std::chrono::duration<double>(config.cluster.timeout_s + 60))),
         restarts_left_(options.restarts), elastic_(config.cluster.elastic) {

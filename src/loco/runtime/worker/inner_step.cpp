@@ -6,28 +6,35 @@
 
 #include "loco/core/error.h"
 #include "loco/model/precision.h"
+#include "loco/runtime/config/config.h"
 #include "loco/runtime/worker/weights.h"
 
 namespace loco::runtime {
 
-optim::AdamW make_inner_optimizer(const model::Transformer& model, const RunConfig& config) {
+optim::AdamW make_inner_optimizer(const model::Transformer& model, const optim::AdamWOptions& options) {
   std::vector<optim::NamedParameter> named;
   for (const auto& [name, tensor] : model_weights(model)) named.push_back({name, tensor, tensor.dim() >= 2});
-  return optim::AdamW(std::move(named), config.optim.adamw);
+  return optim::AdamW(std::move(named), options);
 }
 
-optim::ScheduleOptions inner_schedule(const RunConfig& config) {
-  optim::ScheduleOptions schedule{config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
-  schedule.validate();
-  return schedule;
+InnerStepOptions inner_step_options(const RunConfig& config) {
+  InnerStepOptions options;
+  options.schedule = {config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
+  options.schedule.validate();
+  options.rewarmup_steps = config.optim.rewarmup_steps;
+  options.batch_size = config.train.batch_size;
+  options.grad_accum = config.train.grad_accum;
+  options.context = config.model.context;
+  options.z_loss = config.train.z_loss;
+  options.grad_clip = config.optim.grad_clip;
+  return options;
 }
 
-InnerStep::InnerStep(model::Transformer& model, optim::AdamW& adamw, const RunConfig& config, torch::Device device,
+InnerStep::InnerStep(model::Transformer& model, optim::AdamW& adamw, const InnerStepOptions& options, torch::Device device,
                      std::string intact)
-    : model_(model), adamw_(adamw), device_(device), intact_(std::move(intact)), schedule_(inner_schedule(config)),
-      rewarmup_steps_(config.optim.rewarmup_steps), batch_size_(config.train.batch_size),
-      grad_accum_(config.train.grad_accum), context_(config.model.context), z_loss_(config.train.z_loss),
-      grad_clip_(config.optim.grad_clip) {
+    : model_(model), adamw_(adamw), device_(device), intact_(std::move(intact)), schedule_(options.schedule),
+      rewarmup_steps_(options.rewarmup_steps), batch_size_(options.batch_size), grad_accum_(options.grad_accum),
+      context_(options.context), z_loss_(options.z_loss), grad_clip_(options.grad_clip) {
   for (const auto& p : adamw_.parameters()) parameters_.push_back(p.tensor);
 }
 

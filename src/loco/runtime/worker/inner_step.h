@@ -17,23 +17,33 @@
 #include "loco/model/transformer.h"
 #include "loco/optim/adamw.h"
 #include "loco/optim/schedule.h"
-#include "loco/runtime/config/config.h"
 
 namespace loco::runtime {
 
+struct RunConfig;  // config/config.h
+
 // The model's parameters under AdamW, decayed when they are matrices (the transformer's weights;
 // not its norms and biases): what every inner optimizer of a run is built from.
-optim::AdamW make_inner_optimizer(const model::Transformer& model, const RunConfig& config);
+optim::AdamW make_inner_optimizer(const model::Transformer& model, const optim::AdamWOptions& options);
 
-// The schedule of `config`'s inner steps (optim.lr, warm-up, train.steps, the floor), validated.
-// Throws ConfigError.
-optim::ScheduleOptions inner_schedule(const RunConfig& config);
+// What an inner step reads of a run's config.
+struct InnerStepOptions {
+  optim::ScheduleOptions schedule;  // optim.lr, warm-up, train.steps, the floor
+  int64_t rewarmup_steps = 0;       // optim.rewarmup_steps
+  int64_t batch_size = 0;           // train.batch_size: windows per micro-batch
+  int64_t grad_accum = 1;           // train.grad_accum: micro-batches per step
+  int64_t context = 0;              // model.context: tokens per window
+  double z_loss = 0;                // train.z_loss
+  double grad_clip = 0;             // optim.grad_clip; 0 = no clipping
+};
+// The inner step's options of `config`, the schedule validated. Throws ConfigError.
+InnerStepOptions inner_step_options(const RunConfig& config);
 
 class InnerStep {
  public:
   // `model` and `adamw` are the caller's and must outlive this. `intact` says what a failed step
   // leaves safe ("the last checkpoint is intact"), for the error's hint.
-  InnerStep(model::Transformer& model, optim::AdamW& adamw, const RunConfig& config, torch::Device device,
+  InnerStep(model::Transformer& model, optim::AdamW& adamw, const InnerStepOptions& options, torch::Device device,
             std::string intact);
 
   // The learning rate of step `step` (0-based): the schedule's, times the re-warm-up factor over

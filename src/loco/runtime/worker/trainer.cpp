@@ -261,8 +261,8 @@ void TrainingLoop::build_parts() {
   model_->to(device_);
   model_->train();
 
-  adamw_.emplace(make_inner_optimizer(model_, config_));
-  inner_.emplace(model_, *adamw_, config_, device_, "the last checkpoint is intact");
+  adamw_.emplace(make_inner_optimizer(model_, config_.optim.adamw));
+  inner_.emplace(model_, *adamw_, inner_step_options(config_), device_, "the last checkpoint is intact");
 
   // Each worker samples its own shard, in an order of its own (rank 0's is a single process's).
   const auto& train_tokens = worker_.train_tokens != nullptr ? *worker_.train_tokens : dataset_->train().tokens;

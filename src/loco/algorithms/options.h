@@ -1,0 +1,61 @@
+// The sync strategies' options, with no torch: what a config names for DiLoCo and Streaming DiLoCo
+// (streaming.h and diloco.h implement them).
+#pragma once
+
+#include <cstdint>
+
+#include "loco/comm/wire_format.h"
+#include "loco/optim/options.h"
+
+namespace loco::algorithms {
+
+enum class FragmentPattern { kStrided, kSequential };
+
+// How the workers' outer gradients are weighted: by the tokens each trained on this round, by the
+// size of each worker's shard (DiLoCo §6.1 and DiPaCo, for shards of unequal size), or 1/M.
+enum class Weighting { kTokens, kShard, kUniform };
+
+struct StreamingOptions {
+  int64_t inner_steps = 50;   // H: inner steps between two syncs of one fragment
+  int64_t total_steps = 0;    // the run's inner steps; its last step synchronizes every fragment
+  int64_t fragments = 4;      // P
+  FragmentPattern pattern = FragmentPattern::kStrided;
+  int64_t overlap_steps = 1;  // τ: inner steps between the start of a fragment's sync and its use
+  double merge_alpha = 0.5;   // α: the share of the local fragment kept at the merge
+  comm::Encoding exchange = comm::Encoding::kFp32;
+  // > 0: time-budgeted rounds (elastic DiLoCo): a round ends once this many seconds of inner steps
+  // have passed since it began, and the round's step is the furthest contributor's. Needs one
+  // fragment and no overlap.
+  double round_seconds = 0;
+  optim::OuterOptions outer;
+  Weighting weighting = Weighting::kTokens;
+  int64_t shard_tokens = 0;         // kShard: the tokens of this worker's shard (> 0)
+  // An experiment (DiLoCo paper §6.3): each worker's outer gradient is left out of a sync with this
+  // probability, drawn from (drop_seed, fragment, sync, rank); the others' weights renormalize, and
+  // a sync that every worker dropped leaves θ as it was.
+  double drop_probability = 0;
+  uint64_t drop_seed = 0;
+  int64_t piece_bytes = 1 << 20;  // fp32 bytes per message of an exchange
+  bool eager = false;               // eager outer updates (above)
+  void validate() const;            // ConfigError naming the bad option
+};
+
+struct DiLoCoOptions {
+  int64_t inner_steps = 50;         // H
+  double round_seconds = 0;         // > 0: a round ends after this long of inner steps instead (elastic)
+  int64_t total_steps = 0;          // the run's inner steps; its last step ends the final round
+  optim::OuterOptions outer;
+  Weighting weighting = Weighting::kTokens;
+  int64_t shard_tokens = 0;         // Weighting::kShard: the tokens of this worker's shard
+  double drop_probability = 0;      // an experiment: see StreamingOptions
+  comm::Encoding exchange = comm::Encoding::kFp32;  // outer gradients on the wire (fp32: θ̄ travels)
+  uint64_t drop_seed = 0;
+  int64_t piece_bytes = 1 << 20;  // outer-gradient bytes per message of the all-reduce
+  bool eager = false;               // eager outer updates (streaming.h): a round's exchange overlaps the next
+  void validate() const;            // ConfigError
+
+  // The Streaming DiLoCo options that are this DiLoCo: one fragment, τ = 0, α = 0, fp32.
+  StreamingOptions as_streaming() const;
+};
+
+}  // namespace loco::algorithms
