@@ -1,5 +1,9 @@
 # libtorch's precompiled header, only where torch is used.
 #
+# loco_torch_pch(NAME [OPTION...]) makes one (an object library compiled with OPTIONs, e.g. -O0);
+# loco_use_torch(TARGET [PCH NAME]) links TARGET with libtorch and gives it NAME's (loco_torch_pch by
+# default), compiling TARGET with the same options.
+#
 # Loading the header costs every translation unit that gets it seconds, even one that never names
 # torch (docs/benchmarks.md, "Build"), so loco_use_torch(target) gives it only to the sources that
 # reach a torch header (<torch/...>, <ATen/...>, <c10/...>) through their quoted includes, followed
@@ -46,9 +50,32 @@ function(loco_reaches_torch file out)
   set(${out} ${result} PARENT_SCOPE)
 endfunction()
 
-# Links `target` with libtorch and gives the shared precompiled header to those of its sources
-# that reach torch.
+function(loco_torch_pch name)
+  add_library(${name} OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
+  target_link_libraries(${name} PUBLIC ${TORCH_LIBRARIES})
+  target_compile_options(${name} PRIVATE ${ARGN})
+  set_property(GLOBAL PROPERTY "loco_pch_options:${name}" "${ARGN}")
+  if(CCACHE_PROGRAM)  # compiled without the cache, its inputs' hash beside it (cmake/ccache_launcher.sh)
+    set_target_properties(${name} PROPERTIES CXX_COMPILER_LAUNCHER
+      "${PROJECT_SOURCE_DIR}/cmake/ccache_launcher.sh;${PROJECT_SOURCE_DIR};${PROJECT_BINARY_DIR};--pch")
+  endif()
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    # clang in C++20 instantiates std::vector<c10::IValue> in torch/csrc/autograd/function.h, where
+    # IValue is not complete yet, unless ivalue.h came first (GCC does not mind).
+    target_precompile_headers(${name} PUBLIC <ATen/core/ivalue.h>)
+  endif()
+  target_precompile_headers(${name} PUBLIC <torch/torch.h>)
+endfunction()
+
+# Links `target` with libtorch and gives the precompiled header to those of its sources that reach
+# torch.
 function(loco_use_torch target)
+  cmake_parse_arguments(USE "" "PCH" "" ${ARGN})
+  if(NOT USE_PCH)
+    set(USE_PCH loco_torch_pch)
+  endif()
+  get_property(pch_options GLOBAL PROPERTY "loco_pch_options:${USE_PCH}")
+  target_compile_options(${target} PRIVATE ${pch_options})
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
   get_target_property(sources ${target} SOURCES)
   get_target_property(dir ${target} SOURCE_DIR)
@@ -63,6 +90,6 @@ function(loco_use_torch target)
     endif()
   endforeach()
   if(with_torch GREATER 0)
-    target_precompile_headers(${target} REUSE_FROM loco_torch_pch)
+    target_precompile_headers(${target} REUSE_FROM ${USE_PCH})
   endif()
 endfunction()
