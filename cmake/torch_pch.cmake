@@ -21,6 +21,10 @@ function(loco_reaches_torch file out)
   set_property(GLOBAL PROPERTY "loco_torch:${file}" FALSE)  # an include cycle ends here
   set(result FALSE)
   if(EXISTS ${file})
+    # Read again at the next build whenever it changes: a source that comes to include torch gets the
+    # header (and under clang must: torch.h compiles in C++20 only after ivalue.h, which the header
+    # puts first).
+    set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${file})
     file(STRINGS ${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
     get_filename_component(dir ${file} DIRECTORY)
     foreach(line IN LISTS includes)

@@ -8,6 +8,7 @@
 
 #include "loco/core/error.h"
 #include "loco/model/paths.h"
+#include "loco/model/transformer.h"
 #include "test_util.h"
 
 namespace loco::model {

@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "loco/core/error.h"
+#include "loco/model/transformer.h"
 
 namespace loco::model {
 namespace {

@@ -10,6 +10,7 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/model/paths.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/store/modules.h"
 #include "test_util.h"
 
