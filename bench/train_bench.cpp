@@ -11,6 +11,7 @@
 // loop within 3% of the bare loop. Config overrides take the --section.key=value form only.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>

@@ -1,16 +1,23 @@
-# libtorch's precompiled header, only where torch is used.
+# libtorch's precompiled headers, only where torch is used, and no more of torch than is used.
 #
-# loco_torch_pch(NAME [OPTION...]) makes one (an object library compiled with OPTIONs, e.g. -O0);
-# loco_use_torch(TARGET [PCH NAME]) links TARGET with libtorch and gives it NAME's (loco_torch_pch by
-# default), compiling TARGET with the same options.
+# Loading a precompiled header costs every translation unit that gets it, even one that never names
+# torch: about 3.6 s (clang) for all of <torch/torch.h>, 0.4 s for its tensors alone (<torch/types.h>
+# and <torch/utils.h>; docs/benchmarks.md, "Build"). So the sources are read at configure time, their
+# quoted includes followed from file to file, and each gets what it reaches:
+#   nothing of torch   no precompiled header;
+#   tensors only       the light one: <ATen/...>, <c10/...>, <torch/types.h>, <torch/utils.h>, ...;
+#   more               the full one: <torch/torch.h>, torch::nn, torch::optim, torch::cuda, ...
+# A target takes one header for all its torch sources (CMake's REUSE_FROM is per target): the full one
+# when any of them needs it.
 #
-# Loading the header costs every translation unit that gets it seconds, even one that never names
-# torch (docs/benchmarks.md, "Build"), so loco_use_torch(target) gives it only to the sources that
-# reach a torch header (<torch/...>, <ATen/...>, <c10/...>) through their quoted includes, followed
-# from file to file at configure time. The others compile without it.
+# loco_torch_pchs(SUFFIX [OPTION...]) makes both headers (object libraries loco_torch_pch${SUFFIX} and
+# loco_torch_light_pch${SUFFIX}, compiled with OPTIONs, e.g. -O0); loco_use_torch(TARGET [PCH SUFFIX])
+# links TARGET with libtorch, gives its sources the headers of SUFFIX and compiles TARGET with the
+# same options.
 
-# Sets `out` to TRUE when `file` reaches a torch header. Quoted includes are looked up beside the
-# including file, then in src/ and tests/ (the include paths loco's targets use). Memoized.
+# Sets `out` to what `file` reaches: 0 nothing of torch, 1 tensors only, 2 more. Quoted includes are
+# looked up beside the including file, then in src/ and tests/ (the include paths loco's targets
+# use). Memoized.
 function(loco_reaches_torch file out)
   get_property(known GLOBAL PROPERTY "loco_torch:${file}" SET)
   if(known)
@@ -18,35 +25,36 @@ function(loco_reaches_torch file out)
     set(${out} ${result} PARENT_SCOPE)
     return()
   endif()
-  set_property(GLOBAL PROPERTY "loco_torch:${file}" FALSE)  # an include cycle ends here
-  set(result FALSE)
+  set_property(GLOBAL PROPERTY "loco_torch:${file}" 0)  # an include cycle ends here
+  set(result 0)
   if(EXISTS ${file})
-    # Read again at the next build whenever it changes: a source that comes to include torch gets the
-    # header (and under clang must: torch.h compiles in C++20 only after ivalue.h, which the header
-    # puts first).
+    # Read again at the next build whenever it changes: a source that comes to include torch gets a
+    # header (and under clang must: torch.h compiles in C++20 only after ivalue.h, which the headers
+    # put first).
     set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${file})
     file(STRINGS ${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
     get_filename_component(dir ${file} DIRECTORY)
     foreach(line IN LISTS includes)
-      if(line MATCHES "<(torch|ATen|c10|c10d)/")
-        set(result TRUE)
-        break()
-      endif()
-      if(line MATCHES "\"([^\"]+)\"")
+      set(level 0)
+      if(line MATCHES "<(ATen|c10|c10d)/" OR line MATCHES "<torch/(types|utils|version)\\.h>" OR line MATCHES "<torch/csrc/")
+        set(level 1)
+      elseif(line MATCHES "<torch/")
+        set(level 2)
+      elseif(line MATCHES "\"([^\"]+)\"")
         set(name ${CMAKE_MATCH_1})
         foreach(base ${dir} ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
           if(EXISTS ${base}/${name})
             get_filename_component(header ${base}/${name} ABSOLUTE)
-            loco_reaches_torch(${header} reaches)
-            if(reaches)
-              set(result TRUE)
-            endif()
+            loco_reaches_torch(${header} level)
             break()
           endif()
         endforeach()
-        if(result)
-          break()
-        endif()
+      endif()
+      if(level GREATER result)
+        set(result ${level})
+      endif()
+      if(result EQUAL 2)
+        break()
       endif()
     endforeach()
   endif()
@@ -54,46 +62,45 @@ function(loco_reaches_torch file out)
   set(${out} ${result} PARENT_SCOPE)
 endfunction()
 
-function(loco_torch_pch name)
+function(loco_torch_pch name options)
   add_library(${name} OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
   target_link_libraries(${name} PUBLIC ${TORCH_LIBRARIES})
-  target_compile_options(${name} PRIVATE ${ARGN})
-  set_property(GLOBAL PROPERTY "loco_pch_options:${name}" "${ARGN}")
+  target_compile_options(${name} PRIVATE ${options})
   if(CCACHE_PROGRAM)  # compiled without the cache, its inputs' hash beside it (cmake/ccache_launcher.sh)
     set_target_properties(${name} PROPERTIES CXX_COMPILER_LAUNCHER
       "${PROJECT_SOURCE_DIR}/cmake/ccache_launcher.sh;${PROJECT_SOURCE_DIR};${PROJECT_BINARY_DIR};--pch")
   endif()
-  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-    # clang in C++20 instantiates std::vector<c10::IValue> in torch/csrc/autograd/function.h, where
-    # IValue is not complete yet, unless ivalue.h came first (GCC does not mind).
-    target_precompile_headers(${name} PUBLIC <ATen/core/ivalue.h>)
-  endif()
-  target_precompile_headers(${name} PUBLIC <torch/torch.h>)
+  # clang in C++20 instantiates std::vector<c10::IValue> in torch/csrc/autograd/function.h, where
+  # IValue is not complete yet, unless ivalue.h came first (GCC does not mind).
+  target_precompile_headers(${name} PUBLIC <ATen/core/ivalue.h> ${ARGN})
 endfunction()
 
-# Links `target` with libtorch and gives the precompiled header to those of its sources that reach
-# torch.
+function(loco_torch_pchs suffix)
+  set_property(GLOBAL PROPERTY "loco_pch_options:${suffix}" "${ARGN}")
+  loco_torch_pch(loco_torch_pch${suffix} "${ARGN}" <torch/torch.h>)
+  loco_torch_pch(loco_torch_light_pch${suffix} "${ARGN}" <torch/types.h> <torch/utils.h>)
+endfunction()
+
 function(loco_use_torch target)
   cmake_parse_arguments(USE "" "PCH" "" ${ARGN})
-  if(NOT USE_PCH)
-    set(USE_PCH loco_torch_pch)
-  endif()
   get_property(pch_options GLOBAL PROPERTY "loco_pch_options:${USE_PCH}")
   target_compile_options(${target} PRIVATE ${pch_options})
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
   get_target_property(sources ${target} SOURCES)
   get_target_property(dir ${target} SOURCE_DIR)
-  set(with_torch 0)
+  set(needs 0)
   foreach(source IN LISTS sources)
     get_filename_component(path ${source} ABSOLUTE BASE_DIR ${dir})
-    loco_reaches_torch(${path} reaches)
-    if(reaches)
-      math(EXPR with_torch "${with_torch} + 1")
-    else()
+    loco_reaches_torch(${path} level)
+    if(level EQUAL 0)
       set_source_files_properties(${path} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    elseif(level GREATER needs)
+      set(needs ${level})
     endif()
   endforeach()
-  if(with_torch GREATER 0)
-    target_precompile_headers(${target} REUSE_FROM ${USE_PCH})
+  if(needs EQUAL 2)
+    target_precompile_headers(${target} REUSE_FROM loco_torch_pch${USE_PCH})
+  elseif(needs EQUAL 1)
+    target_precompile_headers(${target} REUSE_FROM loco_torch_light_pch${USE_PCH})
   endif()
 endfunction()

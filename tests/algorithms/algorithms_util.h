@@ -2,7 +2,8 @@
 // one real AdamW inner step.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <memory>

@@ -959,6 +959,12 @@ TEST_F(ChaosTest, ThousandsOfHeldConnectionsLockNoMemberOutOfATlsRun) {
   // Each kind of holder keeps `target` connections open, opening others as the server closes some.
   auto holder = [&](int kind, size_t target, std::function<int(const char*)> open) {
     return std::thread([&, kind, target, open] {
+      // SSL_write to a connection the coordinator closed raises SIGPIPE, which would end this test
+      // process: held pending in this thread, the write fails with EPIPE instead.
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
       std::vector<int> fds;
       for (uint64_t n = 0; !quit; ++n) {
         while (!quit && fds.size() < target) {

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <torch/torch.h>  // torch::optim, the reference
 
 #include "loco/core/error.h"
 #include "loco/optim/adamw.h"

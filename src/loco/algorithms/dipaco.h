@@ -13,7 +13,8 @@
 // are independent: each ModuleState owns its copy, its optimizer state and its version.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>

@@ -2,7 +2,8 @@
 // and the parameter hash that workers compare.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <vector>

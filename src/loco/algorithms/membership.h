@@ -8,7 +8,8 @@
 // global checkpoint.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <optional>

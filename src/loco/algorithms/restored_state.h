@@ -4,7 +4,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <string>

@@ -12,7 +12,8 @@
 // before the hook (the loop checkpoints that state; see docs/failure-model.md).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <optional>

@@ -19,7 +19,8 @@
 // worker's θ). Zeros and fp32 denormals encode like any other value.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <optional>

@@ -20,7 +20,8 @@
 // thread), in the same order on every rank. bytes_sent() may be read from any thread.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <atomic>
 #include <chrono>

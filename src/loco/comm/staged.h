@@ -1,7 +1,8 @@
 // Inside comm: a tensor as the backends take it (group.cpp, all_reduce.cpp). Not for other folders.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace loco::comm {
 

@@ -6,7 +6,8 @@
 // a position {epoch, cursor} restores the exact same future batches on any platform.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <vector>

@@ -1,6 +1,7 @@
 #include "loco/data/routing.h"
 
 #include <fmt/format.h>
+#include <torch/torch.h>  // torch::nn and torch::optim: the router is trained
 
 #include <algorithm>
 #include <cmath>

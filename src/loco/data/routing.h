@@ -16,7 +16,8 @@
 // route them with a NeighbourRouter instead, which follows the training documents' assignment.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <vector>

@@ -10,7 +10,8 @@
 // Within a shard, documents keep their order in the split, so one worker's shard is the split itself.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,7 @@
 #include "loco/model/precision.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/torch.h>  // torch::cuda
 #include <torch/version.h>
 
 #include "loco/core/error.h"

@@ -2,7 +2,8 @@
 // Wraps libtorch's autocast API, whose names changed across versions (guarded here only).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace loco::model {
 

@@ -6,7 +6,8 @@
 // norm weights or biases). The learning rate is passed to every step() by the schedule.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>

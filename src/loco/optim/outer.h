@@ -10,7 +10,8 @@
 // "<param>.exp_avg" and "<param>.exp_avg_sq" (adam), and "steps" (a 0-dim int64 tensor).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>

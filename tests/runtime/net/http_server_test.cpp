@@ -321,7 +321,8 @@ std::string client_hello(SSL_CTX* context) {
   SSL_set_bio(maker, BIO_new(BIO_s_mem()), out);
   SSL_connect(maker);
   char* bytes = nullptr;
-  std::string hello(bytes, static_cast<size_t>(BIO_get_mem_data(out, &bytes)));
+  const long length = BIO_get_mem_data(out, &bytes);  // before `bytes` is read: argument order is unspecified
+  std::string hello(bytes, static_cast<size_t>(length));
   SSL_free(maker);
   return hello;
 }

@@ -40,7 +40,7 @@ TEST(Dashboard, AWorkersStateFollowsItsReportsAndItsProcess) {
   board.process_started(0, "h", 100, 1000);
   board.process_started(1, "h", 101, 1000);
   EXPECT_EQ(state_of(board.status(kFixedRun, 1001), 100), "joining");
-  board.report(report(0, 100, "training", 5, {train_event(1001, 5, 7.5)}), 1001);
+  board.report(report(0, 100, "training", 5, nlohmann::json::array({train_event(1001, 5, 7.5)})), 1001);
   board.report(report(1, 101, "syncing", 5), 1001);
   auto status = board.status(kFixedRun, 1002);
   EXPECT_EQ(state_of(status, 100), "training");

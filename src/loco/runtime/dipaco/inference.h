@@ -5,7 +5,8 @@
 // scoring picked: evaluation.h scored_versions; each path once).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <memory>

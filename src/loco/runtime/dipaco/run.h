@@ -5,7 +5,8 @@
 // routing's documents per path, a path's model, and the router as it stands.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <cstdio>

@@ -4,7 +4,8 @@
 // writes. loco adds "loco.xxh3" to the metadata (XXH3-64 of the data bytes) and verifies it on load.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <map>

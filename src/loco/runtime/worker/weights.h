@@ -2,7 +2,8 @@
 // eval` and `loco generate` share.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>
