@@ -6,7 +6,6 @@
 #include <charconv>
 
 #include "loco/core/error.h"
-#include "loco/model/transformer.h"
 
 namespace loco::model {
 namespace {
@@ -190,17 +189,6 @@ std::string PathPlan::fingerprint() const {
   if (!model_.tie_embeddings) print += ";tie_embeddings=false";
   if (model_.attention_bias) print += ";attention_bias=true";
   return print;
-}
-
-ParameterGroup module_parameters(const Transformer& path_model, const Module& module) {
-  ParameterGroup out{module.name, {}, {}};
-  for (auto& group : path_model->parameter_groups()) {
-    if (std::find(module.groups.begin(), module.groups.end(), group.name) == module.groups.end()) continue;
-    out.names.insert(out.names.end(), group.names.begin(), group.names.end());
-    out.parameters.insert(out.parameters.end(), group.parameters.begin(), group.parameters.end());
-  }
-  LOCO_CHECK(!out.names.empty(), "module {} holds no parameter of this model", module.name);
-  return out;
 }
 
 std::string PathPlan::describe() const {

@@ -9,16 +9,6 @@
 
 namespace loco::optim {
 
-void AdamWOptions::validate() const {
-  auto require = [](bool ok, const std::string& message) {
-    if (!ok) throw ConfigError("optim", message);
-  };
-  require(beta1 >= 0 && beta1 < 1, fmt::format("beta1 must be in [0, 1), got {}", beta1));
-  require(beta2 >= 0 && beta2 < 1, fmt::format("beta2 must be in [0, 1), got {}", beta2));
-  require(eps > 0, fmt::format("eps must be > 0, got {}", eps));
-  require(weight_decay >= 0, fmt::format("weight_decay must be >= 0, got {}", weight_decay));
-}
-
 AdamW::AdamW(std::vector<NamedParameter> parameters, AdamWOptions options)
     : parameters_(std::move(parameters)), options_(options) {
   options_.validate();
