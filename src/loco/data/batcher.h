@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "loco/data/sampler_position.h"
+
 namespace loco::data {
 
 // A target that no loss counts (torch's cross_entropy ignore_index): DiPaCo's routing tokens.
@@ -20,12 +22,6 @@ constexpr int32_t kIgnoredTarget = -100;
 struct Batch {
   torch::Tensor inputs;   // (B, T) int64
   torch::Tensor targets;  // (B, T) int64
-};
-
-struct SamplerPosition {
-  uint64_t epoch = 0;
-  uint64_t cursor = 0;  // windows already taken in this epoch
-  bool operator==(const SamplerPosition&) const = default;
 };
 
 class WindowSampler {

@@ -17,8 +17,8 @@
 #include "loco/runtime/tasks/task.h"
 #include "loco/core/error.h"
 #include "loco/runtime/net/wire.h"
-#include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
+#include "loco/data/sampler_position.h"
 
 namespace loco::runtime::protocol {
 
