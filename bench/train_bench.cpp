@@ -22,6 +22,7 @@
 #include "loco/core/allocator.h"
 #include "loco/core/error.h"
 #include "loco/data/batcher.h"
+#include "loco/model/transformer.h"
 #include "loco/data/dataset.h"
 #include "loco/model/precision.h"
 #include "loco/runtime/config/config.h"

@@ -7,8 +7,8 @@
 #   nothing of torch   no precompiled header;
 #   tensors only       the light one: <ATen/...>, <c10/...>, <torch/types.h>, <torch/utils.h>, ...;
 #   more               the full one: <torch/torch.h>, torch::nn, torch::optim, torch::cuda, ...
-# A target takes one header for all its torch sources (CMake's REUSE_FROM is per target): the full one
-# when any of them needs it.
+# A target takes the header its sources need most (CMake's REUSE_FROM is per target); a source that
+# needs less in a target that takes the full one is given the light one by hand (loco_light_pch).
 #
 # loco_torch_pchs(SUFFIX [OPTION...]) makes both headers (object libraries loco_torch_pch${SUFFIX} and
 # loco_torch_light_pch${SUFFIX}, compiled with OPTIONs, e.g. -O0); loco_use_torch(TARGET [PCH SUFFIX])
@@ -81,6 +81,24 @@ function(loco_torch_pchs suffix)
   loco_torch_pch(loco_torch_light_pch${suffix} "${ARGN}" <torch/types.h> <torch/utils.h>)
 endfunction()
 
+# Gives `source` of `target` the light header of `suffix` in place of the target's full one: the
+# options CMake itself would write for it (clang reads the .pch it names; GCC finds the .gch beside
+# the header it includes).
+function(loco_light_pch target source suffix)
+  set(pch loco_torch_light_pch${suffix})
+  set(header ${PROJECT_BINARY_DIR}/CMakeFiles/${pch}.dir/cmake_pch.hxx)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    set(options -Xclang -include-pch -Xclang ${header}.pch -Xclang -include -Xclang ${header})
+    set(built ${header}.pch)
+  else()
+    set(options -include ${header})
+    set(built ${header}.gch)
+  endif()
+  set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON
+    COMPILE_OPTIONS "-Winvalid-pch;${options}" OBJECT_DEPENDS ${built})
+  add_dependencies(${target} ${pch})
+endfunction()
+
 function(loco_use_torch target)
   cmake_parse_arguments(USE "" "PCH" "" ${ARGN})
   get_property(pch_options GLOBAL PROPERTY "loco_pch_options:${USE_PCH}")
@@ -89,17 +107,24 @@ function(loco_use_torch target)
   get_target_property(sources ${target} SOURCES)
   get_target_property(dir ${target} SOURCE_DIR)
   set(needs 0)
+  set(light "")
   foreach(source IN LISTS sources)
     get_filename_component(path ${source} ABSOLUTE BASE_DIR ${dir})
     loco_reaches_torch(${path} level)
     if(level EQUAL 0)
       set_source_files_properties(${path} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-    elseif(level GREATER needs)
+    elseif(level EQUAL 1)
+      list(APPEND light ${path})
+    endif()
+    if(level GREATER needs)
       set(needs ${level})
     endif()
   endforeach()
   if(needs EQUAL 2)
     target_precompile_headers(${target} REUSE_FROM loco_torch_pch${USE_PCH})
+    foreach(path IN LISTS light)
+      loco_light_pch(${target} ${path} "${USE_PCH}")
+    endforeach()
   elseif(needs EQUAL 1)
     target_precompile_headers(${target} REUSE_FROM loco_torch_light_pch${USE_PCH})
   endif()

@@ -17,6 +17,7 @@
 #include "loco/runtime/dipaco/inference.h"
 #include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/worker/hugging_face.h"
+#include "loco/runtime/worker/inference_model.h"
 #include "loco/runtime/worker/weights.h"
 
 namespace loco::cli {

@@ -16,6 +16,7 @@
 #include "cli_util.h"
 #include "loco/core/files.h"
 #include "loco/model/paths.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/store/modules.h"
 #include "loco/runtime/dipaco/evaluation.h"
 #include "loco/runtime/dipaco/inference.h"

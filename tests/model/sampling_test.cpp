@@ -2,6 +2,7 @@
 
 #include "loco/core/error.h"
 #include "loco/model/sampling.h"
+#include "loco/model/transformer.h"
 
 namespace loco::model {
 namespace {

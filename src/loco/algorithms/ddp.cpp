@@ -1,6 +1,7 @@
 #include "loco/algorithms/ddp.h"
 
 #include "loco/core/error.h"
+#include "loco/model/transformer.h"
 
 namespace loco::algorithms {
 

@@ -8,6 +8,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
+#include "loco/model/transformer.h"
 
 namespace loco::algorithms {
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "loco/comm/group.h"
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 
 namespace loco::algorithms {
 

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "loco/core/error.h"
+#include "loco/model/transformer.h"
 
 namespace loco::model {
 

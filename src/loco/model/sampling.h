@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 
 namespace loco::model {
 

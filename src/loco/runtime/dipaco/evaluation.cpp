@@ -11,6 +11,7 @@
 #include "loco/core/files.h"
 #include "loco/data/batcher.h"
 #include "loco/model/precision.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/dipaco/route.h"
 #include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/store/checkpoint.h"

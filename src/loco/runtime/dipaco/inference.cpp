@@ -1,5 +1,6 @@
 #include "loco/runtime/dipaco/inference.h"
 
+#include "loco/model/transformer.h"
 #include "loco/runtime/dipaco/evaluation.h"
 #include "loco/runtime/dipaco/run.h"
 #include "loco/runtime/worker/weights.h"

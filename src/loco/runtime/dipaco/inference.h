@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "loco/model/sampling.h"
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 #include "loco/runtime/config/config.h"
 
 namespace loco::runtime {

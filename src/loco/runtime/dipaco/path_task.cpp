@@ -7,6 +7,7 @@
 
 #include "loco/core/error.h"
 #include "loco/metrics/progress.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/dipaco/task_worker.h"
 #include "loco/runtime/store/safetensors.h"
 #include "loco/runtime/worker/weights.h"

@@ -19,7 +19,7 @@
 
 #include "loco/data/dataset.h"
 #include "loco/model/paths.h"
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/dipaco/registry.h"
 

@@ -9,6 +9,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/model/transformer.h"
 
 namespace loco::runtime {
 namespace {

@@ -8,7 +8,8 @@
 #include <filesystem>
 #include <string>
 
-#include "loco/model/transformer.h"
+#include "loco/model/options.h"
+#include "loco/model/transformer_fwd.h"
 #include "loco/runtime/store/safetensors.h"
 
 namespace loco::runtime {

@@ -6,6 +6,7 @@
 
 #include "loco/core/error.h"
 #include "loco/model/precision.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/worker/weights.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "loco/data/batcher.h"
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 #include "loco/optim/adamw.h"
 #include "loco/optim/schedule.h"
 

@@ -19,7 +19,7 @@
 #include "loco/metrics/telemetry.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/store/safetensors.h"

@@ -1,4 +1,5 @@
 #include "loco/runtime/worker/weights.h"
+#include "loco/runtime/worker/inference_model.h"
 
 #include <fmt/ranges.h>
 
@@ -14,6 +15,7 @@
 #include "loco/model/precision.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/worker/hugging_face.h"
+#include "loco/model/transformer.h"
 
 namespace loco::runtime {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "loco/data/batcher.h"
-#include "loco/model/transformer.h"
+#include "loco/model/transformer_fwd.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/store/safetensors.h"
@@ -41,15 +41,6 @@ NamedTensors model_weights(const model::Transformer& model);
 // Copies `weights` into the model; throws DataError naming a missing, extra or misshapen tensor.
 void load_model_weights(model::Transformer& model, const NamedTensors& weights, const std::string& where);
 
-// A checkpoint's model, for `loco eval` and `loco generate`: its config (data.dir replaced by
-// `data_dir` when given) and its weights (the global parameters when it holds them), on `device`,
-// in evaluation mode. Throws DataError for a missing or corrupt checkpoint.
-struct InferenceModel {
-  Checkpoint checkpoint;
-  RunConfig config;
-  model::Transformer model{nullptr};
-};
-InferenceModel load_for_inference(const std::string& checkpoint, const std::string& data_dir, const torch::Device& device);
 // Throws DataError unless `tokenizer_hash` (of `what`: a dataset, a tokenizer file) is the one the
 // checkpoint was trained with, hinting at --data.
 void check_same_tokenizer(uint64_t tokenizer_hash, const std::string& what, const Checkpoint& checkpoint);
