@@ -7,6 +7,7 @@
 #include "loco/comm/encoding.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/runtime/launch/link_check.h"
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/report/report.h"
@@ -109,7 +110,7 @@ class Simulate : public Command {
       fmt::print("{}", runtime::published_comparison_markdown());
       return 0;
     }
-    const fs::path file = request_.run_dir.empty() ? fs::path(config_file_) : request_.run_dir / "config.toml";
+    const fs::path file = request_.run_dir.empty() ? fs::path(config_file_) : RunFolder(request_.run_dir).config();
     const auto prepared = runtime::prepare_simulation(load_config_with(file.string(), cmd), request_);
     std::vector<double> all = {0.5, 0.8, 0.9, 0.95, 0.99};
     all.insert(all.end(), targets_.begin(), targets_.end());

@@ -50,8 +50,8 @@ std::string describe_summary(const runtime::TrainSummary& summary) {
 // traffic of one worker; then each worker's compute utilization.
 void print_launch_summary(const runtime::RunConfig& config, const runtime::LaunchResult& result) {
   std::vector<runtime::TrainSummary> summaries;
-  for (const auto& json : result.summaries) {
-    if (auto s = runtime::summary_from_json(json)) summaries.push_back(*s);
+  for (const auto& s : result.summaries) {
+    if (s) summaries.push_back(*s);
   }
   if (summaries.empty()) return;
   // The worker that scored the global parameters (worker 0; in an elastic run, the last leader).

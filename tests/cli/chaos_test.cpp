@@ -671,7 +671,7 @@ void ChaosTest::restart_a_dead_worker(const std::vector<std::string>& algorithm)
   const auto output = read_file(log("restarts"), "test");
   EXPECT_NE(output.find("started worker 1 again"), std::string::npos) << output;
   bool replacement_joined = false;
-  for (const auto& e : events("restarts", "joined")) replacement_joined = replacement_joined || e.value("slot", -1) == 1;
+  for (const auto& e : events("restarts", "slot_taken")) replacement_joined = replacement_joined || e.value("slot", -1) == 1;
   EXPECT_TRUE(replacement_joined) << "the new process took slot 1 and received the run's state";
   const auto completed = events("restarts", "round_complete");
   ASSERT_FALSE(completed.empty());

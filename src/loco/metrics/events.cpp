@@ -42,6 +42,35 @@ std::map<std::string, int64_t> byte_map(const json& j, const char* key) {
   }
   return out;
 }
+std::vector<int64_t> integers(const json& j, const char* key) {
+  std::vector<int64_t> out;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const auto& value : *it) {
+    if (value.is_number_integer()) out.push_back(value.get<int64_t>());
+  }
+  return out;
+}
+// The objects of array `key` (others skipped).
+std::vector<json> objects(const json& j, const char* key) {
+  std::vector<json> out;
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const auto& value : *it) {
+    if (value.is_object()) out.push_back(value);
+  }
+  return out;
+}
+json readers_json(const std::vector<SlotReader>& readers) {
+  json out = json::array();
+  for (const auto& r : readers) out.push_back({{"slot", r.slot}, {"member", r.member}});
+  return out;
+}
+std::vector<SlotReader> readers_from(const json& j) {
+  std::vector<SlotReader> out;
+  for (const auto& r : objects(j, "adopted")) out.push_back({integer(r, "slot"), integer(r, "member")});
+  return out;
+}
 // NaN as null, as the wire has it.
 json maybe(double value) { return std::isnan(value) ? json(nullptr) : json(value); }
 
@@ -108,14 +137,127 @@ json fields(const WorkerSummaryEvent& e) {
           {"bytes_read", e.bytes_read}, {"bytes_written", e.bytes_written}, {"wall_s", e.wall_s}, {"busy_s", e.busy_s},
           {"peak_rss_bytes", e.peak_rss_bytes}, {"interrupted", e.interrupted}};
 }
+json fields(const JoinedEvent& e) { return {{"worker", worker_json(e.worker)}, {"step", e.step}}; }
+json fields(const ShardsEvent& e) { return {{"worker", worker_json(e.worker)}, {"step", e.step}, {"adopted", e.adopted}}; }
+json fields(const CheckpointEvent& e) { return {{"worker", worker_json(e.worker)}, {"step", e.step}, {"path", e.path}}; }
+json fields(const PeerFailureEvent& e) {
+  return {{"worker", worker_json(e.worker)}, {"step", e.step}, {"error", e.error}, {"run_stopping", e.run_stopping}};
+}
+json fields(const MemberJoinEvent& e) {
+  return {{"member", e.member}, {"name", e.name}, {"slot", e.slot}, {"joiner", e.joiner}};
+}
+json fields(const SlotTakenEvent& e) {
+  return {{"member", e.member}, {"name", e.name}, {"slot", e.slot}, {"round", e.round}};
+}
+json fields(const MemberFailureEvent& e) {
+  return {{"member", e.member}, {"name", e.name}, {"slot", e.slot}, {"how", e.how}, {"noticed_after_s", e.noticed_after_s},
+          {"was_training", e.was_training}, {"discarded_steps", e.discarded_steps}};
+}
+json fields(const MemberLeaveEvent& e) {
+  return {{"member", e.member}, {"name", e.name}, {"slot", e.slot}, {"status", e.status}};
+}
+json fields(const RejoinEvent& e) {
+  return {{"member", e.member}, {"name", e.name}, {"slot", e.slot}, {"round", e.round}, {"reason", e.reason},
+          {"discarded_steps", e.discarded_steps}};
+}
+json fields(const CollectiveFailedEvent& e) {
+  return {{"reported_by", e.reported_by}, {"name", e.name}, {"epoch", e.epoch}, {"round", e.round}};
+}
+json fields(const LeftOutEvent& e) { return {{"round", e.round}, {"members", e.members}, {"waited_s", e.waited_s}}; }
+json fields(const MembershipEvent& e) {
+  json members = json::array();
+  for (const auto& m : e.members) {
+    members.push_back({{"rank", m.rank}, {"member", m.member}, {"name", m.name}, {"slot", m.slot}, {"joining", m.joining}});
+  }
+  return {{"epoch", e.epoch}, {"round", e.round}, {"members", members}, {"contributors", e.contributors},
+          {"joiners", e.joiners}, {"adopted", readers_json(e.adopted)}};
+}
+json fields(const RoundRetriedEvent& e) {
+  return {{"round", e.round}, {"epoch", e.epoch}, {"failed_epoch", e.failed_epoch}, {"participants", e.participants}};
+}
+json fields(const RoundCompleteEvent& e) {
+  json j = {{"round", e.round}, {"epoch", e.epoch}, {"step", e.step}, {"participants", e.participants},
+            {"contributors", e.contributors}, {"slots", e.slots}, {"short_handed", e.short_handed},
+            {"idle_slots", e.idle_slots}, {"adopted", readers_json(e.adopted)}, {"params_hash", e.params_hash}};
+  if (e.recovery_s >= 0) j["recovery_s"] = e.recovery_s;
+  return j;
+}
+json fields(const RestoredFromCheckpointEvent& e) {
+  return {{"round", e.round}, {"step", e.step >= 0 ? json(e.step) : json(nullptr)}, {"members", e.members}};
+}
+json fields(const CoordinatorRestoredEvent& e) {
+  return {{"epoch", e.epoch}, {"round", e.round}, {"live_members", e.live_members}};
+}
+json fields(const RunResumedEvent& e) {
+  return {{"step", e.step}, {"round", e.round}, {"slots_without_inner_state", e.slots_without_inner_state}};
+}
+json fields(const SlotsSummaryEvent& e) { return {{"rounds", e.rounds}, {"rounds_missed", e.rounds_missed}}; }
 json fields(const OtherEvent& e) {
   json j = e.fields.is_object() ? e.fields : json::object();
   if (e.worker.known()) j["worker"] = worker_json(e.worker);
   return j;
 }
 
+// The membership events: a worker's, then its coordinator's. nullopt for another kind.
+std::optional<Event> parse_membership(const std::string& kind, const json& j, const WorkerId& worker) {
+  if (kind == "joined" && !j.contains("member")) return JoinedEvent{worker, integer(j, "step")};
+  if (kind == "shards") return ShardsEvent{worker, integer(j, "step"), integers(j, "adopted")};
+  if (kind == "checkpoint") return CheckpointEvent{worker, integer(j, "step"), text(j, "path")};
+  if (kind == "peer_failure") return PeerFailureEvent{worker, integer(j, "step"), text(j, "error"), flag(j, "run_stopping")};
+  if (kind == "join") {
+    return MemberJoinEvent{worker, integer(j, "member"), text(j, "name"), integer(j, "slot"), flag(j, "joiner")};
+  }
+  // "joined" with a member: as loco wrote the coordinator's slot_taken before it had a name of its own.
+  if (kind == "slot_taken" || kind == "joined") {
+    return SlotTakenEvent{worker, integer(j, "member"), text(j, "name"), integer(j, "slot"), integer(j, "round")};
+  }
+  if (kind == "failure") {
+    return MemberFailureEvent{worker, integer(j, "member"), text(j, "name"), integer(j, "slot"), text(j, "how"),
+                              number(j, "noticed_after_s", 0), flag(j, "was_training"), integer(j, "discarded_steps")};
+  }
+  if (kind == "leave") return MemberLeaveEvent{worker, integer(j, "member"), text(j, "name"), integer(j, "slot"), text(j, "status")};
+  if (kind == "rejoin") {
+    return RejoinEvent{worker, integer(j, "member"), text(j, "name"), integer(j, "slot"), integer(j, "round"),
+                       text(j, "reason"), integer(j, "discarded_steps")};
+  }
+  if (kind == "collective_failed") {
+    return CollectiveFailedEvent{worker, integer(j, "reported_by"), text(j, "name"), integer(j, "epoch"), integer(j, "round")};
+  }
+  if (kind == "left_out") return LeftOutEvent{worker, integer(j, "round"), integers(j, "members"), number(j, "waited_s", 0)};
+  if (kind == "membership") {
+    MembershipEvent e{worker, integer(j, "epoch"), integer(j, "round"), {}, integer(j, "contributors"),
+                      integer(j, "joiners"), readers_from(j)};
+    for (const auto& m : objects(j, "members")) {
+      e.members.push_back({integer(m, "rank"), integer(m, "member"), text(m, "name"), integer(m, "slot"), flag(m, "joining")});
+    }
+    return e;
+  }
+  if (kind == "round_retried") {
+    return RoundRetriedEvent{worker, integer(j, "round"), integer(j, "epoch"), integer(j, "failed_epoch"),
+                             integer(j, "participants")};
+  }
+  if (kind == "round_complete") {
+    return RoundCompleteEvent{worker, integer(j, "round"), integer(j, "epoch"), integer(j, "step"),
+                              integer(j, "participants"), integer(j, "contributors"), integer(j, "slots"),
+                              flag(j, "short_handed"), integers(j, "idle_slots"), readers_from(j),
+                              text(j, "params_hash"), number(j, "recovery_s", -1)};
+  }
+  if (kind == "restored_from_checkpoint") {
+    return RestoredFromCheckpointEvent{worker, integer(j, "round"), integer(j, "step", -1), integers(j, "members")};
+  }
+  if (kind == "coordinator_restored") {
+    return CoordinatorRestoredEvent{worker, integer(j, "epoch"), integer(j, "round"), integer(j, "live_members")};
+  }
+  if (kind == "run_resumed") {
+    return RunResumedEvent{worker, integer(j, "step"), integer(j, "round"), integers(j, "slots_without_inner_state")};
+  }
+  if (kind == "slots_summary") return SlotsSummaryEvent{worker, integer(j, "rounds"), integers(j, "rounds_missed")};
+  return std::nullopt;
+}
+
 Event parse(const std::string& kind, const json& j) {
   const auto worker = worker_from(j);
+  if (auto membership = parse_membership(kind, j, worker)) return std::move(*membership);
   if (kind == "start" || kind == "resume") {
     return StartEvent{worker, kind == "resume", integer(j, "world_size", 1), integer(j, "step"), integer(j, "parameters"),
                       text(j, "device"), text(j, "sync"), integer(j, "threads", 1)};
@@ -224,6 +366,24 @@ std::string kind_of(const Event& event) {
     std::string operator()(const StepTaskEvent&) const { return "step_task"; }
     std::string operator()(const RouteTaskEvent&) const { return "route_task"; }
     std::string operator()(const WorkerSummaryEvent&) const { return "worker_summary"; }
+    std::string operator()(const JoinedEvent&) const { return "joined"; }
+    std::string operator()(const ShardsEvent&) const { return "shards"; }
+    std::string operator()(const CheckpointEvent&) const { return "checkpoint"; }
+    std::string operator()(const PeerFailureEvent&) const { return "peer_failure"; }
+    std::string operator()(const MemberJoinEvent&) const { return "join"; }
+    std::string operator()(const SlotTakenEvent&) const { return "slot_taken"; }
+    std::string operator()(const MemberFailureEvent&) const { return "failure"; }
+    std::string operator()(const MemberLeaveEvent&) const { return "leave"; }
+    std::string operator()(const RejoinEvent&) const { return "rejoin"; }
+    std::string operator()(const CollectiveFailedEvent&) const { return "collective_failed"; }
+    std::string operator()(const LeftOutEvent&) const { return "left_out"; }
+    std::string operator()(const MembershipEvent&) const { return "membership"; }
+    std::string operator()(const RoundRetriedEvent&) const { return "round_retried"; }
+    std::string operator()(const RoundCompleteEvent&) const { return "round_complete"; }
+    std::string operator()(const RestoredFromCheckpointEvent&) const { return "restored_from_checkpoint"; }
+    std::string operator()(const CoordinatorRestoredEvent&) const { return "coordinator_restored"; }
+    std::string operator()(const RunResumedEvent&) const { return "run_resumed"; }
+    std::string operator()(const SlotsSummaryEvent&) const { return "slots_summary"; }
     std::string operator()(const OtherEvent& e) const { return e.kind; }
   };
   return std::visit(Kind{}, event);

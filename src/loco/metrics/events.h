@@ -8,8 +8,12 @@
 //   sync             one synchronization (a round or a fragment) eval    the global parameters scored
 //   summary          a training loop's end (TrainSummary)
 //   path_task, step_task, route_task, worker_summary            a DiPaCo worker's tasks and its end
-// Anything else (checkpoints, joins, the coordinator's membership events) is an OtherEvent: its
-// kind, its worker, its fields as written.
+//   joined, shards, checkpoint, peer_failure                     a dense worker's own moments
+//   join, slot_taken, failure, leave, rejoin, collective_failed, left_out, membership,
+//   round_retried, round_complete, restored_from_checkpoint,
+//   coordinator_restored, run_resumed, slots_summary              an elastic run's coordinator
+// A kind this loco does not know (a newer writer's) reads as an OtherEvent: its kind, its worker, its
+// fields as written. Nothing writes one.
 //
 // Reading never throws on a bad line or a bad field (a line cut short by a killed process, a
 // hostile telemetry body): a line that is no event is skipped, a missing or mistyped number reads
@@ -144,6 +148,133 @@ struct WorkerSummaryEvent {
   bool interrupted = false;
 };
 
+// A dense worker's moments (runtime/worker).
+struct JoinedEvent {  // "joined": a worker that joined a running elastic run, at `step`
+  WorkerId worker;
+  int64_t step = 0;
+};
+struct ShardsEvent {  // "shards": the shards a worker reads changed; `adopted`: the vacant slots it reads
+  WorkerId worker;
+  int64_t step = 0;
+  std::vector<int64_t> adopted;
+};
+struct CheckpointEvent {
+  WorkerId worker;
+  int64_t step = 0;
+  std::string path;
+};
+struct PeerFailureEvent {  // the worker's collective failed: a peer died, or the run is stopping
+  WorkerId worker;
+  int64_t step = 0;
+  std::string error;
+  bool run_stopping = false;
+};
+
+// An elastic run's membership as its coordinator sees it (runtime/coordinator/membership.h);
+// written by nobody (worker unknown). Members are numbered as admitted; slots are the shards.
+struct MemberJoinEvent {  // "join": a process admitted as `member` for `slot`
+  WorkerId worker;
+  int64_t member = 0;
+  std::string name;
+  int64_t slot = 0;
+  bool joiner = false;  // joined a started run: it receives the state at the next round
+};
+struct SlotTakenEvent {  // "slot_taken": a joiner took part in `round` and now trains `slot`
+  WorkerId worker;
+  int64_t member = 0;
+  std::string name;
+  int64_t slot = 0, round = 0;
+};
+struct MemberFailureEvent {  // "failure"
+  WorkerId worker;
+  int64_t member = 0;
+  std::string name;
+  int64_t slot = 0;
+  std::string how;
+  double noticed_after_s = 0;
+  bool was_training = false;
+  int64_t discarded_steps = 0;
+};
+struct MemberLeaveEvent {  // "leave": a member ended on its own (`status`: finished, failed, ...)
+  WorkerId worker;
+  int64_t member = 0;
+  std::string name;
+  int64_t slot = 0;
+  std::string status;
+};
+struct RejoinEvent {  // a member whose round completed without it must join again
+  WorkerId worker;
+  int64_t member = 0;
+  std::string name;
+  int64_t slot = 0, round = 0;
+  std::string reason;
+  int64_t discarded_steps = 0;
+};
+struct CollectiveFailedEvent {
+  WorkerId worker;
+  int64_t reported_by = 0;
+  std::string name;
+  int64_t epoch = 0, round = 0;
+};
+struct LeftOutEvent {  // the round went on without `members`, later than sync.round_grace_s
+  WorkerId worker;
+  int64_t round = 0;
+  std::vector<int64_t> members;
+  double waited_s = 0;
+};
+struct SlotReader {  // a shard read by a member other than its slot's
+  int64_t slot = 0, member = 0;
+  bool operator==(const SlotReader&) const = default;
+};
+struct EpochMember {
+  int64_t rank = 0, member = 0;
+  std::string name;
+  int64_t slot = 0;
+  bool joining = false;
+  bool operator==(const EpochMember&) const = default;
+};
+struct MembershipEvent {  // "membership": a new epoch, the members by rank
+  WorkerId worker;
+  int64_t epoch = 0, round = 0;
+  std::vector<EpochMember> members;
+  int64_t contributors = 0, joiners = 0;
+  std::vector<SlotReader> adopted;
+};
+struct RoundRetriedEvent {
+  WorkerId worker;
+  int64_t round = 0, epoch = 0, failed_epoch = 0, participants = 0;
+};
+struct RoundCompleteEvent {
+  WorkerId worker;
+  int64_t round = 0, epoch = 0, step = 0;
+  int64_t participants = 0, contributors = 0, slots = 0;
+  bool short_handed = false;
+  std::vector<int64_t> idle_slots;
+  std::vector<SlotReader> adopted;
+  std::string params_hash;
+  double recovery_s = -1;  // since the failure that broke the epoch (-1: none)
+};
+struct RestoredFromCheckpointEvent {  // no live member held the run's state
+  WorkerId worker;
+  int64_t round = 0;
+  int64_t step = -1;  // -1: none
+  std::vector<int64_t> members;
+};
+struct CoordinatorRestoredEvent {  // a restarted coordinator read its table back
+  WorkerId worker;
+  int64_t epoch = 0, round = 0, live_members = 0;
+};
+struct RunResumedEvent {
+  WorkerId worker;
+  int64_t step = 0, round = 0;
+  std::vector<int64_t> slots_without_inner_state;
+};
+struct SlotsSummaryEvent {  // at the end: rounds each slot sat idle
+  WorkerId worker;
+  int64_t rounds = 0;
+  std::vector<int64_t> rounds_missed;
+};
+
 struct OtherEvent {
   std::string kind;
   WorkerId worker;
@@ -151,7 +282,11 @@ struct OtherEvent {
 };
 
 using Event = std::variant<StartEvent, TrainEvent, SyncEvent, EvalEvent, SummaryEvent, PathTaskEvent, StepTaskEvent,
-                           RouteTaskEvent, WorkerSummaryEvent, OtherEvent>;
+                           RouteTaskEvent, WorkerSummaryEvent, JoinedEvent, ShardsEvent, CheckpointEvent,
+                           PeerFailureEvent, MemberJoinEvent, SlotTakenEvent, MemberFailureEvent, MemberLeaveEvent,
+                           RejoinEvent, CollectiveFailedEvent, LeftOutEvent, MembershipEvent, RoundRetriedEvent,
+                           RoundCompleteEvent, RestoredFromCheckpointEvent, CoordinatorRestoredEvent, RunResumedEvent,
+                           SlotsSummaryEvent, OtherEvent>;
 
 struct TimedEvent {
   double time = 0;  // seconds since the Unix epoch

@@ -17,8 +17,7 @@ class MetricsLog {
  public:
   MetricsLog() = default;  // discards events
   explicit MetricsLog(const std::filesystem::path& path);
-  // `fields` must be an object; "event" and "time" are added in front. Throws Error on I/O failure.
-  void write(const std::string& event, const nlohmann::json& fields);
+  // Appends `event` with "event" (its kind) and "time" in front. Throws Error on I/O failure.
   void write(const Event& event);
   // Every event written from now on is also recorded there (nullptr: not); it must outlive this log.
   void tee(Telemetry* telemetry) { tee_ = telemetry; }

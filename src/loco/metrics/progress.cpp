@@ -52,15 +52,50 @@ std::string Progress::status_line(int64_t step, double loss, double tokens_per_s
                      tokens_per_s, sync, format_duration(elapsed), format_duration(eta));
 }
 
+std::string progress_line_json(const ProgressLine& line) {
+  nlohmann::json j = nlohmann::json::object();
+  if (line.progress) {
+    const auto& p = *line.progress;
+    nlohmann::json state = {{"step", p.step}, {"steps", p.steps}, {"loss", p.loss}, {"tokens_per_s", p.tokens_per_s}};
+    if (p.round >= 0) {
+      state["round"] = p.round;
+      state["bytes_sent"] = p.bytes_sent;
+    }
+    j["progress"] = state;
+  }
+  if (line.message) j["message"] = *line.message;
+  return j.dump();
+}
+
+std::optional<ProgressLine> parse_progress_line(std::string_view text) {
+  if (text.empty() || text.front() != '{') return std::nullopt;
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  ProgressLine line;
+  const auto progress = j.find("progress");
+  if (progress != j.end() && progress->is_object()) {
+    const auto number = [&](const char* key, double otherwise) {
+      const auto it = progress->find(key);
+      return it != progress->end() && it->is_number() ? it->get<double>() : otherwise;
+    };
+    const auto integer = [&](const char* key, int64_t otherwise) {
+      const auto it = progress->find(key);
+      return it != progress->end() && it->is_number_integer() ? it->get<int64_t>() : otherwise;
+    };
+    line.progress = ProgressReport{integer("step", 0), integer("steps", 0), number("loss", NAN),
+                                   number("tokens_per_s", 0), integer("round", -1), integer("bytes_sent", 0)};
+  }
+  const auto message = j.find("message");
+  if (message != j.end() && message->is_string()) line.message = message->get<std::string>();
+  if (!line.progress && !line.message) return std::nullopt;
+  return line;
+}
+
 void Progress::update(int64_t step, double loss, double tokens_per_s, bool log_line) {
   if (mode_ == ProgressMode::kJson) {
     if (!log_line) return;
-    nlohmann::json state = {{"step", step}, {"steps", total_steps_}, {"loss", loss}, {"tokens_per_s", tokens_per_s}};
-    if (rounds_ >= 0) {
-      state["round"] = rounds_;
-      state["bytes_sent"] = bytes_sent_;
-    }
-    fmt::print(out_, "{}\n", nlohmann::json{{"progress", state}}.dump());
+    const ProgressReport report{step, total_steps_, loss, tokens_per_s, rounds_, rounds_ >= 0 ? bytes_sent_ : 0};
+    fmt::print(out_, "{}\n", progress_line_json({report, std::nullopt}));
     std::fflush(out_);
     return;
   }
@@ -83,7 +118,7 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, bool log_l
 
 void Progress::message(const std::string& text) {
   if (mode_ == ProgressMode::kJson) {
-    fmt::print(out_, "{}\n", nlohmann::json{{"message", text}}.dump());
+    fmt::print(out_, "{}\n", progress_line_json({std::nullopt, text}));
     std::fflush(out_);
     return;
   }

@@ -6,13 +6,30 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace loco::metrics {
 
 enum class ProgressMode { kBar, kLines, kJson };
+
+// kJson's lines, typed: written by Progress, read back by `loco launch` (parse_progress_line).
+struct ProgressReport {
+  int64_t step = 0, steps = 0;
+  double loss = NAN, tokens_per_s = 0;
+  int64_t round = -1, bytes_sent = 0;  // round -1: no synchronization yet (bytes_sent not shown)
+};
+struct ProgressLine {
+  std::optional<ProgressReport> progress;  // {"progress": {...}}
+  std::optional<std::string> message;      // {"message": "..."}
+};
+std::string progress_line_json(const ProgressLine& line);
+// nullopt for a line that is not one of these (a worker's other output).
+std::optional<ProgressLine> parse_progress_line(std::string_view text);
 
 class Progress {
  public:

@@ -136,7 +136,9 @@ TEST(Coordinator, WorkersJoinStartAndShareTheStore) {
   auto result = running.coordinator.wait_for(5s);
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->outcome, RunOutcome::kStopped);
-  EXPECT_EQ(result->summaries[1]["steps"], 8);
+  ASSERT_EQ(result->summaries.size(), 2u);
+  ASSERT_TRUE(result->summaries[1].has_value());
+  EXPECT_EQ(result->summaries[1]->steps, 8);
 }
 
 TEST(Coordinator, RefusesWorkersThatDoNotFit) {

@@ -11,6 +11,15 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = MembershipTable::Clock;
 
+// The first event of type T among `events`, or nullptr.
+template <typename T>
+const T* first_of(const std::vector<metrics::Event>& events) {
+  for (const auto& e : events) {
+    if (const auto* typed = std::get_if<T>(&e)) return typed;
+  }
+  return nullptr;
+}
+
 class MembershipTest : public ::testing::Test {
  protected:
   MembershipTable table{MembershipOptions{3, 1, 10s, 100}};
@@ -55,7 +64,7 @@ class MembershipTest : public ::testing::Test {
   }
   std::vector<std::string> event_names() {
     std::vector<std::string> out;
-    for (const auto& e : table.take_events()) out.push_back(e["event"]);
+    for (const auto& e : table.take_events()) out.push_back(metrics::kind_of(e));
     return out;
   }
 };
@@ -103,10 +112,10 @@ TEST_F(MembershipTest, ASilentMemberIsDeclaredFailedAndTheRoundGoesOnWithoutIt) 
   EXPECT_EQ(go.size, 2);
   EXPECT_EQ(go.epoch, 1);
   const auto events = table.take_events();
-  const auto failure = std::find_if(events.begin(), events.end(), [](const auto& e) { return e["event"] == "failure"; });
-  ASSERT_NE(failure, events.end());
-  EXPECT_EQ((*failure)["member"], c);
-  EXPECT_EQ((*failure)["discarded_steps"], 3) << "the work it took since the last round is lost";
+  const auto* failure = first_of<metrics::MemberFailureEvent>(events);
+  ASSERT_NE(failure, nullptr);
+  EXPECT_EQ(failure->member, c);
+  EXPECT_EQ(failure->discarded_steps, 3) << "the work it took since the last round is lost";
   EXPECT_EQ(go.slots[2].owner, -1) << "its slot is vacant";
   // The frozen member comes back: it is no longer a member.
   EXPECT_EQ(arrive(c, 1, 5).action, protocol::RoundAction::kRejoin);
@@ -216,10 +225,11 @@ TEST_F(MembershipTest, AVacantSlotsShardIsReadByAParticipantUntilItHasAnOwnerAga
   done(a, go, 15);
   done(b, go, 15);
   const auto events = table.take_events();
-  const auto complete = std::find_if(events.begin(), events.end(), [](const auto& e) { return e["event"] == "round_complete"; });
-  ASSERT_NE(complete, events.end());
-  EXPECT_TRUE((*complete)["idle_slots"].empty()) << "slot 2's shard was read this round";
-  EXPECT_EQ((*complete)["adopted"][0]["member"], a);
+  const auto* complete = first_of<metrics::RoundCompleteEvent>(events);
+  ASSERT_NE(complete, nullptr);
+  EXPECT_TRUE(complete->idle_slots.empty()) << "slot 2's shard was read this round";
+  ASSERT_FALSE(complete->adopted.empty());
+  EXPECT_EQ(complete->adopted[0].member, a);
   EXPECT_EQ(table.rounds_missed()[2], 1) << "only round 2, before anyone read it";
   // A replacement takes slot 2: it starts where a left the shard, and reads it from then on.
   std::string why;
@@ -442,8 +452,8 @@ TEST_F(GraceRounds, ARoundWhoseCollectiveFailedWaitsForItsParticipantsNotTheGrac
   EXPECT_EQ(arrive(a, go.epoch).action, protocol::RoundAction::kRejoin) << "a's θ of round 1 is stale";
   int64_t completed = 0, retried = 0;
   for (const auto& e : table.take_events()) {
-    completed += e["event"] == "round_complete" ? 1 : 0;
-    retried += e["event"] == "round_retried" ? 1 : 0;
+    completed += std::holds_alternative<metrics::RoundCompleteEvent>(e) ? 1 : 0;
+    retried += std::holds_alternative<metrics::RoundRetriedEvent>(e) ? 1 : 0;
   }
   EXPECT_EQ(completed, 1);
   EXPECT_EQ(retried, 0);
@@ -474,17 +484,17 @@ TEST_F(GraceRounds, ALateMemberIsLeftOutAfterTheGrace) {
   EXPECT_EQ(go.size, 2);
   EXPECT_EQ(go.step, 12) << "the round's step is the furthest contributor's";
   const auto events = table.take_events();
-  const auto left_out = std::find_if(events.begin(), events.end(), [](const auto& e) { return e["event"] == "left_out"; });
-  ASSERT_NE(left_out, events.end());
-  EXPECT_EQ((*left_out)["members"], nlohmann::json::array({c}));
+  const auto* left_out = first_of<metrics::LeftOutEvent>(events);
+  ASSERT_NE(left_out, nullptr);
+  EXPECT_EQ(left_out->members, std::vector<int64_t>{c});
   EXPECT_EQ(arrive(c, 1, 4).action, protocol::RoundAction::kWait) << "the round is under way without it";
   EXPECT_FALSE(table.round_done({a, 1, go.epoch, 12, 7}, now));
   EXPECT_EQ(table.rounds_missed(), (std::vector<int64_t>{0, 0, 1})) << "slot 2 sat this round out";
   EXPECT_EQ(arrive(c, 1, 4).action, protocol::RoundAction::kRejoin);
   const auto rejoin = table.take_events();
-  const auto r = std::find_if(rejoin.begin(), rejoin.end(), [](const auto& e) { return e["event"] == "rejoin"; });
-  ASSERT_NE(r, rejoin.end());
-  EXPECT_EQ((*r)["discarded_steps"], 4);
+  const auto* r = first_of<metrics::RejoinEvent>(rejoin);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->discarded_steps, 4);
 }
 
 // Without time-budgeted rounds a round waits for every live member, however late.

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "loco/metrics/events.h"
 #include "loco/runtime/config/config.h"
 #include "loco/runtime/coordinator/protocol.h"
 
@@ -69,7 +70,7 @@ enum class RunOutcome { kFinished, kStopped, kFailed };
 struct CoordinatorResult {
   RunOutcome outcome = RunOutcome::kFinished;
   std::string message;                    // why it stopped or failed
-  std::vector<nlohmann::json> summaries;  // each worker's summary, by rank (empty when none came)
+  std::vector<std::optional<metrics::TrainSummary>> summaries;  // each worker's, by rank (none when none came)
 };
 
 class Coordinator {

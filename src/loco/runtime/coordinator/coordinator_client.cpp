@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 
 namespace loco::runtime {
 namespace {
@@ -82,7 +83,7 @@ class HttpKeyValueStore final : public comm::KeyValueStore {
 ClientSecurity client_security(const RunConfig& config) {
   ClientSecurity s;
   s.token = auth::resolve_token(join_token(config.cluster), config.run.dir);
-  if (s.token.empty() && join_token(config.cluster).empty()) s.token_file = std::filesystem::path(config.run.dir) / "join_token";
+  if (s.token.empty() && join_token(config.cluster).empty()) s.token_file = RunFolder(config.run.dir).join_token();
   s.tls_ca = config.cluster.tls_ca.empty() ? config.cluster.tls_cert : config.cluster.tls_ca;
   s.tls = !s.tls_ca.empty();
   return s;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "loco/core/hash.h"
+#include "loco/core/run_folder.h"
 #include "loco/runtime/coordinator/events.h"
 #include "loco/runtime/store/checkpoint.h"
 
@@ -40,8 +41,8 @@ ElasticRun::ElasticRun(const CoordinatorOptions& options, RunStatus& status, Run
       status_(status),
       identity_(identity),
       table_(membership_options(options.config)),
-      events_(fs::path(options.config.run.dir) / "metrics.jsonl"),
-      state_file_(fs::path(options.config.run.dir) / "coordinator.json") {
+      events_(RunFolder(options.config.run.dir).metrics()),
+      state_file_(RunFolder(options.config.run.dir).coordinator_state()) {
   if (options_.resume) {
     restore_from_checkpoint();
   } else if (fs::exists(state_file_)) {
@@ -87,8 +88,7 @@ void ElasticRun::restore_live_state() {
   log(fmt::format("continuing run {} from {}: epoch {}, {} rounds completed, {} live members (each has "
                   "cluster.dead_after_s to be heard from)", status_.run_id(), state_file_.string(), table_.epoch(),
                   table_.rounds_completed(), table_.live_members()));
-  events_.write("coordinator_restored", {{"epoch", table_.epoch()}, {"round", table_.rounds_completed()},
-                                         {"live_members", table_.live_members()}});
+  events_.write(metrics::CoordinatorRestoredEvent{{}, table_.epoch(), table_.rounds_completed(), table_.live_members()});
   saved_state_ = saved.dump();
 }
 
@@ -114,13 +114,13 @@ void ElasticRun::persist() {
 // of a round for which every slot's inner state was saved too (then the run continues as if never
 // stopped), else the newest. Its round and slot positions become the table's.
 void ElasticRun::restore_from_checkpoint() {
-  const fs::path run(options_.config.run.dir);
-  const auto global = CheckpointStore(run / "checkpoints", 1).steps();
+  const RunFolder run(options_.config.run.dir);
+  const auto global = CheckpointStore(run.checkpoints(), 1).steps();
   if (global.empty()) {
-    throw DataError("coordinator", fmt::format("--resume: {} holds no global checkpoint", (run / "checkpoints").string()));
+    throw DataError("coordinator", fmt::format("--resume: {} holds no global checkpoint", run.checkpoints().string()));
   }
   std::vector<std::vector<int64_t>> slot_steps;
-  for (int64_t s = 0; s < workers(); ++s) slot_steps.push_back(CheckpointStore(slot_state_dir(run, s), 1).steps());
+  for (int64_t s = 0; s < workers(); ++s) slot_steps.push_back(CheckpointStore(run.slot_state(s), 1).steps());
   const auto has = [](const std::vector<int64_t>& steps, int64_t step) {
     return std::find(steps.begin(), steps.end(), step) != steps.end();
   };
@@ -136,14 +136,14 @@ void ElasticRun::restore_from_checkpoint() {
   for (int64_t s = 0; s < workers(); ++s) {
     if (!has(slot_steps[static_cast<size_t>(s)], step)) fresh.push_back(s);
   }
-  log(fmt::format("resuming from {} (round {}, step {}){}", CheckpointStore(run / "checkpoints", 1).at(step).string(), round,
+  log(fmt::format("resuming from {} (round {}, step {}){}", CheckpointStore(run.checkpoints(), 1).at(step).string(), round,
                   step, fresh.empty() ? "" : fmt::format("; slot(s) {} have no inner state of that step: their AdamW "
                                                          "moments start from the leader's", fmt::join(fresh, ", "))));
-  events_.write("run_resumed", {{"step", step}, {"round", round}, {"slots_without_inner_state", fresh}});
+  events_.write(metrics::RunResumedEvent{{}, step, round, fresh});
 }
 
 std::pair<int64_t, std::vector<data::SamplerPosition>> ElasticRun::read_global_checkpoint(int64_t step) const {
-  const auto checkpoint = load_checkpoint(CheckpointStore(fs::path(options_.config.run.dir) / "checkpoints", 1).at(step));
+  const auto checkpoint = load_checkpoint(CheckpointStore(RunFolder(options_.config.run.dir).checkpoints(), 1).at(step));
   const auto& run = checkpoint.state.run;
   if (!run || static_cast<int64_t>(run->shards.size()) != workers()) {
     throw DataError("coordinator", fmt::format("{} is not the global checkpoint of an elastic run of {} slots: its "
@@ -158,7 +158,7 @@ std::pair<int64_t, std::vector<data::SamplerPosition>> ElasticRun::read_global_c
 // Members wait for the run's state and no active member is left to send it (every one failed):
 // they continue from the newest global checkpoint instead (docs/failure-model.md).
 void ElasticRun::restart_orphans() {
-  const fs::path checkpoints = fs::path(options_.config.run.dir) / "checkpoints";
+  const fs::path checkpoints = RunFolder(options_.config.run.dir).checkpoints();
   const auto steps = CheckpointStore(checkpoints, 1).steps();
   try {
     if (steps.empty()) {
@@ -184,12 +184,10 @@ void ElasticRun::restart_orphans() {
 
 // Writes the table's events to the log and metrics.jsonl, then saves the table.
 void ElasticRun::flush_events() {
-  for (auto& e : table_.take_events()) {
-    const std::string name = e["event"].get<std::string>();
-    e.erase("event");
-    log(describe_event(name, e));
+  for (const auto& e : table_.take_events()) {
+    log(describe_event(e));
     try {
-      events_.write(name, e);
+      events_.write(e);
     } catch (const std::exception& error) {
       log(fmt::format("cannot write metrics.jsonl: {}", error.what()));
     }
@@ -351,7 +349,7 @@ void ElasticRun::check_end(Clock::time_point now) {
                       "that much less than the others", s, missed[s], table_.rounds_completed()));
     }
   }
-  events_.write("slots_summary", {{"rounds", table_.rounds_completed()}, {"rounds_missed", missed}});
+  events_.write(metrics::SlotsSummaryEvent{{}, table_.rounds_completed(), missed});
   status_.enter(Phase::kFinished);
   persist();
 }
@@ -362,7 +360,7 @@ CoordinatorResult ElasticRun::result() const {
   result.message = status_.reason();
   bool any_stopped = false;
   for (const auto& [id, m] : ended_) {
-    result.summaries.push_back(m.summary);
+    result.summaries.push_back(metrics::summary_from_json(m.summary));
     if (m.status == protocol::EndStatus::kStopped) any_stopped = true;
   }
   result.outcome = status_.phase() == Phase::kFailed     ? RunOutcome::kFailed

@@ -198,7 +198,7 @@ CoordinatorResult FixedRun::result() const {
   result.message = status_.reason();
   bool any_failed = status_.phase() == Phase::kFailed, any_stopped = false;
   for (const auto& m : members_) {
-    result.summaries.push_back(m ? m->summary : nlohmann::json::object());
+    result.summaries.push_back(m ? metrics::summary_from_json(m->summary) : std::nullopt);
     if (m && m->status == EndStatus::kFailed) {
       any_failed = true;
       if (result.message.empty()) result.message = m->error;

@@ -53,7 +53,7 @@ std::optional<MembershipTable::Joined> MembershipTable::join(const std::string& 
   members_.emplace(id, std::move(member));
   auto& record = slots_[static_cast<size_t>(*slot)];
   record.owner = id;
-  event({{"event", "join"}, {"member", id}, {"name", name}, {"slot", *slot}, {"joiner", started_}});
+  event(metrics::MemberJoinEvent{{}, id, name, *slot, started_});
   return Joined{id, *slot, started_, record.position};
 }
 
@@ -142,8 +142,7 @@ void MembershipTable::fail_member(int64_t id, const std::string& how, double not
   const int64_t discarded = unsynchronized_steps(m);
   drop(m, id);
   if (std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) epoch_broken_ = true;
-  event({{"event", "failure"}, {"member", id}, {"name", m.name}, {"slot", m.slot}, {"how", how},
-         {"noticed_after_s", noticed_after_s}, {"was_training", was_active}, {"discarded_steps", discarded}});
+  event(metrics::MemberFailureEvent{{}, id, m.name, m.slot, how, noticed_after_s, was_active, discarded});
   if (!failure_noticed_) failure_noticed_ = now;
   try_convene(now);
 }
@@ -187,7 +186,7 @@ void MembershipTable::leave(int64_t id, protocol::EndStatus status, Clock::time_
   if (status == protocol::EndStatus::kFailed && std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end()) {
     epoch_broken_ = true;
   }
-  event({{"event", "leave"}, {"member", id}, {"name", m.name}, {"slot", m.slot}, {"status", protocol::to_string(status)}});
+  event(metrics::MemberLeaveEvent{{}, id, m.name, m.slot, std::string(protocol::to_string(status))});
   try_convene(now);
 }
 
@@ -227,8 +226,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
       // Its collective in that epoch failed: the epoch is broken, and the round is convened again.
       if (m.go->epoch == epoch_ && !epoch_broken_) {
         epoch_broken_ = true;
-        event({{"event", "collective_failed"}, {"reported_by", request.member}, {"name", m.name}, {"epoch", m.go->epoch},
-               {"round", m.go->round}});
+        event(metrics::CollectiveFailedEvent{{}, request.member, m.name, m.go->epoch, m.go->round});
         if (!failure_noticed_) failure_noticed_ = now;
       }
       m.go.reset();
@@ -245,8 +243,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
       const int64_t slot = m.slot;
       const int64_t discarded = unsynchronized_steps(m);
       drop(m, request.member);
-      event({{"event", "rejoin"}, {"member", request.member}, {"name", m.name}, {"slot", slot}, {"round", request.round},
-             {"reason", "its round completed without it"}, {"discarded_steps", discarded}});
+      event(metrics::RejoinEvent{{}, request.member, m.name, slot, request.round, "its round completed without it", discarded});
       reply.action = protocol::RoundAction::kRejoin;
       reply.reason = fmt::format("round {} completed without this worker (its collective failed, or it was later than "
                                  "sync.round_grace_s)", request.round);
@@ -296,7 +293,7 @@ void MembershipTable::try_convene(Clock::time_point now) {
     // Someone is still training this round: wait for it, unless rounds are time-budgeted and it
     // is later than the grace (it is then left out; when it arrives, it rejoins).
     if (!options_.round_grace || !first_arrival_ || now - *first_arrival_ < *options_.round_grace) return;
-    event({{"event", "left_out"}, {"round", next}, {"members", late}, {"waited_s", seconds_between(*first_arrival_, now)}});
+    event(metrics::LeftOutEvent{{}, next, late, seconds_between(*first_arrival_, now)});
   }
   // Ranks follow the slots, not the order of joining: a run's collectives then sum in the same
   // order whenever the same slots take part, and a resumed run repeats the uninterrupted one.
@@ -312,22 +309,20 @@ void MembershipTable::try_convene(Clock::time_point now) {
     ++epoch_;
     epoch_members_ = participants;
     epoch_broken_ = false;
-    nlohmann::json list = nlohmann::json::array();
+    std::vector<metrics::EpochMember> list;
     for (size_t r = 0; r < participants.size(); ++r) {
       const auto& m = members_.at(participants[r]);
-      list.push_back({{"rank", r}, {"member", participants[r]}, {"name", m.name}, {"slot", m.slot},
-                      {"joining", m.state == State::kJoining}});
+      list.push_back({static_cast<int64_t>(r), participants[r], m.name, m.slot, m.state == State::kJoining});
     }
     std::map<int64_t, int64_t> dealt;  // the shards read by a member other than their slot's
     for (size_t s = 0; s < readers.size(); ++s) {
       if (members_.at(readers[s]).slot != static_cast<int64_t>(s)) dealt[static_cast<int64_t>(s)] = readers[s];
     }
-    event({{"event", "membership"}, {"epoch", epoch_}, {"round", next}, {"members", list},
-           {"contributors", active.size()}, {"joiners", joiners.size()}, {"adopted", adopted_json(dealt)}});
+    event(metrics::MembershipEvent{{}, epoch_, next, std::move(list), static_cast<int64_t>(active.size()),
+                                   static_cast<int64_t>(joiners.size()), slot_readers(dealt)});
   }
   if (convened_ && convened_->round == next) {
-    event({{"event", "round_retried"}, {"round", next}, {"epoch", epoch_}, {"failed_epoch", convened_->epoch},
-           {"participants", participants.size()}});
+    event(metrics::RoundRetriedEvent{{}, next, epoch_, convened_->epoch, static_cast<int64_t>(participants.size())});
   }
   Convened convened;
   convened.round = next;
@@ -452,12 +447,12 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
         ++rounds_missed_[static_cast<size_t>(s)];
       }
     }
-    nlohmann::json e = {{"event", "round_complete"}, {"round", round_}, {"epoch", report.epoch}, {"step", report.step},
-                        {"participants", convened_->participants.size()}, {"contributors", convened_->contributors},
-                        {"slots", slots_.size()}, {"short_handed", convened_->contributors < static_cast<int64_t>(slots_.size())},
-                        {"idle_slots", idle}, {"adopted", adopted_json(convened_->adopted)}, {"params_hash", fmt::format("{:016x}", report.params_hash)}};
+    const auto slots = static_cast<int64_t>(slots_.size());
+    metrics::RoundCompleteEvent e{{}, round_, report.epoch, report.step, static_cast<int64_t>(convened_->participants.size()),
+                                  convened_->contributors, slots, convened_->contributors < slots, idle,
+                                  slot_readers(convened_->adopted), fmt::format("{:016x}", report.params_hash)};
     if (failure_noticed_) {
-      e["recovery_s"] = seconds_between(*failure_noticed_, now);
+      e.recovery_s = seconds_between(*failure_noticed_, now);
       failure_noticed_.reset();
     }
     event(std::move(e));
@@ -469,7 +464,7 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
   if (convened_ && convened_->round == report.round && convened_->epoch == report.epoch) convened_->done.push_back(report.member);
   if (m.state == State::kJoining && report.round == round_) {
     m.state = State::kActive;
-    event({{"event", "joined"}, {"member", report.member}, {"name", m.name}, {"slot", m.slot}, {"round", round_}});
+    event(metrics::SlotTakenEvent{{}, report.member, m.name, m.slot, round_});
   }
   if (m.go && m.go->round == report.round) m.go.reset();
   try_convene(now);
@@ -511,8 +506,7 @@ void MembershipTable::restart_from(int64_t rounds_completed, std::optional<int64
     m.go = std::move(restore);
     restarted.push_back(id);
   }
-  event({{"event", "restored_from_checkpoint"}, {"round", round_}, {"step", step ? nlohmann::json(*step) : nlohmann::json()},
-         {"members", restarted}});
+  event(metrics::RestoredFromCheckpointEvent{{}, round_, step.value_or(-1), restarted});
 }
 
 void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions) {
@@ -521,8 +515,8 @@ void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std:
   for (size_t s = 0; s < slots_.size() && s < positions.size(); ++s) slots_[s].position = positions[s];
 }
 
-std::vector<nlohmann::json> MembershipTable::take_events() {
-  std::vector<nlohmann::json> out;
+std::vector<metrics::Event> MembershipTable::take_events() {
+  std::vector<metrics::Event> out;
   out.swap(events_);
   return out;
 }

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "loco/metrics/events.h"
 #include "loco/runtime/coordinator/protocol.h"
 #include "loco/runtime/coordinator/tasks.h"
 
@@ -106,9 +107,10 @@ class MembershipTable {
   bool training_complete() const { return complete_; }
   // Whether every member that trained has left (reported its end or failed).
   bool all_left() const;
-  // Events for the log and metrics.jsonl since the last call: {"event": "membership" | "failure" |
-  // "collective_failed" | "round_retried" | "round_complete" | "join" | "joined" | "leave" | "rejoin", ...}.
-  std::vector<nlohmann::json> take_events();
+  // Events for the log and metrics.jsonl since the last call (metrics/events.h: membership, failure,
+  // collective_failed, round_retried, round_complete, join, slot_taken, leave, rejoin, left_out,
+  // restored_from_checkpoint).
+  std::vector<metrics::Event> take_events();
   // GET /v1/state's "elastic": epoch, rounds completed, the members (each with the round it waits
   // at, "arrived", -1 while training), the slots, and the round convened last.
   nlohmann::json describe() const;
@@ -156,6 +158,7 @@ class MembershipTable {
   static const char* state_name(State state);
   // Slot -> the member that read its shard in a round, as [{"slot", "member"}].
   static nlohmann::json adopted_json(const std::map<int64_t, int64_t>& adopted);
+  static std::vector<metrics::SlotReader> slot_readers(const std::map<int64_t, int64_t>& adopted);
   // Heard from `id` now: it is alive, and so are its leases.
   void touch(Member& m, int64_t id, Clock::time_point now);
   // The member is gone: its leases are open again, to be issued at the next plan.
@@ -175,7 +178,7 @@ class MembershipTable {
   // slots no participant holds go to the participants in turn, in slot order (docs/failure-model.md).
   std::vector<int64_t> readers_for(const std::vector<int64_t>& participants) const;
   std::optional<int64_t> vacant_slot(int64_t wanted) const;
-  void event(nlohmann::json e) { events_.push_back(std::move(e)); }
+  void event(metrics::Event e) { events_.push_back(std::move(e)); }
 
   MembershipOptions options_;
   std::map<int64_t, Member> members_;
@@ -210,7 +213,7 @@ class MembershipTable {
   std::optional<Clock::time_point> failure_noticed_;  // for the recovery time
   std::optional<Clock::time_point> last_expire_;      // the coordinator checks often; a long gap is its own stall
   std::optional<Clock::time_point> first_arrival_;    // at the end of the round not convened yet
-  std::vector<nlohmann::json> events_;
+  std::vector<metrics::Event> events_;
 };
 
 }  // namespace loco::runtime

@@ -49,6 +49,12 @@ nlohmann::json MembershipTable::adopted_json(const std::map<int64_t, int64_t>& a
   return out;
 }
 
+std::vector<metrics::SlotReader> MembershipTable::slot_readers(const std::map<int64_t, int64_t>& adopted) {
+  std::vector<metrics::SlotReader> out;
+  for (const auto& [slot, member] : adopted) out.push_back({slot, member});
+  return out;
+}
+
 const char* MembershipTable::state_name(State state) {
   return state == State::kActive ? "active" : state == State::kJoining ? "joining" : "gone";
 }

@@ -8,6 +8,7 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/dataset.h"
 #include "loco/data/routing.h"
 #include "loco/model/paths.h"
@@ -77,7 +78,7 @@ RouteSummary route_documents(const RunConfig& config) {
     }
   }
   RouteSummary summary;
-  summary.dir = std::filesystem::path(config.run.dir) / "routing";
+  summary.dir = RunFolder(config.run.dir).routing();
   if (std::filesystem::exists(summary.dir)) {
     throw DataError("route", fmt::format("{} already holds a routing: a run's documents are routed once. Hint: delete the "
                                          "folder to route again", summary.dir.string()));

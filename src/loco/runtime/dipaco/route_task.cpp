@@ -8,7 +8,9 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/routing.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/dipaco/task_worker.h"
 #include "loco/runtime/store/safetensors.h"
 #include "loco/runtime/worker/weights.h"
@@ -95,7 +97,7 @@ void write_routing(const fs::path& folder, const fs::path& partial, const data::
 // it at evaluation and inference).
 void TaskWorker::run_route(const TaskKey& task) {
   const auto& config = run_.config();
-  const auto routing = nlohmann::json::parse(read_file(run_.dir() / "routing" / "paths.json", "dipaco"));
+  const auto routing = nlohmann::json::parse(read_file(RunFolder(run_.dir()).routing_paths(), "dipaco"));
   const auto held_out = routing.at("held_out").get<std::vector<int64_t>>();
   const int64_t paths = run_.plan().paths();
   const auto losses = held_out_losses(run_, held_out, task.phase, device_);

@@ -7,7 +7,9 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/routing.h"
+#include "loco/model/transformer.h"
 #include "loco/optim/outer.h"
 #include "loco/runtime/dipaco/route.h"
 #include "loco/runtime/store/modules.h"
@@ -41,7 +43,7 @@ std::string file_safe(const std::string& name) {
 
 std::unique_ptr<Registry> open_run_registry(const RunConfig& config) {
   if (!config.dipaco.database.empty()) return open_postgres_registry(config.dipaco.database);
-  return open_sqlite_registry(fs::path(config.run.dir) / "dipaco.sqlite");
+  return open_sqlite_registry(RunFolder(config.run.dir).dipaco_registry());
 }
 
 int64_t dipaco_phases(const RunConfig& config) {
@@ -52,7 +54,7 @@ RunLayout prepare_dipaco_run(const RunConfig& config, std::FILE* out) {
   if (!path_options(config).enabled()) {
     throw ConfigError("dipaco", "the config sets no dipaco.levels: there are no paths to train");
   }
-  if (!fs::exists(fs::path(config.run.dir) / "routing")) {
+  if (!fs::exists(RunFolder(config.run.dir).routing())) {
     fmt::print(out, "routing the training documents to paths (as `loco route`)...\n");
     const auto routed = route_documents(config);
     fmt::print(out, "{}\n", routed.table);
@@ -64,7 +66,7 @@ RunLayout prepare_dipaco_run(const RunConfig& config, std::FILE* out) {
                                             "sync.inner_steps)", config.dipaco.reroute_phase, run.phases()));
   }
   if (config.dipaco.reroute_phase > 0 &&
-      nlohmann::json::parse(read_file(run.dir() / "routing" / "paths.json", "dipaco"))
+      nlohmann::json::parse(read_file(RunFolder(run.dir()).routing_paths(), "dipaco"))
           .value("held_out", std::vector<int64_t>{})
           .empty()) {
     throw DataError("dipaco", fmt::format("{}/routing was routed without held-out router documents, which "
@@ -80,7 +82,7 @@ RunLayout prepare_dipaco_run(const RunConfig& config, std::FILE* out) {
     registry->start(layout);  // refuses another plan or number of phases
     return layout;
   }
-  write_file_atomic(run.dir() / "config.toml", to_toml(run.config()), "dipaco");
+  write_file_atomic(RunFolder(run.dir()).config(), to_toml(run.config()), "dipaco");
   // Version 0 of every module, from the initial model (every path starts from the same one).
   auto initial = build_model(run.config());
   if (!run.config().train.init_from.empty()) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 #include "loco/model/precision.h"
 #include "loco/runtime/dipaco/task_worker.h"
 #include "loco/runtime/worker/weights.h"
@@ -50,7 +51,7 @@ LeaseKeeper::~LeaseKeeper() {
 }
 
 TaskWorker::TaskWorker(const RunConfig& config, const DipacoWorkerOptions& options)
-    : options_(options), run_(DipacoRun::open(config)), log_(run_.dir() / "metrics.jsonl") {
+    : options_(options), run_(DipacoRun::open(config)), log_(RunFolder(run_.dir()).metrics()) {
   // Through db(): a worker that starts while the database restarts waits for it like the others.
   auto layout = db([](Registry& r) { return r.layout(); });
   if (!layout) {

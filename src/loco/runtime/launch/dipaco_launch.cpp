@@ -12,6 +12,7 @@
 #include <set>
 
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/metrics/events.h"
 #include "loco/data/tokenizer.h"
 #include "loco/model/precision.h"
@@ -55,7 +56,7 @@ void check_run_dir(const RunConfig& config, bool resume) {
 class DipacoStatus {
  public:
   DipacoStatus(const RunConfig& config, const LaunchOptions& options)
-      : config_(config), tail_(fs::path(config.run.dir) / "metrics.jsonl"),
+      : config_(config), tail_(RunFolder(config.run.dir).metrics()),
         server_("127.0.0.1", options.port, "", [this] { return run_state(); }, [this] { return text(); }) {
     server_.start();
   }
@@ -197,7 +198,7 @@ std::vector<int> run_workers(const RunConfig& config, const LaunchOptions& optio
   for (int64_t r = 0; r < m; ++r) status.started(r, workers.start(r, argv, placement));
   fmt::print(options.out, "launch: {} workers lease DiPaCo's tasks from {}; a worker that dies loses its task to another "
                           "within dipaco.lease_s = {:g} s\n", m,
-             config.dipaco.database.empty() ? (fs::path(config.run.dir) / "dipaco.sqlite").string() : "the PostgreSQL registry",
+             config.dipaco.database.empty() ? RunFolder(config.run.dir).dipaco_registry().string() : "the PostgreSQL registry",
              config.dipaco.lease_s);
   std::fflush(options.out);
   auto print = [&](const ChildLine& line) { fmt::print(options.out, "[w{}] {}\n", line.rank, line.text); };

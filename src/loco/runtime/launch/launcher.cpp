@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "loco/core/run_folder.h"
 #include "loco/runtime/config/secrets.h"
 #include "loco/runtime/net/auth.h"
 #include "loco/runtime/launch/islands.h"
@@ -27,8 +28,7 @@ namespace fs = std::filesystem;
 // A worker's latest progress, as its JSON lines report it.
 struct WorkerStatus {
   bool running = true;
-  int64_t step = 0, steps = 0, round = -1, bytes_sent = 0;
-  double loss = NAN, tokens_per_s = 0;
+  metrics::ProgressReport progress;
 };
 
 // The launcher's terminal: the main thread relays workers' lines and progress, the coordinator's
@@ -51,16 +51,17 @@ class Display {
     int reporting = 0;
     for (const auto& [rank, w] : workers) {
       if (!w.running) continue;  // a worker that died (an elastic run goes on; a replacement takes over)
-      if (w.steps == 0) return;  // not every worker has reported yet
-      min_step = std::min(min_step, w.step);
-      steps = w.steps;
-      min_round = std::min(min_round, w.round);
-      max_bytes = std::max(max_bytes, w.bytes_sent);
-      if (std::isfinite(w.loss)) {
-        loss += w.loss;
+      const auto& p = w.progress;
+      if (p.steps == 0) return;  // not every worker has reported yet
+      min_step = std::min(min_step, p.step);
+      steps = p.steps;
+      min_round = std::min(min_round, p.round);
+      max_bytes = std::max(max_bytes, p.bytes_sent);
+      if (std::isfinite(p.loss)) {
+        loss += p.loss;
         ++reporting;
       }
-      tokens_per_s += w.tokens_per_s;
+      tokens_per_s += p.tokens_per_s;
     }
     if (first_step_ < 0) first_step_ = min_step, started_ = Clock::now();
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
@@ -112,7 +113,7 @@ void check_run_dir(const RunConfig& config, bool resume) {
   std::error_code ec;
   if (resume) {
     // An elastic run resumes from the global checkpoints, a fixed one from each worker's.
-    const fs::path needed = run / (config.cluster.elastic ? "checkpoints" : "workers");
+    const fs::path needed = config.cluster.elastic ? RunFolder(run).checkpoints() : RunFolder(run).workers();
     if (!fs::exists(needed, ec)) {
       throw ConfigError("launch", fmt::format("--resume: {} holds no {} (no {})", run.string(),
                                               config.cluster.elastic ? "global checkpoints" : "workers' checkpoints",
@@ -265,25 +266,12 @@ void Launch::relay_output() {
 }
 
 void Launch::relay(const ChildLine& line) {
-  nlohmann::json event;
-  if (line.is_stdout && !line.text.empty() && line.text.front() == '{') {
-    try {
-      event = nlohmann::json::parse(line.text);
-    } catch (const nlohmann::json::exception&) {
-    }
-  }
-  if (event.is_object() && event.contains("progress")) {
-    const auto& p = event["progress"];
-    auto& w = status_[line.rank];
-    w.step = p.value("step", w.step);
-    w.steps = p.value("steps", w.steps);
-    w.loss = p.value("loss", w.loss);
-    w.tokens_per_s = p.value("tokens_per_s", w.tokens_per_s);
-    w.round = p.value("round", w.round);
-    w.bytes_sent = p.value("bytes_sent", w.bytes_sent);
+  const auto parsed = line.is_stdout ? metrics::parse_progress_line(line.text) : std::nullopt;
+  if (parsed && parsed->progress) {
+    status_[line.rank].progress = *parsed->progress;
     display_.progress(status_);
-  } else if (event.is_object() && event.contains("message")) {
-    display_.line(fmt::format("[w{}] {}", line.rank, event["message"].get<std::string>()));
+  } else if (parsed && parsed->message) {
+    display_.line(fmt::format("[w{}] {}", line.rank, *parsed->message));
   } else if (!line.text.empty()) {
     display_.line(fmt::format("[w{}] {}", line.rank, line.text));
   }
@@ -364,7 +352,7 @@ LaunchResult Launch::finish() {
     result.outcome = interrupted ? RunOutcome::kStopped : RunOutcome::kFailed;
     if (result.message.empty()) result.message = interrupted ? "interrupted (Ctrl-C)" : "a worker failed";
   }
-  if (result.summaries.empty()) result.summaries.resize(result.exit_codes.size(), nlohmann::json::object());
+  if (result.summaries.empty()) result.summaries.resize(result.exit_codes.size());
   result.wall_s = std::chrono::duration<double>(Clock::now() - started_).count();
   return result;
 }

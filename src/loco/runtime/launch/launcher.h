@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,7 @@ struct LaunchOptions {
 struct LaunchResult {
   RunOutcome outcome = RunOutcome::kFinished;
   std::string message;
-  std::vector<nlohmann::json> summaries;   // by rank
+  std::vector<std::optional<metrics::TrainSummary>> summaries;  // by rank (none when a worker sent none)
   std::vector<int> exit_codes;             // each process started, in order (128 + signal when killed)
   double wall_s = 0;
 };

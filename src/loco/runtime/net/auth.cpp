@@ -18,6 +18,7 @@
 #include <fstream>
 
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 
 namespace loco::runtime::auth {
 namespace {
@@ -206,14 +207,14 @@ std::optional<std::string> Verifier::verify(std::string_view method, std::string
 
 std::string resolve_token(const std::string& configured, const std::filesystem::path& run_dir) {
   if (!configured.empty()) return configured;
-  const auto path = run_dir / "join_token";
+  const auto path = RunFolder(run_dir).join_token();
   std::error_code error;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return "";
   return read_token_file(path);
 }
 
 std::string generated_token(const std::filesystem::path& run_dir) {
-  const auto path = run_dir / "join_token";
+  const auto path = RunFolder(run_dir).join_token();
   std::error_code error;
   std::filesystem::create_directories(run_dir, error);
   if (error) throw ConfigError("auth", fmt::format("cannot create the run folder {}: {}", run_dir.string(), error.message()));

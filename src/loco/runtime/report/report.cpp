@@ -9,6 +9,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/metrics/events.h"
 #include "loco/metrics/progress.h"
 #include "loco/optim/outer.h"
@@ -29,7 +30,7 @@ RunReport read_dipaco_report(const std::filesystem::path& run, const RunConfig& 
   r.rounds = (config.train.steps + config.sync.inner_steps - 1) / config.sync.inner_steps;
   std::map<std::string, std::pair<double, double>> bytes;  // per worker: written, read
   std::map<std::string, double> wall;
-  for (const auto& [time, event] : metrics::read_events(run / "metrics.jsonl")) {
+  for (const auto& [time, event] : metrics::read_events(RunFolder(run).metrics())) {
     const auto worker = metrics::worker_of(event).label();
     if (const auto* e = std::get_if<metrics::PathTaskEvent>(&event)) {
       r.tokens += e->tokens;
@@ -66,7 +67,7 @@ RunReport read_dipaco_report(const std::filesystem::path& run, const RunConfig& 
 }  // namespace
 
 std::string dipaco_report(const std::filesystem::path& run) {
-  const auto clusters = run / "routing" / "clusters.md";
+  const auto clusters = RunFolder(run).routing_clusters();
   if (!std::filesystem::exists(clusters)) return "";
   std::string out = fmt::format("{}: DiPaCo's paths against the corpus's labels (documents routed to each, {})\n\n",
                                 run.string(), clusters.string());
@@ -92,7 +93,8 @@ RunReport read_run_report(const std::filesystem::path& run) {
   RunReport r;
   r.name = run.filename().string();
   if (r.name.empty()) r.name = run.parent_path().filename().string();
-  const auto config = parse_config(read_file(run / "config.toml", "report"), (run / "config.toml").string());
+  const auto config_file = RunFolder(run).config();
+  const auto config = parse_config(read_file(config_file, "report"), config_file.string());
   if (!config.dipaco.levels.empty()) return read_dipaco_report(run, config, r);
   r.algorithm = to_string(config.sync.algorithm);
   if (config.sync.algorithm == Algorithm::kStreaming) {
@@ -104,7 +106,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   if (config.sync.eager) r.algorithm += fmt::format(" eager {}", optim::to_string(config.outer.optimizer));
   const bool outer = config.sync.algorithm == Algorithm::kDiLoCo || config.sync.algorithm == Algorithm::kStreaming;
   r.inner_steps = outer ? config.sync.inner_steps : 1;
-  const auto metrics_path = run / "metrics.jsonl";
+  const auto metrics_path = RunFolder(run).metrics();
   std::map<int64_t, metrics::TrainSummary> last_summary;
   std::map<int64_t, std::pair<double, double>> bytes;  // per worker, summed over every sync event
   std::map<int64_t, int64_t> rounds;

@@ -10,6 +10,7 @@
 #include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/metrics/events.h"
 #include "loco/runtime/net/wire.h"
 #include "loco/runtime/status/web_assets.h"
@@ -106,7 +107,7 @@ RunCurves read_run_curves(const fs::path& run, const RunReport& report) {
   std::vector<std::pair<double, double>> sent;                 // (time, bytes) of every sync
   std::vector<std::array<double, 3>> evals;                    // (time, step, val_loss)
   std::vector<std::tuple<double, int64_t, double>> utilization;  // (time, worker, value)
-  for (const auto& [time, event] : metrics::read_events(run / "metrics.jsonl")) {
+  for (const auto& [time, event] : metrics::read_events(RunFolder(run).metrics())) {
     if (!std::isfinite(time)) continue;
     start = std::min(start, time);
     const int64_t worker = metrics::worker_of(event).rank;

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/dataset.h"
 #include "loco/metrics/events.h"
 #include "loco/metrics/progress.h"
@@ -320,13 +321,14 @@ SimulationOptions simulation_options(const RunConfig& config) {
 }
 
 MeasuredRun measure_run(const std::filesystem::path& run) {
-  if (!std::filesystem::exists(run / "metrics.jsonl")) {
+  const RunFolder folder(run);
+  if (!std::filesystem::exists(folder.metrics())) {
     throw DataError("simulate", fmt::format("{} holds no metrics.jsonl: not a finished run", run.string()));
   }
   std::map<int64_t, metrics::TrainSummary> last;  // each worker's last summary
   bool direct = false;
   std::map<std::string, int64_t> routes;
-  for (const auto& [time, event] : metrics::read_events(run / "metrics.jsonl")) {
+  for (const auto& [time, event] : metrics::read_events(folder.metrics())) {
     if (const auto* s = std::get_if<metrics::SummaryEvent>(&event)) last[s->worker.rank] = s->summary;
     if (const auto* s = std::get_if<metrics::SyncEvent>(&event); s != nullptr && !s->route.empty()) {
       direct = true;

@@ -167,7 +167,7 @@ void Dashboard::report(const nlohmann::json& body, double now) {
   auto events = body.find("events");
   if (events == body.end() || !events->is_array()) throw ProtocolError("telemetry: field 'events' is missing or not an array");
   for (const auto& e : *events) {
-    if (!e.is_object() || !e.contains("event") || !e["event"].is_string()) {
+    if (!metrics::parse_event(e)) {
       throw ProtocolError("telemetry: every event must be an object with a string 'event'");
     }
   }
@@ -278,21 +278,13 @@ void Dashboard::apply(Worker& w, const nlohmann::json& json) {
             add_event(time, who, fmt::format("{} after {} path task(s) and {} outer step(s)", *w.ended, e.path_tasks,
                                              e.step_tasks), false);
           },
-          [&](const metrics::OtherEvent& e) {
-            if (e.kind == "joined") {
-              const auto step = e.fields.find("step");
-              add_event(time, who, fmt::format("joined the run at step {}",
-                                               step != e.fields.end() && step->is_number_integer() ? step->get<int64_t>() : 0),
-                        false);
-            } else if (e.kind == "peer_failure") {
-              const auto step = e.fields.find("step");
-              const auto error = e.fields.find("error");
-              add_event(time, who, fmt::format("a collective failed at step {}: {}",
-                                               step != e.fields.end() && step->is_number_integer() ? step->get<int64_t>() : 0,
-                                               error != e.fields.end() && error->is_string() ? clipped(error->get<std::string>(), 512) : ""),
-                        true);
-            }
+          [&](const metrics::JoinedEvent& e) {
+            add_event(time, who, fmt::format("joined the run at step {}", e.step), false);
           },
+          [&](const metrics::PeerFailureEvent& e) {
+            add_event(time, who, fmt::format("a collective failed at step {}: {}", e.step, clipped(e.error, 512)), true);
+          },
+          [](const auto&) {},  // the rest changes nothing on the page
       },
       parsed->event);
 }

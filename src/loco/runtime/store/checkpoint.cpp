@@ -9,6 +9,7 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
+#include "loco/core/run_folder.h"
 
 namespace loco::runtime {
 namespace {
@@ -132,13 +133,12 @@ NamedTensors inference_weights(const Checkpoint& checkpoint) {
   return global.empty() ? checkpoint.model : global;
 }
 
-fs::path slot_state_dir(const fs::path& run_dir, int64_t slot) { return run_dir / "slots" / std::to_string(slot); }
-
 fs::path resolve_checkpoint_dir(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw DataError("checkpoint", fmt::format("{}: no such checkpoint or run folder", path.string()));
   if (fs::exists(path / "state.json", ec)) return path;
-  for (const fs::path& root : {path, path / "checkpoints", path / "workers" / "0" / "checkpoints"}) {
+  const RunFolder run(path);
+  for (const fs::path& root : {path, run.checkpoints(), run.worker_checkpoints(0)}) {
     if (fs::exists(root / "latest", ec)) return *CheckpointStore(root, 1).latest();
   }
   throw DataError("checkpoint", fmt::format("{}: neither a checkpoint (no state.json) nor a run folder with "

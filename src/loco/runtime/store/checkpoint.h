@@ -79,10 +79,6 @@ class CheckpointStore {
   int64_t keep_;
 };
 
-// Elastic runs: RUN/slots/<slot>, the checkpoints of one slot's inner state (its AdamW moments and
-// data position) at each round's end, next to the leader's global checkpoints in RUN/checkpoints.
-fs::path slot_state_dir(const fs::path& run_dir, int64_t slot);
-
 // Loads and verifies a checkpoint. `path` is a checkpoint folder, a run's checkpoints/ folder or a
 // run folder (the latter two mean its latest checkpoint). Throws DataError naming the file for a
 // missing file, a size or checksum mismatch, or malformed state.json.

@@ -13,8 +13,10 @@
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/metrics/metrics_log.h"
 #include "loco/metrics/progress.h"
+#include "loco/model/transformer.h"
 #include "loco/optim/adamw.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/model/precision.h"
@@ -219,19 +221,20 @@ void TrainingLoop::open_inputs() {
   dataset_.emplace(data::Dataset::open(config_.data.dir));
   config_ = resolve_for_dataset(config_, dataset_->manifest());
   run_dir_ = config_.run.dir;
+  const RunFolder run(run_dir_);
   // A worker keeps its own checkpoints; the run folder holds what the workers share.
-  state_dir_ = worker_.distributed && !worker_.elastic ? run_dir_ / "workers" / std::to_string(worker_.rank) : run_dir_;
+  state_dir_ = worker_.distributed && !worker_.elastic ? run.worker_dir(worker_.rank) : run_dir_;
   const bool resume = options_.resume || options_.resume_step.has_value();
   if (!worker_.elastic) prepare_run_dir(state_dir_, resume);  // elastic: the coordinator (or launcher) checked
-  store_.emplace(state_dir_ / "checkpoints", config_.checkpoint.keep);
-  if (worker_.elastic) slot_store_.emplace(slot_state_dir(run_dir_, worker_.rank), config_.checkpoint.keep);
+  store_.emplace(RunFolder(state_dir_).checkpoints(), config_.checkpoint.keep);
+  if (worker_.elastic) slot_store_.emplace(run.slot_state(worker_.rank), config_.checkpoint.keep);
 }
 
 void TrainingLoop::find_resume_point() {
   if (!options_.resume && !options_.resume_step) return;
   std::optional<fs::path> from = options_.resume_step ? std::optional(store_->at(*options_.resume_step)) : store_->latest();
   if (!from) {
-    throw DataError("train", fmt::format("--resume: {} has no checkpoint to resume from", (state_dir_ / "checkpoints").string()));
+    throw DataError("train", fmt::format("--resume: {} has no checkpoint to resume from", store_->root().string()));
   }
   resumed_ = load_checkpoint(*from);
   RunConfig saved = parse_config(resumed_->state.config_toml, (resumed_->dir / "state.json").string());
@@ -250,7 +253,7 @@ void TrainingLoop::find_resume_point() {
 void TrainingLoop::build_parts() {
   device_ = model::resolve_device(config_.train.device);
   threads_ = configure_threads(config_.train.threads);
-  write_file_atomic(run_dir_ / "config.toml", to_toml(config_), "train");
+  write_file_atomic(RunFolder(run_dir_).config(), to_toml(config_), "train");
 
   model_ = build_model(config_);
   if (resumed_) {
@@ -296,7 +299,7 @@ void TrainingLoop::restore() {
 }
 
 void TrainingLoop::announce() {
-  log_.emplace(run_dir_ / "metrics.jsonl");
+  log_.emplace(RunFolder(run_dir_).metrics());
   log_->tee(options_.telemetry);
   progress_.emplace(step_, config_.train.steps, options_.progress, options_.out);
   who_ = worker_.distributed ? fmt::format("worker {}/{}: ", worker_.rank, worker_.world_size) : "";
@@ -335,7 +338,7 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
   step_ = joined_step;
   tokens_ = step_ * tokens_per_step();
   progress_->message(fmt::format("{}joined the run at step {}", who_, step_));
-  log_->write("joined", {{"worker", worker_.rank}, {"step", step_}});
+  log_->write(metrics::JoinedEvent{me(), step_});
   if (!slot_store_) {
     inner_->rewarm_from(step_);
     return;
@@ -370,7 +373,7 @@ void TrainingLoop::step() {
   const int64_t step_before = step_;
   if (auto change = shards_->update()) {
     progress_->message(who_ + *change);
-    log_->write("shards", {{"worker", worker_.rank}, {"step", step_}, {"adopted", shards_->adopted_slots()}});
+    log_->write(metrics::ShardsEvent{me(), step_, shards_->adopted_slots()});
   }
   data::WindowSampler& source = shards_->next();
   const data::SamplerPosition position = source.position();
@@ -513,7 +516,7 @@ TrainingState TrainingLoop::training_state() const {
 void TrainingLoop::save_checkpoint(bool prune) {
   doing(metrics::Activity::kCheckpointing);
   auto dir = store_->save(training_state(), model_weights(model_), adamw_->state(), sync_.state(), prune);
-  log_->write("checkpoint", {{"worker", worker_.rank}, {"step", step_}, {"path", dir.string()}});
+  log_->write(metrics::CheckpointEvent{me(), step_, dir.string()});
 }
 
 TrainSummary TrainingLoop::finish() {
@@ -521,8 +524,7 @@ TrainSummary TrainingLoop::finish() {
   bool run_stopping = false;
   if (peer_failure_) {
     run_stopping = peer_stopping_ || (link_ != nullptr && link_->stopping());
-    log_->write("peer_failure", {{"worker", worker_.rank}, {"step", step_}, {"error", peer_failure_->what()},
-                                 {"run_stopping", run_stopping}});
+    log_->write(metrics::PeerFailureEvent{me(), step_, peer_failure_->what(), run_stopping});
   }
   // A stopped elastic run keeps its last round's global checkpoint: a worker's state between
   // rounds is its own, not the run's.
@@ -530,7 +532,7 @@ TrainSummary TrainingLoop::finish() {
   if ((stopped_ || peer_failure_) && !checkpoint_current_ && may_save) save_checkpoint(/*prune=*/false);
   if (peer_failure_ && !run_stopping) {
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure_->what(), step_,
-                                         (state_dir_ / "checkpoints").string()));
+                                         store_->root().string()));
   }
   summary_.interrupted = (stopped_ || peer_failure_) && step_ < config_.train.steps;
   if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score()) last_eval_ = score();

@@ -11,6 +11,8 @@
 #include "loco/algorithms/streaming.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
+#include "loco/core/run_folder.h"
+#include "loco/model/transformer.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/coordinator/coordinator_client.h"
 #include "loco/runtime/worker/elastic.h"
@@ -287,12 +289,12 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       report_done(protocol::EndStatus::kStopped, "");
       return summary;
     } catch (const algorithms::CoordinatorLost& e) {
-      const fs::path run(config.run.dir);
+      const RunFolder run(config.run.dir);
       throw PeerError("worker", fmt::format("{}: {} (cluster.coordinator_timeout_s = {:g}). The run's state as of its last "
                                             "completed round is saved in {} and {}; once a coordinator is back, continue "
                                             "with `loco coordinator --resume` and `loco worker --resume` (the inner steps "
                                             "since that round are lost)", who, e.what(), config.cluster.coordinator_timeout_s,
-                                            (run / "checkpoints").string(), (run / "slots").string()));
+                                            run.checkpoints().string(), run.slots().string()));
     } catch (const std::exception& e) {
       report_done(protocol::EndStatus::kFailed, e.what());
       throw;
@@ -321,7 +323,7 @@ protocol::JoinRequest fixed_join_request(const RunConfig& config, const WorkerOp
     throw ConfigError("worker", "--resume needs this worker's rank: pass --rank (or set RANK or SLURM_PROCID)");
   }
   if (options.rank >= 0) {
-    const fs::path checkpoints = fs::path(config.run.dir) / "workers" / std::to_string(options.rank) / "checkpoints";
+    const fs::path checkpoints = RunFolder(config.run.dir).worker_checkpoints(options.rank);
     request.checkpoints = list_checkpoints(checkpoints);
     if (!options.resume && !request.checkpoints.empty()) {
       throw ConfigError("worker", fmt::format("{} already holds checkpoints of a run; pass --resume to continue it, or "
@@ -347,7 +349,7 @@ void check_same_division(const RunConfig& config, CoordinatorClient& client, con
                                           rank, hex64(mine), *reference));
   }
   const auto shards = describe(assignment, dataset);
-  if (rank == 0) write_file_atomic(fs::path(config.run.dir) / "shards.json", shards.dump(1) + "\n", "worker");
+  if (rank == 0) write_file_atomic(RunFolder(config.run.dir).shards(), shards.dump(1) + "\n", "worker");
   say(fmt::format("worker {}/{}: shard ({}) {}", rank, config.cluster.workers, assignment.policy,
                   summary_line(shards["workers"][rank])));
 }

@@ -1,0 +1,48 @@
+// A run folder's layout (run.dir): every path loco writes or reads under it, named once. The
+// processes of a run share the folder (on one host) or each keep the part they write (across hosts:
+// docs/failure-model.md); this says where each part lives, not who writes it.
+//
+//   config.toml            the run's config, as the first process resolved it
+//   metrics.jsonl          every process's events (metrics/events.h)
+//   join_token             the generated secret workers join with (runtime/net/auth.h)
+//   coordinator.json       an elastic coordinator's membership table
+//   shards.json            which documents each worker reads (a fixed run's rank 0)
+//   checkpoints/           the run's checkpoints: one process's, or an elastic run's global ones
+//   workers/<rank>/checkpoints/   each worker's own, in a fixed distributed run
+//   slots/<slot>/          an elastic run's inner state of each slot
+//   dipaco.sqlite, routing/{paths.json,clusters.md}   a DiPaCo run's registry and document routing
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+namespace loco {
+
+class RunFolder {
+ public:
+  explicit RunFolder(std::filesystem::path dir) : dir_(std::move(dir)) {}
+
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path config() const { return dir_ / "config.toml"; }
+  std::filesystem::path metrics() const { return dir_ / "metrics.jsonl"; }
+  std::filesystem::path join_token() const { return dir_ / "join_token"; }
+  std::filesystem::path coordinator_state() const { return dir_ / "coordinator.json"; }
+  std::filesystem::path shards() const { return dir_ / "shards.json"; }
+  std::filesystem::path checkpoints() const { return dir_ / "checkpoints"; }
+  std::filesystem::path workers() const { return dir_ / "workers"; }
+  std::filesystem::path worker_dir(int64_t rank) const { return workers() / std::to_string(rank); }
+  std::filesystem::path worker_checkpoints(int64_t rank) const { return worker_dir(rank) / "checkpoints"; }
+  std::filesystem::path slots() const { return dir_ / "slots"; }
+  std::filesystem::path slot_state(int64_t slot) const { return slots() / std::to_string(slot); }
+  std::filesystem::path dipaco_registry() const { return dir_ / "dipaco.sqlite"; }
+  std::filesystem::path routing() const { return dir_ / "routing"; }
+  std::filesystem::path routing_paths() const { return routing() / "paths.json"; }
+  std::filesystem::path routing_clusters() const { return routing() / "clusters.md"; }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace loco
