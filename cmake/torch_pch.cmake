@@ -1,19 +1,21 @@
-# libtorch's precompiled headers, only where torch is used, and no more of torch than is used.
+# Precompiled headers for every unit: libtorch's only where torch is used, and no more of it than is
+# used; nlohmann-json, fmt and the standard headers loco uses everywhere.
 #
 # Loading a precompiled header costs every translation unit that gets it, even one that never names
 # torch: about 3.6 s (clang) for all of <torch/torch.h>, 0.4 s for its tensors alone (<torch/types.h>
 # and <torch/utils.h>; docs/benchmarks.md, "Build"). So the sources are read at configure time, their
 # quoted includes followed from file to file, and each gets what it reaches:
-#   nothing of torch   no precompiled header;
-#   tensors only       the light one: <ATen/...>, <c10/...>, <torch/types.h>, <torch/utils.h>, ...;
-#   more               the full one: <torch/torch.h>, torch::nn, torch::optim, torch::cuda, ...
+#   nothing of torch   the common header (LOCO_COMMON_HEADERS);
+#   tensors only       the light one: those and <ATen/...>, <c10/...>, <torch/types.h>, <torch/utils.h>;
+#   more               the full one: those and <torch/torch.h> (torch::nn, torch::optim, torch::cuda, ...)
 # A target takes the header its sources need most (CMake's REUSE_FROM is per target); a source that
-# needs less in a target that takes the full one is given the light one by hand (loco_light_pch).
+# needs less is given its own by hand (loco_source_pch).
 #
-# loco_torch_pchs(SUFFIX [OPTION...]) makes both headers (object libraries loco_torch_pch${SUFFIX} and
-# loco_torch_light_pch${SUFFIX}, compiled with OPTIONs, e.g. -O0); loco_use_torch(TARGET [PCH SUFFIX])
-# links TARGET with libtorch, gives its sources the headers of SUFFIX and compiles TARGET with the
-# same options.
+# loco_torch_pchs(SUFFIX [OPTION...]) makes the three headers (object libraries loco_torch_pch${SUFFIX},
+# loco_torch_light_pch${SUFFIX}, loco_common_pch${SUFFIX}, compiled with OPTIONs, e.g. -O0);
+# loco_use_torch(TARGET [PCH SUFFIX]) links TARGET with libtorch, gives its sources the headers of
+# SUFFIX and compiles TARGET with the same options; loco_precompile_the_rest gives the targets without
+# torch the common header.
 
 # Sets `out` to what `file` reaches: 0 nothing of torch, 1 tensors only, 2 more. Quoted includes are
 # looked up beside the including file, then in src/ and tests/ (the include paths loco's targets
@@ -62,30 +64,49 @@ function(loco_reaches_torch file out)
   set(${out} ${result} PARENT_SCOPE)
 endfunction()
 
-function(loco_torch_pch name options)
+# What most of loco's units include besides torch: every precompiled header holds these, and a unit
+# that uses no torch gets a header of these alone (about 3 s of nlohmann-json and fmt saved per unit;
+# docs/benchmarks.md, "Build").
+set(LOCO_COMMON_HEADERS <nlohmann/json.hpp> <fmt/format.h> <fmt/ranges.h> <algorithm> <chrono> <filesystem>
+    <functional> <map> <memory> <mutex> <optional> <string> <thread> <variant> <vector>)
+
+function(loco_pch_target name options torch)
   add_library(${name} OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
-  target_link_libraries(${name} PUBLIC ${TORCH_LIBRARIES})
+  target_link_libraries(${name} PUBLIC fmt::fmt nlohmann_json::nlohmann_json)
+  if(torch)
+    target_link_libraries(${name} PUBLIC ${TORCH_LIBRARIES})
+  endif()
   target_compile_options(${name} PRIVATE ${options})
   if(CCACHE_PROGRAM)  # compiled without the cache, its inputs' hash beside it (cmake/ccache_launcher.sh)
     set_target_properties(${name} PROPERTIES CXX_COMPILER_LAUNCHER
       "${PROJECT_SOURCE_DIR}/cmake/ccache_launcher.sh;${PROJECT_SOURCE_DIR};${PROJECT_BINARY_DIR};--pch")
   endif()
-  # clang in C++20 instantiates std::vector<c10::IValue> in torch/csrc/autograd/function.h, where
-  # IValue is not complete yet, unless ivalue.h came first (GCC does not mind).
-  target_precompile_headers(${name} PUBLIC <ATen/core/ivalue.h> ${ARGN})
+  target_precompile_headers(${name} PUBLIC ${ARGN} ${LOCO_COMMON_HEADERS})
+endfunction()
+
+# The three headers of one optimization level, by what a source reaches (0, 1, 2).
+function(loco_pch_name level suffix out)
+  if(level EQUAL 2)
+    set(${out} loco_torch_pch${suffix} PARENT_SCOPE)
+  elseif(level EQUAL 1)
+    set(${out} loco_torch_light_pch${suffix} PARENT_SCOPE)
+  else()
+    set(${out} loco_common_pch${suffix} PARENT_SCOPE)
+  endif()
 endfunction()
 
 function(loco_torch_pchs suffix)
   set_property(GLOBAL PROPERTY "loco_pch_options:${suffix}" "${ARGN}")
-  loco_torch_pch(loco_torch_pch${suffix} "${ARGN}" <torch/torch.h>)
-  loco_torch_pch(loco_torch_light_pch${suffix} "${ARGN}" <torch/types.h> <torch/utils.h>)
+  # clang in C++20 instantiates std::vector<c10::IValue> in torch/csrc/autograd/function.h, where
+  # IValue is not complete yet, unless ivalue.h came first (GCC does not mind).
+  loco_pch_target(loco_torch_pch${suffix} "${ARGN}" ON <ATen/core/ivalue.h> <torch/torch.h>)
+  loco_pch_target(loco_torch_light_pch${suffix} "${ARGN}" ON <ATen/core/ivalue.h> <torch/types.h> <torch/utils.h>)
+  loco_pch_target(loco_common_pch${suffix} "${ARGN}" OFF)
 endfunction()
 
-# Gives `source` of `target` the light header of `suffix` in place of the target's full one: the
-# options CMake itself would write for it (clang reads the .pch it names; GCC finds the .gch beside
-# the header it includes).
-function(loco_light_pch target source suffix)
-  set(pch loco_torch_light_pch${suffix})
+# Gives `source` of `target` the header `pch` in place of the target's: the options CMake itself
+# would write for it (clang reads the .pch it names; GCC finds the .gch beside the header it includes).
+function(loco_source_pch target source pch)
   set(header ${PROJECT_BINARY_DIR}/CMakeFiles/${pch}.dir/cmake_pch.hxx)
   if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     set(options -Xclang -include-pch -Xclang ${header}.pch -Xclang -include -Xclang ${header})
@@ -99,33 +120,59 @@ function(loco_light_pch target source suffix)
   add_dependencies(${target} ${pch})
 endfunction()
 
+# Gives each source of `target` the header of what it reaches, at the optimization level of
+# `suffix`: the target takes the one its sources need most, the others get theirs by hand.
+function(loco_precompile target suffix)
+  set_property(TARGET ${target} PROPERTY LOCO_PRECOMPILED ON)
+  get_target_property(sources ${target} SOURCES)
+  get_target_property(dir ${target} SOURCE_DIR)
+  set(needs 0)
+  set(paths "")
+  set(levels "")
+  foreach(source IN LISTS sources)
+    if(NOT source MATCHES "\\.(cpp|cc)$")
+      continue()
+    endif()
+    get_filename_component(path ${source} ABSOLUTE BASE_DIR ${dir})
+    loco_reaches_torch(${path} level)
+    list(APPEND paths ${path})
+    list(APPEND levels ${level})
+    if(level GREATER needs)
+      set(needs ${level})
+    endif()
+  endforeach()
+  loco_pch_name(${needs} "${suffix}" pch)
+  target_precompile_headers(${target} REUSE_FROM ${pch})
+  foreach(path level IN ZIP_LISTS paths levels)
+    if(level LESS needs)
+      loco_pch_name(${level} "${suffix}" own)
+      loco_source_pch(${target} ${path} ${own})
+    endif()
+  endforeach()
+endfunction()
+
+# Links `target` with libtorch and compiles it with the headers and the options of `PCH suffix`.
 function(loco_use_torch target)
   cmake_parse_arguments(USE "" "PCH" "" ${ARGN})
   get_property(pch_options GLOBAL PROPERTY "loco_pch_options:${USE_PCH}")
   target_compile_options(${target} PRIVATE ${pch_options})
   target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
-  get_target_property(sources ${target} SOURCES)
-  get_target_property(dir ${target} SOURCE_DIR)
-  set(needs 0)
-  set(light "")
-  foreach(source IN LISTS sources)
-    get_filename_component(path ${source} ABSOLUTE BASE_DIR ${dir})
-    loco_reaches_torch(${path} level)
-    if(level EQUAL 0)
-      set_source_files_properties(${path} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-    elseif(level EQUAL 1)
-      list(APPEND light ${path})
-    endif()
-    if(level GREATER needs)
-      set(needs ${level})
+  loco_precompile(${target} "${USE_PCH}")
+endfunction()
+
+# The targets of `dir` and its subfolders not given headers yet (those without torch) get the common
+# one; `except` lists targets built with other options.
+function(loco_precompile_the_rest dir except)
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(target IN LISTS targets)
+    get_target_property(type ${target} TYPE)
+    get_target_property(done ${target} LOCO_PRECOMPILED)
+    if(type MATCHES "^(STATIC_LIBRARY|EXECUTABLE)$" AND NOT done AND NOT target IN_LIST except)
+      loco_precompile(${target} "")
     endif()
   endforeach()
-  if(needs EQUAL 2)
-    target_precompile_headers(${target} REUSE_FROM loco_torch_pch${USE_PCH})
-    foreach(path IN LISTS light)
-      loco_light_pch(${target} ${path} "${USE_PCH}")
-    endforeach()
-  elseif(needs EQUAL 1)
-    target_precompile_headers(${target} REUSE_FROM loco_torch_light_pch${USE_PCH})
-  endif()
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(sub IN LISTS subdirs)
+    loco_precompile_the_rest(${sub} "${except}")
+  endforeach()
 endfunction()

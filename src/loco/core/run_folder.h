@@ -10,7 +10,14 @@
 //   checkpoints/           the run's checkpoints: one process's, or an elastic run's global ones
 //   workers/<rank>/checkpoints/   each worker's own, in a fixed distributed run
 //   slots/<slot>/          an elastic run's inner state of each slot
-//   dipaco.sqlite, routing/{paths.json,clusters.md}   a DiPaCo run's registry and document routing
+//   dipaco.sqlite          a DiPaCo run's registry (or PostgreSQL: dipaco.database)
+//   routing/, routing/phase<p>/   its routing of the documents to paths (paths.json, router.safetensors,
+//                          clusters.md): the first, and each re-routing's
+//   modules/<module>/v<n>.safetensors   each module's versions (θ and outer state)
+//   reports/<module>/phase<p>/P<path>-<who>.safetensors   a path task's outer gradient of a module
+//   paths/P<path>/inner-<phase>-<who>.safetensors   a path's inner AdamW state
+//   dipaco-eval.json       the final evaluation of the paths (early stopping reads it)
+// DiPaCo's registry records its files by their names relative to the folder (the *_name functions).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +44,20 @@ class RunFolder {
   std::filesystem::path slots() const { return dir_ / "slots"; }
   std::filesystem::path slot_state(int64_t slot) const { return slots() / std::to_string(slot); }
   std::filesystem::path dipaco_registry() const { return dir_ / "dipaco.sqlite"; }
-  std::filesystem::path routing() const { return dir_ / "routing"; }
+  std::filesystem::path dipaco_evaluation() const { return dir_ / "dipaco-eval.json"; }
+  // `module` must be a plain file name (store/modules.cpp checks).
+  std::filesystem::path module_version(const std::string& module, int64_t version) const {
+    return dir_ / "modules" / module / ("v" + std::to_string(version) + ".safetensors");
+  }
+  static std::string routing_name() { return "routing"; }
+  static std::string rerouting_name(int64_t phase) { return routing_name() + "/phase" + std::to_string(phase); }
+  static std::string outer_gradient_name(const std::string& module, int64_t phase, int64_t path, const std::string& who) {
+    return "reports/" + module + "/phase" + std::to_string(phase) + "/P" + std::to_string(path) + "-" + who + ".safetensors";
+  }
+  static std::string inner_state_name(int64_t path, int64_t phase, const std::string& who) {
+    return "paths/P" + std::to_string(path) + "/inner-" + std::to_string(phase) + "-" + who + ".safetensors";
+  }
+  std::filesystem::path routing() const { return dir_ / routing_name(); }
   std::filesystem::path routing_paths() const { return routing() / "paths.json"; }
   std::filesystem::path routing_clusters() const { return routing() / "clusters.md"; }
 

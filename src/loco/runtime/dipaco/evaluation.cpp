@@ -9,6 +9,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/batcher.h"
 #include "loco/model/precision.h"
 #include "loco/model/transformer.h"
@@ -69,7 +70,7 @@ std::map<std::string, int64_t> pick_version(const DipacoRun& run, Registry& regi
 }  // namespace
 
 std::map<std::string, int64_t> scored_versions(const DipacoRun& run, Registry& registry, int64_t path) {
-  const auto file = run.dir() / "dipaco-eval.json";
+  const auto file = RunFolder(run.dir()).dipaco_evaluation();
   if (!run.config().dipaco.early_stopping || !fs::exists(file)) return run.latest_versions(registry, path);
   try {
     const auto scores = nlohmann::json::parse(read_file(file, "dipaco"));

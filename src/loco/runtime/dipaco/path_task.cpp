@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 #include "loco/metrics/progress.h"
 #include "loco/model/transformer.h"
 #include "loco/runtime/dipaco/task_worker.h"
@@ -121,7 +122,7 @@ void TaskWorker::run_path(const TaskKey& task, const LeaseKeeper& keeper) {
     for (size_t i = 0; i < group.names.size(); ++i) {
       delta.emplace_back(group.names[i], (before[i] - group.parameters[i].detach().to(torch::kFloat32)).contiguous());
     }
-    const auto relative = fmt::format("reports/{}/phase{}/P{}-{}.safetensors", module->name, phase, path, who);
+    const auto relative = RunFolder::outer_gradient_name(module->name, phase, path, who);
     save_safetensors(run_.dir() / relative, delta,
                      {{"loco.module", module->name}, {"loco.phase", std::to_string(phase)},
                       {"loco.path", std::to_string(path)}, {"loco.plan", run_.plan().fingerprint()}});
@@ -129,7 +130,7 @@ void TaskWorker::run_path(const TaskKey& task, const LeaseKeeper& keeper) {
     written += written_by_module[module->name];
     reports.push_back({module->name, phase, path, weight, relative});
   }
-  const auto inner_file = fmt::format("paths/P{}/inner-{}-{}.safetensors", path, phase, who);
+  const auto inner_file = RunFolder::inner_state_name(path, phase, who);
   save_safetensors(run_.dir() / inner_file, adamw.state(), {{"loco.inner_steps", std::to_string(adamw.steps())}});
   written += file_bytes(run_.dir() / inner_file);
   kept_inner_.reset();

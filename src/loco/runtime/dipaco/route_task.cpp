@@ -125,9 +125,8 @@ void TaskWorker::run_route(const TaskKey& task) {
   nlohmann::json by_path = nlohmann::json::array();
   for (int64_t p = 0; p < paths; ++p) by_path.push_back({{"path", p}, {"documents", members[static_cast<size_t>(p)]}});
   const std::vector<int64_t> label_list(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
-  const auto relative = fmt::format("routing/phase{}", task.phase);
-  write_routing(run_.dir() / relative,
-                run_.dir() / fmt::format("routing/phase{}.partial-{}", task.phase, file_safe(options_.name)), router,
+  const auto relative = RunFolder::rerouting_name(task.phase);
+  write_routing(run_.dir() / relative, run_.dir() / fmt::format("{}.partial-{}", relative, file_safe(options_.name)), router,
                 run_.plan().fingerprint(),
                 {{"routing", "linear"}, {"phase", task.phase}, {"top_n", config.dipaco.top_n},
                  {"router_documents", labelled}, {"router_labels", label_list}, {"paths", by_path}});

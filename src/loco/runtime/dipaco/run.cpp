@@ -200,7 +200,7 @@ std::map<std::string, int64_t> DipacoRun::latest_versions(Registry& registry, in
 }
 
 PathRouter DipacoRun::load_router(Registry& registry) const {
-  std::string folder = "routing";
+  std::string folder = RunFolder::routing_name();
   const auto layout = registry.layout();
   if (layout && layout->reroute_phase > 0) {
     if (auto done = registry.task_result({TaskScope::kRoute, -1, "", layout->reroute_phase})) folder = *done;

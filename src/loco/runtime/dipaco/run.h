@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "loco/data/dataset.h"
+#include "loco/core/run_folder.h"
 #include "loco/model/paths.h"
 #include "loco/model/transformer_fwd.h"
 #include "loco/runtime/config/config.h"
@@ -54,7 +55,7 @@ class DipacoRun {
 
   // The training documents of each path, from `routing`/paths.json (RUN/routing: k-means's; a
   // re-routing's folder after it). Throws DataError naming the file when it does not fit the run.
-  std::vector<std::vector<int64_t>> path_documents(const std::string& routing = "routing") const;
+  std::vector<std::vector<int64_t>> path_documents(const std::string& routing = RunFolder::routing_name()) const;
 
   // The tokens of `documents` of `split`, in order, and the same stream as targets with each
   // document's first data.route_tokens tokens left out: the router read them, so no loss counts

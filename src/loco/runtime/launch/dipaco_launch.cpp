@@ -278,7 +278,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
       }
       paths.push_back(row);
     }
-    write_file_atomic(fs::path(config.run.dir) / "dipaco-eval.json",
+    write_file_atomic(RunFolder(config.run.dir).dipaco_evaluation(),
                       nlohmann::json{{"val_loss", result.evaluation.loss}, {"tokens", result.evaluation.tokens},
                                      {"paths", paths}}.dump(1) + "\n", "launch");
     // A sample from the one path the router picks for a prompt: inference runs a single path.

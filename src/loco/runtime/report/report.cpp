@@ -49,7 +49,7 @@ RunReport read_dipaco_report(const std::filesystem::path& run, const RunConfig& 
     r.bytes_received = std::max(r.bytes_received, b.second);
   }
   for (const auto& [worker, seconds] : wall) r.wall_s = std::max(r.wall_s, seconds);
-  const auto scores = run / "dipaco-eval.json";
+  const auto scores = RunFolder(run).dipaco_evaluation();
   r.finished = std::filesystem::exists(scores);
   r.val_loss = r.val_ppl = NAN;
   if (r.finished) {
@@ -72,7 +72,7 @@ std::string dipaco_report(const std::filesystem::path& run) {
   std::string out = fmt::format("{}: DiPaCo's paths against the corpus's labels (documents routed to each, {})\n\n",
                                 run.string(), clusters.string());
   out += read_file(clusters, "report");
-  const auto scores = run / "dipaco-eval.json";
+  const auto scores = RunFolder(run).dipaco_evaluation();
   if (std::filesystem::exists(scores)) {
     try {
       const auto json = nlohmann::json::parse(read_file(scores, "report"));

@@ -4,6 +4,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 
 namespace loco::runtime {
 namespace {
@@ -18,7 +19,7 @@ std::filesystem::path module_file(const std::filesystem::path& run_dir, const st
     throw DataError("dipaco", fmt::format("module name '{}' is not a safe file name (letters, digits, '.', '_', '-')", module));
   }
   if (version < 0) throw DataError("dipaco", fmt::format("module {}: version {} is negative", module, version));
-  return run_dir / "modules" / module / fmt::format("v{}.safetensors", version);
+  return RunFolder(run_dir).module_version(module, version);
 }
 
 std::filesystem::path module_outer_file(const std::filesystem::path& run_dir, const std::string& module, int64_t version) {
