@@ -145,8 +145,7 @@ TransformerImpl::TransformerImpl(const ModelOptions& options, uint64_t seed) : o
   if (o.position == PositionKind::kLearned) {
     pos_emb = register_module("pos_emb", torch::nn::Embedding(o.context, o.width));
   } else {
-    const int64_t half = o.head_dim() / 2;
-    auto angles = torch::outer(torch::arange(0, o.context, torch::kFloat64), rope_inverse_frequencies(o));  // (context, half)
+    auto angles = torch::outer(torch::arange(0, o.context, torch::kFloat64), rope_inverse_frequencies(o));  // (context, head_dim / 2)
     rope_cos_ = register_buffer("rope_cos", angles.cos().to(torch::kFloat32));
     rope_sin_ = register_buffer("rope_sin", angles.sin().to(torch::kFloat32));
   }
