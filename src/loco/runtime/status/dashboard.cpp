@@ -166,10 +166,11 @@ void Dashboard::report(const nlohmann::json& body, double now) {
   }
   auto events = body.find("events");
   if (events == body.end() || !events->is_array()) throw ProtocolError("telemetry: field 'events' is missing or not an array");
+  std::vector<metrics::TimedEvent> parsed;  // read once, applied below unless the batch was seen
   for (const auto& e : *events) {
-    if (!metrics::parse_event(e)) {
-      throw ProtocolError("telemetry: every event must be an object with a string 'event'");
-    }
+    auto event = metrics::parse_event(e);
+    if (!event) throw ProtocolError("telemetry: every event must be an object with a string 'event'");
+    parsed.push_back(std::move(*event));
   }
   const int64_t seq = integer(body, "seq", -1), session = integer(body, "session", 0);
   std::lock_guard lock(mutex_);
@@ -195,7 +196,7 @@ void Dashboard::report(const nlohmann::json& body, double now) {
   if (first) add_event(now, who, fmt::format("reports from {} as {}", host, name), false);
   if (dropped > 0) add_event(now, who, fmt::format("{} of its events were lost while the coordinator could not be reached", dropped), false);
   if (!seen) {
-    for (const auto& e : *events) apply(w, e);
+    for (const auto& e : parsed) apply(w, e);
   }
 }
 
@@ -212,10 +213,8 @@ std::string clipped(const std::string& text, size_t most) { return text.substr(0
 
 }  // namespace
 
-void Dashboard::apply(Worker& w, const nlohmann::json& json) {
-  const auto parsed = metrics::parse_event(json);
-  if (!parsed) return;
-  const double time = std::isfinite(parsed->time) ? parsed->time : 0;
+void Dashboard::apply(Worker& w, const metrics::TimedEvent& event) {
+  const double time = std::isfinite(event.time) ? event.time : 0;
   const std::string who = fmt::format("worker {}", w.rank);
   auto add_loss_point = [&](int64_t step, int64_t tokens, double loss) {
     w.loss = loss;
@@ -286,7 +285,7 @@ void Dashboard::apply(Worker& w, const nlohmann::json& json) {
           },
           [](const auto&) {},  // the rest changes nothing on the page
       },
-      parsed->event);
+      event.event);
 }
 
 void Dashboard::process_started(int64_t rank, const std::string& host, int64_t pid, double now) {

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "loco/metrics/events.h"
+
 namespace loco::runtime {
 
 struct DashboardOptions {
@@ -75,7 +77,7 @@ class Dashboard {
 
   // The row of a process, added when new; nullptr when the table is full of live processes.
   Worker* worker_for(const std::string& host, int64_t pid, double now);
-  void apply(Worker& w, const nlohmann::json& event);
+  void apply(Worker& w, const metrics::TimedEvent& event);
   void add_event(double time, std::string who, std::string text, bool failure);
   std::string state_of(const Worker& w, size_t index, const nlohmann::json& run, double now) const;
   // {"workers": every process's row, "counts": processes per state, "telemetry_dropped"}; under the lock.
