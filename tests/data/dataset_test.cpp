@@ -22,7 +22,7 @@ using testing::TextGenerator;
 using testing::throws_with;
 using testing::write_text;
 
-constexpr int kVocab = 320;
+constexpr int kDatasetVocab = 320;
 const std::vector<std::string> kLabels = {"fiction", "news", "science"};
 
 // 40 documents with labels, as JSONL; returns the texts in file order.
@@ -44,7 +44,7 @@ PrepareOptions options_for(const fs::path& corpus, const fs::path& out, uint64_t
   o.corpus = corpus.string();
   o.out = out;
   o.cache_dir = out.parent_path() / "cache";
-  o.vocab_size = kVocab;
+  o.vocab_size = kDatasetVocab;
   o.val_fraction = 0.25;
   o.seed = seed;
   o.shard_tokens = 1000;  // several shards per split
@@ -93,7 +93,7 @@ TEST_F(PreparedDataset, ManifestDescribesTheFolder) {
   EXPECT_EQ(m.corpus, (tmp_ / "corpus.jsonl").string());
   EXPECT_EQ(m.label_by, LabelBy::kOwn);
   EXPECT_EQ(m.labels, kLabels);
-  EXPECT_EQ(m.vocab_size, kVocab);
+  EXPECT_EQ(m.vocab_size, kDatasetVocab);
   EXPECT_EQ(m.seed, 1234u);
   EXPECT_EQ(m.val_fraction, 0.25);
   EXPECT_EQ(m.train_documents, 30u);
@@ -125,7 +125,7 @@ TEST_F(PreparedDataset, ManifestDescribesTheFolder) {
   // The JSON also describes the tokenizer and counts documents per label.
   auto j = nlohmann::json::parse(read_text(out_ / "manifest.json"));
   EXPECT_EQ(j["tokenizer"]["type"], "sentencepiece-bpe");
-  EXPECT_EQ(j["tokenizer"]["vocab_size"], kVocab);
+  EXPECT_EQ(j["tokenizer"]["vocab_size"], kDatasetVocab);
   EXPECT_EQ(j["tokenizer"]["file"], "tokenizer.model");
   EXPECT_EQ(j["tokenizer"]["hash"], hex64(m.tokenizer_hash));
   EXPECT_EQ(j["tokenizer_hash"], hex64(m.tokenizer_hash));
@@ -192,7 +192,7 @@ TEST_F(PreparedDataset, ValUnigramEntropyMatchesARecomputation) {
   for (const auto& [t, c] : counts) h -= c / n * std::log(c / n);
   EXPECT_NEAR(manifest_.val_unigram_entropy, h, 1e-12);
   EXPECT_GT(h, 1.0);
-  EXPECT_LT(h, std::log(static_cast<double>(kVocab)));
+  EXPECT_LT(h, std::log(static_cast<double>(kDatasetVocab)));
 }
 
 TEST_F(PreparedDataset, SameSeedGivesIdenticalFilesAndAnotherSeedAnotherSplit) {
@@ -297,7 +297,7 @@ TEST_F(PreparedDataset, OpenRejectsAnotherTokenizer) {
       out_, tmp_ / "copy",
       [&](const fs::path& d) {
         std::vector<int32_t> tokens = read_shard(d / "val-00000.tok");
-        write_shard(d / "val-00000.tok", tokens, kVocab, manifest_.tokenizer_hash ^ 1);
+        write_shard(d / "val-00000.tok", tokens, kDatasetVocab, manifest_.tokenizer_hash ^ 1);
       },
       "val-00000.tok", "tokenizer does not match");
 }

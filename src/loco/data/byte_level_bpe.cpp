@@ -19,6 +19,7 @@
 #include "loco/core/error.h"
 #include "loco/data/added_tokens.h"
 #include "loco/data/corpus.h"
+#include "loco/data/text.h"
 
 namespace loco::data {
 namespace {
@@ -29,7 +30,6 @@ using detail::Section;
 using detail::split_added;
 
 using json = nlohmann::json;
-constexpr std::string_view kModule = "data";
 // GPT-2's pre-tokenizer, which ByteLevel applies when use_regex is true (the default).
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";

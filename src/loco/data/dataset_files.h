@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "loco/data/dataset.h"
+#include "loco/data/text.h"
 
 namespace loco::data::files {
 
-inline constexpr std::string_view kModule = "data";
 inline constexpr int kFormatVersion = 1;
 inline constexpr const char* kManifestFile = "manifest.json";
 // The tokenizer kinds a dataset may hold: type in the manifest -> its file.

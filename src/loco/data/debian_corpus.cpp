@@ -15,12 +15,12 @@
 #include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/data/text.h"
 
 namespace loco::data {
 namespace {
 
-constexpr std::string_view kModule = "data";
-constexpr auto kCommandTimeout = std::chrono::seconds(120);
+constexpr auto kToolTimeout = std::chrono::seconds(120);
 constexpr std::string_view kDpkgHint =
     "loco reads these corpora from Debian packages: is this Debian, with dpkg-query?";
 constexpr std::string_view kFortuneFolder = "/usr/share/games/fortunes";
@@ -30,20 +30,6 @@ constexpr std::string_view kDocSources = "/html/_sources/";
 constexpr std::string_view kWholeBible = "Gen1:1-Rev22:21";
 constexpr size_t kBibleBooks = 66;
 constexpr auto kProgressEvery = std::chrono::seconds(5);
-
-[[noreturn]] void fail(const std::string& message) { throw DataError(kModule, message); }
-
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
-
-std::string_view trim_right(std::string_view s) {
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  return trim_right(s);
-}
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
@@ -111,7 +97,7 @@ Captured capture(const std::vector<std::string>& argv, const fs::path& scratch, 
                  std::string_view hint) {
   const fs::path out = scratch / (tag + ".out");
   Captured captured;
-  captured.result = run_command(kModule, kCommandTimeout, argv, scratch / (tag + ".log"), hint, CommandStreams{out});
+  captured.result = run_command(kModule, kToolTimeout, argv, scratch / (tag + ".log"), hint, CommandStreams{out});
   std::error_code ec;
   if (fs::exists(out, ec)) captured.out = read_file(out, kModule);
   return captured;
@@ -350,7 +336,7 @@ std::optional<Document> render_man_page(const fs::path& file, const fs::path& st
   const std::vector<std::string> argv = {"groff", "-mandoc", "-Tutf8", "-P-cbou", "-t", "-Kutf-8", "-rHY=0",
                                          input.string()};
   const fs::path out = fs::path(stem.string() + ".txt");
-  const auto result = run_command(kModule, kCommandTimeout, argv, fs::path(stem.string() + ".log"),
+  const auto result = run_command(kModule, kToolTimeout, argv, fs::path(stem.string() + ".log"),
                                   "apt install groff-base", CommandStreams{out});
   check_command_result(result, kModule, fmt::format("rendering {} with groff", file.string()),
                        "apt install groff-base");

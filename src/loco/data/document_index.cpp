@@ -7,6 +7,7 @@
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/data/dataset.h"
+#include "loco/data/text.h"
 
 namespace loco::data {
 namespace {
@@ -22,11 +23,6 @@ constexpr char kDocsMagic[8] = {'L', 'O', 'C', 'O', 'D', 'O', 'C', '1'};
 constexpr uint32_t kDocsVersion = 1;
 constexpr size_t kDocsHeaderBytes = 32;
 constexpr size_t kDocsEntryBytes = 16;
-
-[[noreturn]] void fail(const fs::path& file, const std::string& problem) {
-  throw DataError("data", fmt::format("{}: {}", file.string(), problem));
-}
-
 }  // namespace
 
 std::string encode_document_index(const std::vector<DocumentEntry>& docs) {

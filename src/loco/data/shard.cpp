@@ -8,13 +8,13 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
+#include "loco/data/text.h"
 
 namespace loco::data {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "loco's file formats are little-endian");
 
-constexpr std::string_view kModule = "data";
 constexpr char kMagic[8] = {'L', 'O', 'C', 'O', 'T', 'O', 'K', '1'};
 constexpr uint32_t kDtypeU16 = 1, kDtypeU32 = 2;
 

@@ -10,11 +10,11 @@
 #include "loco/core/hash.h"
 #include "loco/data/sampling.h"
 #include "loco/data/spm/spm_library.h"
+#include "loco/data/text.h"
 
 namespace loco::data {
 namespace {
 
-constexpr std::string_view kModule = "data";
 // SentencePiece silently skips training lines longer than max_sentence_length; we cut long lines
 // (unwrapped paragraphs) into pieces below it instead, at a space where there is one.
 constexpr size_t kMaxLineBytes = 4096;

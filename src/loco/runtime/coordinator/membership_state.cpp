@@ -25,16 +25,14 @@ nlohmann::json slots_json(const std::vector<protocol::SlotInfo>& slots) {
 
 // Integers of the saved state: a float or an out-of-range number is malformed, not converted
 // (nlohmann's own conversion of them is unchecked).
-int64_t integer(const nlohmann::json& value) { return protocol::get_integer<int64_t>(value, "a saved number"); }
-uint64_t unsigned_integer(const nlohmann::json& value) { return protocol::get_integer<uint64_t>(value, "a saved position"); }
 std::vector<int64_t> integers(const nlohmann::json& value) { return protocol::get_integers<int64_t>(value, "a saved list"); }
 
 std::vector<protocol::SlotInfo> slots_from(const nlohmann::json& json) {
   std::vector<protocol::SlotInfo> out;
   for (const auto& s : json) {
     protocol::SlotInfo slot;
-    slot.owner = integer(s.at(0));
-    slot.position = {unsigned_integer(s.at(1)), unsigned_integer(s.at(2))};
+    slot.owner = protocol::saved_integer(s.at(0));
+    slot.position = {protocol::saved_position(s.at(1)), protocol::saved_position(s.at(2))};
     out.push_back(slot);
   }
   return out;
@@ -91,27 +89,27 @@ void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
     for (const auto& j : saved.at("members")) {
       Member m;
       m.name = j.at("name").get<std::string>();
-      m.slot = integer(j.at("slot"));
+      m.slot = protocol::saved_integer(j.at("slot"));
       const auto state = j.at("state").get<std::string>();
       m.state = state == "active" ? State::kActive : state == "joining" ? State::kJoining : State::kGone;
-      m.synced_step = m.step = integer(j.at("synced_step"));
+      m.synced_step = m.step = protocol::saved_integer(j.at("synced_step"));
       m.last_seen = now;
       if (m.slot < 0 || m.slot >= static_cast<int64_t>(slots_.size())) throw std::out_of_range("a member's slot");
-      members_.emplace(integer(j.at("id")), std::move(m));
+      members_.emplace(protocol::saved_integer(j.at("id")), std::move(m));
     }
     auto slots = slots_from(saved.at("slots"));
     if (slots.size() != slots_.size()) {
       throw std::invalid_argument(fmt::format("it has {} slots, the run {}", slots.size(), slots_.size()));
     }
     slots_ = std::move(slots);
-    next_id_ = integer(saved.at("next_id"));
+    next_id_ = protocol::saved_integer(saved.at("next_id"));
     started_ = saved.at("started").get<bool>();
     complete_ = saved.at("complete").get<bool>();
-    round_ = integer(saved.at("round"));
-    round_step_ = integer(saved.at("round_step"));
+    round_ = protocol::saved_integer(saved.at("round"));
+    round_step_ = protocol::saved_integer(saved.at("round_step"));
     rounds_missed_ = saved.contains("rounds_missed") ? integers(saved.at("rounds_missed")) : std::vector<int64_t>(slots_.size(), 0);
     if (rounds_missed_.size() != slots_.size()) throw std::out_of_range("rounds_missed");
-    epoch_ = integer(saved.at("epoch"));
+    epoch_ = protocol::saved_integer(saved.at("epoch"));
     epoch_members_ = integers(saved.at("epoch_members"));
     epoch_broken_ = saved.at("epoch_broken").get<bool>();
     tasks_.load(saved.at("tasks"));
@@ -119,23 +117,23 @@ void MembershipTable::load(const nlohmann::json& saved, Clock::time_point now) {
       if (m.state != State::kGone) tasks_.renew(id, now + 2 * options_.dead_after);  // a fresh allowance, as for the members
     }
     last_hash_.reset();
-    if (saved.contains("last_hash")) last_hash_ = unsigned_integer(saved.at("last_hash"));
+    if (saved.contains("last_hash")) last_hash_ = protocol::saved_position(saved.at("last_hash"));
     convened_.reset();
     if (saved.contains("convened")) {
       const auto& c = saved.at("convened");
       Convened convened;
-      convened.round = integer(c.at("round"));
-      convened.epoch = integer(c.at("epoch"));
-      convened.step = integer(c.at("step"));
-      convened.contributors = integer(c.at("contributors"));
+      convened.round = protocol::saved_integer(c.at("round"));
+      convened.epoch = protocol::saved_integer(c.at("epoch"));
+      convened.step = protocol::saved_integer(c.at("step"));
+      convened.contributors = protocol::saved_integer(c.at("contributors"));
       convened.participants = integers(c.at("participants"));
       convened.slots = slots_from(c.at("slots"));
       convened.done = integers(c.at("done"));
       for (const auto& a : c.value("adopted", nlohmann::json::array())) {
-        convened.adopted[integer(a.at("slot"))] = integer(a.at("member"));
+        convened.adopted[protocol::saved_integer(a.at("slot"))] = protocol::saved_integer(a.at("member"));
       }
       convened.issued = integers(c.at("issued"));
-      for (const auto& r : c.at("reports")) convened.reports[integer(r.at(0))] = {unsigned_integer(r.at(1)), unsigned_integer(r.at(2))};
+      for (const auto& r : c.at("reports")) convened.reports[protocol::saved_integer(r.at(0))] = {protocol::saved_position(r.at(1)), protocol::saved_position(r.at(2))};
       // The members still in that round get their answer again when they ask.
       for (size_t r = 0; r < convened.participants.size(); ++r) {
         auto it = members_.find(convened.participants[r]);

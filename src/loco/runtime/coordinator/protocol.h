@@ -28,6 +28,11 @@ constexpr int kVersion = 3;  // 2: tasks in the round plan (RoundReply::tasks), 
 // The wire's JSON helpers (net/wire.h), under the names the messages use.
 using wire::get_integer;
 using wire::get_integers;
+
+// A number of a state saved to disk (RUN/coordinator.json), and a position in the data: a float or
+// an out-of-range number is malformed, not converted (nlohmann's own conversion of them is unchecked).
+inline int64_t saved_integer(const nlohmann::json& value) { return get_integer<int64_t>(value, "a saved number"); }
+inline uint64_t saved_position(const nlohmann::json& value) { return get_integer<uint64_t>(value, "a saved position"); }
 using wire::kMaxJsonDepth;
 using wire::nested_deeper_than;
 using wire::ProtocolError;

@@ -167,15 +167,6 @@ nlohmann::json TaskTable::save() const {
           {"totals", {totals_.issued, totals_.reissued, totals_.done}}};
 }
 
-namespace {
-
-// Integers of the saved task table: a float or an out-of-range number is malformed, not converted
-// (nlohmann's own conversion of them is unchecked).
-int64_t integer(const nlohmann::json& value) { return protocol::get_integer<int64_t>(value, "a saved number"); }
-uint64_t unsigned_integer(const nlohmann::json& value) { return protocol::get_integer<uint64_t>(value, "a saved position"); }
-
-}  // namespace
-
 void TaskTable::load(const nlohmann::json& saved) {
   try {
     std::map<int64_t, TaskRecord> tasks;
@@ -183,17 +174,17 @@ void TaskTable::load(const nlohmann::json& saved) {
       TaskRecord r;
       r.task = protocol::Task::from_json(t.at("task"));
       r.state = state_from(t.at("state").get<std::string>());
-      r.holder = integer(t.at("holder"));
-      r.issued = integer(t.at("issued"));
-      r.end = {unsigned_integer(t.at("end").at(0)), unsigned_integer(t.at("end").at(1))};
-      if (r.task.id >= integer(saved.at("next_id")) || !tasks.emplace(r.task.id, r).second) {
+      r.holder = protocol::saved_integer(t.at("holder"));
+      r.issued = protocol::saved_integer(t.at("issued"));
+      r.end = {protocol::saved_position(t.at("end").at(0)), protocol::saved_position(t.at("end").at(1))};
+      if (r.task.id >= protocol::saved_integer(saved.at("next_id")) || !tasks.emplace(r.task.id, r).second) {
         throw std::invalid_argument(fmt::format("task {} is out of order or repeated", r.task.id));
       }
     }
     tasks_ = std::move(tasks);
-    next_id_ = integer(saved.at("next_id"));
+    next_id_ = protocol::saved_integer(saved.at("next_id"));
     const auto& totals = saved.at("totals");
-    totals_ = {integer(totals.at(0)), integer(totals.at(1)), integer(totals.at(2))};
+    totals_ = {protocol::saved_integer(totals.at(0)), protocol::saved_integer(totals.at(1)), protocol::saved_integer(totals.at(2))};
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(fmt::format("malformed task table: {}", e.what()));
   } catch (const protocol::ProtocolError& e) {

@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-void check_run_dir(const RunConfig& config, bool resume) {
+void check_dipaco_run_dir(const RunConfig& config, bool resume) {
   const fs::path run(config.run.dir);
   std::error_code ec;
   if (resume) {
@@ -245,7 +245,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
                                 "a database and share modules through the run folder, not over a network the islands "
                                 "could shape; leave them out");
   }
-  check_run_dir(config, options.resume);
+  check_dipaco_run_dir(config, options.resume);
   // The page is served from the start: routing and preparing a run take a while.
   DipacoStatus status(config, options);
   fmt::print(options.out, "launch: status page: {}\n", status.url());
