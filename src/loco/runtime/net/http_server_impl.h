@@ -1,0 +1,173 @@
+// The state of the coordinator's HTTP server (http_server.h) that its connections share: the table of
+// open connections and how room is made in it, the bodies' budgets, the handshake queue, the routes.
+// Internal to net/: http_server.cpp runs the server, http_session.cpp its connections.
+#pragma once
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "loco/runtime/net/handshake_queue.h"
+#include "loco/runtime/net/http_server.h"
+#include "loco/runtime/net/http_server_parts.h"
+
+namespace loco::runtime {
+namespace detail {
+
+// What the server needs to know of a connection to make room for another.
+struct Connection {
+  explicit Connection(std::string from) : address(std::move(from)) {}
+  virtual ~Connection() = default;
+  virtual void close() = 0;
+  const std::string address;  // the peer's
+  // Waiting for its TLS handshake, a request's headers or its body, or lingering after a refusal:
+  // evictable, since nothing in it is authenticated yet (a MAC covers the body).
+  bool waiting = true;
+  std::chrono::steady_clock::time_point waiting_since = std::chrono::steady_clock::now();
+  std::atomic<size_t> held{0};  // bytes of a request body counted against the budgets (HttpServer::Impl::hold)
+};
+
+}  // namespace detail
+
+struct HttpServer::Impl {
+  using Clock = std::chrono::steady_clock;
+  using tcp = boost::asio::ip::tcp;
+
+  explicit Impl(HttpServerOptions o) : options(std::move(o)) {}
+
+  HttpServerOptions options;
+  std::map<std::pair<std::string, std::string>, Handler> routes;  // (method, path)
+  Gate gate;
+  std::optional<boost::asio::ssl::context> tls;
+  detail::HandlerPool pool;
+  std::thread io_thread;
+  std::atomic<int64_t> tick_due{0};  // when the I/O thread's next tick is due (steady clock, ns)
+  std::atomic<int64_t> evicted{0}, timed_out{0}, refused_at_gate{0}, refused_over_budget{0};
+  std::atomic<int64_t> answering{0};  // requests taken in and not yet answered (handled and written)
+  size_t max_connections = 0;
+  int port = 0;
+
+  // Open connections, by id: touched on the I/O thread, and where a connection is destroyed.
+  mutable std::mutex connections_mutex;
+  std::map<uint64_t, std::weak_ptr<detail::Connection>> connections;
+  uint64_t next_id = 1;  // (0 is no connection to the handshake queue)
+
+  // The bytes of request bodies held, in all and by address (only addresses holding some):
+  // declared before `io`, whose destruction ends the connections that give their bytes back.
+  mutable std::mutex held_mutex;
+  size_t held_bytes = 0;
+  std::map<std::string, size_t> held_by_address;
+
+  // Destroyed before the state above, with the connections its pending handlers still hold (only
+  // the handshake queue below, which holds connections too, goes before it).
+  boost::asio::io_context io;
+  tcp::acceptor acceptor{io};
+  boost::asio::steady_timer tick{io}, retry{io};
+
+  HttpResponse handle(const HttpRequest& request) const {
+    HttpResponse response;
+    const auto it = routes.find({request.method, request.path});
+    if (it != routes.end()) {
+      it->second(request, response);
+      return response;
+    }
+    const bool known = std::any_of(routes.begin(), routes.end(), [&](const auto& r) { return r.first.second == request.path; });
+    response.status = known ? 405 : 404;
+    response.set_content(fmt::format("{{\"error\": \"{} {}\"}}", known ? "no such method for" : "no such path", request.path),
+                         "application/json");
+    return response;
+  }
+
+  void forget(uint64_t id) {
+    std::lock_guard lock(connections_mutex);
+    connections.erase(id);
+  }
+
+  // Of the connections `may_go` allows, the one to close first (null if none): an untrusted address's
+  // (HandshakeQueue::trust) before a trusted one's, then the one that has waited longest.
+  template <class MayGo>
+  std::shared_ptr<detail::Connection> first_to_close(MayGo may_go) {
+    std::shared_ptr<detail::Connection> first;
+    bool first_trusted = false;
+    std::lock_guard lock(connections_mutex);
+    for (const auto& [id, weak] : connections) {
+      auto c = weak.lock();
+      if (!c || !may_go(*c)) continue;
+      const bool trusted = handshakes.trusted(c->address);
+      if (!first || std::make_pair(trusted, c->waiting_since) < std::make_pair(first_trusted, first->waiting_since)) {
+        first = c;
+        first_trusted = trusted;
+      }
+    }
+    return first;
+  }
+
+  // At the limit: closes a waiting connection (first_to_close). False when every connection is
+  // busy (then the new one is refused).
+  bool make_room() {
+    if (std::lock_guard lock(connections_mutex); connections.size() < max_connections) return true;
+    auto oldest = first_to_close([](const detail::Connection& c) { return c.waiting; });
+    if (!oldest) return false;
+    oldest->close();
+    ++evicted;
+    return true;
+  }
+
+  // Counts `bytes` of `connection`'s body (from `address`) against the budgets, closing the
+  // connections that have waited longest on a body while the bound in all would be passed. False
+  // (nothing counted) over the address's bound, or when no other connection can be closed.
+  bool hold(detail::Connection& connection, const std::string& address, size_t bytes) {
+    for (;;) {
+      {
+        std::lock_guard lock(held_mutex);
+        const size_t by_address = held_by_address.count(address) ? held_by_address[address] : 0;
+        if (by_address + bytes > options.max_held_body_bytes_per_address) return false;
+        if (held_bytes + bytes <= options.max_held_body_bytes) {
+          held_by_address[address] = by_address + bytes;
+          held_bytes += bytes;
+          connection.held += bytes;
+          return true;
+        }
+      }
+      auto oldest = first_to_close([&](const detail::Connection& c) { return &c != &connection && c.waiting && c.held > 0; });
+      if (!oldest) return false;
+      oldest->close();  // gives back what it held
+      ++evicted;
+    }
+  }
+  void release(const std::string& address, size_t bytes) {
+    std::lock_guard lock(held_mutex);
+    held_bytes -= bytes;
+    const auto mine = held_by_address.find(address);
+    if (mine != held_by_address.end() && (mine->second -= bytes) == 0) held_by_address.erase(mine);
+  }
+
+  // TLS handshakes waiting for their turn (handshake_queue.h); one is taken per turn of the I/O
+  // loop. Declared after `io`: destroyed before it, with the connections it holds.
+  detail::HandshakeQueue handshakes;
+  bool handshake_turn_posted = false;
+  void post_handshake_turn() {
+    if (handshake_turn_posted || handshakes.empty()) return;
+    handshake_turn_posted = true;
+    boost::asio::post(io, [this] {
+      handshake_turn_posted = false;
+      if (auto start = handshakes.pop()) start();
+      post_handshake_turn();  // behind whatever else is ready by now
+    });
+  }
+
+  void accept();
+  void on_accept(tcp::socket socket);
+  void start_tick();
+};
+
+}  // namespace loco::runtime
