@@ -21,6 +21,7 @@
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/model/precision.h"
 #include "loco/runtime/worker/inner_step.h"
+#include "loco/runtime/worker/shard_turns.h"
 
 namespace loco::runtime {
 namespace {
@@ -47,73 +48,6 @@ void prepare_run_dir(const fs::path& run_dir, bool resume) {
                                            run_dir.string()));
   }
 }
-
-// Elastic runs: the shards of vacant slots a round's plan gave this worker, read in turn with its
-// own, one step each (docs/failure-model.md). A slot's sampler draws the same order its owner's
-// would (seed + slot), so whoever reads a shard, it is visited once per epoch.
-class ShardTurns {
- public:
-  ShardTurns(data::WindowSampler& own, RunLink* link, int64_t context, uint64_t seed)
-      : own_(own), link_(link), context_(context), seed_(seed) {}
-
-  // Takes the adoption of a new plan, if any: what changed, in words.
-  std::optional<std::string> update() {
-    if (link_ == nullptr) return std::nullopt;
-    auto wanted = link_->take_adoption();
-    if (!wanted) return std::nullopt;
-    std::vector<int64_t> taken, dropped;
-    for (auto it = adopted_.begin(); it != adopted_.end();) {
-      if (wanted->count(it->first) == 0) {
-        dropped.push_back(it->first);
-        it = adopted_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (const auto& [slot, position] : *wanted) {
-      auto it = adopted_.find(slot);
-      if (it == adopted_.end()) {
-        it = adopted_.try_emplace(slot, link_->shard_tokens(slot), context_, seed_ + static_cast<uint64_t>(slot)).first;
-        taken.push_back(slot);
-      }
-      if (it->second.position() != position) it->second.restore(position);
-    }
-    turn_ = 0;
-    if (taken.empty() && dropped.empty()) return std::nullopt;
-    std::string said;
-    if (!taken.empty()) said = fmt::format("reads the shard of vacant slot(s) {} in turn with its own", fmt::join(taken, ", "));
-    if (!dropped.empty()) {
-      said += fmt::format("{}stops reading slot(s) {} (another member reads them now)", said.empty() ? "" : "; ",
-                          fmt::join(dropped, ", "));
-    }
-    return said;
-  }
-
-  // The sampler of the next step: its own, then each adopted shard, in turn.
-  data::WindowSampler& next() {
-    const auto k = static_cast<size_t>(turn_++ % static_cast<int64_t>(adopted_.size() + 1));
-    return k == 0 ? own_ : std::next(adopted_.begin(), static_cast<std::ptrdiff_t>(k - 1))->second;
-  }
-
-  std::map<int64_t, data::SamplerPosition> positions() const {
-    std::map<int64_t, data::SamplerPosition> out;
-    for (const auto& [slot, sampler] : adopted_) out.emplace(slot, sampler.position());
-    return out;
-  }
-  std::vector<int64_t> adopted_slots() const {
-    std::vector<int64_t> out;
-    for (const auto& [slot, sampler] : adopted_) out.push_back(slot);
-    return out;
-  }
-
- private:
-  data::WindowSampler& own_;
-  RunLink* link_;
-  int64_t context_;
-  uint64_t seed_;
-  std::map<int64_t, data::WindowSampler> adopted_;
-  int64_t turn_ = 0;
-};
 
 // One call of train(): its parts, built and restored before the first step, and the loop over
 // steps. Each method is one stage of the driver; train() below reads top-down.
