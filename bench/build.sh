@@ -3,7 +3,7 @@
 # of HEAD with an empty ccache, a cold build of everything the README's test command builds (build/
 # and the fuzzers' build-fuzz/); how many translation units an edit of comm/group.h rebuilds, and how
 # long that takes without ccache; then a second clone at another path, built with the cache the
-# first one filled, and its ccache hit rate. About 25 minutes on 2 cores; run scripts/setup.sh first.
+# first one filled, and its ccache hit rate. About 15 minutes on 2 cores; run scripts/setup.sh first.
 #
 #   bench/build.sh [WORK]    WORK: a folder for the clones and the cache (default: a temporary one,
 #                            removed at the end)
