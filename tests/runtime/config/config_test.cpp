@@ -102,6 +102,19 @@ TEST(Config, OverridesAreTypedAndValidated) {
   expect_error<ConfigError>([&] { validate(c); }, "train.steps must be >= 1");
 }
 
+// An out-of-range override of a key whose default is resolved late (the outer optimizer's) is
+// refused, not silently replaced by the default (issue #48: --outer.lr=-0.5 trained with 0.7).
+TEST(Config, OutOfRangeOverridesAreRefusedBeforeDefaultsAreFilledIn) {
+  testing_util::TempDir tmp;
+  write_file_atomic(tmp.path() / "run.toml", "[train]\nsteps = 10\n", "test");
+  expect_error<ConfigError>([&] { load_config(tmp.path() / "run.toml", {"outer.lr=-0.5"}); }, "outer.lr must be >= 0, got -0.5");
+  expect_error<ConfigError>([&] { load_config(tmp.path() / "run.toml", {"outer.momentum=-0.5"}); },
+                            "outer.momentum must be in [0, 1), or -1 for the optimizer's default; got -0.5");
+  const auto resolved = load_config(tmp.path() / "run.toml", {"outer.lr=0", "outer.momentum=-1"});
+  EXPECT_DOUBLE_EQ(resolved.outer.lr, 0.7);  // the defaults' own markers still mean the defaults
+  EXPECT_DOUBLE_EQ(resolved.outer.momentum, 0.9);
+}
+
 // Found by fuzz/config_fuzzer: an override of bytes that are not UTF-8 was taken, and the saved
 // config.toml then read back as another config (its writer drops what TOML cannot hold).
 TEST(Config, StringOverridesMustBeUtf8SoTheSavedConfigReadsBack) {

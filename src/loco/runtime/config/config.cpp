@@ -217,6 +217,9 @@ RunConfig load_config(const fs::path& file, const std::vector<std::string>& over
   if (const char* database = std::getenv("LOCO_DIPACO_DATABASE"); config.dipaco.database.empty() && database != nullptr) {
     config.dipaco.database = database;
   }
+  // The values as given first: a default fills in only what was left at its "default" value, and an
+  // out-of-range override (outer.lr = -0.5) is refused, not replaced by the default.
+  validate(config);
   resolve_defaults(config);
   validate(config);
   return config;
@@ -243,6 +246,11 @@ void validate(const RunConfig& c) {
   for (const auto& f : fields) {
     if (const auto* i = std::get_if<int64_t*>(&f.value)) check_range(f, static_cast<double>(**i));
     if (const auto* d = std::get_if<double*>(&f.value)) check_range(f, **d);
+  }
+  // -1 is the marker of the optimizer's default; any other negative would be read as it.
+  if (c.outer.momentum < 0 && c.outer.momentum != -1) {
+    throw ConfigError("config", fmt::format("outer.momentum must be in [0, 1), or -1 for the optimizer's default; got {}",
+                                            c.outer.momentum));
   }
   if (c.model.width % c.model.heads != 0) {
     throw ConfigError("config", fmt::format("model.heads ({}) must divide model.width ({})", c.model.heads, c.model.width));

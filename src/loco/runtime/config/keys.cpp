@@ -157,7 +157,7 @@ std::vector<Field> table(RunConfig& c) {
       {"outer.optimizer", "DiLoCo's outer optimizer: nesterov, sgd (lr 1, no momentum = FedAvg) or adam",
        enum_field(c.outer.optimizer, {{optim::OuterKind::kNesterov, "nesterov"}, {optim::OuterKind::kSgd, "sgd"}, {optim::OuterKind::kAdam, "adam"}})},
       at_least(0, {"outer.lr", "outer learning rate; 0 = the optimizer's default (nesterov 0.7, sgd 1, adam 0.1)", &c.outer.lr}),
-      between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1); -1 = the optimizer's default (nesterov 0.9, or 0 with sync.eager; sgd 0, adam 0.9)", &c.outer.momentum}),
+      between(-1, 0.999999, {"outer.momentum", "outer momentum (adam: beta1), in [0, 1); -1 = the optimizer's default (nesterov 0.9, or 0 with sync.eager; sgd 0, adam 0.9)", &c.outer.momentum}),
       between(0, 0.999999, {"outer.beta2", "adam outer optimizer: beta2", &c.outer.beta2}),
       positive({"outer.eps", "adam outer optimizer: epsilon (0.1: the DiLoCo paper found outer Adam stable only with a large one)", &c.outer.eps}),
       at_least(0, {"outer.momentum_warmup", "outer steps over which the momentum (nesterov, sgd) rises linearly from 0 to outer.momentum; 0 = off", &c.outer.momentum_warmup}),
