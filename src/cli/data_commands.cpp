@@ -29,9 +29,14 @@ class Prepare : public Command {
     cmd->add_option("--out", options_.out, "output dataset folder")->required();
     auto* vocab = cmd->add_option("--vocab-size", options_.vocab_size, "BPE vocabulary size of the tokenizer trained on the corpus")
                       ->capture_default_str()->check(CLI::Range(16, 1 << 20));
+    auto* coverage = cmd->add_option("--character-coverage", options_.character_coverage,
+                                     "share of the corpus' characters that get pieces of their own, the most frequent "
+                                     "first; the rarer ones become their UTF-8 bytes. Below 1 (e.g. 0.9995) a small "
+                                     "vocabulary fits a corpus of thousands of characters")
+                         ->capture_default_str()->check(CLI::Range(0.5, 1.0));
     cmd->add_option("--tokenizer", options_.tokenizer, "a model's own SentencePiece tokenizer instead of training one: "
                                                        "its tokenizer.model, or the (Hugging Face) folder holding it")
-        ->excludes(vocab);
+        ->excludes(vocab)->excludes(coverage);
     cmd->add_option("--val-fraction", options_.val_fraction, "share of documents held out for validation")
         ->capture_default_str()->check(CLI::Range(0.0001, 0.9));
     cmd->add_option("--seed", options_.seed, "seed of the train/validation split")->capture_default_str();

@@ -340,6 +340,33 @@ TEST(PrepareDataset, TextFolderCorpusDropsEmptyDocuments) {
   EXPECT_NO_THROW(Dataset::open(tmp / "ds"));
 }
 
+// A corpus of more characters than the vocabulary holds prepares with a character coverage below 1,
+// its rare characters written as bytes and read back whole.
+TEST(PrepareDataset, ACharacterCoverageBelowOneFitsASmallVocabulary) {
+  TempDir tmp;
+  TextGenerator gen(3);
+  std::string rare;
+  for (char32_t c = 0x4E00; c < 0x4E00 + 300; ++c) {
+    rare += {static_cast<char>(0xE0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3F)), static_cast<char>(0x80 | (c & 0x3F))};
+  }
+  for (int i = 0; i < 12; ++i) write_text(tmp / "docs" / fmt::format("{:02d}.txt", i), gen.paragraph(30) + (i == 0 ? rare : ""));
+  PrepareOptions o = options_for(tmp / "docs", tmp / "ds");
+  o.val_fraction = 0.01;
+  std::vector<std::string> lines;
+  o.progress = [&](const std::string& l) { lines.push_back(l); };
+  EXPECT_TRUE(throws_with<Error>([&] { prepare_dataset(o); }, {"character coverage 1", "below 1"}));
+  o.character_coverage = 0.98;
+  o.overwrite = true;
+  lines.clear();
+  const Manifest m = prepare_dataset(o);
+  EXPECT_EQ(m.vocab_size, kDatasetVocab);
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const auto& l) { return l.find("character coverage 0.98") != std::string::npos; }));
+  const Dataset ds = Dataset::open(tmp / "ds");
+  auto documents = decoded_documents(ds, ds.train());
+  documents.merge(decoded_documents(ds, ds.val()));
+  EXPECT_TRUE(std::any_of(documents.begin(), documents.end(), [&](const auto& d) { return d.ends_with(rare); }));
+}
+
 TEST(PrepareDataset, LabelBySourceIsRecordedInTheManifest) {
   TempDir tmp;
   write_jsonl_corpus(tmp / "corpus.jsonl", 20);
@@ -440,6 +467,9 @@ TEST(PrepareDataset, InputErrors) {
   PrepareOptions o = options_for(tmp / "one", tmp / "ds2");
   o.vocab_size = 100;
   EXPECT_TRUE(throws_with<ConfigError>([&] { prepare_dataset(o); }, {"vocab_size = 100"}));
+  o = options_for(tmp / "one", tmp / "ds2");
+  o.character_coverage = 0;
+  EXPECT_TRUE(throws_with<ConfigError>([&] { prepare_dataset(o); }, {"character_coverage = 0"}));
   o = options_for(tmp / "one", tmp / "ds2");
   o.val_fraction = 1.0;
   EXPECT_TRUE(throws_with<ConfigError>([&] { prepare_dataset(o); }, {"val_fraction"}));

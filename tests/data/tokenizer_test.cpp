@@ -120,6 +120,37 @@ TEST(Tokenizer, TrainingErrors) {
   EXPECT_TRUE(throws_with<DataError>([&] { Tokenizer::train(views(blank), options); }, {"training text is empty"}));
 }
 
+// 400 distinct CJK characters, each once, among 200 paragraphs of ASCII: every character a piece
+// needs more than 320 entries; kept to the most frequent 98% of the text, the rare ones are bytes.
+TEST(Tokenizer, ACharacterCoverageBelowOneWritesTheRareCharactersAsBytes) {
+  std::vector<std::string> texts = generate_paragraphs(1, 200);
+  std::string rare;
+  for (char32_t c = 0x4E00; c < 0x4E00 + 400; ++c) {
+    rare += static_cast<char>(0xE0 | (c >> 12));
+    rare += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    rare += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  texts.push_back(rare);
+  TokenizerTrainOptions options;
+  options.vocab_size = kVocab;
+  EXPECT_TRUE(throws_with<Error>([&] { Tokenizer::train(views(texts), options); }, {"character coverage 1", "below 1"}));
+
+  options.character_coverage = 0.98;
+  const Tokenizer tok = Tokenizer::train(views(texts), options);
+  EXPECT_EQ(tok.vocab_size(), kVocab);
+  const auto ids = tok.encode(rare);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 0), 0) << "no <unk>";
+  EXPECT_GE(ids.size(), 3u * 400) << "each rare character is its three bytes";
+  EXPECT_EQ(tok.decode(ids), rare);
+  const std::string common = "kalo mine rusa tevo.";
+  EXPECT_LT(tok.encode(common).size(), common.size()) << "the frequent characters are merged as before";
+
+  for (double bad : {0.0, -0.5, 1.5}) {
+    options.character_coverage = bad;
+    EXPECT_TRUE(throws_with<ConfigError>([&] { Tokenizer::train(views(texts), options); }, {"character_coverage", "(0, 1]"}));
+  }
+}
+
 TEST(Tokenizer, VeryLongLinesStillTrain) {
   // One 60 KB line without newlines: cut into pieces instead of silently dropped by SentencePiece.
   TextGenerator gen(5);

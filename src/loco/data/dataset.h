@@ -60,6 +60,7 @@ struct PrepareOptions {
   fs::path out;
   fs::path cache_dir;                 // npm downloads; default chosen by the CLI
   int vocab_size = 4096;              // of the tokenizer trained here (not with `tokenizer`)
+  double character_coverage = 1.0;    // of the tokenizer trained here: TokenizerTrainOptions
   // A model's own tokenizer: a tokenizer.model (SentencePiece) or tokenizer.json (byte-level BPE)
   // file, or a (Hugging Face) folder that holds one; used as it is instead of training one, and the
   // dataset's vocabulary is the model's (config.json's vocab_size beside it, when larger). "" = train

@@ -35,6 +35,9 @@ void validate(const PrepareOptions& o) {
                     "byte-fallback pieces, and the corpus' characters)",
                     o.vocab_size, kMinVocab));
   }
+  if (!(o.character_coverage > 0 && o.character_coverage <= 1)) {
+    bad(fmt::format("prepare: character_coverage = {} must be in (0, 1]", o.character_coverage));
+  }
   if (!(o.val_fraction > 0 && o.val_fraction < 1)) {
     bad(fmt::format("prepare: val_fraction = {} must be in (0, 1)", o.val_fraction));
   }
@@ -167,13 +170,16 @@ namespace {
 
 Tokenizer train_tokenizer(const PrepareOptions& options, const std::vector<const Document*>& train_docs) {
   if (options.progress) {
-    options.progress(fmt::format("training tokenizer (vocab {}) on {} documents", options.vocab_size, train_docs.size()));
+    options.progress(fmt::format("training tokenizer (vocab {}{}) on {} documents", options.vocab_size,
+                                 options.character_coverage < 1 ? fmt::format(", character coverage {}", options.character_coverage) : "",
+                                 train_docs.size()));
   }
   std::vector<std::string_view> train_texts;
   for (const Document* d : train_docs) train_texts.push_back(d->text);
   TokenizerTrainOptions tokenizer_options;
   tokenizer_options.vocab_size = options.vocab_size;
   tokenizer_options.seed = options.seed;
+  tokenizer_options.character_coverage = options.character_coverage;
   Tokenizer tokenizer = Tokenizer::train(train_texts, tokenizer_options);
   LOCO_CHECK(tokenizer.vocab_size() == options.vocab_size, "trained vocab {} != requested {}", tokenizer.vocab_size(),
              options.vocab_size);

@@ -132,6 +132,9 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const Tok
     throw ConfigError(kModule, fmt::format("tokenizer num_threads = {} must be >= 1", options.num_threads));
   }
   if (options.max_sentences < 1) throw ConfigError(kModule, "tokenizer max_sentences must be >= 1");
+  if (!(options.character_coverage > 0 && options.character_coverage <= 1)) {
+    throw ConfigError(kModule, fmt::format("tokenizer character_coverage = {} must be in (0, 1]", options.character_coverage));
+  }
 
   std::vector<std::string_view> lines;
   for (std::string_view text : texts) append_lines(text, lines);
@@ -155,7 +158,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const Tok
       {"eos_id", "2"},
       {"pad_id", "-1"},
       {"byte_fallback", "true"},  // unseen characters become byte pieces, never <unk>
-      {"character_coverage", "1.0"},
+      {"character_coverage", fmt::format("{}", options.character_coverage)},
       {"hard_vocab_limit", "true"},  // exactly vocab_size pieces, or an error
       {"num_threads", std::to_string(options.num_threads)},
       {"input_sentence_size", "0"},  // all of them: already sampled above, deterministically
@@ -183,10 +186,12 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const Tok
   char* error = nullptr;
   if (spm.train(line_data.data(), line_sizes.data(), lines.size(), keys.data(), values.data(), keys.size(), &model.data,
                 &model_size, &error) != 0) {
-    throw Error(kModule, fmt::format("training the SentencePiece tokenizer (vocab {}) on {} lines failed: {}. "
-                                     "hint: a vocabulary needs at least 259 + (distinct characters) entries and "
-                                     "enough text to learn the merges; lower the vocab size or use a larger corpus",
-                                     options.vocab_size, lines.size(), take_error(error)));
+    throw Error(kModule, fmt::format("training the SentencePiece tokenizer (vocab {}, character coverage {}) on {} lines "
+                                     "failed: {}. hint: a vocabulary needs at least 259 + (distinct characters kept) "
+                                     "entries and enough text to learn the merges; lower the vocab size, use a larger "
+                                     "corpus, or keep fewer characters (a character coverage below 1, e.g. 0.9995: the "
+                                     "rarest become byte pieces)",
+                                     options.vocab_size, options.character_coverage, lines.size(), take_error(error)));
   }
   return from_serialized(std::string(model.data, model_size), "trained tokenizer");
 }

@@ -24,6 +24,10 @@ struct TokenizerTrainOptions {
   int num_threads = 2;
   uint64_t seed = 0;                    // documents are sampled deterministically from it
   size_t max_sentences = 2'000'000;     // SentencePiece input_sentence_size
+  // The share of the text's characters that get pieces of their own, the most frequent first, in
+  // (0, 1]; the rarer ones are written as their UTF-8 bytes (byte fallback). Below 1, a vocabulary
+  // need not hold every character of a corpus that has thousands (SentencePiece's character_coverage).
+  double character_coverage = 1.0;
 };
 
 class Tokenizer {
