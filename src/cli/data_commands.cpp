@@ -31,7 +31,7 @@ class Prepare : public Command {
                       ->capture_default_str()->check(CLI::Range(16, 1 << 20));
     auto* coverage = cmd->add_option("--character-coverage", options_.character_coverage,
                                      "share of the corpus' characters that get pieces of their own, the most frequent "
-                                     "first; the rarer ones become their UTF-8 bytes. Below 1 (e.g. 0.9995) a small "
+                                     "first; the rarer ones become their UTF-8 bytes. Below 1 (such as 0.995) a small "
                                      "vocabulary fits a corpus of thousands of characters")
                          ->capture_default_str()->check(CLI::Range(0.5, 1.0));
     cmd->add_option("--tokenizer", options_.tokenizer, "a model's own SentencePiece tokenizer instead of training one: "

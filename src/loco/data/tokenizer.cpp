@@ -189,8 +189,8 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const Tok
     throw Error(kModule, fmt::format("training the SentencePiece tokenizer (vocab {}, character coverage {}) on {} lines "
                                      "failed: {}. hint: a vocabulary needs at least 259 + (distinct characters kept) "
                                      "entries and enough text to learn the merges; lower the vocab size, use a larger "
-                                     "corpus, or keep fewer characters (a character coverage below 1, e.g. 0.9995: the "
-                                     "rarest become byte pieces)",
+                                     "corpus, or keep fewer characters (a character coverage below 1, such as 0.999 or 0.995: "
+                                     "the rarest become byte pieces)",
                                      options.vocab_size, options.character_coverage, lines.size(), take_error(error)));
   }
   return from_serialized(std::string(model.data, model_size), "trained tokenizer");
