@@ -10,6 +10,7 @@
 #include "loco/comm/group.h"
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/dataset.h"
 #include "loco/runtime/coordinator/coordinator.h"
 #include "loco/runtime/dipaco/evaluation.h"
@@ -185,7 +186,11 @@ class Launch : public Command {
         return 130;
       case runtime::RunOutcome::kFailed: break;
     }
-    fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n", result.message);
+    if (RunFolder(config.run.dir).unstarted()) {
+      fmt::print(stderr, "error: [launch] {}; nothing was saved: once that is fixed, run the same command again\n", result.message);
+    } else {
+      fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n", result.message);
+    }
     return 1;
   }
   int run_dipaco(const runtime::RunConfig& config, const runtime::LaunchOptions& options) {

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "process_util.h"
 #include "test_util.h"
 #include "cli_util.h"
@@ -366,6 +367,36 @@ TEST_F(LaunchTest, CoordinatorRefusesMismatchedWorkersAndNamesMissingOnes) {
   EXPECT_NE(lonely.output.find("worker rank(s) 1 never joined within 10 s"), std::string::npos) << lonely.output;
   EXPECT_EQ(lonely_coordinator->wait(30s), 1);
   EXPECT_NE(read_file(log("lonely-run"), "test").find("never joined"), std::string::npos);
+}
+
+// Issue #48: a start that failed before anything was saved (here a missing dataset) left a folder
+// that refused both a retry ("already holds a run") and --resume ("no checkpoints"). It says to run
+// the same command again, and that works.
+TEST_F(LaunchTest, AFailedStartLeavesAFolderThatTheSameCommandTakesAgain) {
+  auto failed = run_command(launch_args("retry", {"--data.dir=" + (dir_->path() / "no-data").string(), "--train.steps=4"}),
+                            log("retry-failed"), 60s);
+  EXPECT_EQ(failed.status, 1);
+  EXPECT_NE(failed.output.find("nothing was saved: once that is fixed, run the same command again"), std::string::npos)
+      << failed.output;
+  EXPECT_EQ(failed.output.find("--resume"), std::string::npos) << failed.output;
+  ASSERT_TRUE(RunFolder(run("retry")).unstarted()) << "the failed start left more than its join token";
+
+  auto resumed = run_command(launch_args("retry", {"--train.steps=4", "--resume"}), log("retry-resume"), 60s);
+  EXPECT_EQ(resumed.status, 1);
+  EXPECT_NE(resumed.output.find("the run never started; start it without --resume"), std::string::npos) << resumed.output;
+
+  auto again = run_command(launch_args("retry", {"--train.steps=4"}), log("retry-again"), 120s);
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_FALSE(events("retry", "summary").empty());
+
+  // Once it holds a run, the same command is refused again; a file is named as what it is.
+  auto used = run_command(launch_args("retry", {"--train.steps=4"}), log("retry-used"), 60s);
+  EXPECT_EQ(used.status, 1);
+  EXPECT_NE(used.output.find("already holds a run; pass --resume"), std::string::npos) << used.output;
+  std::ofstream(run("a-file")) << "x";
+  auto file = run_command(launch_args("a-file"), log("a-file"), 60s);
+  EXPECT_EQ(file.status, 1);
+  EXPECT_NE(file.output.find("exists and is not a folder"), std::string::npos) << file.output;
 }
 
 TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {

@@ -32,6 +32,15 @@ class RunFolder {
   explicit RunFolder(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
   const std::filesystem::path& dir() const { return dir_; }
+  // Whether the folder exists and holds nothing but its join token: what a launch that failed
+  // before any process wrote to it leaves (a missing dataset, a busy port). A retry may use it.
+  bool unstarted() const {
+    std::error_code error;
+    for (std::filesystem::directory_iterator it(dir_, error), end; !error && it != end; it.increment(error)) {
+      if (it->path() != join_token()) return false;
+    }
+    return !error && std::filesystem::is_directory(dir_, error);
+  }
   std::filesystem::path config() const { return dir_ / "config.toml"; }
   std::filesystem::path metrics() const { return dir_ / "metrics.jsonl"; }
   std::filesystem::path join_token() const { return dir_ / "join_token"; }

@@ -115,13 +115,18 @@ void check_run_dir(const RunConfig& config, bool resume) {
     // An elastic run resumes from the global checkpoints, a fixed one from each worker's.
     const fs::path needed = config.cluster.elastic ? RunFolder(run).checkpoints() : RunFolder(run).workers();
     if (!fs::exists(needed, ec)) {
-      throw ConfigError("launch", fmt::format("--resume: {} holds no {} (no {})", run.string(),
+      throw ConfigError("launch", fmt::format("--resume: {} holds no {} (no {}){}", run.string(),
                                               config.cluster.elastic ? "global checkpoints" : "workers' checkpoints",
-                                              needed.string()));
+                                              needed.string(),
+                                              RunFolder(run).unstarted() ? ": the run never started; start it without --resume" : ""));
     }
     return;
   }
-  if (fs::exists(run, ec) && (!fs::is_directory(run, ec) || !fs::is_empty(run, ec))) {
+  if (fs::exists(run, ec) && !fs::is_directory(run, ec)) {
+    throw ConfigError("launch", fmt::format("run.dir {} exists and is not a folder; choose another --run.dir", run.string()));
+  }
+  // A folder that a failed start left with only its join token is taken again (and its token with it).
+  if (fs::exists(run, ec) && !fs::is_empty(run, ec) && !RunFolder(run).unstarted()) {
     throw ConfigError("launch", fmt::format("run.dir {} already holds a run; pass --resume to continue it, or choose another "
                                             "--run.dir (nothing was overwritten)", run.string()));
   }
