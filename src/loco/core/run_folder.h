@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace loco {
@@ -34,13 +35,10 @@ class RunFolder {
   const std::filesystem::path& dir() const { return dir_; }
   // Whether the folder exists and holds nothing but its join token: what a launch that failed
   // before any process wrote to it leaves (a missing dataset, a busy port). A retry may use it.
-  bool unstarted() const {
-    std::error_code error;
-    for (std::filesystem::directory_iterator it(dir_, error), end; !error && it != end; it.increment(error)) {
-      if (it->path() != join_token()) return false;
-    }
-    return !error && std::filesystem::is_directory(dir_, error);
-  }
+  bool unstarted() const;
+  // Refuses (ConfigError of `module`) a folder that a new run must not write into: a file, or a folder
+  // that holds a run. A missing or empty folder, or one a failed start left (unstarted), is taken.
+  void check_new_run(std::string_view module) const;
   std::filesystem::path config() const { return dir_ / "config.toml"; }
   std::filesystem::path metrics() const { return dir_ / "metrics.jsonl"; }
   std::filesystem::path join_token() const { return dir_ / "join_token"; }

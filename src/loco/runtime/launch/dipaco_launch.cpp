@@ -32,17 +32,13 @@ using Clock = std::chrono::steady_clock;
 
 void check_dipaco_run_dir(const RunConfig& config, bool resume) {
   const fs::path run(config.run.dir);
-  std::error_code ec;
   if (resume) {
     if (!open_run_registry(config)->layout()) {
       throw ConfigError("launch", fmt::format("--resume: {} holds no started DiPaCo run (its registry has no layout)", run.string()));
     }
     return;
   }
-  if (fs::exists(run, ec) && (!fs::is_directory(run, ec) || !fs::is_empty(run, ec))) {
-    throw ConfigError("launch", fmt::format("run.dir {} already holds a run; pass --resume to continue it, or choose another "
-                                            "--run.dir (nothing was overwritten)", run.string()));
-  }
+  RunFolder(run).check_new_run("launch");
   if (!config.dipaco.database.empty() && open_run_registry(config)->layout()) {
     throw ConfigError("launch", "dipaco.database already holds a started run; pass --resume to continue it, or give an empty "
                                 "database (nothing was overwritten)");

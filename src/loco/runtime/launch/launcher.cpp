@@ -122,14 +122,7 @@ void check_run_dir(const RunConfig& config, bool resume) {
     }
     return;
   }
-  if (fs::exists(run, ec) && !fs::is_directory(run, ec)) {
-    throw ConfigError("launch", fmt::format("run.dir {} exists and is not a folder; choose another --run.dir", run.string()));
-  }
-  // A folder that a failed start left with only its join token is taken again (and its token with it).
-  if (fs::exists(run, ec) && !fs::is_empty(run, ec) && !RunFolder(run).unstarted()) {
-    throw ConfigError("launch", fmt::format("run.dir {} already holds a run; pass --resume to continue it, or choose another "
-                                            "--run.dir (nothing was overwritten)", run.string()));
-  }
+  RunFolder(run).check_new_run("launch");  // a failed start's folder is taken again, its join token with it
 }
 
 // One `loco launch`: the coordinator in this process, the workers as child processes of the

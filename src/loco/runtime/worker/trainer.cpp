@@ -36,18 +36,6 @@ const std::vector<std::string> kResumeFixedKeys = {"data.", "model.", "optim.", 
                                                    "train.grad_accum", "train.seed", "train.z_loss",
                                                    "train.init_from", "sync.", "outer.", "cluster.workers"};
 
-void prepare_run_dir(const fs::path& run_dir, bool resume) {
-  std::error_code ec;
-  if (resume || !fs::exists(run_dir, ec)) return;
-  if (!fs::is_directory(run_dir, ec)) {
-    throw ConfigError("train", fmt::format("run.dir {} exists and is not a folder", run_dir.string()));
-  }
-  if (!fs::is_empty(run_dir, ec)) {
-    throw ConfigError("train", fmt::format("run.dir {} already holds a run; pass --resume to continue it, or choose "
-                                           "another --run.dir (nothing was overwritten)",
-                                           run_dir.string()));
-  }
-}
 
 // One call of train(): its parts, built and restored before the first step, and the loop over
 // steps. Each method is one stage of the driver; train() below reads top-down.
@@ -159,7 +147,7 @@ void TrainingLoop::open_inputs() {
   // A worker keeps its own checkpoints; the run folder holds what the workers share.
   state_dir_ = worker_.distributed && !worker_.elastic ? run.worker_dir(worker_.rank) : run_dir_;
   const bool resume = options_.resume || options_.resume_step.has_value();
-  if (!worker_.elastic) prepare_run_dir(state_dir_, resume);  // elastic: the coordinator (or launcher) checked
+  if (!worker_.elastic && !resume) RunFolder(state_dir_).check_new_run("train");  // elastic: the coordinator (or launcher) checked
   store_.emplace(RunFolder(state_dir_).checkpoints(), config_.checkpoint.keep);
   if (worker_.elastic) slot_store_.emplace(run.slot_state(worker_.rank), config_.checkpoint.keep);
 }
