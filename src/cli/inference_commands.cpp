@@ -2,11 +2,13 @@
 // dense checkpoint, or one DiPaCo path, as a Hugging Face folder.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <optional>
 
 #include "command.h"
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 #include "loco/data/batcher.h"
 #include "loco/data/dataset.h"
 #include "loco/data/tokenizer.h"
@@ -59,12 +61,16 @@ class Eval : public InferenceCommand {
     cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
     add_source_options();
     cmd->add_option("--data", data_dir_, "dataset folder (default: the one the model was trained on)");
-    cmd->add_option("--windows", windows_, "validation windows (default: the run's eval.windows)");
+    cmd->add_option("--windows", windows_, "validation windows (default: the run's eval.windows); a DiPaCo run scores every token of its documents and "
+                                 "reads these only to pick versions (dipaco.early_stopping)");
     cmd->add_option("--against", against_, "DiPaCo: dense checkpoints or run folders scored on the same routed windows");
+    cmd->add_option("--json", json_, "DiPaCo: also write the scores, by path and by document, and the paired intervals "
+                                     "between every two models to this file");
   }
   int run() override {
     if (auto config = dipaco_config()) return run_dipaco(*config);
     if (!against_.empty()) throw ConfigError("cli", "--against compares dense models with a DiPaCo run: pass --config");
+    if (!json_.empty()) throw ConfigError("cli", "--json writes a DiPaCo run's scores: pass --config");
     const auto device = model::resolve_device("auto");
     auto loaded = runtime::load_for_inference(checkpoint_path_, data_dir_, device);
     const auto dataset = data::Dataset::open(loaded.config.data.dir);
@@ -84,11 +90,17 @@ class Eval : public InferenceCommand {
   int run_dipaco(runtime::RunConfig config) {
     if (windows_ > 0) config.eval.windows = windows_;
     runtime::configure_threads(0);
-    fmt::print("{}", runtime::describe(runtime::evaluate_dipaco(config, against_)));
+    const auto evaluation = runtime::evaluate_dipaco(config, against_);
+    fmt::print("{}", runtime::describe(evaluation));
+    if (!json_.empty()) {
+      write_file_atomic(json_, runtime::to_json(evaluation).dump(1) + "\n", "eval");
+      fmt::print("eval: wrote {}\n", json_);
+    }
     return 0;
   }
   int64_t windows_ = 0;
   std::vector<std::string> against_;
+  std::string json_;
 };
 
 class Generate : public InferenceCommand {

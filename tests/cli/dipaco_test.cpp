@@ -15,6 +15,7 @@
 
 #include "cli_util.h"
 #include "loco/core/files.h"
+#include "loco/data/dataset.h"
 #include "loco/model/paths.h"
 #include "loco/model/transformer.h"
 #include "loco/runtime/store/modules.h"
@@ -226,6 +227,52 @@ lease_s = 2
 TempDir* DipacoRunTest::dir_ = nullptr;
 Modules* DipacoRunTest::reference_ = nullptr;
 
+// Scores as `loco eval --json` writes them: every validation document once, each scored on all its
+// tokens less the router's; the path and run losses are the documents' summed; every pair of the
+// DiPaCo run and its `baselines` baselines compared, the difference inside its interval.
+void expect_every_document_scored_whole(const RunConfig& c, const nlohmann::json& scores, size_t baselines) {
+  const auto dataset = data::Dataset::open(c.data.dir);
+  const auto& val = dataset.val().documents;
+  std::set<int64_t> seen;
+  std::map<int64_t, std::pair<double, int64_t>> by_path;
+  std::vector<double> sums(baselines + 1, 0.0);
+  int64_t tokens = 0;
+  for (const auto& d : scores.at("documents")) {
+    const auto index = d.at("document").get<int64_t>();
+    EXPECT_TRUE(seen.insert(index).second) << "document " << index << " scored twice";
+    const int64_t length = val.at(static_cast<size_t>(index)).length;
+    const int64_t routed = std::min<int64_t>(c.data.route_tokens, length);
+    EXPECT_EQ(d.at("tokens").get<int64_t>(), length - std::max<int64_t>(routed, 1)) << "document " << index;
+    const auto losses = d.at("loss_sums").get<std::vector<double>>();
+    ASSERT_EQ(losses.size(), baselines + 1);
+    for (size_t m = 0; m < losses.size(); ++m) sums[m] += losses[m];
+    auto& path = by_path[d.at("path").get<int64_t>()];
+    path.first += losses[0];
+    path.second += d.at("tokens").get<int64_t>();
+    tokens += d.at("tokens").get<int64_t>();
+  }
+  int64_t scorable = 0;
+  for (const auto& doc : val) scorable += doc.length > std::max<int64_t>(c.data.route_tokens, 1);
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), scorable) << "every document with a token past the router's is scored";
+  EXPECT_EQ(scores.at("tokens").get<int64_t>(), tokens);
+  EXPECT_NEAR(scores.at("val_loss").get<double>(), sums[0] / static_cast<double>(tokens), 1e-9);
+  for (const auto& p : scores.at("paths")) {
+    const auto& [sum, count] = by_path[p.at("path").get<int64_t>()];
+    EXPECT_EQ(p.at("tokens").get<int64_t>(), count);
+    if (count > 0) EXPECT_NEAR(p.at("val_loss").get<double>(), sum / static_cast<double>(count), 1e-9);
+  }
+  const auto& comparisons = scores.at("comparisons");
+  ASSERT_EQ(comparisons.size(), (baselines + 1) * baselines / 2) << "every pair of models";
+  for (size_t b = 0; b < baselines; ++b) {
+    const auto& dense = comparisons.at(b);  // DiPaCo's against each baseline come first
+    EXPECT_EQ(dense.at("a"), "dipaco");
+    EXPECT_NEAR(dense.at("difference").get<double>(), (sums[0] - sums[b + 1]) / static_cast<double>(tokens), 1e-9);
+    EXPECT_LE(dense.at("low").get<double>(), dense.at("difference").get<double>());
+    EXPECT_GE(dense.at("high").get<double>(), dense.at("difference").get<double>());
+    EXPECT_LT(dense.at("low").get<double>(), dense.at("high").get<double>()) << "two models that differ somewhere";
+  }
+}
+
 // `loco launch`: routes, prepares, runs two workers to the end and scores every path on the
 // validation documents routed to it. Each path task loads only its own path's modules.
 TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
@@ -264,11 +311,13 @@ TEST_F(DipacoRunTest, LaunchTrainsEveryPathAsTasksAndScoresThem) {
   auto trained = run_command(dense, log("dense"));
   ASSERT_EQ(trained.status, 0) << trained.output;
   auto eval_args = command("eval", "launched");
-  eval_args.insert(eval_args.end(), {"--against", (dir_->path() / "dense").string()});
+  const auto scores_file = dir_->path() / "eval-against-dense.json";
+  eval_args.insert(eval_args.end(), {"--against", (dir_->path() / "dense").string(), "--json", scores_file.string()});
   auto scored = run_command(eval_args, log("eval"));
   ASSERT_EQ(scored.status, 0) << scored.output;
   EXPECT_NE(scored.output.find(fmt::format("**{:.4f}**", eval["val_loss"].get<double>())), std::string::npos) << scored.output;
   EXPECT_NE(scored.output.find((dir_->path() / "dense").string() + " |"), std::string::npos) << scored.output;
+  expect_every_document_scored_whole(c, nlohmann::json::parse(read_file(scores_file, "test")), 1);
 
   // The same run read with another plan: its router is refused, named, and nothing is written.
   auto misread = run_command(command("eval", "launched", {"dipaco.levels=2:2"}), log("eval-other-plan"));

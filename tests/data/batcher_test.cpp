@@ -69,6 +69,37 @@ TEST(EvaluationBatches, EvenlySpreadDeterministicAndBounded) {
   EXPECT_THROW(evaluation_batches(ramp(5), 10, 1, 1), DataError);
 }
 
+// Covering windows: every target of the document (tokens 1..n-1, less the masked ones) exactly once,
+// each with the inputs before it in the same window, and padding that is never a target.
+TEST(CoveringBatches, ScoreEveryTargetOnceAndPadTheLastWindow) {
+  const auto tokens = ramp(26);  // 25 targets: windows of 10 cover 10 + 10 + 5
+  auto targets = tokens;
+  targets[1] = targets[2] = kIgnoredTarget;  // as DiPaCo's routing tokens
+  const auto batches = covering_batches(tokens, 10, 2, &targets);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].inputs.size(0), 2);
+  EXPECT_EQ(batches[1].inputs.size(0), 1);
+  std::vector<int64_t> scored;
+  for (const auto& b : batches) {
+    for (int64_t w = 0; w < b.inputs.size(0); ++w) {
+      for (int64_t t = 0; t < 10; ++t) {
+        const auto target = b.targets[w][t].item<int64_t>();
+        if (target == kIgnoredTarget) continue;
+        scored.push_back(target);
+        EXPECT_EQ(b.inputs[w][t].item<int64_t>(), target - 1) << "a target follows its input";
+      }
+    }
+  }
+  std::vector<int64_t> expected;
+  for (int64_t i = 3; i < 26; ++i) expected.push_back(i);
+  EXPECT_EQ(scored, expected);
+  EXPECT_EQ(batches[1].inputs[0][4].item<int64_t>(), 24);  // the last real input, then padding
+  EXPECT_EQ(batches[1].targets[0][5].item<int64_t>(), kIgnoredTarget);
+  EXPECT_EQ(covering_batches(ramp(11), 10, 8)[0].inputs.size(0), 1) << "10 targets fill one window exactly";
+  EXPECT_EQ(covering_batches(ramp(2), 10, 8)[0].targets[0][0].item<int64_t>(), 1) << "a 2-token document has one target";
+  EXPECT_THROW(covering_batches(ramp(1), 10, 1), DataError);
+}
+
 // A target stream: the inputs are the tokens, the targets come from it, shifted the same way, so
 // that a masked position is never a target and is still an input.
 TEST(TargetStreams, MaskedPositionsAreNeverTargets) {

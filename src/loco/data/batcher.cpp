@@ -103,4 +103,23 @@ std::vector<Batch> evaluation_batches(const std::vector<int32_t>& tokens, int64_
   return batches;
 }
 
+std::vector<Batch> covering_batches(const std::vector<int32_t>& tokens, int64_t context, int64_t batch_size,
+                                    const std::vector<int32_t>* targets) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n < 2) throw DataError("data", fmt::format("a document of {} token(s) has nothing to score", n));
+  LOCO_CHECK(context >= 1 && batch_size >= 1, "context {} and batch size {} must be >= 1", context, batch_size);
+  const int64_t windows = (n - 1 + context - 1) / context;
+  auto stream = torch::zeros({windows * context + 1}, torch::kInt64);
+  auto target = torch::full({windows * context + 1}, int64_t{kIgnoredTarget}, torch::kInt64);
+  stream.narrow(0, 0, n).copy_(to_stream(tokens));
+  target.narrow(0, 0, n).copy_(target_stream(stream.narrow(0, 0, n), targets, tokens.size()));
+  std::vector<Batch> batches;
+  for (int64_t first = 0; first < windows; first += batch_size) {
+    std::vector<int64_t> starts;
+    for (int64_t w = first; w < std::min(windows, first + batch_size); ++w) starts.push_back(w * context);
+    batches.push_back(gather(stream, target, starts, context));
+  }
+  return batches;
+}
+
 }  // namespace loco::data

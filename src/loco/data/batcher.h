@@ -57,4 +57,11 @@ class WindowSampler {
 std::vector<Batch> evaluation_batches(const std::vector<int32_t>& tokens, int64_t context, int64_t count,
                                       int64_t batch_size, const std::vector<int32_t>* targets = nullptr);
 
+// Windows that score every target of one document exactly once, in order: window k's inputs are
+// tokens[k*context, (k+1)*context) and its targets the next token of each; the last window's
+// missing positions are padding (token 0, an ignored target), which a causal model's earlier
+// positions never see. `targets` as for WindowSampler. Throws DataError below 2 tokens.
+std::vector<Batch> covering_batches(const std::vector<int32_t>& tokens, int64_t context, int64_t batch_size,
+                                    const std::vector<int32_t>* targets = nullptr);
+
 }  // namespace loco::data

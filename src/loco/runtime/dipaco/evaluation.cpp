@@ -67,6 +67,26 @@ std::map<std::string, int64_t> pick_version(const DipacoRun& run, Registry& regi
   return run.versions_of(path, score.version);
 }
 
+// Every pair of the models scored, by a paired bootstrap over the scored documents.
+std::vector<Comparison> compare(const DipacoEvaluation& e) {
+  if (e.documents.empty()) return {};
+  std::vector<std::string> names{"dipaco"};
+  for (const auto& b : e.baselines) names.push_back(b.checkpoint);
+  std::vector<std::vector<double>> sums(names.size());
+  std::vector<int64_t> tokens;
+  for (const auto& d : e.documents) {
+    tokens.push_back(d.tokens);
+    for (size_t m = 0; m < names.size(); ++m) sums[m].push_back(d.loss_sums[m]);
+  }
+  std::vector<Comparison> out;
+  for (size_t a = 0; a < names.size(); ++a) {
+    for (size_t b = a + 1; b < names.size(); ++b) {
+      out.push_back({names[a], names[b], metrics::paired_bootstrap(sums[a], sums[b], tokens, 2000, 1)});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, int64_t> scored_versions(const DipacoRun& run, Registry& registry, int64_t path) {
@@ -120,6 +140,7 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
     out.baselines[b].checkpoint = dense[b].name;
     dense[b].model->to(device);
   }
+  const int64_t context = run.config().model.context, batch_size = run.config().eval.batch_size;
   for (int64_t p = 0; p < run.plan().paths(); ++p) {
     std::vector<int64_t> scored, picking;
     for (auto d : documents[static_cast<size_t>(p)]) (out.early_stopping && picks_version(seed, d) ? picking : scored).push_back(d);
@@ -127,23 +148,35 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
     const auto versions = out.early_stopping ? pick_version(run, *registry, p, picking, device, score)
                                              : run.latest_versions(*registry, p);
     if (!out.early_stopping) score.version = versions.begin()->second;
-    const auto stream = run.stream_of(val, scored);
     for (auto& b : out.baselines) b.paths.push_back(NAN);
-    if (static_cast<int64_t>(stream.tokens.size()) > run.config().model.context) {
-      auto model = build_model(run.config());
-      run.load_path(model, p, versions);
-      model->to(device);
-      const auto batches = data::evaluation_batches(stream.tokens, run.config().model.context, run.config().eval.windows,
-                                                    run.config().eval.batch_size, &stream.targets);
+    auto model = build_model(run.config());
+    run.load_path(model, p, versions);
+    model->to(device);
+    double path_sum = 0;
+    std::vector<double> dense_sums(dense.size(), 0.0);
+    for (const auto d : scored) {
+      const auto stream = run.stream_of(val, {d});
+      if (stream.tokens.size() < 2) continue;
+      const auto batches = data::covering_batches(stream.tokens, context, batch_size, &stream.targets);
       const auto result = evaluate(model, batches, device);
-      score.loss = result.loss;
-      score.tokens = result.tokens;
-      weighted += result.loss * static_cast<double>(result.tokens);
-      out.tokens += result.tokens;
+      if (result.tokens == 0) continue;  // all of it the router's tokens
+      DocumentScore document{d, p, result.tokens, {result.loss * static_cast<double>(result.tokens)}};
       for (size_t b = 0; b < dense.size(); ++b) {
         const auto theirs = evaluate(dense[b].model, batches, device);
-        out.baselines[b].paths.back() = theirs.loss;
-        dense_weighted[b] += theirs.loss * static_cast<double>(theirs.tokens);
+        document.loss_sums.push_back(theirs.loss * static_cast<double>(theirs.tokens));
+        dense_sums[b] += document.loss_sums.back();
+      }
+      path_sum += document.loss_sums.front();
+      score.tokens += result.tokens;
+      out.documents.push_back(std::move(document));
+    }
+    if (score.tokens > 0) {
+      score.loss = path_sum / static_cast<double>(score.tokens);
+      weighted += path_sum;
+      out.tokens += score.tokens;
+      for (size_t b = 0; b < dense.size(); ++b) {
+        out.baselines[b].paths.back() = dense_sums[b] / static_cast<double>(score.tokens);
+        dense_weighted[b] += dense_sums[b];
       }
     }
     out.paths.push_back(score);
@@ -152,6 +185,7 @@ DipacoEvaluation evaluate_dipaco(const RunConfig& config, const std::vector<std:
   for (size_t b = 0; b < dense.size(); ++b) {
     out.baselines[b].loss = out.tokens > 0 ? dense_weighted[b] / static_cast<double>(out.tokens) : NAN;
   }
+  out.comparisons = compare(out);
   return out;
 }
 
@@ -174,13 +208,57 @@ std::string describe(const DipacoEvaluation& e) {
   }
   out += fmt::format("| all |{} | {} | **{}** |", e.early_stopping ? " |" : "", e.tokens, loss(e.loss));
   for (const auto& b : e.baselines) out += fmt::format(" {} |", loss(b.loss));
-  out += "\n\neach validation document is scored by the one path the router sends it to, its first data.route_tokens "
+  out += "\n\neach validation document is scored whole by the one path the router sends it to, its first data.route_tokens "
          "tokens (the router's) left out of the loss; baselines are scored on the same windows\n";
   if (e.early_stopping) {
     out += "early stopping: each path runs the kept version of its modules with the lowest loss on the other half of its "
            "validation documents, which are not scored here\n";
   }
+  if (!e.comparisons.empty()) {
+    out += fmt::format("\n| a | b | a - b (nat per token) | 95% interval |\n|---|---|---|---|\n");
+    for (const auto& c : e.comparisons) {
+      out += fmt::format("| {} | {} | {:+.4f} | [{:+.4f}, {:+.4f}] |\n", c.a, c.b, c.interval.difference, c.interval.low,
+                         c.interval.high);
+    }
+    out += fmt::format("\npaired bootstrap over the {} scored documents ({} resamples): an interval that excludes 0 is a "
+                       "difference the validation set can tell\n",
+                       e.comparisons.front().interval.documents, e.comparisons.front().interval.resamples);
+  }
   return out;
+}
+
+nlohmann::json to_json(const DipacoEvaluation& e) {
+  auto number = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  nlohmann::json paths = nlohmann::json::array();
+  for (const auto& p : e.paths) {
+    nlohmann::json row = {{"path", p.path}, {"documents", p.documents}, {"tokens", p.tokens}, {"val_loss", number(p.loss)}};
+    if (e.early_stopping) {
+      row["version"] = p.version;  // the version `loco generate` runs (scored_versions)
+      nlohmann::json picking = nlohmann::json::object();
+      for (const auto& [version, loss] : p.picking) picking[std::to_string(version)] = loss;
+      row["picking_loss"] = picking;
+    }
+    paths.push_back(row);
+  }
+  nlohmann::json baselines = nlohmann::json::array();
+  for (const auto& b : e.baselines) {
+    nlohmann::json by_path = nlohmann::json::array();
+    for (const auto x : b.paths) by_path.push_back(number(x));
+    baselines.push_back({{"checkpoint", b.checkpoint}, {"val_loss", number(b.loss)}, {"paths", by_path}});
+  }
+  nlohmann::json documents = nlohmann::json::array();
+  for (const auto& d : e.documents) {
+    documents.push_back({{"document", d.document}, {"path", d.path}, {"tokens", d.tokens}, {"loss_sums", d.loss_sums}});
+  }
+  nlohmann::json comparisons = nlohmann::json::array();
+  for (const auto& c : e.comparisons) {
+    comparisons.push_back({{"a", c.a}, {"b", c.b}, {"difference", c.interval.difference}, {"low", c.interval.low},
+                           {"high", c.interval.high}, {"documents", c.interval.documents},
+                           {"resamples", c.interval.resamples}});
+  }
+  return {{"val_loss", number(e.loss)}, {"tokens", e.tokens}, {"early_stopping", e.early_stopping}, {"paths", paths},
+          {"baselines", baselines}, {"documents", documents}, {"comparisons", comparisons},
+          {"scoring", "every token of every scored validation document, routing tokens left out"}};
 }
 
 }  // namespace loco::runtime

@@ -262,21 +262,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
   } else {
     fmt::print(options.out, "launch: every module took its last outer step; scoring each path on its validation documents\n");
     result.evaluation = evaluate_dipaco(config);
-    nlohmann::json paths = nlohmann::json::array();
-    for (const auto& p : result.evaluation.paths) {
-      nlohmann::json row = {{"path", p.path}, {"documents", p.documents}, {"tokens", p.tokens},
-                             {"val_loss", std::isfinite(p.loss) ? nlohmann::json(p.loss) : nlohmann::json(nullptr)}};
-      if (result.evaluation.early_stopping) {
-        row["version"] = p.version;  // the version `loco generate` runs (scored_versions)
-        nlohmann::json picking = nlohmann::json::object();
-        for (const auto& [version, loss] : p.picking) picking[std::to_string(version)] = loss;
-        row["picking_loss"] = picking;
-      }
-      paths.push_back(row);
-    }
-    write_file_atomic(RunFolder(config.run.dir).dipaco_evaluation(),
-                      nlohmann::json{{"val_loss", result.evaluation.loss}, {"tokens", result.evaluation.tokens},
-                                     {"paths", paths}}.dump(1) + "\n", "launch");
+    write_file_atomic(RunFolder(config.run.dir).dipaco_evaluation(), to_json(result.evaluation).dump(1) + "\n", "launch");
     // A sample from the one path the router picks for a prompt: inference runs a single path.
     const auto tokenizer = data::Dataset::open_tokenizer(config.data.dir);
     auto ids = tokenizer.encode(options.sample_prompt);
