@@ -380,6 +380,14 @@ TEST_F(DipacoRunTest, ReroutingReshardsTheTrainingDocuments) {
   EXPECT_EQ(trained_before, trained_after) << "re-routing must place every training document, and only those";
   for (auto d : held) EXPECT_EQ(trained_before.count(d), 0u) << "held-out document " << d << " was trained on";
   EXPECT_EQ(second["router_labels"].size(), second["router_documents"].size());
+  // Each held-out document is labelled by the path whose loss on it is lowest.
+  ASSERT_EQ(second["router_losses"].size(), second["router_labels"].size());
+  for (size_t i = 0; i < second["router_labels"].size(); ++i) {
+    const auto losses = second["router_losses"][i].get<std::vector<double>>();
+    ASSERT_EQ(losses.size(), 4u);
+    const auto best = std::min_element(losses.begin(), losses.end()) - losses.begin();
+    EXPECT_EQ(second["router_labels"][i].get<int64_t>(), best) << "router document " << second["router_documents"][i];
+  }
   EXPECT_EQ(second["router_documents"].size(), held.size()) << "every held-out document was long enough to score";
 
   std::set<std::pair<int64_t, int64_t>> seen;

@@ -141,6 +141,32 @@ TEST(RoutingTest, TheEvaluationRouterFollowsTheTrainingAssignment) {
   expect_error<DataError>([&] { router.route(torch::randn({2, 5})); }, "fitted on width 6 (another model?)");
 }
 
+// Discriminative re-routing (Douillard et al. 2024, section 2.2): held-out documents labelled by the
+// path whose loss on them is lowest, a linear router fitted to those labels, sends every training
+// document to the path that scores its kind best, even where that is not the k-means cluster's
+// number. Four kinds of documents (blobs), four paths; path (b + 1) mod 4 models kind b best.
+TEST(RoutingTest, TheLinearRouterSendsEachDocumentToThePathThatScoresItBest) {
+  const int64_t paths = 4;
+  const auto held_out = blobs({30, 30, 30, 30}, 6, 4);
+  auto losses = torch::full({120, paths}, 5.0);
+  torch::manual_seed(9);
+  losses += torch::rand({120, paths}) * 0.1;
+  for (int64_t i = 0; i < 120; ++i) losses[i][(i / 30 + 1) % paths] = 4.0;  // the best path of kind i / 30
+  const auto labels = losses.argmin(1);
+  const auto trained = blobs({50, 50, 50, 50}, 6, 8);
+  const auto router = fit_linear_router(held_out, labels, paths, trained);
+  const auto routes = router.route(trained);
+  for (int64_t i = 0; i < 200; ++i) {
+    EXPECT_EQ(routes[static_cast<size_t>(i)], (i / 50 + 1) % paths) << "training document " << i << " of kind " << i / 50;
+  }
+  EXPECT_EQ(counts(routes, paths), (std::vector<int64_t>{50, 50, 50, 50}));
+  // With a kind that two paths model equally well but one path models no kind best, the biases
+  // still spread the documents about evenly: re-routing never leaves a path without documents.
+  for (int64_t i = 0; i < 120; ++i) losses[i][(i / 30 + 1) % paths] = i / 30 == 3 ? 5.2 : 4.0;
+  const auto skewed = fit_linear_router(held_out, losses.argmin(1), paths, trained);
+  for (auto n : counts(skewed.route(trained), paths)) EXPECT_GE(n, 40);
+}
+
 // The n nearest paths: the first is route()'s, they are distinct, ordered by distance, and for a
 // product router the distance adds up over the halves.
 TEST(Routing, RankedPathsStartWithTheRouteAndAreOrdered) {

@@ -125,11 +125,18 @@ void TaskWorker::run_route(const TaskKey& task) {
   nlohmann::json by_path = nlohmann::json::array();
   for (int64_t p = 0; p < paths; ++p) by_path.push_back({{"path", p}, {"documents", members[static_cast<size_t>(p)]}});
   const std::vector<int64_t> label_list(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
+  nlohmann::json label_losses = nlohmann::json::array();  // each labelled document's loss on every path
+  const auto scored_losses = losses.index({scored}).contiguous();
+  for (int64_t i = 0; i < scored_losses.size(0); ++i) {
+    const auto* row = scored_losses[i].data_ptr<double>();
+    label_losses.push_back(std::vector<double>(row, row + paths));
+  }
   const auto relative = RunFolder::rerouting_name(task.phase);
   write_routing(run_.dir() / relative, run_.dir() / fmt::format("{}.partial-{}", relative, file_safe(options_.name)), router,
                 run_.plan().fingerprint(),
                 {{"routing", "linear"}, {"phase", task.phase}, {"top_n", config.dipaco.top_n},
-                 {"router_documents", labelled}, {"router_labels", label_list}, {"paths", by_path}});
+                 {"router_documents", labelled}, {"router_labels", label_list}, {"router_losses", label_losses},
+                 {"paths", by_path}});
   db([&](Registry& r) { r.complete_route(task, options_.name, relative); });
   std::string sizes;
   for (int64_t p = 0; p < paths; ++p) sizes += fmt::format("{}{}", p == 0 ? "" : ", ", members[static_cast<size_t>(p)].size());
