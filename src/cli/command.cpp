@@ -4,8 +4,10 @@
 
 #include <csignal>
 
+#include "loco/core/command.h"
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
 
 namespace loco::cli {
 namespace {
@@ -50,6 +52,31 @@ std::vector<std::string> collect_overrides(const std::vector<std::string>& extra
     out.push_back(arg);
   }
   return out;
+}
+
+std::string run_config_file(const std::string& given, bool resume, const std::vector<std::string>& overrides,
+                            const std::string& command) {
+  if (!given.empty()) return given;
+  std::string run_dir;
+  for (const auto& o : overrides) {
+    if (o.starts_with("run.dir=")) run_dir = o.substr(8);
+  }
+  if (!resume || run_dir.empty()) {
+    throw ConfigError("cli", fmt::format("--config is required: a TOML run config (docs/configuration.md); to continue a "
+                                         "run, `loco {} --resume --run.dir=RUN` reads the config RUN started with",
+                                         command));
+  }
+  const auto saved = RunFolder(run_dir).config();
+  if (!std::filesystem::exists(saved)) {
+    throw ConfigError("cli", fmt::format("--resume --run.dir={}: {} does not exist, so no run was started there (or it "
+                                         "never got as far as its first worker); pass --config",
+                                         run_dir, saved.string()));
+  }
+  return saved.string();
+}
+
+std::string resume_command(const std::string& command, const std::string& run_dir) {
+  return fmt::format("loco {} --resume --run.dir={}", command, shell_word(run_dir));
 }
 
 runtime::RunConfig load_config_with(const std::string& file, CLI::App* cmd, std::vector<std::string> more) {

@@ -57,6 +57,14 @@ void ignore_broken_pipes();
 // anything else.
 std::vector<std::string> collect_overrides(const std::vector<std::string>& extras);
 
+// The run config a training command reads: `given` (--config), or without it, when resuming with
+// a run.dir among `overrides`, that run's own RUN/config.toml (what its first process resolved).
+// Throws ConfigError naming what to pass otherwise.
+std::string run_config_file(const std::string& given, bool resume, const std::vector<std::string>& overrides,
+                            const std::string& command);
+// The command that continues the run in `run_dir` (for hints): `loco COMMAND --resume --run.dir=R`.
+std::string resume_command(const std::string& command, const std::string& run_dir);
+
 // The config file with the command line's overrides (its extras), as every command loads it.
 runtime::RunConfig load_config_with(const std::string& file, CLI::App* cmd, std::vector<std::string> more = {});
 

@@ -102,12 +102,14 @@ class Train : public Command {
  public:
   explicit Train(CLI::App& app) {
     cmd = app.add_subcommand("train", "Train a model (override any config key with --section.key=value)");
-    cmd->add_option("--config", config_file_, "TOML run config (see docs/configuration.md)")->required();
+    cmd->add_option("--config", config_file_, "TOML run config (see docs/configuration.md); with --resume and "
+                                               "--run.dir=RUN alone, the config RUN started with");
     cmd->add_flag("--resume", resume_, "continue the run in run.dir from its latest checkpoint");
     cmd->allow_extras();
   }
   int run() override {
-    const auto config = load_config_with(config_file_, cmd);
+    const auto overrides = collect_overrides(cmd->remaining());
+    const auto config = runtime::load_config(run_config_file(config_file_, resume_, overrides, "train"), overrides);
     runtime::check_trainable(config);
     print_warnings(config);
     if (config.cluster.workers > 1) {
@@ -125,7 +127,7 @@ class Train : public Command {
     const auto summary = runtime::train(config, *sync, options);
     fmt::print("{}\n", describe_summary(summary));
     if (!summary.interrupted) return 0;
-    fmt::print("checkpoint saved; continue with: loco train --config {} --resume\n", config_file_);
+    fmt::print("checkpoint saved; continue with: {}\n", resume_command("train", config.run.dir));
     return 130;
   }
 
@@ -141,7 +143,8 @@ class Launch : public Command {
                                        "(override any config key with --section.key=value)");
     cmd->add_option("--workers", workers_, "worker processes (default: the config's cluster.workers)")
         ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-    cmd->add_option("--config", config_file_, "TOML run config (see docs/configuration.md)")->required();
+    cmd->add_option("--config", config_file_, "TOML run config (see docs/configuration.md); with --resume and "
+                                               "--run.dir=RUN alone, the config RUN started with");
     cmd->add_option("--port", port_, "the coordinator's port on 127.0.0.1, or a DiPaCo launch's status page's (default: "
                                      "any free one)")->check(CLI::Range(int64_t{1}, int64_t{65535}));
     cmd->add_flag("--resume", resume_, "continue the run in run.dir from the workers' checkpoints");
@@ -155,14 +158,15 @@ class Launch : public Command {
   int run() override {
     auto overrides = collect_overrides(cmd->remaining());
     if (workers_ > 0) overrides.push_back(fmt::format("cluster.workers={}", workers_));
-    const auto config = runtime::load_config(config_file_, overrides);
+    const auto config_file = run_config_file(config_file_, resume_, overrides, "launch");
+    const auto config = runtime::load_config(config_file, overrides);
     const bool dipaco = runtime::path_options(config).enabled();
     if (!dipaco) runtime::check_trainable(config);
     print_warnings(config);
     install_interrupt_counter();
     ignore_broken_pipes();
     runtime::LaunchOptions options;
-    options.config_file = config_file_;
+    options.config_file = config_file;
     options.overrides = overrides;
     options.resume = resume_;
     options.port = port_ > 0 ? port_ : 0;
@@ -181,15 +185,16 @@ class Launch : public Command {
     switch (result.outcome) {
       case runtime::RunOutcome::kFinished: return 0;
       case runtime::RunOutcome::kStopped:
-        fmt::print("stopped ({}); the workers saved their state; continue with: loco launch --config {} --resume\n",
-                   result.message, config_file_);
+        fmt::print("stopped ({}); the workers saved their state; continue with: {}\n", result.message,
+                   resume_command("launch", config.run.dir));
         return 130;
       case runtime::RunOutcome::kFailed: break;
     }
     if (RunFolder(config.run.dir).unstarted()) {
       fmt::print(stderr, "error: [launch] {}; nothing was saved: once that is fixed, run the same command again\n", result.message);
     } else {
-      fmt::print(stderr, "error: [launch] {}; the workers that could saved their state (continue with --resume)\n", result.message);
+      fmt::print(stderr, "error: [launch] {}; the workers that could saved their state; once that is fixed, continue with: "
+                         "{}\n", result.message, resume_command("launch", config.run.dir));
     }
     return 1;
   }
@@ -205,11 +210,12 @@ class Launch : public Command {
       return 0;
     }
     if (result.outcome == runtime::RunOutcome::kStopped) {
-      fmt::print("stopped ({}); the registry keeps every completed task; continue with: loco launch --config {} --resume\n",
-                 result.message, config_file_);
+      fmt::print("stopped ({}); the registry keeps every completed task; continue with: {}\n", result.message,
+                 resume_command("launch", config.run.dir));
       return 130;
     }
-    fmt::print(stderr, "error: [launch] {}; continue with --resume\n", result.message);
+    fmt::print(stderr, "error: [launch] {}; once that is fixed, continue with: {}\n", result.message,
+               resume_command("launch", config.run.dir));
     return 1;
   }
 

@@ -106,12 +106,19 @@ TEST_F(CliTest, InterruptedRunResumesToTheSameLosses) {
   const size_t stopped_at = losses("interrupted").size();
   EXPECT_LT(stopped_at, 150u);
 
-  auto args = train_args("interrupted");
-  args.push_back("--resume");
-  auto resumed = run_command(args, log("resumed"));
+  // The hint, run as printed, needs nothing but the run folder.
+  const auto hint = testing_util::printed_command(read_file(log("interrupted"), "test"), "continue with: ");
+  ASSERT_EQ(hint, (std::vector<std::string>{testing_util::loco_binary(), "train", "--resume",
+                                            "--run.dir=" + (dir_->path() / "interrupted").string()}))
+      << read_file(log("interrupted"), "test");
+  auto resumed = run_command(hint, log("resumed"));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_NE(resumed.output.find(fmt::format("at step {}", stopped_at)), std::string::npos) << resumed.output;
   EXPECT_EQ(losses("interrupted"), losses("straight")) << "resumed run must log bit-identical losses";
+  // Without --config: only --resume with a run folder that holds a run's config will do.
+  expect_refused({testing_util::loco_binary(), "train", "--train.steps=5"}, "no-config", "--config is required");
+  expect_refused({testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + (dir_->path() / "nothing-here").string()},
+                 "no-saved-config", "no run was started there");
 }
 
 TEST_F(CliTest, EvalAndGenerate) {

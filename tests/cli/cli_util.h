@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "process_util.h"
 #include "test_util.h"
@@ -52,6 +53,25 @@ timeout_s = 20
 join_timeout_s = 30
 connect_timeout_s = 10
 )" + more;
+}
+
+// The command a hint in `output` prints after `marker` (to the end of its line), as argv with
+// `loco` the binary under test: what a user would paste. Empty when there is none. The hint's
+// words are split at spaces (the tests' paths hold none; shell quotes are not undone).
+inline std::vector<std::string> printed_command(const std::string& output, const std::string& marker) {
+  const auto at = output.find(marker);
+  if (at == std::string::npos) return {};
+  const auto begin = at + marker.size();
+  const auto line = output.substr(begin, output.find('\n', begin) - begin);
+  std::vector<std::string> argv;
+  for (size_t i = 0; i < line.size();) {
+    const auto space = line.find(' ', i);
+    const auto word = line.substr(i, space == std::string::npos ? std::string::npos : space - i);
+    if (!word.empty()) argv.push_back(argv.empty() && word == "loco" ? loco_binary() : word);
+    if (space == std::string::npos) break;
+    i = space + 1;
+  }
+  return argv;
 }
 
 }  // namespace loco::testing_util

@@ -655,7 +655,9 @@ TEST_F(DipacoRunTest, AStoppedLaunchResumesExactly) {
     EXPECT_EQ(launch.wait(std::chrono::seconds(60)), 130);
   }
   const auto first = read_file(log("stopped-1"), "test");
-  EXPECT_NE(first.find("continue with: loco launch --config"), std::string::npos) << first;
+  const auto hint = testing_util::printed_command(first, "continue with: ");
+  EXPECT_EQ(hint, (std::vector<std::string>{testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + c.run.dir}))
+      << first;
   EXPECT_FALSE(open_run_registry(c)->finished());
   for (const auto& t : open_run_registry(c)->tasks()) EXPECT_NE(t.state, TaskState::kLeased) << describe(t.key) << " was not given back";
 
@@ -663,9 +665,7 @@ TEST_F(DipacoRunTest, AStoppedLaunchResumesExactly) {
   EXPECT_EQ(again.status, 1) << again.output;  // a fresh launch into the used folder refuses
   EXPECT_NE(again.output.find("pass --resume"), std::string::npos) << again.output;
 
-  auto resume = command("launch", "stopped", {"cluster.workers=1"});
-  resume.push_back("--resume");
-  auto resumed = run_command(resume, log("stopped-2"));
+  auto resumed = run_command(hint, log("stopped-2"));  // as printed: the run folder holds its config
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   expect_same_modules(final_modules(c), reference());
 }

@@ -271,11 +271,23 @@ TEST_F(LaunchTest, InterruptedLaunchResumesToTheSameParameters) {
   ASSERT_EQ(stopped.size(), 3u);
   for (const auto& s : stopped) EXPECT_TRUE(s["interrupted"].get<bool>()) << "the run stopped before its end";
 
-  auto args = launch_args("stopped", longer);
-  args.push_back("--resume");
-  auto resumed = run_command(args, log("resumed"), 240s);
+  // The hint, run as printed: it needs none of the flags the run was started with (--train.steps
+  // among them, which the config file does not hold), since the run folder keeps its config.
+  const auto hint = testing_util::printed_command(read_file(log("stopped"), "test"), "continue with: ");
+  ASSERT_EQ(hint, (std::vector<std::string>{testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + run("stopped").string()}))
+      << read_file(log("stopped"), "test");
+  auto resumed = run_command(hint, log("resumed"), 240s);
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_EQ(final_hash("stopped"), final_hash("straight"));
+  // With a config that changes what defines the run, --resume refuses before starting anything, and
+  // lists every difference.
+  auto changed = launch_args("stopped", {"--train.steps=200", "--sync.inner_steps=5", "--optim.lr=0.01"});
+  changed.push_back("--resume");
+  auto refused = run_command(changed, log("resume-changed"), 60s);
+  EXPECT_EQ(refused.status, 1) << refused.output;
+  EXPECT_NE(refused.output.find("in keys that define the run: "), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("optim.lr: "), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("sync.inner_steps: 10 -> 5"), std::string::npos) << refused.output;
   EXPECT_FALSE(final_hash("straight").empty());
 }
 

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -18,9 +20,19 @@ extern char** environ;
 
 namespace loco {
 
+std::string shell_word(std::string_view word) {
+  const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || std::string_view("-_./=:,+@%").find(c) != std::string_view::npos;
+  });
+  if (plain) return std::string(word);
+  std::string out = "'";
+  for (const char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 std::string join_argv(const std::vector<std::string>& argv) {
   std::string out;
-  for (const auto& a : argv) out += (out.empty() ? "" : " ") + a;
+  for (const auto& a : argv) out += (out.empty() ? "" : " ") + shell_word(a);
   return out;
 }
 

@@ -23,7 +23,10 @@ struct CommandStreams {
   std::filesystem::path stdout_file;
 };
 
-// The command line as one string, for messages.
+// `word` as a POSIX shell reads it back: as is when it holds only letters, digits and -_./=:,+@%,
+// else in single quotes (a quote inside as '\''). For hints that are commands to paste.
+std::string shell_word(std::string_view word);
+// The command line as one string, for messages, each argument a shell_word.
 std::string join_argv(const std::vector<std::string>& argv);
 
 // Runs argv (found on the PATH) and waits at most `timeout` (then kills it). Throws Error from

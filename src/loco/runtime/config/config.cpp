@@ -225,6 +225,10 @@ RunConfig load_config(const fs::path& file, const std::vector<std::string>& over
   return config;
 }
 
+const std::vector<std::string> kResumeFixedKeys = {"data.", "model.", "optim.", "train.batch_size",
+                                                   "train.grad_accum", "train.seed", "train.z_loss",
+                                                   "train.init_from", "sync.", "outer.", "cluster.workers"};
+
 const std::vector<std::string> kPerWorkerKeys = {"run.dir",       "data.dir",     "train.device",
                                                  "train.threads", "train.log_every", "cluster.host",
                                                  "cluster.port",  "cluster.join_timeout_s", "cluster.connect_timeout_s",

@@ -210,6 +210,9 @@ void check_trainable(const RunConfig& config);
 // the settings of one process only: ports, addresses, its own timeouts); every other key must be
 // equal (the coordinator refuses a worker otherwise).
 extern const std::vector<std::string> kPerWorkerKeys;
+// Keys that must not change when a run is resumed: they define the model, the data and the
+// trajectory. (train.steps, eval.*, checkpoint.* and logging may change.)
+extern const std::vector<std::string> kResumeFixedKeys;
 // Keys whose values differ, as "key: a -> b", leaving out those starting with one of `excluded`.
 std::vector<std::string> differences_except(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& excluded);
 

@@ -1,6 +1,7 @@
 #include "loco/runtime/launch/launcher.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <optional>
 #include <utility>
 
+#include "loco/core/command.h"
+#include "loco/core/files.h"
 #include "loco/core/run_folder.h"
 #include "loco/runtime/config/secrets.h"
 #include "loco/runtime/net/auth.h"
@@ -108,7 +111,27 @@ class Display {
   Clock::time_point started_;
 };
 
-void check_run_dir(const RunConfig& config, bool resume) {
+// --resume with another config than the one the run started with (RUN/config.toml, as its workers
+// resolved it): keys that define the run are refused, all of them listed, before any process
+// starts; the others (train.steps, eval, checkpoints, logging) are said and taken.
+void check_against_saved_config(const RunConfig& config, std::FILE* out) {
+  const auto file = RunFolder(config.run.dir).config();
+  if (!fs::exists(file)) return;
+  const auto saved = parse_config(read_file(file, "launch"), file.string());
+  RunConfig given = config;
+  if (given.model.vocab_size == 0) given.model.vocab_size = saved.model.vocab_size;  // the dataset's, resolved at the start
+  const auto fixed = differences(saved, given, kResumeFixedKeys);
+  if (!fixed.empty()) {
+    throw ConfigError("launch", fmt::format("--resume: the config differs from the one {} started with ({}) in keys that "
+                                            "define the run: {}; continue it with its own config (loco launch --resume "
+                                            "--run.dir={}), or start a new run in another run.dir",
+                                            config.run.dir, file.string(), fmt::join(fixed, "; "), shell_word(config.run.dir)));
+  }
+  const auto changed = differences_except(saved, given, kResumeFixedKeys);
+  if (!changed.empty()) fmt::print(out, "launch: resuming with changes from {}: {}\n", file.string(), fmt::join(changed, "; "));
+}
+
+void check_run_dir(const RunConfig& config, bool resume, std::FILE* out) {
   const fs::path run(config.run.dir);
   std::error_code ec;
   if (resume) {
@@ -120,6 +143,7 @@ void check_run_dir(const RunConfig& config, bool resume) {
                                               needed.string(),
                                               RunFolder(run).unstarted() ? ": the run never started; start it without --resume" : ""));
     }
+    check_against_saved_config(config, out);
     return;
   }
   RunFolder(run).check_new_run("launch");  // a failed start's folder is taken again, its join token with it
@@ -362,7 +386,7 @@ LaunchResult launch(const RunConfig& config, const LaunchOptions& options) {
     throw ConfigError("launch", "--restarts needs cluster.elastic = true: in a fixed run a worker's death stops the run "
                                 "(continue it with --resume)");
   }
-  check_run_dir(config, options.resume);
+  check_run_dir(config, options.resume, options.out);
   Launch run(config, options);  // starts the coordinator
   run.start_workers();
   while (run.going()) {

@@ -30,11 +30,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// Keys that must not change when a run is resumed: they define the model, the data and the
-// trajectory. (train.steps, eval.*, checkpoint.* and logging may change.)
-const std::vector<std::string> kResumeFixedKeys = {"data.", "model.", "optim.", "train.batch_size",
-                                                   "train.grad_accum", "train.seed", "train.z_loss",
-                                                   "train.init_from", "sync.", "outer.", "cluster.workers"};
 
 
 // One call of train(): its parts, built and restored before the first step, and the loop over
