@@ -2,8 +2,9 @@
 // dispatches: each command family is in a file of its own (command.h lists them), and the work is
 // in the runtime, where tests reach it without a process.
 //
-// Exit status: 0 done, 1 bad input or environment, 2 a peer or the coordinator failed, 3 a bug,
-// 130 interrupted (state saved).
+// Exit status (docs/failure-model.md, "Exit status"): 0 done, 1 bad input or environment (a
+// command line that does not parse included), 2 a peer or the coordinator failed, 3 a bug, 130
+// interrupted (state saved).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 1;  // --help and --version are not errors; every parse error is bad input
   }
   return exit_status_of([&] {
     for (auto& command : commands) {

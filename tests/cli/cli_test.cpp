@@ -121,6 +121,16 @@ TEST_F(CliTest, InterruptedRunResumesToTheSameLosses) {
                  "no-saved-config", "no run was started there");
 }
 
+// A command line CLI11 cannot parse is bad input like any other: exit status 1 (not CLI11's own
+// 105, 106, ...), with the message naming the option; --help is no error.
+TEST_F(CliTest, CommandLineErrorsExitWithStatusOne) {
+  expect_refused({testing_util::loco_binary(), "launch", "--config", config().string(), "--workers", "many"}, "bad-number",
+                 "--workers");
+  expect_refused({testing_util::loco_binary()}, "no-command", "subcommand");
+  expect_refused({testing_util::loco_binary(), "prepare", "--vocab-size", "1024"}, "missing-option", "--corpus");
+  EXPECT_EQ(run_command({testing_util::loco_binary(), "train", "--help"}, log("help")).status, 0);
+}
+
 TEST_F(CliTest, EvalAndGenerate) {
   auto trained = run_command(train_args("for-eval"), log("for-eval"));
   ASSERT_EQ(trained.status, 0) << trained.output;

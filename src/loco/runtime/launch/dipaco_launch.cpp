@@ -214,8 +214,8 @@ std::vector<int> run_workers(const RunConfig& config, const LaunchOptions& optio
       const bool clean = exit.code == 0 || workers.interrupts() > 0;
       status.exited(exit.pid, exit.code, /*failed=*/!clean);
       if (clean) continue;
-      fmt::print(options.out, "launch: worker {} exited with status {}; its task goes to another worker when its lease runs "
-                              "out{}\n", exit.rank, exit.code, restarts_left > 0 ? "; starting it again" : "");
+      fmt::print(options.out, "launch: worker {} exited with {}; its task goes to another worker when its lease runs "
+                              "out{}\n", exit.rank, describe_exit(exit.code), restarts_left > 0 ? "; starting it again" : "");
       if (restarts_left > 0) {
         --restarts_left;
         status.started(exit.rank, workers.start(exit.rank, argv, placement));

@@ -322,8 +322,8 @@ void Launch::reap_exited() {
     if (elastic_) {
       if (workers_.stopping() || run_over_) continue;
       const bool restart = restarts_left_ > 0;
-      display_.line(fmt::format("launch: worker {} exited with status {}; the run goes on without it{}", exit.rank,
-                                exit.code, restart ? " until it is started again" : ""));
+      display_.line(fmt::format("launch: worker {} exited with {}; the run goes on without it{}", exit.rank,
+                                describe_exit(exit.code), restart ? " until it is started again" : ""));
       if (restart) {
         --restarts_left_;
         to_restart_.push_back(exit.rank);
@@ -331,8 +331,8 @@ void Launch::reap_exited() {
       continue;
     }
     if (!workers_.stopping()) {
-      display_.line(fmt::format("launch: worker {} exited with status {}; stopping the others (they save their state)",
-                                exit.rank, exit.code));
+      display_.line(fmt::format("launch: worker {} exited with {}; stopping the others (they save their state)",
+                                exit.rank, describe_exit(exit.code)));
       fail(fmt::format("worker {} exited with status {}", exit.rank, exit.code));
     }
   }

@@ -46,6 +46,25 @@ int decode_status(int raw) {
   return -1;
 }
 
+std::string describe_exit(int code) {
+  switch (code) {
+    case 0: return "status 0 (finished)";
+    case 1: return "status 1 (bad input or environment: its error is above)";
+    case 2: return "status 2 (a peer or the coordinator failed: its error is above)";
+    case 3: return "status 3 (a bug in loco: its error is above)";
+    case 130: return "status 130 (interrupted: it saved its state)";
+    case 128 + SIGKILL:
+      return "status 137 (killed by SIGKILL: by hand, by a scheduler, or by the kernel's out-of-memory killer, which `dmesg` "
+             "names; it saved nothing since its last checkpoint)";
+    case 128 + SIGSEGV: return "status 139 (killed by SIGSEGV: a crash, a bug in loco or a library)";
+    case 128 + SIGABRT: return "status 134 (aborted: a crash, a bug in loco or a library)";
+    case 128 + SIGTERM: return "status 143 (terminated by SIGTERM before it could save its state)";
+    default: break;
+  }
+  if (code > 128 && code < 128 + 65) return fmt::format("status {} (killed by signal {}: {})", code, code - 128, strsignal(code - 128));
+  return fmt::format("status {}", code);
+}
+
 Supervisor::Supervisor(int64_t local_processes, Clock::duration grace) : local_processes_(local_processes), grace_(grace) {}
 
 Supervisor::~Supervisor() {

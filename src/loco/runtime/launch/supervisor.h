@@ -22,6 +22,9 @@ namespace loco::runtime {
 
 // 128 + the signal for a process killed by one.
 int decode_status(int raw);
+// A loco process's exit status in words (docs/failure-model.md, "Exit status"), as
+// "status 137 (killed by SIGKILL: ...)", for the launcher's messages.
+std::string describe_exit(int code);
 
 struct ChildLine {
   int64_t rank = 0;
