@@ -111,6 +111,7 @@ class Train : public Command {
     const auto overrides = collect_overrides(cmd->remaining());
     const auto config = runtime::load_config(run_config_file(config_file_, resume_, overrides, "train"), overrides);
     runtime::check_trainable(config);
+    const auto lock = RunLock::acquire(config.run.dir, "train", "loco train");
     print_warnings(config);
     if (config.cluster.workers > 1) {
       throw ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` (or `loco "
@@ -162,6 +163,7 @@ class Launch : public Command {
     const auto config = runtime::load_config(config_file, overrides);
     const bool dipaco = runtime::path_options(config).enabled();
     if (!dipaco) runtime::check_trainable(config);
+    const auto lock = RunLock::acquire(config.run.dir, "launch", "loco launch");
     print_warnings(config);
     install_interrupt_counter();
     ignore_broken_pipes();
@@ -326,6 +328,7 @@ class Coordinator : public Command {
     if (workers_ > 0) more.push_back(fmt::format("cluster.workers={}", workers_));
     const auto config = load_config_with(config_file_, cmd, more);
     runtime::check_trainable(config);
+    const auto lock = RunLock::acquire(config.run.dir, "coordinator", "loco coordinator");
     install_stop_handler();
     ignore_broken_pipes();
     auto options = runtime::standalone_coordinator_options(config, bind_, insecure_, port_ > 0 ? port_ : 0, resume_);

@@ -413,6 +413,37 @@ TEST_F(LaunchTest, AFailedStartLeavesAFolderThatTheSameCommandTakesAgain) {
   EXPECT_NE(file.output.find("exists and is not a folder"), std::string::npos) << file.output;
 }
 
+// Issue #48: two launches into one run folder both ran (two coordinators, every event twice). The
+// folder's lock refuses the second while the first runs, naming its holder, and writes nothing; a
+// holder killed with SIGKILL leaves no stale lock, so --resume goes on at once.
+TEST_F(LaunchTest, ASecondDriverOfARunningFolderIsRefused) {
+  const std::vector<std::string> longer = {"--train.steps=400", "--sync.inner_steps=10"};
+  Child first(launch_args("owned", longer), log("owned"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (events("owned", "sync").size() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_GE(events("owned", "sync").size(), 2u) << read_file(log("owned"), "test");
+
+  for (const auto& second : {launch_args("owned", longer),
+                             std::vector<std::string>{testing_util::loco_binary(), "train", "--config", config().string(),
+                                                      "--data.dir=" + data().string(), "--run.dir=" + run("owned").string(),
+                                                      "--cluster.workers=1", "--resume"}}) {
+    auto refused = run_command(second, log("owned-second"), 60s);
+    EXPECT_EQ(refused.status, 1) << refused.output;
+    EXPECT_NE(refused.output.find(fmt::format("is in use by another process (pid {} on ", first.pid())), std::string::npos)
+        << refused.output;
+    EXPECT_NE(refused.output.find(": loco launch, since "), std::string::npos) << refused.output;
+  }
+  // Killed outright: the kernel drops its lock at once; the file only names its last holder.
+  first.signal(SIGKILL);
+  first.wait(30s);
+  const auto gone = std::chrono::steady_clock::now() + 30s;  // its workers follow it (they die with their parent)
+  while (!processes_mentioning(run("owned").string()).empty() && std::chrono::steady_clock::now() < gone) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NO_THROW(RunLock::acquire(run("owned"), "test", "the test")) << "a killed holder left its lock held";
+  EXPECT_NE(read_file(RunFolder(run("owned")).lock(), "test").find("the test, since"), std::string::npos);
+}
+
 TEST_F(LaunchTest, PortsAndAddressesGetClearErrors) {
   const int port = free_port();
   Child first({testing_util::loco_binary(), "coordinator", "--config", config().string(), "--run.dir=" + run("port").string(), "--port",

@@ -2,6 +2,7 @@
 // processes of a run share the folder (on one host) or each keep the part they write (across hosts:
 // docs/failure-model.md); this says where each part lives, not who writes it.
 //
+//   lock                   held (flock) by the process that drives the run: its pid, host and command
 //   config.toml            the run's config, as the first process resolved it
 //   metrics.jsonl          every process's events (metrics/events.h)
 //   join_token             the generated secret workers join with (runtime/net/auth.h)
@@ -33,12 +34,13 @@ class RunFolder {
   explicit RunFolder(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
   const std::filesystem::path& dir() const { return dir_; }
-  // Whether the folder exists and holds nothing but its join token: what a launch that failed
-  // before any process wrote to it leaves (a missing dataset, a busy port). A retry may use it.
+  // Whether the folder exists and holds nothing but its join token (and lock): what a launch that
+  // failed before any process wrote to it leaves (a missing dataset, a busy port). A retry may use it.
   bool unstarted() const;
   // Refuses (ConfigError of `module`) a folder that a new run must not write into: a file, or a folder
   // that holds a run. A missing or empty folder, or one a failed start left (unstarted), is taken.
   void check_new_run(std::string_view module) const;
+  std::filesystem::path lock() const { return dir_ / "lock"; }
   std::filesystem::path config() const { return dir_ / "config.toml"; }
   std::filesystem::path metrics() const { return dir_ / "metrics.jsonl"; }
   std::filesystem::path join_token() const { return dir_ / "join_token"; }
@@ -70,6 +72,27 @@ class RunFolder {
 
  private:
   std::filesystem::path dir_;
+};
+
+// The run folder's owner: the process that drives a run (`loco train`, `loco launch`, `loco
+// coordinator`) holds an exclusive lock on RUN/lock for as long as it runs, so that a second one
+// pointed at the same folder is refused instead of writing into it alongside. The kernel releases
+// the lock when its holder exits, however it exits (a SIGKILL included): a stale file never blocks.
+// The file names its holder (pid, host, command) for the refusal. Workers started by a launcher
+// do not take it (their launcher holds it); nor do DiPaCo's path workers, which share a run by design.
+class RunLock {
+ public:
+  // Creates the folder if needed and takes the lock; throws ConfigError of `module`, naming the
+  // holder, when another process holds it, and Error when the file cannot be made.
+  static RunLock acquire(const std::filesystem::path& dir, std::string_view module, std::string_view command);
+  RunLock(RunLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  RunLock& operator=(RunLock&&) = delete;
+  RunLock(const RunLock&) = delete;
+  ~RunLock();
+
+ private:
+  explicit RunLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
 };
 
 }  // namespace loco
