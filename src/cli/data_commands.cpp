@@ -99,7 +99,8 @@ class Plan : public Command {
       throw ConfigError("cli", fmt::format("plan: {} sets no dipaco.levels (a dense model has one path); e.g. "
                                            "--dipaco.levels=2:2,2:2", config_file_));
     }
-    config = runtime::resolve_for_dataset(config, data::read_manifest(config.data.dir));  // the vocabulary training takes
+    // The vocabulary training takes: the dataset's, unless model.vocab_size gives it (then no dataset is read).
+    if (config.model.vocab_size == 0) config = runtime::resolve_for_dataset(config, data::read_manifest(config.data.dir));
     fmt::print("{}", model::PathPlan(config.model, options).describe());
     return 0;
   }

@@ -197,6 +197,11 @@ TEST_F(CliTest, PlanPrintsTheModulesAndTrainingRefusesWhatItCannotTrain) {
   EXPECT_NE(plan.output.find("| 2 | blocks 1 | chosen | 3 |"), std::string::npos) << plan.output;
 
   expect_refused({testing_util::loco_binary(), "plan", "--config", config().string(), data_dir}, "plan-dense", "sets no dipaco.levels");
+  // The paper's 16x16 as docs/dipaco.md plans it: its vocabulary is given, so no dataset is read.
+  auto paper = run_command({testing_util::loco_binary(), "plan", "--config",
+                            (testing_util::source_dir() / "configs" / "dipaco-16x16.toml").string()}, log("plan-16x16"));
+  EXPECT_EQ(paper.status, 0) << paper.output;
+  EXPECT_NE(paper.output.find("256 paths"), std::string::npos) << paper.output;
 
   expect_refused({testing_util::loco_binary(), "plan", "--config", config().string(), data_dir, "--dipaco.levels=1:2"}, "plan-misfit",
                  "spans 1 blocks but the model has 2");
