@@ -37,6 +37,19 @@ TEST(Environment, ReadsVariablesAndDefaults) {
   EXPECT_EQ(read_environment().local_processes, 4);
 }
 
+// Workers started by torchrun or Slurm, several to a host, split its cores as `loco launch`'s do
+// (issue #48: each took every core, 87 tok/s against 2,200). loco's own variable wins.
+TEST(Environment, TorchrunAndSlurmSayHowManyProcessesShareAHost) {
+  ScopedEnv a("LOCO_LOCAL_PROCESSES", nullptr), b("LOCAL_WORLD_SIZE", nullptr), c("SLURM_NTASKS_PER_NODE", "6");
+  EXPECT_EQ(read_environment().local_processes, 6);
+  ScopedEnv d("LOCAL_WORLD_SIZE", "4");
+  EXPECT_EQ(read_environment().local_processes, 4) << "torchrun's before Slurm's";
+  ScopedEnv e("LOCO_LOCAL_PROCESSES", "2");
+  EXPECT_EQ(read_environment().local_processes, 2) << "loco's own first";
+  ScopedEnv f("LOCO_LOCAL_PROCESSES", nullptr), g("LOCAL_WORLD_SIZE", "zero");
+  testing_util::expect_error<ConfigError>([] { read_environment(); }, "LOCAL_WORLD_SIZE");
+}
+
 TEST(Environment, MalformedProcessCountIsNamed) {
   for (const char* bad : {"0", "two", "3x", "-1"}) {
     ScopedEnv e("LOCO_LOCAL_PROCESSES", bad);

@@ -36,7 +36,10 @@ Environment read_environment() {
   env.home = path_variable("HOME");
   env.spm_library = path_variable("LOCO_SPM_LIBRARY");
   env.worker_executable = path_variable("LOCO_WORKER_EXECUTABLE");
-  env.local_processes = integer_variable("LOCO_LOCAL_PROCESSES", 1).value_or(1);
+  auto local = integer_variable("LOCO_LOCAL_PROCESSES", 1);
+  if (!local) local = integer_variable("LOCAL_WORLD_SIZE", 1);  // torchrun
+  if (!local) local = integer_variable("SLURM_NTASKS_PER_NODE", 1);
+  env.local_processes = local.value_or(1);
   env.rank = integer_variable("RANK", 0);
   if (!env.rank) env.rank = integer_variable("SLURM_PROCID", 0);
   env.world_size = integer_variable("WORLD_SIZE", 1);

@@ -11,7 +11,9 @@ namespace loco {
 struct Environment {
   std::optional<std::filesystem::path> cache_dir;    // LOCO_CACHE: npm downloads of `loco prepare`
   std::optional<std::filesystem::path> home;         // HOME: default cache under ~/.cache/loco
-  int64_t local_processes = 1;                       // LOCO_LOCAL_PROCESSES: loco processes sharing the cores
+  // Loco processes sharing this host's cores (each takes cores / this many threads):
+  // LOCO_LOCAL_PROCESSES, else torchrun's LOCAL_WORLD_SIZE, else Slurm's SLURM_NTASKS_PER_NODE, else 1.
+  int64_t local_processes = 1;
   std::optional<std::filesystem::path> spm_library;  // LOCO_SPM_LIBRARY: path of libloco_spm.so
   // LOCO_WORKER_EXECUTABLE: the `loco` binary `loco launch` starts its workers with (default: its
   // own), e.g. plain workers under a launcher built with ThreadSanitizer (scripts/tsan.sh).
