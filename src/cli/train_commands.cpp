@@ -8,6 +8,7 @@
 
 #include "command.h"
 #include "loco/comm/group.h"
+#include "loco/core/command.h"
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/core/run_folder.h"
@@ -98,6 +99,16 @@ void print_launch_summary(const runtime::RunConfig& config, const runtime::Launc
              "worker {}\n", 100 * sum / static_cast<double>(each.size()), fmt::join(each, ", "));
 }
 
+// What to do with a finished run: each a command to paste.
+void print_next_steps(const std::string& run_dir, bool dipaco) {
+  const auto run = shell_word(run_dir);
+  const auto source = dipaco ? "--config " + shell_word((std::filesystem::path(run_dir) / "config.toml").string())
+                             : "--checkpoint " + run;
+  fmt::print("next: loco report {}\n", run);
+  fmt::print("next: loco eval {}\n", source);
+  fmt::print("next: loco generate {} --prompt The\n", source);
+}
+
 class Train : public Command {
  public:
   explicit Train(CLI::App& app) {
@@ -127,7 +138,10 @@ class Train : public Command {
     options.progress = progress_mode("auto");
     const auto summary = runtime::train(config, *sync, options);
     fmt::print("{}\n", describe_summary(summary));
-    if (!summary.interrupted) return 0;
+    if (!summary.interrupted) {
+      print_next_steps(config.run.dir, false);
+      return 0;
+    }
     fmt::print("checkpoint saved; continue with: {}\n", resume_command("train", config.run.dir));
     return 130;
   }
@@ -185,7 +199,7 @@ class Launch : public Command {
     const auto result = runtime::launch(config, options);
     print_launch_summary(config, result);
     switch (result.outcome) {
-      case runtime::RunOutcome::kFinished: return 0;
+      case runtime::RunOutcome::kFinished: print_next_steps(config.run.dir, false); return 0;
       case runtime::RunOutcome::kStopped:
         fmt::print("stopped ({}); the workers saved their state; continue with: {}\n", result.message,
                    resume_command("launch", config.run.dir));
@@ -194,11 +208,12 @@ class Launch : public Command {
     }
     if (RunFolder(config.run.dir).unstarted()) {
       fmt::print(stderr, "error: [launch] {}; nothing was saved: once that is fixed, run the same command again\n", result.message);
-    } else {
-      fmt::print(stderr, "error: [launch] {}; the workers that could saved their state; once that is fixed, continue with: "
-                         "{}\n", result.message, resume_command("launch", config.run.dir));
+      return 1;
     }
-    return 1;
+    // A worker (a peer of the run) failed after the start: exit status 2, as a worker's own.
+    fmt::print(stderr, "error: [launch] {}; the workers that could saved their state; once that is fixed, continue with: "
+                       "{}\n", result.message, resume_command("launch", config.run.dir));
+    return 2;
   }
   int run_dipaco(const runtime::RunConfig& config, const runtime::LaunchOptions& options) {
     const auto result = runtime::launch_dipaco(config, options);
@@ -209,6 +224,7 @@ class Launch : public Command {
       fmt::print("DiPaCo {}: val_loss {:.4f} over {} tokens; {} task(s) issued again after a worker died or stopped; {} in "
                  "all\n", config.dipaco.levels, result.evaluation.loss, result.evaluation.tokens, result.reissued,
                  format_duration(result.wall_s));
+      print_next_steps(config.run.dir, true);
       return 0;
     }
     if (result.outcome == runtime::RunOutcome::kStopped) {
@@ -218,7 +234,7 @@ class Launch : public Command {
     }
     fmt::print(stderr, "error: [launch] {}; once that is fixed, continue with: {}\n", result.message,
                resume_command("launch", config.run.dir));
-    return 1;
+    return 2;
   }
 
   std::string config_file_;

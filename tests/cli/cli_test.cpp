@@ -88,6 +88,16 @@ TEST_F(CliTest, InterruptedRunResumesToTheSameLosses) {
   auto straight = run_command(train_args("straight"), log("straight"));
   ASSERT_EQ(straight.status, 0) << straight.output;
   EXPECT_NE(straight.output.find("val_unigram_entropy"), std::string::npos) << straight.output;
+  // A finished run says what to do next (report, eval, generate), each a command that runs as printed.
+  int steps = 0;
+  for (size_t at = straight.output.find("next: "); at != std::string::npos; at = straight.output.find("next: ", at + 1)) {
+    const auto next = testing_util::printed_command(straight.output.substr(at), "next: ");
+    ASSERT_GE(next.size(), 2u);
+    auto ran = run_command(next, log("next-" + next[1]));
+    EXPECT_EQ(ran.status, 0) << straight.output.substr(at, 120) << "\n" << ran.output;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3) << straight.output;
 
   // Freeze the run once it has logged a few steps, queue a SIGINT, let it go: it finishes the step
   // in flight, checkpoints and exits 130. (SIGSTOP first makes the interruption land mid-run for sure.)
