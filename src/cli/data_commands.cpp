@@ -34,8 +34,9 @@ class Prepare : public Command {
                                      "first; the rarer ones become their UTF-8 bytes. Below 1 (such as 0.995) a small "
                                      "vocabulary fits a corpus of thousands of characters")
                          ->capture_default_str()->check(CLI::Range(0.5, 1.0));
-    cmd->add_option("--tokenizer", options_.tokenizer, "a model's own SentencePiece tokenizer instead of training one: "
-                                                       "its tokenizer.model, or the (Hugging Face) folder holding it")
+    cmd->add_option("--tokenizer", options_.tokenizer, "a model's own tokenizer instead of training one: a SentencePiece "
+                                                       "tokenizer.model (Llama 2, Mistral), a Hugging Face tokenizer.json of "
+                                                       "byte-level BPE (Llama 3, Qwen), or the folder holding either")
         ->excludes(vocab)->excludes(coverage);
     cmd->add_option("--val-fraction", options_.val_fraction, "share of documents held out for validation")
         ->capture_default_str()->check(CLI::Range(0.0001, 0.9));

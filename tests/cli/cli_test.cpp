@@ -98,6 +98,11 @@ TEST_F(CliTest, InterruptedRunResumesToTheSameLosses) {
     ++steps;
   }
   EXPECT_EQ(steps, 3) << straight.output;
+  // The default model (GELU) cannot be written in Hugging Face's Llama format: the refusal says
+  // which options make one that can.
+  expect_refused({testing_util::loco_binary(), "export", "--checkpoint", (dir_->path() / "straight").string(), "--hf",
+                  (dir_->path() / "straight-hf").string()},
+                 "export-gelu", "hint: train with --model.norm=rmsnorm --model.position=rope --model.mlp=swiglu");
 
   // Freeze the run once it has logged a few steps, queue a SIGINT, let it go: it finishes the step
   // in flight, checkpoints and exits 130. (SIGSTOP first makes the interruption land mid-run for sure.)

@@ -197,7 +197,9 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
   if (o.norm != model::NormKind::kRMSNorm || o.position != model::PositionKind::kRope || o.mlp != model::MlpKind::kSwiGlu ||
       o.qk_norm) {
     throw ConfigError("hugging face", fmt::format("this model ({}, {} positions, {}{}) is not of the Llama kind: "
-                                                  "Hugging Face's format needs rmsnorm, rope and swiglu, without qk_norm",
+                                                  "Hugging Face's format needs rmsnorm, rope and swiglu, without qk_norm; "
+                                                  "hint: train with --model.norm=rmsnorm --model.position=rope "
+                                                  "--model.mlp=swiglu --model.qk_norm=false (configs/llama-example.toml)",
                                                   model::to_string(o.norm), model::to_string(o.position),
                                                   model::to_string(o.mlp), o.qk_norm ? ", qk_norm" : ""));
   }
