@@ -40,16 +40,7 @@ if [ ! -f data/domains-1k/manifest.json ]; then
 fi
 mkdir -p "$out"
 
-# step NAME COMMAND...: runs once into OUT/NAME (its output in OUT/NAME.log); skipped when OUT/NAME.done exists.
-step() {
-  local name=$1; shift
-  if [ -f "$out/$name.done" ]; then echo "bench: $name already done"; return; fi
-  rm -rf "${out:?}/$name"
-  echo "bench: $name"
-  /usr/bin/time -f "wall %e s" "$@" > "$out/$name.log" 2>&1 || { echo "bench: $name failed, see $out/$name.log"; tail -n 5 "$out/$name.log"; exit 1; }
-  tail -n 1 "$out/$name.log"
-  touch "$out/$name.done"
-}
+source bench/common.sh
 dense=(--config "$config" --dipaco.levels=)
 fork=(--train.init_from="$out/pretrain" --train.steps="$steps")
 
