@@ -54,6 +54,22 @@ std::vector<std::string> collect_overrides(const std::vector<std::string>& extra
   return out;
 }
 
+int Command::check() const {
+  std::string config_file;
+  if (const auto* option = cmd->get_option_no_throw("--config"); option != nullptr && option->count() > 0) {
+    config_file = option->as<std::string>();
+  }
+  const auto overrides = cmd->get_allow_extras() ? collect_overrides(cmd->remaining()) : std::vector<std::string>{};
+  if (!config_file.empty()) {
+    runtime::load_config(config_file, overrides);
+  } else {
+    runtime::RunConfig config;
+    for (const auto& o : overrides) runtime::apply_override(config, o);
+  }
+  fmt::print("check: `loco {}` parses{}\n", cmd->get_name(), config_file.empty() ? "" : ", and its config loads");
+  return 0;
+}
+
 std::string run_config_file(const std::string& given, bool resume, const std::vector<std::string>& overrides,
                             const std::string& command) {
   if (!given.empty()) return given;

@@ -28,6 +28,10 @@ class Command {
  public:
   virtual ~Command() = default;
   virtual int run() = 0;
+  // With LOCO_CHECK_ONLY set, instead of run(): the command line parsed, its --config (if any)
+  // loaded with its --section.key=value overrides and validated, and nothing else done. What the
+  // docs-commands test runs every command of the README and docs/ through.
+  int check() const;
   bool parsed() const { return cmd != nullptr && cmd->parsed(); }
 
  protected:

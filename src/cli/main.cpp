@@ -13,6 +13,7 @@
 #include "command.h"
 #include "loco/comm/group.h"
 #include "loco/core/allocator.h"
+#include "loco/core/environment.h"
 #include "loco/core/error.h"
 
 namespace {
@@ -59,9 +60,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 1;  // --help and --version are not errors; every parse error is bad input
   }
+  const bool check_only = loco::read_environment().check_only;
   return exit_status_of([&] {
     for (auto& command : commands) {
-      if (command->parsed()) return command->run();
+      if (command->parsed()) return check_only ? command->check() : command->run();
     }
     return 0;
   });

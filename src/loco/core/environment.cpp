@@ -35,6 +35,7 @@ Environment read_environment() {
   env.cache_dir = path_variable("LOCO_CACHE");
   env.home = path_variable("HOME");
   env.spm_library = path_variable("LOCO_SPM_LIBRARY");
+  env.check_only = path_variable("LOCO_CHECK_ONLY").has_value();
   env.worker_executable = path_variable("LOCO_WORKER_EXECUTABLE");
   auto local = integer_variable("LOCO_LOCAL_PROCESSES", 1);
   if (!local) local = integer_variable("LOCAL_WORLD_SIZE", 1);  // torchrun

@@ -15,6 +15,7 @@ struct Environment {
   // LOCO_LOCAL_PROCESSES, else torchrun's LOCAL_WORLD_SIZE, else Slurm's SLURM_NTASKS_PER_NODE, else 1.
   int64_t local_processes = 1;
   std::optional<std::filesystem::path> spm_library;  // LOCO_SPM_LIBRARY: path of libloco_spm.so
+  bool check_only = false;  // LOCO_CHECK_ONLY (any non-empty value): commands parse and load their config, then exit
   // LOCO_WORKER_EXECUTABLE: the `loco` binary `loco launch` starts its workers with (default: its
   // own), e.g. plain workers under a launcher built with ThreadSanitizer (scripts/tsan.sh).
   std::optional<std::filesystem::path> worker_executable;
