@@ -413,6 +413,44 @@ TEST_F(LaunchTest, AFailedStartLeavesAFolderThatTheSameCommandTakesAgain) {
   EXPECT_NE(file.output.find("exists and is not a folder"), std::string::npos) << file.output;
 }
 
+// Issue #48: a worker killed before its first checkpoint left a fixed run that --resume refused
+// with no way forward. The refusal now says why there is nothing to resume from, what was lost,
+// and the commands that start the run again from its own config; they work as printed.
+TEST_F(LaunchTest, AWorkerKilledBeforeItsFirstCheckpointLeavesAWayForward) {
+  const std::vector<std::string> longer = {"--train.steps=200", "--sync.inner_steps=10", "--checkpoint.every=1000"};
+  Child launcher(launch_args("early", longer), log("early"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (events("early", "sync").size() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  std::vector<pid_t> victims;
+  for (pid_t pid : processes_mentioning(run("early").string())) {
+    std::ifstream in(fmt::format("/proc/{}/cmdline", pid));
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(std::string("--rank\0" "1", 8)) != std::string::npos) victims.push_back(pid);
+  }
+  ASSERT_EQ(victims.size(), 1u) << "worker 1's process";
+  ::kill(victims[0], SIGKILL);
+  EXPECT_EQ(launcher.wait(120s), 2) << read_file(log("early"), "test");
+
+  auto refused = run_command({testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + run("early").string()},
+                             log("early-resume"), 120s);
+  EXPECT_NE(refused.status, 0) << refused.output;
+  EXPECT_NE(refused.output.find("worker 1 "), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("it stopped before its first checkpoint (checkpoint.every = 1000), and the others saved "
+                                "step "),
+            std::string::npos)
+      << refused.output;
+  // The way forward, as printed: move the folder aside, start again from its config.
+  const auto restart = refused.output.substr(refused.output.find("start the run again, losing those steps: ") + 41);
+  const auto failed = run("early").string() + ".failed";
+  ASSERT_EQ(restart.rfind(fmt::format("mv {} {} && loco launch --config {}/config.toml", run("early").string(), failed, failed), 0),
+            0u)
+      << refused.output;
+  fs::rename(run("early"), failed);
+  auto again = run_command({testing_util::loco_binary(), "launch", "--config", failed + "/config.toml"}, log("early-again"), 240s);
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_FALSE(final_hash("early").empty());
+}
+
 // Issue #48: two launches into one run folder both ran (two coordinators, every event twice). The
 // folder's lock refuses the second while the first runs, naming its holder, and writes nothing; a
 // holder killed with SIGKILL leaves no stale lock, so --resume goes on at once.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "loco/core/command.h"
 #include "loco/core/hash.h"
 
 namespace loco::runtime {
@@ -89,10 +90,26 @@ void FixedRun::start() {
 // checkpoint of; among such parameters, the newest set (the one losing least work) wins.
 void FixedRun::plan_resume() {
   std::map<uint64_t, std::vector<int64_t>> newest;  // global hash -> newest step per rank
+  int64_t furthest = 0;  // the newest step any worker saved
+  for (const auto& m : members_) {
+    for (const auto& c : m->request.checkpoints) furthest = std::max(furthest, c.step);
+  }
   for (size_t r = 0; r < members_.size(); ++r) {
     const auto& checkpoints = members_[r]->request.checkpoints;
     if (checkpoints.empty()) {
-      if (status_.fail(fmt::format("--resume: worker {} ({}) has no checkpoint to resume from", r, members_[r]->name))) {
+      // No state every worker holds: the way forward is a new start, which costs what the others saved.
+      const auto& run = options_.config.run.dir;
+      const auto failed = shell_word(run + ".failed");
+      const auto restart = fmt::format("mv {} {} && loco launch --config {}/config.toml", shell_word(run), failed, failed);
+      const auto why = furthest <= options_.config.checkpoint.every
+                           ? fmt::format("it stopped before its first checkpoint (checkpoint.every = {}), and the others "
+                                         "saved step {} at the most: start the run again, losing those steps: {}",
+                                         options_.config.checkpoint.every, furthest, restart)
+                           : fmt::format("the others saved up to step {}, so its checkpoints were lost (deleted, or on a "
+                                         "disk that failed); a fixed run resumes only from parameters every worker holds. "
+                                         "Restore them, or start the run again: {}",
+                                         furthest, restart);
+      if (status_.fail(fmt::format("--resume: worker {} ({}) has no checkpoint to resume from: {}", r, members_[r]->name, why))) {
         log("run failed: " + status_.reason());
       }
       return;
