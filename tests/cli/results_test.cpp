@@ -1,0 +1,60 @@
+// The committed benchmark results that docs/benchmarks.md's tables are read from hold what the
+// tables claim: every comparison with its interval, per document and per path (issue #47).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "loco/core/files.h"
+#include "test_util.h"
+
+namespace loco {
+namespace {
+
+// bench/results/dipaco-tokenrich.json, as bench/dipaco-tokenrich.sh writes it: two seeds or more,
+// each scoring DiPaCo and the dense models on the same documents, and every pair compared.
+TEST(BenchResults, TheTokenRichDiPaCoResultsHoldEveryComparisonWithItsInterval) {
+  const auto file = testing_util::source_dir() / "bench" / "results" / "dipaco-tokenrich.json";
+  const auto results = nlohmann::json::parse(read_file(file, "test"));
+  EXPECT_EQ(results.at("benchmark"), "bench/dipaco-tokenrich.sh");
+  ASSERT_GE(results.at("seeds").size(), 2u) << "DiPaCo and dense DiLoCo-8 on two seeds";
+  auto check_scores = [](const nlohmann::json& e, const std::string& what) {
+    SCOPED_TRACE(what);
+    const auto models = 1 + e.at("baselines").size();
+    ASSERT_GE(models, 2u);
+    EXPECT_EQ(e.at("comparisons").size(), models * (models - 1) / 2) << "every pair of models";
+    std::set<int64_t> documents;
+    double dipaco = 0;
+    int64_t tokens = 0;
+    for (const auto& d : e.at("documents")) {
+      EXPECT_TRUE(documents.insert(d.at("document").get<int64_t>()).second);
+      EXPECT_EQ(d.at("loss_sums").size(), models);
+      dipaco += d.at("loss_sums")[0].get<double>();
+      tokens += d.at("tokens").get<int64_t>();
+    }
+    EXPECT_GT(documents.size(), 100u) << "every validation document, not a sample";
+    EXPECT_EQ(e.at("tokens").get<int64_t>(), tokens);
+    EXPECT_NEAR(e.at("val_loss").get<double>(), dipaco / static_cast<double>(tokens), 1e-6);
+    for (const auto& c : e.at("comparisons")) {
+      const double low = c.at("low"), difference = c.at("difference"), high = c.at("high");
+      EXPECT_TRUE(std::isfinite(low) && std::isfinite(high)) << c;
+      EXPECT_LE(low, difference) << c;
+      EXPECT_LE(difference, high) << c;
+      EXPECT_EQ(c.at("documents").get<size_t>(), documents.size()) << c;
+    }
+  };
+  for (const auto& [seed, e] : results.at("seeds").items()) {
+    check_scores(e, "seed " + seed);
+    bool against_diloco8 = false;
+    for (const auto& c : e.at("comparisons")) {
+      against_diloco8 = against_diloco8 || (c.at("a") == "dipaco" && c.at("b").get<std::string>().find("diloco-8") != std::string::npos);
+    }
+    EXPECT_TRUE(against_diloco8) << "seed " << seed << ": DiPaCo against dense DiLoCo-8";
+  }
+  if (results.contains("reroute")) check_scores(results.at("reroute"), "re-routed");
+}
+
+}  // namespace
+}  // namespace loco
