@@ -48,6 +48,17 @@ class LaunchTest : public ::testing::Test {
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
+  // The processes of run `name` started as worker `rank` (their command line holds "--rank R").
+  static std::vector<pid_t> workers_of_rank(const std::string& name, int rank) {
+    const std::string flag = std::string("--rank") + '\0' + std::to_string(rank) + '\0';
+    std::vector<pid_t> out;
+    for (pid_t pid : processes_mentioning(run(name).string())) {
+      std::ifstream in(fmt::format("/proc/{}/cmdline", pid));
+      std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (cmdline.find(flag) != std::string::npos) out.push_back(pid);
+    }
+    return out;
+  }
   static std::vector<nlohmann::json> events(const std::string& name, const std::string& kind) {
     std::vector<nlohmann::json> out;
     std::ifstream in(run(name) / "metrics.jsonl");
@@ -301,12 +312,7 @@ TEST_F(LaunchTest, KilledWorkerStopsTheRunAndResumeCompletesIt) {
   Child launcher(launch_args("killed", longer), log("killed"));
   const auto deadline = std::chrono::steady_clock::now() + 120s;
   while (events("killed", "sync").size() < 9 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
-  std::vector<pid_t> victims;
-  for (pid_t pid : processes_mentioning(run("killed").string())) {
-    std::ifstream in(fmt::format("/proc/{}/cmdline", pid));
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmdline.find(std::string("--rank\0" "1", 8)) != std::string::npos) victims.push_back(pid);
-  }
+  const auto victims = workers_of_rank("killed", 1);
   ASSERT_EQ(victims.size(), 1u) << "worker 1's process";
   ::kill(victims[0], SIGKILL);
   const int status = launcher.wait(120s);
@@ -421,12 +427,7 @@ TEST_F(LaunchTest, AWorkerKilledBeforeItsFirstCheckpointLeavesAWayForward) {
   Child launcher(launch_args("early", longer), log("early"));
   const auto deadline = std::chrono::steady_clock::now() + 120s;
   while (events("early", "sync").size() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
-  std::vector<pid_t> victims;
-  for (pid_t pid : processes_mentioning(run("early").string())) {
-    std::ifstream in(fmt::format("/proc/{}/cmdline", pid));
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (cmdline.find(std::string("--rank\0" "1", 8)) != std::string::npos) victims.push_back(pid);
-  }
+  const auto victims = workers_of_rank("early", 1);
   ASSERT_EQ(victims.size(), 1u) << "worker 1's process";
   ::kill(victims[0], SIGKILL);
   EXPECT_EQ(launcher.wait(120s), 2) << read_file(log("early"), "test");
