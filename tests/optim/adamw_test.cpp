@@ -103,4 +103,29 @@ TEST(ClipGradNorm, ScalesToMaxNormAndReportsTheNormBefore) {
 }
 
 }  // namespace
+// The clipping that training uses reads nothing back: the norm stays a tensor, and gradients
+// under the limit are left exactly as they were.
+TEST(ClipGradients, ReturnsTheNormOnTheDeviceAndScalesOnlyPastTheLimit) {
+  auto a = torch::zeros({2}, torch::requires_grad()), b = torch::zeros({1}, torch::requires_grad());
+  EXPECT_FALSE(clip_gradients({a, b}, 1.0).defined()) << "no gradient, no norm";
+  a.mutable_grad() = torch::tensor({0.3f, 0.4f});
+  b.mutable_grad() = torch::tensor({0.0f});
+  const auto under = clip_gradients({a, b}, 1.0);
+  EXPECT_EQ(under.dim(), 0);
+  EXPECT_NEAR(under.item<double>(), 0.5, 1e-6);
+  EXPECT_TRUE(torch::equal(a.grad(), torch::tensor({0.3f, 0.4f})));
+  a.mutable_grad() = torch::tensor({3.0f, 4.0f});
+  EXPECT_NEAR(clip_gradients({a, b}, 1.0).item<double>(), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad().norm().item<double>(), 1.0, 1e-5);
+}
+
+TEST(AdamW, OnTheCpuItNeitherSkipsNorNeedsTo) {
+  auto p = torch::ones({3}, torch::requires_grad());
+  AdamW adamw({{"p", p, true}}, {});
+  EXPECT_FALSE(adamw.skips_on_device()) << "the caller reads the loss first on a CPU";
+  p.mutable_grad() = torch::ones({3});
+  adamw.step(0.1, torch::ones({}));  // the skip flag is for the device path only
+  EXPECT_FALSE(torch::equal(p, torch::ones({3})));
+}
+
 }  // namespace loco::optim

@@ -2,10 +2,19 @@
 
 #include <cmath>
 #include <fmt/ranges.h>
+#include <torch/version.h>
 
+#include <algorithm>
 #include <map>
 
 #include "loco/core/error.h"
+
+// The fused AdamW kernel (aten::_fused_adamw_) with its found_inf argument: LibTorch 2.2 and later.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+#define LOCO_FUSED_ADAMW 1
+#else
+#define LOCO_FUSED_ADAMW 0
+#endif
 
 namespace loco::optim {
 
@@ -16,11 +25,52 @@ AdamW::AdamW(std::vector<NamedParameter> parameters, AdamWOptions options)
     exp_avg_.push_back(torch::zeros_like(p.tensor, torch::kFloat32));
     exp_avg_sq_.push_back(torch::zeros_like(p.tensor, torch::kFloat32));
   }
+#if LOCO_FUSED_ADAMW
+  const bool on_gpu = !parameters_.empty() && std::all_of(parameters_.begin(), parameters_.end(), [&](const auto& p) {
+    return p.tensor.is_cuda() && p.tensor.scalar_type() == torch::kFloat32 && p.tensor.device() == parameters_[0].tensor.device();
+  });
+  if (on_gpu) {
+    fused_ = true;
+    step_count_ = torch::zeros({}, parameters_[0].tensor.options());
+  }
+#endif
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const torch::Tensor& skip) {
   torch::NoGradGuard no_grad;
   ++steps_;
+#if LOCO_FUSED_ADAMW
+  if (fused_) {
+    step_count_.fill_(static_cast<double>(steps_));
+    // Two groups, decayed and not, each one launch: decoupled decay, the moments, the
+    // bias-corrected update, as torch.optim.AdamW(fused=True) does.
+    for (const bool decay : {true, false}) {
+      std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+      for (size_t i = 0; i < parameters_.size(); ++i) {
+        const auto& p = parameters_[i].tensor;
+        if (parameters_[i].decay != decay || !p.grad().defined()) continue;
+        params.push_back(p);
+        grads.push_back(p.grad());
+        exp_avg.push_back(exp_avg_[i]);
+        exp_avg_sq.push_back(exp_avg_sq_[i]);
+        steps.push_back(step_count_);
+      }
+      if (params.empty()) continue;
+      const double weight_decay = decay ? options_.weight_decay : 0.0;
+      if (skip.defined()) {
+        at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                          options_.beta2, weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                          /*grad_scale=*/{}, /*found_inf=*/skip);
+      } else {
+        at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                          options_.beta2, weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                          /*grad_scale=*/{}, /*found_inf=*/{});
+      }
+    }
+    return;
+  }
+#endif
+  (void)skip;
   const double bias1 = 1 - std::pow(options_.beta1, static_cast<double>(steps_));
   const double bias2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
   const double step_size = lr / bias1;
@@ -89,21 +139,39 @@ void AdamW::load_state(const std::vector<std::pair<std::string, torch::Tensor>>&
   steps_ = steps;
 }
 
-double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+torch::Tensor clip_gradients(const std::vector<torch::Tensor>& parameters, double max_norm) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> norms;
+  std::vector<torch::Tensor> grads;
   for (const auto& p : parameters) {
-    if (p.grad().defined()) norms.push_back(p.grad().detach().to(torch::kFloat32).norm());
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (norms.empty()) return 0.0;
-  const double total = torch::stack(norms).norm().item<double>();
-  if (max_norm > 0 && total > max_norm) {
-    const double scale = max_norm / (total + 1e-6);
-    for (const auto& p : parameters) {
-      if (p.grad().defined()) p.grad().mul_(scale);
-    }
+  if (grads.empty()) return {};
+  // On a GPU, multi-tensor kernels; elsewhere one operation per tensor, as before.
+  const bool lists = LOCO_FUSED_ADAMW && grads[0].is_cuda();
+  std::vector<torch::Tensor> norms;
+  if (lists) {
+    norms = at::_foreach_norm(grads);
+  } else {
+    for (const auto& g : grads) norms.push_back(g.detach().to(torch::kFloat32).norm());
   }
+  auto total = torch::stack(norms).to(torch::kFloat32).norm();
+  if (max_norm <= 0) return total;
+  // max_norm / (norm + 1e-6) where the norm exceeds max_norm, else exactly 1: decided on the
+  // device, so nothing is read.
+  auto scale = torch::where(total > max_norm, max_norm / (total + 1e-6), torch::ones_like(total));
+#if LOCO_FUSED_ADAMW
+  if (lists) {
+    at::_foreach_mul_(grads, scale);
+    return total;
+  }
+#endif
+  for (auto& g : grads) g.mul_(scale.to(g.scalar_type()));
   return total;
+}
+
+double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm) {
+  const auto total = clip_gradients(parameters, max_norm);
+  return total.defined() ? total.item<double>() : 0.0;
 }
 
 }  // namespace loco::optim
