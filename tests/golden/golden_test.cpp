@@ -88,14 +88,19 @@ TEST_P(GoldenModel, LossAndGradientsMatchPyTorch) {
   for (const auto& [key, _] : f.tensors) fixture_params += key.starts_with("param.") ? 1 : 0;
   ASSERT_EQ(loaded, fixture_params) << "loco's parameters and the fixture's differ in number";
 
-  auto logits = model->forward(f.at("tokens"));
-  auto parts = model::language_model_loss(logits, f.at("targets"), f.number("z_loss"));
-  parts.loss.backward();
-  EXPECT_LT(relative_error(parts.loss, f.at("loss")[0]), kTolerance) << parts.loss.item<double>() << " vs " << f.at("loss")[0].item<double>();
-  EXPECT_LT(relative_error(parts.cross_entropy, f.at("cross_entropy")[0]), kTolerance);
-  for (const auto& item : model->named_parameters()) {
-    ASSERT_TRUE(item.value().grad().defined()) << item.key();
-    EXPECT_LT(relative_error(item.value().grad(), f.at("grad." + item.key())), kTolerance) << item.key();
+  // The plain head and loss, then the fused ones that training uses (linear_cross_entropy).
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "model->loss" : "language_model_loss(model->forward)");
+    model->zero_grad();
+    auto parts = fused ? model->loss(f.at("tokens"), f.at("targets"), f.number("z_loss"))
+                       : model::language_model_loss(model->forward(f.at("tokens")), f.at("targets"), f.number("z_loss"));
+    parts.loss.backward();
+    EXPECT_LT(relative_error(parts.loss, f.at("loss")[0]), kTolerance) << parts.loss.item<double>() << " vs " << f.at("loss")[0].item<double>();
+    EXPECT_LT(relative_error(parts.cross_entropy, f.at("cross_entropy")[0]), kTolerance);
+    for (const auto& item : model->named_parameters()) {
+      ASSERT_TRUE(item.value().grad().defined()) << item.key();
+      EXPECT_LT(relative_error(item.value().grad(), f.at("grad." + item.key())), kTolerance) << item.key();
+    }
   }
 }
 

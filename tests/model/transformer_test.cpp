@@ -233,5 +233,56 @@ TEST(Loss, ZLossAddsMeanSquaredLogPartition) {
   EXPECT_NEAR(with_z.loss.item<double>(), plain.cross_entropy.item<double>() + 1e-2 * z, 1e-6);
 }
 
+// The fused head and loss against the plain ones: values and both gradients, with unscored
+// targets, the z-loss, and chunks that do and do not divide the rows.
+TEST(LinearCrossEntropy, GivesThePlainHeadsLossAndGradients) {
+  torch::manual_seed(11);
+  const auto hidden0 = torch::randn({3, 7, 16}), weight0 = torch::randn({29, 16}) * 0.5;
+  auto targets = torch::randint(0, 29, {3, 7}, torch::kInt64);
+  targets[0][2] = -100;
+  targets[2][6] = -100;
+  for (double z : {0.0, 1e-2}) {
+    auto h_ref = hidden0.clone().requires_grad_(), w_ref = weight0.clone().requires_grad_();
+    auto ref = language_model_loss(torch::nn::functional::linear(h_ref, w_ref), targets, z);
+    ref.loss.backward();
+    for (int64_t chunk : {0, 1, 5, 21, 100}) {
+      SCOPED_TRACE(fmt::format("z_loss {} chunk {}", z, chunk));
+      auto h = hidden0.clone().requires_grad_(), w = weight0.clone().requires_grad_();
+      auto fused = linear_cross_entropy(h, w, targets, z, chunk);
+      EXPECT_NEAR(fused.loss.item<double>(), ref.loss.item<double>(), 1e-5);
+      EXPECT_NEAR(fused.cross_entropy.item<double>(), ref.cross_entropy.item<double>(), 1e-5);
+      EXPECT_FALSE(fused.cross_entropy.requires_grad()) << "the cross entropy is reported, not backpropagated";
+      (fused.loss * 3).backward();  // the backward pass scales the gradients it computed
+      EXPECT_TRUE(torch::allclose(h.grad(), 3 * h_ref.grad(), 1e-4, 1e-6));
+      EXPECT_TRUE(torch::allclose(w.grad(), 3 * w_ref.grad(), 1e-4, 1e-6));
+    }
+  }
+}
+
+TEST(LinearCrossEntropy, WithoutGradientsItOnlyScores) {
+  const auto hidden = torch::randn({2, 5, 8}, torch::requires_grad()), weight = torch::randn({13, 8});
+  const auto targets = torch::randint(0, 13, {2, 5}, torch::kInt64);
+  torch::NoGradGuard no_grad;
+  auto fused = linear_cross_entropy(hidden, weight, targets, 0.0, 3);
+  EXPECT_FALSE(fused.loss.requires_grad());
+  EXPECT_NEAR(fused.loss.item<double>(),
+              language_model_loss(torch::nn::functional::linear(hidden, weight), targets, 0.0).loss.item<double>(), 1e-5);
+  // No target scored: NaN, as cross_entropy gives (a training step skips such micro-batches).
+  EXPECT_TRUE(std::isnan(linear_cross_entropy(hidden, weight, torch::full({2, 5}, -100, torch::kInt64), 0.0).cross_entropy.item<double>()));
+  EXPECT_THROW(linear_cross_entropy(hidden, weight, torch::zeros({2, 4}, torch::kInt64), 0.0), InternalError);
+  EXPECT_THROW(linear_cross_entropy(hidden, torch::randn({13, 9}), targets, 0.0), InternalError);
+}
+
+// The model's own loss is the head's loss of its hidden states (the golden tests check it
+// against PyTorch too).
+TEST(LinearCrossEntropy, TheModelsLossIsItsForwardsLoss) {
+  Transformer model(tiny(), 5);
+  auto tokens = torch::randint(0, 97, {2, 17}, torch::kInt64);
+  auto inputs = tokens.narrow(1, 0, 16), targets = tokens.narrow(1, 1, 16);
+  torch::NoGradGuard no_grad;
+  EXPECT_NEAR(model->loss(inputs, targets, 1e-3).loss.item<double>(),
+              language_model_loss(model->forward(inputs), targets, 1e-3).loss.item<double>(), 1e-5);
+}
+
 }  // namespace
 }  // namespace loco::model

@@ -36,6 +36,14 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::clear_cache();
 }
 
+bool cuda_autocast_enabled() {
+#ifdef LOCO_AUTOCAST_BY_DEVICE
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+
 torch::Device resolve_device(const std::string& name) {
   if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   if (name == "cpu") return torch::Device(torch::kCPU);

@@ -22,6 +22,9 @@ class AutocastGuard {
   bool previous_ = false;
 };
 
+// Whether bf16 autocast for CUDA is on in this thread (what an AutocastGuard turned on).
+bool cuda_autocast_enabled();
+
 // "cpu" -> CPU; "cuda" / "cuda:N" -> CUDA (ConfigError when this LibTorch has no CUDA or no GPU);
 // "auto" -> CUDA when available, else CPU.
 torch::Device resolve_device(const std::string& name);

@@ -1,6 +1,8 @@
 #include "loco/model/transformer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/ranges.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 
 #include "loco/core/error.h"
 #include "loco/model/paths.h"
+#include "loco/model/precision.h"
 
 namespace loco::model {
 
@@ -182,6 +185,10 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   return torch::nn::functional::linear(hidden(tokens), lm_head ? lm_head->weight : tok_emb->weight);  // (B, T, vocab)
 }
 
+LossParts TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets, double z_loss) {
+  return linear_cross_entropy(hidden(tokens), lm_head ? lm_head->weight : tok_emb->weight, targets, z_loss);
+}
+
 torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   LOCO_CHECK(tokens.dim() == 2, "tokens must be (B, T), got {} dims", tokens.dim());
   const int64_t T = tokens.size(1);
@@ -245,6 +252,124 @@ LossParts language_model_loss(const torch::Tensor& logits, const torch::Tensor& 
   if (z_loss <= 0) return {ce, ce};
   auto z = torch::logsumexp(flat, -1);
   return {ce + z_loss * z.pow(2).mean(), ce};
+}
+
+namespace {
+
+constexpr int64_t kNotScored = -100;  // cross_entropy's ignore_index (data::kIgnoredTarget)
+
+struct HeadLoss {
+  torch::Tensor loss, cross_entropy;       // float32 scalars
+  torch::Tensor grad_hidden, grad_weight;  // float32, when asked for: d loss / d hidden and / d weight
+};
+
+// linear_cross_entropy's work: hidden (N, C), weight (V, C), targets (N,) int64.
+HeadLoss head_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets, double z_loss,
+                   bool gradients, int64_t chunk_rows) {
+  torch::NoGradGuard no_grad;
+  const auto compute = hidden.is_cuda() && cuda_autocast_enabled() ? torch::kBFloat16 : hidden.scalar_type();
+  // Autocast would run the softmaxes below on float32 copies of the logits; dtypes are chosen here.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const auto h = hidden.to(compute), w = weight.to(compute);
+  const int64_t n = h.size(0), width = h.size(1), vocab = w.size(0);
+  const auto f32 = hidden.options().dtype(torch::kFloat32);
+  const auto scored = targets != kNotScored;
+  // Each scored row's share of the mean (NaN everywhere when no row is scored, as cross_entropy).
+  const auto row_weight = scored.to(torch::kFloat32) / scored.sum().to(torch::kFloat32);
+  const auto safe_targets = targets.masked_fill(scored.logical_not(), 0).unsqueeze(1);  // (N, 1)
+  if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t{1} << 28) / vocab);
+
+  HeadLoss out;
+  auto ce = torch::zeros({}, f32), z_sum = torch::zeros({}, f32);
+  if (gradients) {
+    out.grad_hidden = torch::empty({n, width}, f32);
+    out.grad_weight = torch::zeros({vocab, width}, f32);
+  }
+  for (int64_t start = 0; start < n; start += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n - start);
+    const auto hc = h.narrow(0, start, rows), tc = safe_targets.narrow(0, start, rows);
+    const auto wc = row_weight.narrow(0, start, rows);
+    auto logits = torch::mm(hc, w.t());  // (rows, V), compute dtype
+    torch::Tensor target_log_prob, probs;  // (rows,) float32; the softmax in bf16
+    if (logits.scalar_type() == torch::kFloat32) {
+      target_log_prob = torch::log_softmax(logits, 1).gather(1, tc).squeeze(1);
+    } else {
+      // In bf16 the softmax (accumulated in float32, written in bf16) serves the gradient, and
+      // the loss is the log of its value at the target: within 2^-9 relatively per token, and
+      // no float32 copy of the logits.
+      probs = torch::softmax(logits, 1);
+      target_log_prob = probs.gather(1, tc).squeeze(1).to(torch::kFloat32).log();
+    }
+    ce -= (target_log_prob * wc).sum();
+    torch::Tensor lse;  // z-loss only: logsumexp of each row
+    if (z_loss > 0) {
+      lse = logits.gather(1, tc).squeeze(1).to(torch::kFloat32) - target_log_prob;
+      z_sum += lse.pow(2).sum();
+    }
+    if (!gradients) continue;
+
+    auto g = probs.defined() ? probs : torch::softmax(logits, 1);  // compute dtype, accumulated in float32
+    logits = torch::Tensor();
+    probs = torch::Tensor();
+    auto scaled_hidden = hc;
+    torch::Tensor row_scale;
+    if (z_loss > 0) {
+      // d loss / d logits = softmax * (w + 2 z lse / N) - onehot * w, for row weight w.
+      g.mul_((wc + (2 * z_loss / static_cast<double>(n)) * lse).unsqueeze(1).to(g.scalar_type()));
+      g.scatter_add_(1, tc, (-wc).unsqueeze(1).to(g.scalar_type()));
+    } else {
+      // d loss / d logits = (softmax - onehot) * w: the row weights go to the products' small side.
+      g.scatter_add_(1, tc, torch::full({rows, 1}, -1.0, g.options()));
+      row_scale = wc.unsqueeze(1);
+      scaled_hidden = (hc.to(torch::kFloat32) * row_scale).to(compute);
+    }
+    auto grad_rows = torch::mm(g, w);  // (rows, C)
+    out.grad_hidden.narrow(0, start, rows).copy_(row_scale.defined() ? grad_rows * row_scale : grad_rows);
+    out.grad_weight.add_(torch::mm(g.t(), scaled_hidden));
+  }
+  out.cross_entropy = ce;
+  out.loss = z_loss > 0 ? ce + z_loss * z_sum / static_cast<double>(n) : ce.clone();
+  return out;
+}
+
+// The head and loss as one autograd node whose gradients were computed with the loss.
+class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                                                const torch::Tensor& weight, const torch::Tensor& targets, double z_loss,
+                                                int64_t chunk_rows) {
+    auto result = head_loss(hidden, weight, targets, z_loss, /*gradients=*/true, chunk_rows);
+    ctx->saved_data["grad_hidden"] = result.grad_hidden.to(hidden.scalar_type());
+    ctx->saved_data["grad_weight"] = result.grad_weight.to(weight.scalar_type());
+    ctx->mark_non_differentiable({result.cross_entropy});
+    return {result.loss, result.cross_entropy};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto& scale = grad_outputs[0];
+    if (!scale.defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {ctx->saved_data["grad_hidden"].toTensor() * scale, ctx->saved_data["grad_weight"].toTensor() * scale,
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+LossParts linear_cross_entropy(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                               double z_loss, int64_t chunk_rows) {
+  LOCO_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1), "hidden of width {} and a head of shape {}",
+             hidden.size(-1), fmt::join(weight.sizes(), "x"));
+  LOCO_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "{} targets for {} rows of hidden states",
+             targets.numel(), hidden.numel() / hidden.size(-1));
+  const auto rows = hidden.reshape({-1, hidden.size(-1)});
+  const auto flat_targets = targets.reshape({-1}).to(torch::kInt64);
+  if (!torch::GradMode::is_enabled() || !(rows.requires_grad() || weight.requires_grad())) {
+    auto result = head_loss(rows, weight, flat_targets, z_loss, /*gradients=*/false, chunk_rows);
+    return {result.loss, result.cross_entropy};
+  }
+  auto outputs = LinearCrossEntropy::apply(rows, weight, flat_targets, z_loss, chunk_rows);
+  return {outputs[0], outputs[1]};
 }
 
 // paths.h: a module of a path model is the union of its parameter groups.
