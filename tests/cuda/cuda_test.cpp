@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <torch/version.h>
+
 #include <vector>
 
 #include "loco/algorithms/flat_buffer.h"
@@ -63,6 +65,12 @@ TEST_F(Cuda, ABf16ForwardAndBackwardOnTheGpuMatchFp32OnTheCpu) {
     EXPECT_EQ(gpu_loss.scalar_type(), torch::kFloat32);
     EXPECT_NEAR(gpu_loss.item<double>(), cpu_loss.item<double>(), 0.02);
 
+    {
+      model::AutocastGuard autocast(gpu, true);
+      torch::NoGradGuard no_grad;
+      EXPECT_NEAR(on_gpu->loss(inputs.to(gpu), targets.to(gpu), 0.0).cross_entropy.item<double>(), cpu_loss.item<double>(), 0.02)
+          << "the fused head and loss that training uses";
+    }
     cpu_loss.backward();
     gpu_loss.backward();
     auto cpu_params = on_cpu->named_parameters(), gpu_params = on_gpu->named_parameters();
@@ -76,7 +84,7 @@ TEST_F(Cuda, ABf16ForwardAndBackwardOnTheGpuMatchFp32OnTheCpu) {
   }
 }
 
-TEST_F(Cuda, TheMultiTensorAdamWOnTheGpuTakesTheCpusSteps) {
+TEST_F(Cuda, TheAdamWOnTheGpuTakesTheCpusSteps) {
   torch::manual_seed(3);
   std::vector<torch::Tensor> shapes{torch::randn({64, 32}), torch::randn({32}), torch::randn({7, 5, 3})};
   std::vector<optim::NamedParameter> cpu, gpu;
@@ -85,6 +93,9 @@ TEST_F(Cuda, TheMultiTensorAdamWOnTheGpuTakesTheCpusSteps) {
     gpu.push_back({"p" + std::to_string(i), shapes[i].to(torch::kCUDA).requires_grad_(), i != 1});
   }
   optim::AdamW on_cpu(cpu, {}), on_gpu(gpu, {});
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  EXPECT_TRUE(on_gpu.skips_on_device()) << "LibTorch " << TORCH_VERSION << " has the fused AdamW";
+#endif
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       auto grad = torch::randn_like(shapes[i]);
@@ -104,6 +115,51 @@ TEST_F(Cuda, TheMultiTensorAdamWOnTheGpuTakesTheCpusSteps) {
   const auto cpu_state = on_cpu.state(), gpu_state = on_gpu.state();
   for (size_t i = 0; i < cpu_state.size(); ++i) {
     EXPECT_TRUE(torch::allclose(gpu_state[i].second.cpu(), cpu_state[i].second, 1e-5, 1e-7)) << cpu_state[i].first;
+  }
+}
+
+// A step whose loss or gradient norm is not finite is skipped by the GPU itself (the skip flag),
+// so that training need not read each step's loss before the next.
+TEST_F(Cuda, AFlaggedStepIsSkippedOnTheGpu) {
+  auto p = torch::randn({40, 3}, torch::kCUDA).requires_grad_();
+  optim::AdamW adamw({{"p", p, true}}, {});
+  if (!adamw.skips_on_device()) GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no fused AdamW: steps are read first";
+  const auto before = p.detach().clone();
+  p.mutable_grad() = torch::full_like(p, NAN);
+  adamw.step(1e-2, torch::ones({}, torch::TensorOptions().device(torch::kCUDA)));
+  EXPECT_TRUE(torch::equal(p.detach(), before)) << "a flagged step leaves the parameters";
+  for (const auto& [name, moment] : adamw.state()) EXPECT_EQ(moment.abs().sum().item<double>(), 0.0) << name;
+  p.mutable_grad() = torch::randn_like(p);
+  adamw.step(1e-2, torch::zeros({}, torch::TensorOptions().device(torch::kCUDA)));
+  EXPECT_FALSE(torch::equal(p.detach(), before)) << "an unflagged step moves them";
+  EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+}
+
+// The fused head and loss (linear_cross_entropy) in bf16 autocast on the GPU against float32 on
+// the CPU, in one chunk and in several.
+TEST_F(Cuda, TheFusedHeadAndLossInBf16MatchFp32OnTheCpu) {
+  const torch::Device gpu(torch::kCUDA);
+  torch::manual_seed(4);
+  const auto hidden0 = torch::randn({4, 64, 128}), weight0 = torch::randn({1000, 128}) * 0.05;
+  auto targets = torch::randint(0, 1000, {4, 64}, torch::kInt64);
+  targets[1][3] = -100;
+  auto h_cpu = hidden0.clone().requires_grad_(), w_cpu = weight0.clone().requires_grad_();
+  auto ref = model::linear_cross_entropy(h_cpu, w_cpu, targets, 1e-3);
+  ref.loss.backward();
+  for (int64_t chunk : {0, 100}) {
+    SCOPED_TRACE(fmt::format("chunk {}", chunk));
+    auto h = hidden0.to(gpu).requires_grad_(), w = weight0.to(gpu).requires_grad_();
+    model::LossParts parts;
+    {
+      model::AutocastGuard autocast(gpu, true);
+      parts = model::linear_cross_entropy(h, w, targets.to(gpu), 1e-3, chunk);
+    }
+    EXPECT_EQ(parts.loss.scalar_type(), torch::kFloat32);
+    EXPECT_NEAR(parts.loss.item<double>(), ref.loss.item<double>(), 0.02);
+    parts.loss.backward();
+    EXPECT_EQ(h.grad().scalar_type(), torch::kFloat32);
+    EXPECT_GT(cosine(h.grad(), h_cpu.grad()), 0.99);
+    EXPECT_GT(cosine(w.grad(), w_cpu.grad()), 0.99);
   }
 }
 
@@ -129,7 +185,7 @@ TEST_F(Cuda, TrainingInBf16OnTheGpuLearnsABatch) {
     torch::Tensor loss;
     {
       model::AutocastGuard autocast(gpu, true);
-      loss = model::language_model_loss(net->forward(inputs), targets, 0.0).loss;
+      loss = net->loss(inputs, targets, 0.0).loss;  // the fused head and loss, as training runs
     }
     loss.backward();
     optim::clip_grad_norm([&] {

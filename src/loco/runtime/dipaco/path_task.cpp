@@ -76,8 +76,7 @@ double TaskWorker::train_steps(InnerStep& inner, data::WindowSampler& sampler, i
   for (int64_t step = first; step < first + steps; ++step) {
     if (stopping()) throw Abandoned{false};
     if (keeper.lost()) throw Abandoned{true};
-    loss_sum += inner.forward_backward(sampler, step);
-    inner.update(inner.learning_rate(step));
+    loss_sum += inner.step(sampler, step, inner.learning_rate(step));
   }
   return loss_sum;
 }

@@ -45,34 +45,63 @@ double InnerStep::learning_rate(int64_t step) const {
   return lr;
 }
 
-double InnerStep::forward_backward(data::WindowSampler& source, int64_t step) {
+namespace {
+
+// A batch's tensor on `device`: on a GPU staged in pinned memory and copied without waiting (the
+// caching host allocator keeps the pinned block until the copy has run).
+torch::Tensor to_device(const torch::Tensor& tensor, const torch::Device& device) {
+  if (!device.is_cuda()) return tensor.to(device);
+  return tensor.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+}  // namespace
+
+torch::Tensor InnerStep::forward_backward(data::WindowSampler& source) {
   adamw_.zero_grad();
-  double loss = 0;
+  auto loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   for (int64_t micro = 0; micro < grad_accum_; ++micro) {
     auto batch = source.next(batch_size_);
-    if ((batch.targets != data::kIgnoredTarget).sum().item<int64_t>() == 0) continue;  // only routing tokens
-    torch::Tensor total, cross_entropy;
+    if ((batch.targets != data::kIgnoredTarget).sum().item<int64_t>() == 0) continue;  // only routing tokens (host tensors)
+    model::LossParts parts;
     {
       model::AutocastGuard autocast(device_, true);
-      auto logits = model_->forward(batch.inputs.to(device_));  // (B, T, V)
-      auto parts = model::language_model_loss(logits, batch.targets.to(device_), z_loss_);
-      total = parts.loss;
-      cross_entropy = parts.cross_entropy;
+      parts = model_->loss(to_device(batch.inputs, device_), to_device(batch.targets, device_), z_loss_);
     }
-    (total / static_cast<double>(grad_accum_)).backward();
-    loss += cross_entropy.item<double>() / static_cast<double>(grad_accum_);
-  }
-  if (!std::isfinite(loss)) {
-    throw Error("train", fmt::format("the loss became {} at step {}; hint: lower optim.lr or enable optim.grad_clip ({})",
-                                     loss, step, intact_));
+    (parts.loss / static_cast<double>(grad_accum_)).backward();
+    loss += parts.cross_entropy.detach().to(torch::kFloat32) / static_cast<double>(grad_accum_);
   }
   return loss;
 }
 
-double InnerStep::update(double lr) {
-  const double norm = optim::clip_grad_norm(parameters_, grad_clip_);
-  adamw_.step(lr);
+double InnerStep::read(const torch::Tensor& value, int64_t step, const char* what) const {
+  const double x = value.defined() ? value.item<double>() : 0.0;
+  check(x, step, what);
+  return x;
+}
+
+void InnerStep::check(double value, int64_t step, const char* what) const {
+  if (std::isfinite(value)) return;
+  throw Error("train", fmt::format("the {} became {} at step {}; hint: lower optim.lr or enable optim.grad_clip ({})", what,
+                                   value, step, intact_));
+}
+
+torch::Tensor InnerStep::update(double lr, const torch::Tensor& loss) {
+  auto norm = optim::clip_gradients(parameters_, grad_clip_);
+  torch::Tensor skip;
+  if (adamw_.skips_on_device()) {
+    // 1 when the loss or the norm is not finite (a sum is finite only when both are).
+    skip = norm.defined() ? torch::isfinite(loss + norm).logical_not().to(torch::kFloat32)
+                          : torch::isfinite(loss).logical_not().to(torch::kFloat32);
+  }
+  adamw_.step(lr, skip);
   return norm;
+}
+
+double InnerStep::step(data::WindowSampler& source, int64_t step, double lr) {
+  const auto loss = forward_backward(source);
+  const double value = read(loss, step);
+  update(lr, loss);
+  return value;
 }
 
 }  // namespace loco::runtime

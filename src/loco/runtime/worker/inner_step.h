@@ -56,13 +56,26 @@ class InnerStep {
   std::optional<int64_t> rewarmed_from() const { return rewarm_from_; }
 
   // Zeroes the gradients, then forward and backward of the step's micro-batches from `source`
-  // (train.grad_accum of train.batch_size windows). A micro-batch with no target to score (only
-  // routing tokens, in DiPaCo) is skipped. Returns the step's mean cross entropy. Throws Error
-  // naming `step` when it is not finite.
-  double forward_backward(data::WindowSampler& source, int64_t step);
+  // (train.grad_accum of train.batch_size windows; on a GPU each copied from pinned memory without
+  // waiting). A micro-batch with no target to score (only routing tokens, in DiPaCo) is skipped.
+  // Returns the step's mean cross entropy, a float scalar on the device, unread: nothing here
+  // waits for the GPU.
+  torch::Tensor forward_backward(data::WindowSampler& source);
   // Clips the gradients to optim.grad_clip and takes the AdamW step at `lr`. Returns the norm
-  // before clipping.
-  double update(double lr);
+  // before clipping, on the device, unread. Where defers_reads(), an update whose `loss` or norm
+  // is not finite is skipped on the device; elsewhere the caller reads the loss (read()) first.
+  torch::Tensor update(double lr, const torch::Tensor& loss);
+  // Whether the loss and the norm of a step may be read later than the step: on a GPU whose AdamW
+  // skips a non-finite update itself. Elsewhere the caller reads each step's loss before update().
+  bool defers_reads() const { return adamw_.skips_on_device(); }
+  // `value` (a loss, or a norm with `what` "gradient norm") of step `step` read back. Throws
+  // Error naming the step when it is not finite; an undefined norm reads as 0.
+  double read(const torch::Tensor& value, int64_t step, const char* what = "loss") const;
+  // Throws read()'s Error when `value`, already read, is not finite.
+  void check(double value, int64_t step, const char* what) const;
+  // forward_backward, the loss read and checked, then update(): one step, read at once. Returns
+  // the step's mean cross entropy.
+  double step(data::WindowSampler& source, int64_t step, double lr);
 
   int64_t tokens_per_step() const { return batch_size_ * grad_accum_ * context_; }
 

@@ -69,7 +69,13 @@ class TrainingLoop {
   template <class Hook>
   bool run_hook(Hook&& hook);
   void record_sync(const algorithms::SyncReport& report);
-  void log_step(int64_t step_before, double lr, double grad_norm, double loss);
+  // Reads the losses and gradient norms of the steps taken since the last read (one host
+  // synchronization on a GPU), stops the run with an Error at the first that is not finite, and
+  // logs each step. Called every step where the inner step does not defer reads, else every
+  // train.log_every steps and before anything that needs the values or a sound state: an
+  // evaluation, a checkpoint, the end.
+  void read_steps();
+  void log_step(int64_t step_before, int64_t step_after, double lr, double grad_norm, double loss, bool last);
   void evaluate_when_due(int64_t step_before);
   void checkpoint_when_due(bool synced_now);
 
@@ -127,6 +133,13 @@ class TrainingLoop {
 
   // Since the last `train` event, and for compute utilization: the inner steps' wall time
   // (evaluation and checkpoints excluded) and the part of it spent inside the sync hooks.
+  // The steps taken but not yet read: their loss and gradient norm on the device.
+  struct Unread {
+    int64_t step_before;
+    double lr;
+    torch::Tensor loss, grad_norm;
+  };
+  std::vector<Unread> unread_;
   Clock::time_point interval_start_ = Clock::now();
   int64_t interval_tokens_ = 0, interval_steps_ = 0;
   double interval_loss_ = 0;
@@ -295,19 +308,21 @@ void TrainingLoop::step() {
   data::WindowSampler& source = shards_->next();
   const data::SamplerPosition position = source.position();
   const double lr = inner_->learning_rate(step_);
-  const double loss = inner_->forward_backward(source, step_);
+  const auto loss = inner_->forward_backward(source);
+  // Where the update cannot skip a non-finite step on the device, the loss is read now: such a
+  // step is never applied nor synchronized.
+  if (!inner_->defers_reads()) inner_->read(loss, step_);
   algorithms::StepContext context{step_, tokens_per_step(), &model_};
   if (!run_hook([&] { return sync_.after_backward(context); })) {
     source.restore(position);  // the step cannot complete without its peers: it never happened
     ended_ = true;
     return;
   }
-  const double grad_norm = inner_->update(lr);
+  unread_.push_back({step_before, lr, loss, inner_->update(lr, loss)});
   ++step_;
   tokens_ += tokens_per_step();
   if (options_.telemetry != nullptr) options_.telemetry->set_step(step_);
   checkpoint_current_ = false;
-  summary_.losses.push_back(loss);
   if (link_ != nullptr) link_->record_progress(sampler_->position(), shards_->positions(), step_);
   const int64_t rounds_before = summary_.rounds;
   run_hook([&] { return sync_.after_step(context); });  // on failure the step stands; its round stays due
@@ -322,7 +337,10 @@ void TrainingLoop::step() {
   bytes_before_ = bytes_now;
 
   stopped_ = options_.stop != nullptr && options_.stop->load();
-  log_step(step_before, lr, grad_norm, loss);
+  if (!inner_->defers_reads() || step_ / config_.train.log_every > step_before / config_.train.log_every ||
+      step_ >= config_.train.steps || stopped_ || peer_failure_) {
+    read_steps();
+  }
   if (peer_failure_) {
     ended_ = true;
     return;
@@ -362,17 +380,39 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
   progress_->set_sync_totals(report.round, summary_.bytes_sent);
 }
 
-void TrainingLoop::log_step(int64_t step_before, double lr, double grad_norm, double loss) {
+void TrainingLoop::read_steps() {
+  if (unread_.empty()) return;
+  std::vector<torch::Tensor> values;
+  for (const auto& u : unread_) {
+    values.push_back(u.loss);
+    values.push_back(u.grad_norm.defined() ? u.grad_norm.to(torch::kFloat32) : torch::zeros_like(u.loss));
+  }
+  const auto host = torch::stack(values).to(torch::kCPU, torch::kFloat64).contiguous();
+  const double* read = host.data_ptr<double>();
+  const auto steps = std::move(unread_);
+  unread_.clear();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double loss = read[2 * i], grad_norm = read[2 * i + 1];
+    inner_->check(loss, steps[i].step_before, "loss");
+    inner_->check(grad_norm, steps[i].step_before, "gradient norm");
+    summary_.losses.push_back(loss);
+    const bool last = i + 1 == steps.size();
+    log_step(steps[i].step_before, last ? step_ : steps[i].step_before + 1, steps[i].lr, grad_norm, loss, last);
+  }
+}
+
+// `last`: the newest step read, after which the run stands (step_ may have moved on to a round's).
+void TrainingLoop::log_step(int64_t step_before, int64_t step_after, double lr, double grad_norm, double loss, bool last) {
   interval_tokens_ += tokens_per_step();
   interval_loss_ += loss;
   ++interval_steps_;
-  const bool log_now = step_ / config_.train.log_every > step_before / config_.train.log_every ||
-                       step_ == config_.train.steps || stopped_ || peer_failure_;
+  const bool log_now = step_after / config_.train.log_every > step_before / config_.train.log_every ||
+                       (last && (step_after == config_.train.steps || stopped_ || peer_failure_));
   const double interval_s = seconds_since(interval_start_);
   const double tokens_per_s = interval_s > 0 ? static_cast<double>(interval_tokens_) / interval_s : 0;
-  progress_->update(step_, interval_loss_ / static_cast<double>(interval_steps_), tokens_per_s, log_now);
+  progress_->update(step_after, interval_loss_ / static_cast<double>(interval_steps_), tokens_per_s, log_now);
   if (!log_now) return;
-  log_->write(metrics::TrainEvent{me(), step_, loss, lr, grad_norm, tokens_, tokens_per_s, summary_.bytes_sent,
+  log_->write(metrics::TrainEvent{me(), step_after, loss, lr, grad_norm, tokens_, tokens_per_s, summary_.bytes_sent,
                                   compute_share(), wall_s()});
   interval_start_ = Clock::now();
   interval_tokens_ = 0;
@@ -393,6 +433,7 @@ void TrainingLoop::evaluate_when_due(int64_t step_before) {
 }
 
 EvalResult TrainingLoop::score() {
+  read_steps();
   doing(metrics::Activity::kEvaluating);
   const auto* global = sync_.in_sync() ? nullptr : sync_.evaluation_parameters();
   return global != nullptr ? evaluate_parameters(model_, *global, eval_batches_, device_)
@@ -407,6 +448,7 @@ void TrainingLoop::checkpoint_when_due(bool synced_now) {
   const bool due = worker_.elastic ? round_end && sync_.leads()
                                    : (config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) ||
                                          step_ == config_.train.steps;
+  if (due || (slot_store_ && round_end)) read_steps();  // no state is saved past a step not known to be sound
   if (due) {
     save_checkpoint(/*prune=*/true);
     checkpoint_current_ = true;
@@ -431,12 +473,14 @@ TrainingState TrainingLoop::training_state() const {
 }
 
 void TrainingLoop::save_checkpoint(bool prune) {
+  read_steps();
   doing(metrics::Activity::kCheckpointing);
   auto dir = store_->save(training_state(), model_weights(model_), adamw_->state(), sync_.state(), prune);
   log_->write(metrics::CheckpointEvent{me(), step_, dir.string()});
 }
 
 TrainSummary TrainingLoop::finish() {
+  read_steps();
   progress_->finish();
   bool run_stopping = false;
   if (peer_failure_) {
