@@ -46,6 +46,7 @@ int exit_status_of(F&& command) {
 
 int main(int argc, char** argv) {
   loco::keep_freed_memory();  // a training step's tensors stay mapped between steps (core/allocator.h)
+  loco::report_crashes();
   loco::comm::turn_off_flight_recorder();  // before any thread starts (comm/group.h)
   CLI::App app{"loco: low-communication training of language models (DiLoCo family)", "loco"};
   app.require_subcommand(1);

@@ -67,6 +67,11 @@ class InternalError : public Error {
 
 [[noreturn]] void fail_check(const char* condition, const char* file, int line, const std::string& message);
 
+// From now on a crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) writes the signal and the stack
+// of the thread that crashed to stderr before the process dies of that signal as it would have:
+// a crash where no debugger runs (a lent GPU machine, a user's cluster) still says where it was.
+void report_crashes();
+
 }  // namespace loco
 
 // LOCO_CHECK(cond, fmt, args...) throws InternalError when cond is false. For invariants only:
