@@ -12,7 +12,9 @@
 # Environment: LOCO_DEBS, a folder of .deb files of loco's dependencies to unpack where the machine
 # lacks them (files it has are never replaced); LOCO_UPLOT_TGZ, uPlot's npm tarball on a machine
 # without npm; LOCO_GLOO_INCLUDE_DIR, Gloo's headers where LibTorch has none (pip wheels);
-# DATA_SMALL / DATA_GPT, the datasets (data/brown, data/brown50k; prepared when missing).
+# DATA_SMALL / DATA_GPT, the datasets (data/brown, data/brown50k; prepared when missing);
+# GPU_STAGES, which stages run after the build (default "cuda bench runs suites"; "teardown" runs
+# loco-bench under cuda-gdb and prints the stack of a crash at its exit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
@@ -21,6 +23,8 @@ data_small=${DATA_SMALL:-data/brown}
 data_gpt=${DATA_GPT:-data/brown50k}
 loco=build-cuda/loco
 stage() { echo; echo "== $* ($(date +%T))"; }
+stages=" ${GPU_STAGES:-cuda bench runs suites} "
+wants() { [[ $stages == *" $1 "* ]]; }
 
 stage "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -46,7 +50,7 @@ cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREF
 grep -E 'loco: |Found CUDA' "$out/configure.log"
 
 stage "build"
-suites="test_cuda test_model test_optim test_algorithms test_comm"
+suites="test_cuda test_model test_optim test_golden test_algorithms test_comm"
 # -k 0: every translation unit that fails is reported, not only the first.
 if ! cmake --build build-cuda -j "$(nproc)" --target loco loco-bench $suites -- -k 0 > "$out/build.log" 2>&1; then
   grep -E 'error|Error' "$out/build.log" | head -n 60
@@ -56,23 +60,25 @@ tail -n 1 "$out/build.log"
 
 # tests SUITE...: each suite's binary, its summary and failures; the CUDA tests come first, the
 # CPU suites (this LibTorch's Gloo, autograd and kernels under loco's code) at the end.
+# A suite given as SUITE:FILTER runs the tests that FILTER (gtest's) names.
 tests() {
-  for suite in "$@"; do
-    stage "tests: $suite"
+  for spec in "$@"; do
+    suite=${spec%%:*}
+    filter=${spec#"$suite"}
+    stage "tests: $spec"
     binary=$(find build-cuda/tests -name "$suite" -type f | head -n 1)
-    timeout 60 "$binary" --gtest_brief=1 > "$out/$suite.log" 2>&1
+    timeout 60 "$binary" --gtest_brief=1 ${filter:+--gtest_filter=${filter#:}} > "$out/$suite.log" 2>&1
     echo "$suite: exit $?; $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$suite.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]|Failure|error' "$out/$suite.log" | head -n 10
   done
 }
-tests test_cuda
+wants cuda && tests test_cuda
 
 stage "data"
 [ -f "$data_small/manifest.json" ] || "$loco" prepare --corpus brown --out "$data_small"
 [ -f "$data_gpt/manifest.json" ] || "$loco" prepare --corpus brown --vocab-size 50304 --out "$data_gpt"
 
-stage "loco-bench: GPT-2 small (124M), bf16"
-timeout 150 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$data_gpt" --steps 30 --rounds 3 \
+wants bench && stage "loco-bench: GPT-2 small (124M), bf16" && timeout 150 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$data_gpt" --steps 30 --rounds 3 \
   --peak-tflops 989 --json "$out/bench.json" --work-dir "$out/bench-work" 2>&1 | tee "$out/bench.log"
 
 # run NAME [overrides...]: a launch of 4 workers on the GPU; every worker's θ hash must agree in
@@ -80,6 +86,7 @@ timeout 150 build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$d
 run() {
   local name=$1; shift
   stage "$name: $*"
+  rm -rf "${out:?}/$name"
   timeout 90 "$loco" launch --config configs/brown.toml --data.dir="$data_small" --run.dir="$out/$name" \
     --train.device=cuda --train.steps=100 --eval.every=50 "$@" > "$out/$name.log" 2>&1
   echo "exit $?"
@@ -98,8 +105,19 @@ print(f"theta: {len(hashes)} rounds, {sum(len(w) for w in workers.values())} wor
 sys.exit(1 if differ or not hashes else 0)
 EOF
 }
-run diloco --sync.algorithm=diloco --sync.inner_steps=20
-run streaming
-tests test_model test_optim test_algorithms test_comm
+if wants runs; then
+  run diloco --sync.algorithm=diloco --sync.inner_steps=20
+  run streaming
+fi
+# The golden tests of the model, its fused loss and AdamW against PyTorch's (those of Hugging
+# Face's tokenizers need npm's packages, which such a machine may lack).
+wants suites && tests test_model test_optim 'test_golden:*GoldenModel*:Golden.AdamW*' test_algorithms test_comm
+
+if wants teardown; then
+  stage "teardown: loco-bench under cuda-gdb"
+  timeout 240 cuda-gdb -q -batch -ex 'set pagination off' -ex run -ex 'bt 40' -ex 'info threads' \
+    --args build-cuda/loco-bench --config configs/gpt-small.toml --data.dir="$data_gpt" --steps 10 --rounds 1 \
+    --work-dir "$out/teardown-work" 2>&1 | grep -vE '^\[(New|Thread .* exited)' | tail -n 80
+fi
 
 stage "done"

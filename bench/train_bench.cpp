@@ -16,9 +16,11 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loco/comm/group.h"
 #include "loco/core/allocator.h"
 #include "loco/core/error.h"
 #include "loco/data/batcher.h"
@@ -26,6 +28,8 @@
 #include "loco/data/dataset.h"
 #include "loco/model/precision.h"
 #include "loco/runtime/config/config.h"
+#include "loco/optim/adamw.h"
+#include "loco/runtime/worker/inner_step.h"
 #include "loco/runtime/worker/trainer.h"
 
 namespace fs = std::filesystem;
@@ -43,46 +47,48 @@ void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-// Seconds per step of a bare loop: batches prepared on the device, forward (bf16 autocast on a
-// GPU, as loco's loop), cross entropy, backward, clip, torch::optim::AdamW. Steps after `warmup`
-// are timed.
+// Seconds per step of a bare loop: the same model, loss (the head and cross entropy fused, bf16
+// autocast on a GPU), clipping and AdamW as loco's step, with the batches already on the device
+// and nothing read back until the end: what a loop around them adds (sampling, copies, reads,
+// logging, hooks) is loco's overhead. Steps after `warmup` are timed.
 double bare_loop(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup,
                  const torch::Device& device) {
   auto model = loco::runtime::build_model(config);
   model->to(device);
   model->train();
-  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(config.optim.lr)
-                                                     .betas({config.optim.adamw.beta1, config.optim.adamw.beta2})
-                                                     .weight_decay(config.optim.adamw.weight_decay));
+  auto adamw = loco::runtime::make_inner_optimizer(model, config.optim.adamw);
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
   Clock::time_point start;
+  torch::Tensor last_loss;
   for (size_t i = 0; i < batches.size(); ++i) {
     if (static_cast<int64_t>(i) == warmup) {
       synchronize(device);
       start = Clock::now();
     }
     adamw.zero_grad();
-    torch::Tensor loss;
+    loco::model::LossParts parts;
     {
       loco::model::AutocastGuard autocast(device, true);
-      auto logits = model->forward(batches[i].inputs);
-      loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batches[i].targets.reshape({-1}));
+      parts = model->loss(batches[i].inputs, batches[i].targets, config.train.z_loss);
     }
-    loss.backward();
-    torch::nn::utils::clip_grad_norm_(model->parameters(), config.optim.grad_clip);
-    adamw.step();
-    (void)loss.item<double>();  // the loop reads the loss too
+    parts.loss.backward();
+    loco::optim::clip_gradients(parameters, config.optim.grad_clip);
+    adamw.step(config.optim.lr);
+    last_loss = parts.cross_entropy;
   }
-  synchronize(device);
+  (void)last_loss.item<double>();  // waits for the last step
   return std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(batches.size() - warmup);
 }
 
-// Seconds per step of loco's own loop, from the timestamps of its train events (logged every step),
-// which excludes setup and the final evaluation and checkpoint.
+// Seconds per step of loco's own loop, from the timestamps of its train events, which excludes
+// setup and the final evaluation and checkpoint. Events every `warmup` steps (train.log_every):
+// on a GPU, loco reads the steps' losses at each, so the loop's reads are counted too.
 double loco_loop(loco::runtime::RunConfig config, const fs::path& run_dir, int64_t steps, int64_t warmup) {
   fs::remove_all(run_dir);
   config.run.dir = run_dir.string();
   config.train.steps = steps;
-  config.train.log_every = 1;
+  config.train.log_every = warmup;
   config.eval.every = steps + 1;
   config.checkpoint.every = 0;
   loco::algorithms::NoSync sync;
@@ -91,13 +97,80 @@ double loco_loop(loco::runtime::RunConfig config, const fs::path& run_dir, int64
   if (options.out == nullptr) throw loco::Error("bench", "cannot open /dev/null");
   loco::runtime::train(config, sync, options);
   fclose(options.out);
-  std::vector<double> times;
+  std::map<int64_t, double> time_at;  // step -> seconds
   std::ifstream in(run_dir / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
-    if (j["event"] == "train") times.push_back(j["time"].get<double>());
+    if (j["event"] == "train") time_at[j["step"].get<int64_t>()] = j["time"].get<double>();
   }
-  return (times.back() - times[static_cast<size_t>(warmup - 1)]) / static_cast<double>(steps - warmup);
+  if (!time_at.contains(warmup) || !time_at.contains(steps)) {
+    throw loco::Error("bench", fmt::format("loco's run logged no train event at step {} or {}", warmup, steps));
+  }
+  return (time_at[steps] - time_at[warmup]) / static_cast<double>(steps - warmup);
+}
+
+// Where a bare step's time goes, each part timed alone (the device synchronized around it), as
+// medians over the batches after `warmup`, in seconds: the blocks' forward, the head and loss
+// with their gradients (fused, as training runs them, and plain: the logits, then cross entropy in
+// float32), the blocks' backward, clipping and AdamW.
+struct Phases {
+  double forward = 0, head_fused = 0, head_plain = 0, backward = 0, update = 0;
+};
+
+Phases phases(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup,
+              const torch::Device& device) {
+  auto model = loco::runtime::build_model(config);
+  model->to(device);
+  model->train();
+  auto adamw = loco::runtime::make_inner_optimizer(model, config.optim.adamw);
+  std::vector<torch::Tensor> parameters;
+  for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
+  const auto& head = model->lm_head ? model->lm_head->weight : model->tok_emb->weight;
+  std::vector<double> forward, fused, plain, backward, update;
+  auto lap = [&](Clock::time_point& since) {
+    synchronize(device);
+    const auto now = Clock::now();
+    const double s = std::chrono::duration<double>(now - since).count();
+    since = now;
+    return s;
+  };
+  for (size_t i = 0; i < batches.size(); ++i) {
+    adamw.zero_grad();
+    auto t = Clock::now();
+    lap(t);
+    torch::Tensor hidden;
+    {
+      loco::model::AutocastGuard autocast(device, true);
+      hidden = model->hidden(batches[i].inputs);
+    }
+    const double f = lap(t);
+    auto cut = hidden.detach().requires_grad_();
+    {
+      loco::model::AutocastGuard autocast(device, true);
+      auto parts = loco::model::linear_cross_entropy(cut, head, batches[i].targets, config.train.z_loss);
+      parts.loss.backward();
+    }
+    const double h = lap(t);
+    hidden.backward(cut.grad());
+    const double b = lap(t);
+    loco::optim::clip_gradients(parameters, config.optim.grad_clip);
+    adamw.step(config.optim.lr);
+    const double u = lap(t);
+    auto cut_plain = hidden.detach().requires_grad_();
+    {
+      loco::model::AutocastGuard autocast(device, true);
+      auto logits = torch::nn::functional::linear(cut_plain, head);
+      loco::model::language_model_loss(logits, batches[i].targets, config.train.z_loss).loss.backward();
+    }
+    const double p = lap(t);
+    if (static_cast<int64_t>(i) < warmup) continue;
+    forward.push_back(f);
+    fused.push_back(h);
+    backward.push_back(b);
+    update.push_back(u);
+    plain.push_back(p);
+  }
+  return {median(forward), median(fused), median(plain), median(backward), median(update)};
 }
 
 // Best of a few large matmuls: the device's practical FLOP/s, fp32 with these threads on the
@@ -152,6 +225,8 @@ Measured measure(const loco::runtime::RunConfig& config, const std::vector<loco:
 
 int main(int argc, char** argv) {
   loco::keep_freed_memory();  // as `loco` does, so that both loops run as training does
+  loco::report_crashes();
+  loco::comm::turn_off_flight_recorder();  // as `loco` does (comm/group.h)
   CLI::App app{"loco-bench: training-loop overhead and model FLOP utilization", "loco-bench"};
   std::string config_file, json_file;
   int64_t steps = 30, warmup = 5, rounds = 5;
@@ -202,6 +277,12 @@ int main(int argc, char** argv) {
       fmt::print("MFU vs published peak {:.0f} TFLOP/s: bare {:.1f}%, loco {:.1f}%\n", peak_tflops, mfu(bare, peak_tflops * 1e12),
                  mfu(ours, peak_tflops * 1e12));
     }
+    const auto parts = phases(config, batches, warmup, device);
+    const double timed = parts.forward + parts.head_fused + parts.backward + parts.update;
+    fmt::print("\nparts of a bare step, each timed alone (ms, median): blocks forward {:.1f}, head and loss {:.1f} "
+               "(plain, with float32 logits: {:.1f}), blocks backward {:.1f}, clip and AdamW {:.1f}; {:.1f} in all\n",
+               1e3 * parts.forward, 1e3 * parts.head_fused, 1e3 * parts.head_plain, 1e3 * parts.backward, 1e3 * parts.update,
+               1e3 * timed);
     // Printed before the teardown: on LibTorch 2.11 with CUDA the process was seen to crash at
     // exit after its last line (docs/benchmarks.md, "On a GPU").
     std::fflush(stdout);
@@ -211,7 +292,10 @@ int main(int argc, char** argv) {
                        {"tokens_per_step", tokens_per_step}, {"steps", steps}, {"warmup", warmup},
                        {"bare_s", m.bare_s}, {"loco_s", m.loco_s}, {"bare_tokens_per_s", tokens_per_step / bare},
                        {"loco_tokens_per_s", tokens_per_step / ours}, {"overhead_percent", overhead},
-                       {"matmul_peak_flops", peak}, {"mfu_measured_peak", mfu(ours, peak)}};
+                       {"matmul_peak_flops", peak}, {"mfu_measured_peak", mfu(ours, peak)},
+                       {"parts_s", {{"blocks_forward", parts.forward}, {"head_and_loss", parts.head_fused},
+                                    {"head_and_loss_plain", parts.head_plain}, {"blocks_backward", parts.backward},
+                                    {"clip_and_adamw", parts.update}}}};
       if (peak_tflops > 0) {
         j["published_peak_tflops"] = peak_tflops;
         j["mfu_published_peak"] = mfu(ours, peak_tflops * 1e12);
