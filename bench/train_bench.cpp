@@ -47,18 +47,31 @@ void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-// Seconds per step of a bare loop: the same model, loss (the head and cross entropy fused, bf16
-// autocast on a GPU), clipping and AdamW as loco's step, with the batches already on the device
-// and nothing read back until the end: what a loop around them adds (sampling, copies, reads,
-// logging, hooks) is loco's overhead. Steps after `warmup` are timed.
-double bare_loop(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup,
-                 const torch::Device& device) {
+// The model on the device and its AdamW, built as loco's step builds them, and the parameters
+// that clipping takes.
+struct Trainee {
+  loco::model::Transformer model;
+  loco::optim::AdamW adamw;
+  std::vector<torch::Tensor> parameters;
+};
+
+Trainee trainee(const loco::runtime::RunConfig& config, const torch::Device& device) {
   auto model = loco::runtime::build_model(config);
   model->to(device);
   model->train();
   auto adamw = loco::runtime::make_inner_optimizer(model, config.optim.adamw);
   std::vector<torch::Tensor> parameters;
   for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
+  return {model, std::move(adamw), std::move(parameters)};
+}
+
+// Seconds per step of a bare loop: the same model, loss (the head and cross entropy fused, bf16
+// autocast on a GPU), clipping and AdamW as loco's step, with the batches already on the device
+// and nothing read back until the end: what a loop around them adds (sampling, copies, reads,
+// logging, hooks) is loco's overhead. Steps after `warmup` are timed.
+double bare_loop(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup,
+                 const torch::Device& device) {
+  auto [model, adamw, parameters] = trainee(config, device);
   Clock::time_point start;
   torch::Tensor last_loss;
   for (size_t i = 0; i < batches.size(); ++i) {
@@ -119,12 +132,7 @@ struct Phases {
 
 Phases phases(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup,
               const torch::Device& device) {
-  auto model = loco::runtime::build_model(config);
-  model->to(device);
-  model->train();
-  auto adamw = loco::runtime::make_inner_optimizer(model, config.optim.adamw);
-  std::vector<torch::Tensor> parameters;
-  for (const auto& p : adamw.parameters()) parameters.push_back(p.tensor);
+  auto [model, adamw, parameters] = trainee(config, device);
   const auto& head = model->lm_head ? model->lm_head->weight : model->tok_emb->weight;
   std::vector<double> forward, fused, plain, backward, update;
   auto lap = [&](Clock::time_point& since) {
