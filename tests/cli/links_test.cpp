@@ -11,6 +11,8 @@
 
 #include "cli_util.h"
 #include "loco/core/error.h"
+#include "loco/core/run_folder.h"
+#include "loco/metrics/events.h"
 #include "loco/runtime/launch/islands.h"
 #include "loco/runtime/launch/link_check.h"
 #include "process_util.h"
@@ -246,6 +248,25 @@ TEST_F(LaunchLinksTest, RunTrainsAcrossIslandsAndLeavesNothingBehind) {
   EXPECT_NE(output.find("coordinator on 10.77.0.1:"), std::string::npos) << output;
   EXPECT_NE(output.find("trained diloco with 2 workers"), std::string::npos) << output;
   EXPECT_EQ(holders_of(islands), std::vector<std::string>{});
+
+  // Each sync carries the round trip its group measured: the link imposes 20 + 40 ms between
+  // the two islands. The run's links are kept for `loco report`, which counts what each sync
+  // took beyond its bytes in those round trips.
+  const RunFolder run(dir_->path() / "run");
+  const auto links = read(run.links().string());
+  EXPECT_NE(links.find("\"delay_s\": 0.04"), std::string::npos) << links;
+  int syncs = 0;
+  for (const auto& [time, event] : metrics::read_events(run.metrics())) {
+    if (const auto* e = std::get_if<metrics::SyncEvent>(&event)) {
+      ++syncs;
+      EXPECT_NEAR(e->round_trip_s, 0.060, 0.2 * 0.060) << "round " << e->round;
+    }
+  }
+  EXPECT_GT(syncs, 0);
+  const auto report = run_command({testing_util::loco_binary(), "report", run.dir().string()}, log("report"), 60s);
+  EXPECT_EQ(report.status, 0) << report.output;
+  EXPECT_NE(report.output.find(" RTT |"), std::string::npos) << report.output;
+  std::printf("%s", report.output.c_str());  // the measured count, for the record
 }
 
 TEST_F(LaunchLinksTest, InterruptedOrKilledLauncherLeavesNoIsland) {

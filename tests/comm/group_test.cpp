@@ -462,6 +462,7 @@ TEST(GroupTest, AGroupMeasuresItsRoundTripWhenItConnects) {
       LinkEstimate link;
       ReduceAlgorithm fp32_first, encoded_first, encoded_later;
       double goodput = 0;
+      double reported_round_trip_s = 0;  // what the all-reduce's stats carry (a sync event's)
     };
     auto store = std::make_shared<MemoryKeyValueStore>();
     auto results = run_ranks<Seen>(size, [&](int64_t rank) {
@@ -472,7 +473,8 @@ TEST(GroupTest, AGroupMeasuresItsRoundTripWhenItConnects) {
       // to take less too, once in a full ctest run.
       auto t = torch::ones({1 << 24});
       group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, ReduceAlgorithm::kScatter});
-      group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, ReduceAlgorithm::kScatter});  // tells the others its goodput
+      const auto stats = group.all_reduce_sum(t, ReduceOptions{Encoding::kFp32, ReduceAlgorithm::kScatter});  // tells the others its goodput
+      seen.reported_round_trip_s = stats.round_trip_s;
       seen.goodput = group.link().goodput_bps;
       seen.encoded_later = group.choose(64, Encoding::kE3M0);  // tiny: a gather would be faster
       return seen;
@@ -483,6 +485,7 @@ TEST(GroupTest, AGroupMeasuresItsRoundTripWhenItConnects) {
       EXPECT_GT(seen.link.round_trip_s, 0);
       EXPECT_LT(seen.link.round_trip_s, 0.05);
       EXPECT_EQ(seen.link.round_trip_s, results[0].value->link.round_trip_s) << "every rank takes the same";
+      EXPECT_EQ(seen.reported_round_trip_s, seen.link.round_trip_s) << "an all-reduce reports the group's round trip";
       const auto expected = size == 2 ? ReduceAlgorithm::kGather : ReduceAlgorithm::kScatter;
       EXPECT_EQ(seen.fp32_first, expected);
       EXPECT_EQ(seen.encoded_first, expected);

@@ -426,6 +426,7 @@ CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& opti
   }
   staged.write_back();
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  stats.round_trip_s = counters_->link.round_trip_s;
   return stats;
 }
 

@@ -54,6 +54,7 @@ CommStats Group::timed(F&& operation) {
   const auto start = Clock::now();
   CommStats stats = operation();
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  stats.round_trip_s = counters_->link.round_trip_s;
   counters_->bytes_sent += stats.bytes_sent;
   return stats;
 }
@@ -64,6 +65,7 @@ CommStats& CommStats::operator+=(const CommStats& other) {
   seconds += other.seconds;
   participants = std::max(participants, other.participants);
   if (!other.route.empty()) route = other.route;
+  round_trip_s = std::max(round_trip_s, other.round_trip_s);
   return *this;
 }
 

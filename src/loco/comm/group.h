@@ -44,6 +44,9 @@ struct CommStats {
   // How the data travelled: an all-reduce's algorithm ("gather", "scatter", "ring", "gloo-ring");
   // "" for other operations. += keeps the last one that is set.
   std::string route;
+  // The group's round trip as it measured it when it connected (Group::link()); 0 = not measured.
+  // += keeps the larger. What a sync took beyond its bytes is counted in these (loco report).
+  double round_trip_s = 0;
   CommStats& operator+=(const CommStats& other);
 };
 

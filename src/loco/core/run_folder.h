@@ -46,6 +46,8 @@ class RunFolder {
   std::filesystem::path join_token() const { return dir_ / "join_token"; }
   std::filesystem::path coordinator_state() const { return dir_ / "coordinator.json"; }
   std::filesystem::path shards() const { return dir_ / "shards.json"; }
+  // `loco launch --link`: each worker's emulated link, for `loco report`.
+  std::filesystem::path links() const { return dir_ / "links.json"; }
   std::filesystem::path checkpoints() const { return dir_ / "checkpoints"; }
   std::filesystem::path workers() const { return dir_ / "workers"; }
   std::filesystem::path worker_dir(int64_t rank) const { return workers() / std::to_string(rank); }

@@ -99,6 +99,7 @@ struct SyncEvent {
   int64_t attempts = 1;
   double weight = -1;     // this worker's weight in the average (-1: not recorded)
   int64_t tokens = -1;
+  double round_trip_s = 0;  // the group's measured round trip (comm::CommStats); 0 = not measured
 };
 
 struct EvalEvent {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 
@@ -254,6 +255,17 @@ class Launch {
 
 void Launch::start_workers() {
   const int64_t m = config_.cluster.workers;
+  if (islands_) {
+    // Each worker's link, for `loco report` to count what a sync took beyond its bytes.
+    const auto plan = LinkPlan::from_config(config_.link, options_.links, m);
+    nlohmann::json workers = nlohmann::json::array();
+    for (int64_t r = 0; r < m; ++r) {
+      const auto link = plan.for_worker(r);
+      workers.push_back({{"rank", r}, {"rate_bps", link.rate_bps}, {"delay_s", link.delay_s}});
+    }
+    std::filesystem::create_directories(config_.run.dir);
+    write_file_atomic(RunFolder(config_.run.dir).links(), nlohmann::json{{"workers", workers}}.dump(2) + "\n", "launch");
+  }
   for (int64_t r = 0; r < m; ++r) {
     std::vector<std::string> argv = {options_.executable.string(), "worker", "--coordinator",
                                      fmt::format("{}:{}", coordinator_host(), coordinator_.port()), "--config",

@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
@@ -17,7 +20,37 @@
 
 namespace loco::runtime {
 
+double round_trips_beyond(double seconds, double bytes_sent, double bytes_received, double rate_bps, double round_trip_s) {
+  if (round_trip_s <= 0) return NAN;
+  const double bytes_s = rate_bps > 0 ? std::max(bytes_sent, bytes_received) * 8 / rate_bps : 0.0;
+  return (seconds - bytes_s) / round_trip_s;
+}
+
 namespace {
+
+// round_trips_beyond's median over `syncs`, each at its worker's link rate from `links` (RUN/
+// links.json, which `loco launch --link` writes); NaN without that file or such syncs.
+double median_round_trips_beyond(const fs::path& links, const std::vector<std::pair<int64_t, metrics::SyncEvent>>& syncs) {
+  if (syncs.empty() || !fs::exists(links)) return NAN;
+  std::map<int64_t, double> rate;
+  try {
+    const auto j = nlohmann::json::parse(read_file(links, "report"));
+    for (const auto& w : j.at("workers")) rate[w.at("rank").get<int64_t>()] = w.at("rate_bps").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("report", fmt::format("{}: not a list of links ({})", links.string(), e.what()));
+  }
+  std::vector<double> beyond;
+  for (const auto& [worker, e] : syncs) {
+    const auto it = rate.find(worker);
+    if (it == rate.end()) continue;
+    beyond.push_back(round_trips_beyond(e.seconds, static_cast<double>(e.bytes_sent), static_cast<double>(e.bytes_received),
+                                        it->second, e.round_trip_s));
+  }
+  if (beyond.empty()) return NAN;
+  std::sort(beyond.begin(), beyond.end());
+  const size_t n = beyond.size();
+  return n % 2 == 1 ? beyond[n / 2] : (beyond[n / 2 - 1] + beyond[n / 2]) / 2;
+}
 
 // A DiPaCo run (docs/dipaco.md): its workers' task events and summaries, and its scores
 // (RUN/dipaco-eval.json, written when the run finished). Bytes are those of the shared store: a
@@ -111,6 +144,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   std::map<int64_t, std::pair<double, double>> bytes;  // per worker, summed over every sync event
   std::map<int64_t, int64_t> rounds;
   std::map<int64_t, double> peak, stall;  // per worker, over every session
+  std::vector<std::pair<int64_t, metrics::SyncEvent>> timed_syncs;  // those with a measured round trip
   double parameters = NAN;
   for (const auto& [time, event] : metrics::read_events(metrics_path)) {
     const int64_t worker = std::max<int64_t>(0, metrics::worker_of(event).rank);
@@ -124,8 +158,10 @@ RunReport read_run_report(const std::filesystem::path& run) {
       bytes[worker].second += static_cast<double>(e->bytes_received);
       rounds[worker] = std::max(rounds[worker], e->round);
       if (std::isfinite(e->stall_s)) stall[worker] += e->stall_s;
+      if (e->round_trip_s > 0) timed_syncs.emplace_back(worker, *e);
     }
   }
+  r.round_trips_beyond = median_round_trips_beyond(RunFolder(run).links(), timed_syncs);
   if (last_summary.empty()) throw DataError("report", fmt::format("{}: no summary yet (is the run finished?)", metrics_path.string()));
   r.workers = static_cast<int64_t>(last_summary.size());
   r.finished = true;
@@ -176,7 +212,7 @@ nlohmann::json to_json(const RunReport& r) {
           {"wall_s", r.wall_s}, {"finished", r.finished}, {"peak_step_bytes", number(r.peak_step_bytes)},
           {"stall_s", number(r.stall_s)}, {"compute_utilization", number(r.compute_utilization)},
           {"end_to_end_utilization", number(r.end_to_end_utilization)}, {"worker_utilization", r.worker_utilization},
-          {"ddp_bytes", number(r.ddp_bytes)}};
+          {"ddp_bytes", number(r.ddp_bytes)}, {"round_trips_beyond", number(r.round_trips_beyond)}};
 }
 
 RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
@@ -211,6 +247,7 @@ RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
   r.stall_s = number("stall_s");
   r.compute_utilization = number("compute_utilization");
   r.ddp_bytes = number("ddp_bytes");
+  if (j.contains("round_trips_beyond")) r.round_trips_beyond = number("round_trips_beyond");  // newer reports only
   // Reports saved before loco measured it end to end have neither field.
   if (j.contains("end_to_end_utilization")) r.end_to_end_utilization = number("end_to_end_utilization");
   if (j.contains("worker_utilization") && j.at("worker_utilization").is_array()) {
@@ -260,17 +297,18 @@ std::string compare_with_baselines(const RunReport& run, const std::vector<RunRe
 std::string report_table(const std::vector<RunReport>& reports) {
   std::string out =
       "| run | algorithm | workers | H | steps/worker | tokens (all) | val_loss | val_ppl | rounds | sent/worker | "
-      "received/worker | peak sent/step | stall | compute util. | compute, end to end | wall |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "received/worker | peak sent/step | stall | sync beyond bytes | compute util. | compute, end to end | wall |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto or_dash = [](double value, auto&& format) { return std::isnan(value) ? std::string("-") : format(value); };
   for (const auto& r : reports) {
     const bool outer = r.algorithm.starts_with("diloco") || r.algorithm.starts_with("streaming");
-    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {:.4f} | {:.1f} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
+    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {:.4f} | {:.1f} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
                        r.finished ? "" : " (unfinished)", r.algorithm, r.workers, outer ? std::to_string(r.inner_steps) : "-",
                        r.steps, r.tokens, r.val_loss, r.val_ppl, r.rounds, metrics::format_bytes(r.bytes_sent),
                        metrics::format_bytes(r.bytes_received),
                        or_dash(r.peak_step_bytes, [](double v) { return metrics::format_bytes(v); }),
                        or_dash(r.stall_s, [](double v) { return fmt::format("{:.1f} s", v); }),
+                       or_dash(r.round_trips_beyond, [](double v) { return fmt::format("{:.2f} RTT", v); }),
                        or_dash(r.compute_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
                        or_dash(r.end_to_end_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
                        metrics::format_duration(r.wall_s));

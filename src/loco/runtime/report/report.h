@@ -32,7 +32,16 @@ struct RunReport {
   // With several workers: what DDP would send per worker in the same run, every step a ring
   // all-reduce of the fp32 gradients, 2(M − 1)/M × 4 bytes × parameters.
   double ddp_bytes = NAN;
+  // Over emulated links (`loco launch --link`, RUN/links.json): the median over the run's syncs
+  // of what each took beyond its bytes at its worker's link rate, in the round trips its group
+  // measured (round_trips_beyond); NaN without links or measured round trips.
+  double round_trips_beyond = NAN;
 };
+
+// What one sync took beyond moving its bytes, in round trips: (seconds − max(sent, received) ×
+// 8 / rate) / round trip. The link carries both directions at `rate_bps` at once; 0 = not shaped
+// (no byte term). NaN when the round trip is not known (0).
+double round_trips_beyond(double seconds, double bytes_sent, double bytes_received, double rate_bps, double round_trip_s);
 
 nlohmann::json to_json(const RunReport& report);
 // Throws DataError naming `where` when a field is missing or of the wrong type.

@@ -376,7 +376,7 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
   log_->write(metrics::SyncEvent{me(), report.round, report.step, report.world_size, report.stats.bytes_sent,
                                  report.stats.bytes_received, report.stats.seconds, report.stall_seconds,
                                  hex64(report.params_hash), report.fragment, report.stats.route, report.attempts,
-                                 report.weight, report.tokens});
+                                 report.weight, report.tokens, report.stats.round_trip_s});
   progress_->set_sync_totals(report.round, summary_.bytes_sent);
 }
 
