@@ -65,8 +65,8 @@ Trainee trainee(const loco::runtime::RunConfig& config, const torch::Device& dev
   return {model, std::move(adamw), std::move(parameters)};
 }
 
-// Seconds per step of a bare loop: the same model, loss (the head and cross entropy fused, bf16
-// autocast on a GPU), clipping and AdamW as loco's step, with the batches already on the device
+// Seconds per step of a bare loop: the same model, loss (runtime::training_loss: the head and
+// cross entropy fused on a GPU, in bf16 autocast), clipping and AdamW as loco's step, with the batches already on the device
 // and nothing read back until the end: what a loop around them adds (sampling, copies, reads,
 // logging, hooks) is loco's overhead. Steps after `warmup` are timed.
 double bare_loop(const loco::runtime::RunConfig& config, const std::vector<loco::data::Batch>& batches, int64_t warmup,
@@ -83,7 +83,7 @@ double bare_loop(const loco::runtime::RunConfig& config, const std::vector<loco:
     loco::model::LossParts parts;
     {
       loco::model::AutocastGuard autocast(device, true);
-      parts = model->loss(batches[i].inputs, batches[i].targets, config.train.z_loss);
+      parts = loco::runtime::training_loss(model, batches[i].inputs, batches[i].targets, config.train.z_loss);
     }
     parts.loss.backward();
     loco::optim::clip_gradients(parameters, config.optim.grad_clip);

@@ -107,7 +107,8 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);
   // The language-model loss of tokens (B, T) against targets (B, T): the values and gradients of
   // language_model_loss(forward(tokens), targets, z_loss), with the head and the loss computed
-  // together by linear_cross_entropy, so that training never holds the logits in float32.
+  // together by linear_cross_entropy, without the logits in float32 (what training on a GPU runs;
+  // runtime::training_loss).
   LossParts loss(const torch::Tensor& tokens, const torch::Tensor& targets, double z_loss);
   // tokens (B, T) -> the last block's output after the final norm, (B, T, width): what the tied
   // head reads, and what DiPaCo-style routing embeds documents with.

@@ -8,5 +8,6 @@ namespace loco::model {
 class TransformerImpl;
 class Transformer;  // TORCH_MODULE(Transformer): a torch::nn::ModuleHolder<TransformerImpl>
 struct ParameterGroup;
+struct LossParts;
 
 }  // namespace loco::model

@@ -18,6 +18,12 @@ optim::AdamW make_inner_optimizer(const model::Transformer& model, const optim::
   return optim::AdamW(std::move(named), options);
 }
 
+model::LossParts training_loss(model::Transformer& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                               double z_loss) {
+  if (inputs.is_cuda()) return model->loss(inputs, targets, z_loss);
+  return model::language_model_loss(model->forward(inputs), targets, z_loss);
+}
+
 InnerStepOptions inner_step_options(const RunConfig& config) {
   InnerStepOptions options;
   options.schedule = {config.optim.lr, config.optim.warmup_steps, config.train.steps, config.optim.min_lr_ratio};
@@ -65,7 +71,7 @@ torch::Tensor InnerStep::forward_backward(data::WindowSampler& source) {
     model::LossParts parts;
     {
       model::AutocastGuard autocast(device_, true);
-      parts = model_->loss(to_device(batch.inputs, device_), to_device(batch.targets, device_), z_loss_);
+      parts = training_loss(model_, to_device(batch.inputs, device_), to_device(batch.targets, device_), z_loss_);
     }
     (parts.loss / static_cast<double>(grad_accum_)).backward();
     loss += parts.cross_entropy.detach().to(torch::kFloat32) / static_cast<double>(grad_accum_);

@@ -27,6 +27,13 @@ struct RunConfig;  // config/config.h
 // not its norms and biases): what every inner optimizer of a run is built from.
 optim::AdamW make_inner_optimizer(const model::Transformer& model, const optim::AdamWOptions& options);
 
+// The loss a training step backpropagates. On a GPU the head and the loss run fused
+// (model::linear_cross_entropy: no float32 logits); on the CPU the plain head and cross entropy,
+// with which every CPU measurement so far was made: the fused loss agrees with it to about 1e-6,
+// but a run's trajectory, and so its final loss, would not be bit-identical to theirs.
+model::LossParts training_loss(model::Transformer& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                               double z_loss);
+
 // What an inner step reads of a run's config.
 struct InnerStepOptions {
   optim::ScheduleOptions schedule;  // optim.lr, warm-up, train.steps, the floor
