@@ -156,6 +156,15 @@ torch::Tensor clip_gradients(const std::vector<torch::Tensor>& parameters, doubl
   }
   auto total = torch::stack(norms).to(torch::kFloat32).norm();
   if (max_norm <= 0) return total;
+  if (!total.is_cuda()) {
+    // On the CPU reading costs nothing, and the scale in double is the one every CPU run so far
+    // was made with (bit for bit).
+    const double norm = total.item<double>();
+    if (norm > max_norm) {
+      for (auto& g : grads) g.mul_(max_norm / (norm + 1e-6));
+    }
+    return total;
+  }
   // max_norm / (norm + 1e-6) where the norm exceeds max_norm, else exactly 1: decided on the
   // device, so nothing is read.
   auto scale = torch::where(total > max_norm, max_norm / (total + 1e-6), torch::ones_like(total));

@@ -60,9 +60,10 @@ class AdamW {
 
 // Global L2 norm of all gradients, clipped in place to `max_norm` when max_norm > 0. Returns the
 // norm before clipping (like torch.nn.utils.clip_grad_norm_), as a float scalar on the gradients'
-// device: nothing is read back to the host, so on a GPU the queue of work is not drained. When
-// the norm exceeds max_norm every gradient is scaled by max_norm / (norm + 1e-6); otherwise the
-// gradients are left as they are. Undefined when no parameter has a gradient.
+// device: on a GPU nothing is read back to the host, so the queue of work is not drained. When
+// the norm exceeds max_norm every gradient is scaled by max_norm / (norm + 1e-6) (on the CPU
+// computed in double, as always; on a GPU in float32 on the device); otherwise the gradients are
+// left as they are. Undefined when no parameter has a gradient.
 torch::Tensor clip_gradients(const std::vector<torch::Tensor>& parameters, double max_norm);
 // clip_gradients, with the norm read back (0 when no parameter has a gradient).
 double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm);
