@@ -265,26 +265,35 @@ class Group::Exchange {
       }
     }
   }
+  // Piece by piece, each to every other rank before the next: the owners can reduce a piece (and
+  // send its sum on) as soon as it has arrived from everyone, while later pieces still travel.
   void send_chunks() {
+    std::vector<std::vector<torch::Tensor>> theirs(static_cast<size_t>(m_));
+    size_t most = 0;
     for (int64_t k = 1; k < m_; ++k) {
-      const int64_t to = (r_ + k) % m_;
-      const auto theirs = pieces_of(chunk_(to), piece_);
-      for (size_t p = 0; p < theirs.size(); ++p) {
-        sending_.push_back(impl_.post_send(wire_.encode_piece(theirs[p], not_finite_ > 0), to, static_cast<int64_t>(p)));
+      theirs[static_cast<size_t>(k)] = pieces_of(chunk_((r_ + k) % m_), piece_);
+      most = std::max(most, theirs[static_cast<size_t>(k)].size());
+    }
+    for (size_t p = 0; p < most; ++p) {
+      for (int64_t k = 1; k < m_; ++k) {
+        const auto& pieces = theirs[static_cast<size_t>(k)];
+        if (p >= pieces.size()) continue;
+        first_sends_.push_back(impl_.post_send(wire_.encode_piece(pieces[p], not_finite_ > 0), (r_ + k) % m_, static_cast<int64_t>(p)));
       }
     }
   }
-  // The owner's sum of its chunk, in fp32 and rank order with its own values as they are, each
-  // piece decoded as soon as it has arrived; each reduced piece is encoded once, sent to every
-  // other rank, and taken (decoded) as this rank's result too.
+  // The owner's sum of its chunk, piece by piece, in fp32 and rank order with its own values as
+  // they are, each piece decoded as soon as it has arrived; each reduced piece is encoded once, sent
+  // to every other rank at once (the two phases overlap: a piece's sum travels while later pieces
+  // of the first phase still arrive), and taken (decoded) as this rank's result too.
   void reduce_and_share() {
     const auto own = pieces_of(chunk_(r_), piece_);
     const auto sums = pieces_of(Chunks{result_, m_}(r_), piece_);
-    for (auto sum : sums) sum.zero_();
-    for (int64_t q = 0; q < m_; ++q) {
-      const double weight = weights_[static_cast<size_t>(q)];
-      for (size_t p = 0; p < own.size(); ++p) {
-        auto sum = sums[p];
+    for (size_t p = 0; p < own.size(); ++p) {
+      auto sum = sums[p];
+      sum.zero_();
+      for (int64_t q = 0; q < m_; ++q) {
+        const double weight = weights_[static_cast<size_t>(q)];
         if (q == r_) {
           if (not_finite_ == 0) sum.add_(weight == 1.0 ? own[p] : own[p] * weight);
           continue;
@@ -293,15 +302,12 @@ class Group::Exchange {
         finish(in.posted);
         wire_.add(in.bytes, weight, sum);
       }
-    }
-    finish_all(sending_);  // the first phase's sends read flat_, which the result overwrites at the end
-    for (size_t p = 0; p < sums.size(); ++p) {
-      auto sum = sums[p];
       auto bytes = wire_.raw() ? sum : wire_.encode_piece(sum, total_not_finite_ > 0);
       for (int64_t k = 1; k < m_; ++k) sending_.push_back(impl_.post_send(bytes, (r_ + k) % m_, kSecondPhase + static_cast<int64_t>(p)));
       if (!wire_.raw()) wire_.assign(bytes, sum);
       own_.push_back(std::move(bytes));
     }
+    finish_all(first_sends_);  // they read flat_, which the result overwrites at the end
     for (int64_t q = 0; q < m_; ++q) {
       for (auto& in : shared_[static_cast<size_t>(q)]) {
         finish(in.posted);
@@ -352,6 +358,7 @@ class Group::Exchange {
   std::vector<std::vector<Incoming>> incoming_, shared_;  // by sender
   std::vector<torch::Tensor> own_;                        // what this rank sent, by piece
   PostedList sending_;
+  PostedList first_sends_;  // kScatter's first phase
   CommStats stats_;
   Clock::time_point every_rank_started_;
 };
