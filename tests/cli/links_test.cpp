@@ -182,6 +182,33 @@ TEST(IslandsTest, NamespacesGoWithTheirDescriptorsAndSpawnedProcessesLiveInThem)
   EXPECT_EQ(holders_of(namespaces), std::vector<std::string>{}) << "an island outlived its Islands";
 }
 
+// Sixteen islands (bench/wan-scale.sh's largest set): set up, each carrying a flow to the next at
+// once through the one relay, and gone with their Islands. The rates of many flows at once are
+// benchmarked (bench/results/relay.txt), not timed here: the suite shares the machine's cores.
+TEST(IslandsTest, SixteenIslandsAreSetUpCarryFlowsAtOnceAndAreTornDownCleanly) {
+  LOCO_NEEDS_ROOT();
+  std::set<ino_t> namespaces;
+  {
+    const LinkSpec link = LinkSpec::parse("rate=100mbit,delay=10ms");
+    Islands islands(std::vector<LinkSpec>(16, link));
+    ASSERT_EQ(islands.size(), 16u);
+    EXPECT_EQ(islands.address(15), "10.77.0.16");
+    for (size_t i = 0; i < islands.size(); ++i) namespaces.insert(namespace_inode(fmt::format("/proc/self/fd/{}", islands.netns_fd(i))));
+    EXPECT_EQ(namespaces.size(), 16u);
+    std::vector<std::pair<size_t, size_t>> ring;
+    for (size_t i = 0; i < 16; ++i) ring.emplace_back(i, (i + 1) % 16);
+    const auto flows = measure_links(islands, ring, 1 << 20, 5);
+    ASSERT_EQ(flows.size(), 16u);
+    for (size_t i = 0; i < flows.size(); ++i) {
+      EXPECT_NEAR(flows[i].round_trip_s, 0.020, 0.015) << "flow " << i;
+      EXPECT_GT(flows[i].rate_bps, 0) << "flow " << i;
+      EXPECT_LT(flows[i].rate_bps, link.rate_bps * 1.01) << "flow " << i << " faster than its link: not shaped";
+    }
+    EXPECT_EQ(islands.relay_error(), "");
+  }
+  EXPECT_EQ(holders_of(namespaces), std::vector<std::string>{}) << "an island outlived its Islands";
+}
+
 TEST(IslandsTest, WithoutPrivilegesTheErrorSaysWhatIsNeeded) {
   TempDir dir;
   auto result = run_command({"/usr/bin/setpriv", "--bounding-set", "-sys_admin,-net_admin", "--", testing_util::loco_binary(), "link-check",

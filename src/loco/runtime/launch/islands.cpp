@@ -138,11 +138,15 @@ std::string mac_text(const std::array<uint8_t, 6>& mac) {
   return fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
 }
 
-// tc's arguments for a token bucket of `rate_bps`: a burst of 2 ms at the rate (at least 16 KiB,
-// more than a frame) and a queue of 100 ms at the rate (a router's buffer) beyond it.
+// tc's arguments for a token bucket of `rate_bps`: a burst of 2 ms at the rate, but at least 96 KiB,
+// and a queue of 100 ms at the rate (a router's buffer) beyond it. The burst holds a whole TCP
+// segmentation-offload packet (64 KiB and headers): with less, tbf cuts each into frames of
+// the MTU, and the relay, which carries about 30,000 frames a second whatever their size, then
+// fell short of the rate with many flows (8 flows of 100 Mbit/s got 77-80 Mbit/s each, frames
+// up to 330 ms late; with 96 KiB: bench/results/relay.txt).
 std::vector<std::string> tbf_arguments(const std::string& device, double rate_bps) {
   const double bytes_per_s = rate_bps / 8;
-  const auto burst = static_cast<int64_t>(std::max(16384.0, bytes_per_s * 0.002));
+  const auto burst = static_cast<int64_t>(std::max(98304.0, bytes_per_s * 0.002));
   const auto limit = static_cast<int64_t>(std::max(65536.0, bytes_per_s * 0.1)) + burst;
   return {"tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", fmt::format("{}bit", static_cast<int64_t>(rate_bps)),
           "burst", std::to_string(burst), "limit", std::to_string(limit)};
