@@ -71,6 +71,8 @@ void print_launch_summary(const runtime::RunConfig& config, const runtime::Launc
       sum += s.val_loss;
     }
     loss = fmt::format("val_loss of each replica {} (mean {:.4f})", fmt::join(each, ", "), sum / static_cast<double>(summaries.size()));
+  } else if (config.train.emulated_step_s > 0) {
+    loss = "no loss (compute emulated)";
   } else if (std::isnan(first.val_loss)) {
     loss = "not evaluated yet";
   } else {
@@ -100,8 +102,12 @@ void print_launch_summary(const runtime::RunConfig& config, const runtime::Launc
 }
 
 // What to do with a finished run: each a command to paste.
-void print_next_steps(const std::string& run_dir, bool dipaco) {
+void print_next_steps(const std::string& run_dir, bool dipaco, bool emulated = false) {
   const auto run = shell_word(run_dir);
+  if (emulated) {  // no checkpoint, nothing to score or sample
+    fmt::print("next: loco report {}\n", run);
+    return;
+  }
   const auto source = dipaco ? "--config " + shell_word((std::filesystem::path(run_dir) / "config.toml").string())
                              : "--checkpoint " + run;
   fmt::print("next: loco report {}\n", run);
@@ -139,7 +145,7 @@ class Train : public Command {
     const auto summary = runtime::train(config, *sync, options);
     fmt::print("{}\n", describe_summary(summary));
     if (!summary.interrupted) {
-      print_next_steps(config.run.dir, false);
+      print_next_steps(config.run.dir, false, config.train.emulated_step_s > 0);
       return 0;
     }
     fmt::print("checkpoint saved; continue with: {}\n", resume_command("train", config.run.dir));
@@ -199,7 +205,7 @@ class Launch : public Command {
     const auto result = runtime::launch(config, options);
     print_launch_summary(config, result);
     switch (result.outcome) {
-      case runtime::RunOutcome::kFinished: print_next_steps(config.run.dir, false); return 0;
+      case runtime::RunOutcome::kFinished: print_next_steps(config.run.dir, false, config.train.emulated_step_s > 0); return 0;
       case runtime::RunOutcome::kStopped:
         fmt::print("stopped ({}); the workers saved their state; continue with: {}\n", result.message,
                    resume_command("launch", config.run.dir));

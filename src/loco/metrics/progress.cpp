@@ -48,8 +48,10 @@ std::string Progress::status_line(int64_t step, double loss, double tokens_per_s
   const int64_t done = step - first_step_;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step) : NAN;
   std::string sync = rounds_ >= 0 ? fmt::format("  round {}, sent {}", rounds_, format_bytes(static_cast<double>(bytes_sent_))) : "";
-  return fmt::format("step {}/{}  loss {:.4f}  {:.0f} tok/s{}  elapsed {}  eta {}", step, total_steps_, loss,
-                     tokens_per_s, sync, format_duration(elapsed), format_duration(eta));
+  // No loss: the compute is emulated (train.emulated_step_s).
+  const std::string shown = std::isnan(loss) ? "loss -" : fmt::format("loss {:.4f}", loss);
+  return fmt::format("step {}/{}  {}  {:.0f} tok/s{}  elapsed {}  eta {}", step, total_steps_, shown, tokens_per_s, sync,
+                     format_duration(elapsed), format_duration(eta));
 }
 
 std::string progress_line_json(const ProgressLine& line) {

@@ -7,6 +7,8 @@
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/runtime/store/checkpoint.h"
+#include "loco/model/transformer.h"
+#include "loco/runtime/worker/emulated_compute.h"
 #include "loco/runtime/worker/trainer.h"
 #include "test_util.h"
 #include "tiny_corpus.h"
@@ -213,6 +215,113 @@ TEST_F(TrainerTest, OneWorkerDiLoCoWithFedAvgEveryStepIsPlainTraining) {
   ASSERT_EQ(fedavg.losses.size(), plain.losses.size());
   for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(fedavg.losses[i], plain.losses[i]) << "step " << i;
   EXPECT_EQ(fedavg.val_loss, plain.val_loss);
+}
+
+// Emulated compute (train.emulated_step_s): every parameter moves, by exactly the learning rates of
+// the steps so far once every part has had its turn since, along a tile of the worker's direction.
+TEST(EmulatedComputeTest, EveryParameterMovesByTheLearningRatesAlongItsWorkersDirection) {
+  model::ModelOptions options;
+  options.vocab_size = 64;
+  options.context = 8;
+  options.layers = 2;
+  options.width = 768;  // 2 blocks of 768 wide: 14M parameters, an MLP matrix of more than two tiles
+  options.heads = 4;
+  options.mlp_ratio = 4;
+  model::Transformer model(options, 1);
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  EmulatedCompute worker0(model, 0.0, 7, /*gradients=*/false);
+  const std::vector<double> lrs = {1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3, 7e-3, 8e-3};
+  ASSERT_EQ(lrs.size(), static_cast<size_t>(EmulatedCompute::kRotation));
+  // Each step moves one part by the rates since it last moved: after steps with lr 0 for as many
+  // steps again, every part has moved by all of them.
+  for (double lr : lrs) {
+    worker0.forward_backward();
+    worker0.update(lr);
+  }
+  for (size_t i = 0; i < lrs.size(); ++i) worker0.update(0.0);
+  const double moved = 36e-3;  // the sum of the rates
+  // The direction: a tile of normal values repeated over each parameter, the same on every one.
+  const auto params = model->parameters();
+  int64_t total = 0;
+  std::vector<torch::Tensor> directions;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto step = (before[i] - params[i].detach()).view(-1) / moved;
+    EXPECT_EQ(step.eq(0).sum().item<int64_t>(), 0) << "parameter " << i << " has values that never moved";
+    directions.push_back(step);
+    total += step.numel();
+  }
+  ASSERT_GT(total, EmulatedCompute::kTile * EmulatedCompute::kRotation) << "more tiles than the rotation has parts";
+  const auto flat = directions.front().narrow(0, 0, std::min({directions.front().numel(), directions.back().numel(), int64_t{1000}}));
+  EXPECT_NEAR(directions.back().narrow(0, 0, flat.numel()).sub(flat).abs().max().item<double>(), 0, 1e-3)
+      << "every parameter starts the same tile";
+  const auto all = torch::cat(directions);
+  EXPECT_NEAR(all.mean().item<double>(), 0, 0.02);
+  EXPECT_NEAR(all.std().item<double>(), 1, 0.05) << "a normal direction, about AdamW's step in size";
+
+  // Another worker (seed) moves elsewhere; with DDP the direction is in the gradients.
+  model::Transformer other(options, 1);
+  EmulatedCompute worker1(other, 0.0, 8, /*gradients=*/true);
+  for (const auto& p : other->parameters()) ASSERT_TRUE(p.grad().defined());
+  const auto g0 = other->parameters().front().grad().view(-1).narrow(0, 0, flat.numel());
+  EXPECT_GT(g0.sub(flat).abs().max().item<double>(), 0.5) << "each worker has a direction of its own";
+  for (double lr : lrs) worker1.update(lr);
+  for (size_t i = 0; i < lrs.size(); ++i) worker1.update(0.0);
+  const auto first = other->parameters().front();
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::allclose(model::Transformer(options, 1)->parameters().front() - first, first.grad() * moved, 1e-4, 1e-6))
+      << "with gradients each part moves along them";
+}
+
+// A training run whose compute is emulated takes the stated time a step, moves every parameter,
+// and reports no loss: its train events hold none, it evaluates nothing and saves no checkpoint.
+TEST_F(TrainerTest, EmulatedComputeTakesItsTimeMovesEveryParameterAndReportsNoLoss) {
+  // Keeps the model to look at it after the run.
+  class Keep : public algorithms::SyncStrategy {
+   public:
+    std::string name() const override { return "keep"; }
+    algorithms::SyncReports on_start(model::Transformer& model, int64_t) override {
+      model_ = model;
+      for (const auto& p : model->parameters()) start_.push_back(p.detach().clone());
+      return {};
+    }
+    model::Transformer model_{nullptr};
+    std::vector<torch::Tensor> start_;
+  };
+  auto c = config("emulated");
+  c.train.steps = 16;
+  c.train.emulated_step_s = 0.05;
+  Keep keep;
+  const auto start = std::chrono::steady_clock::now();
+  const auto summary = train(c, keep, {});
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 16 * 0.05 * 0.95);
+  EXPECT_EQ(summary.steps, 16);
+  EXPECT_TRUE(summary.losses.empty());
+  EXPECT_TRUE(std::isnan(summary.val_loss));
+  const auto params = keep.model_->parameters();
+  ASSERT_EQ(params.size(), keep.start_.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].detach().eq(keep.start_[i]).sum().item<int64_t>(), 0) << "parameter " << i << " did not move everywhere";
+  }
+  const fs::path run = c.run.dir;
+  const auto trains = events(run, "train");
+  ASSERT_EQ(trains.size(), 16u);
+  for (const auto& e : trains) EXPECT_TRUE(e.at("loss").is_null()) << e.dump();
+  EXPECT_TRUE(events(run, "eval").empty());
+  EXPECT_TRUE(events(run, "checkpoint").empty());
+  EXPECT_FALSE(fs::exists(run / "checkpoints") && !fs::is_empty(run / "checkpoints"));
+  ASSERT_EQ(events(run, "summary").size(), 1u);
+  EXPECT_TRUE(events(run, "summary")[0].at("val_loss").is_null());
+}
+
+TEST_F(TrainerTest, EmulatedComputeIsRefusedWhereItCannotRun) {
+  auto c = config("emulated-elastic");
+  c.train.emulated_step_s = 0.1;
+  c.sync.algorithm = Algorithm::kDiLoCo;
+  c.cluster.elastic = true;
+  c.cluster.workers = 2;
+  c.checkpoint.keep = 2;
+  expect_error<ConfigError>([&] { validate(c); }, "train.emulated_step_s");
 }
 
 }  // namespace

@@ -55,6 +55,9 @@ struct TrainSection {
   std::string init_from;     // checkpoint (or run folder) whose parameters start the run; "" = random init
   int64_t threads = 0;       // 0 = the machine's cores divided among local processes
   int64_t log_every = 10;
+  // > 0: each inner step's compute is emulated, taking this many seconds (emulated_compute.h);
+  // 0: real forward and backward passes.
+  double emulated_step_s = 0;
 };
 
 struct EvalSection {

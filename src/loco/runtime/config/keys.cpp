@@ -128,6 +128,7 @@ std::vector<Field> table(RunConfig& c) {
       {"train.device", "auto, cpu, cuda or cuda:N (bf16 autocast on CUDA, fp32 on CPU)", &c.train.device},
       {"train.init_from", "checkpoint or run folder whose parameters (the global ones) start the run (a warm start), or a Hugging Face model folder (docs/hugging-face.md); \"\" = random init", &c.train.init_from},
       at_least(0, {"train.threads", "CPU threads; 0 = cores divided among local processes", &c.train.threads}),
+      at_least(0, {"train.emulated_step_s", "> 0: emulated compute at model scale (docs/slow-links.md): no data is read and no forward or backward pass runs; each inner step waits this many seconds, then moves every parameter by the learning rate along a fixed random direction of its worker's (its gradient), so that syncs, codecs and links carry real, dense outer gradients of the model's size. Such a run reports no loss, evaluates nothing and saves no checkpoint; 0 = real compute", &c.train.emulated_step_s}),
       at_least(1, {"train.log_every", "steps between train events and plain progress lines (on a GPU, also between reads of the steps' losses)", &c.train.log_every}),
       at_least(1, {"eval.every", "steps between evaluations (one is always made at the end)", &c.eval.every}),
       at_least(1, {"eval.windows", "validation windows of model.context tokens, spread evenly over the split", &c.eval.windows}),

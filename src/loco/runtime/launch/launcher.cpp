@@ -70,8 +70,9 @@ class Display {
     if (first_step_ < 0) first_step_ = min_step, started_ = Clock::now();
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
     const double eta = min_step > first_step_ ? elapsed / static_cast<double>(min_step - first_step_) * static_cast<double>(steps - min_step) : NAN;
-    status_ = fmt::format("step {}/{}  loss {:.4f} (mean of {})  {:.0f} tok/s (all workers){}  elapsed {}  eta {}", min_step,
-                          steps, reporting > 0 ? loss / reporting : NAN, workers.size(), tokens_per_s,
+    // No worker reports a loss when the compute is emulated (train.emulated_step_s).
+    const std::string shown = reporting > 0 ? fmt::format("loss {:.4f} (mean of {})", loss / reporting, reporting) : "loss -";
+    status_ = fmt::format("step {}/{}  {}  {:.0f} tok/s (all workers){}  elapsed {}  eta {}", min_step, steps, shown, tokens_per_s,
                           min_round >= 0 ? fmt::format("  round {}, sent {}/worker", min_round,
                                                        metrics::format_bytes(static_cast<double>(max_bytes)))
                                          : "",

@@ -20,6 +20,7 @@
 #include "loco/optim/adamw.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/model/precision.h"
+#include "loco/runtime/worker/emulated_compute.h"
 #include "loco/runtime/worker/inner_step.h"
 #include "loco/runtime/worker/shard_turns.h"
 
@@ -113,6 +114,7 @@ class TrainingLoop {
   model::Transformer model_{nullptr};
   std::optional<optim::AdamW> adamw_;
   std::optional<InnerStep> inner_;
+  std::optional<EmulatedCompute> emulated_;  // train.emulated_step_s > 0: no model compute, no loss
   std::optional<data::WindowSampler> sampler_;
   size_t train_token_count_ = 0;  // in this worker's shard (or the whole split)
   std::optional<ShardTurns> shards_;
@@ -194,14 +196,23 @@ void TrainingLoop::build_parts() {
   model_->to(device_);
   model_->train();
 
-  adamw_.emplace(make_inner_optimizer(model_, config_.optim.adamw));
+  if (config_.train.emulated_step_s > 0) {
+    // The step's update is emulated_'s: AdamW holds no parameter (nor its moments' memory); the
+    // inner step gives the schedule's learning rate.
+    adamw_.emplace(std::vector<optim::NamedParameter>{}, config_.optim.adamw);
+    emulated_.emplace(model_, config_.train.emulated_step_s,
+                      static_cast<uint64_t>(config_.train.seed) * 1000003 + static_cast<uint64_t>(worker_.rank) + 1,
+                      /*gradients=*/config_.sync.algorithm == Algorithm::kDdp);
+  } else {
+    adamw_.emplace(make_inner_optimizer(model_, config_.optim.adamw));
+  }
   inner_.emplace(model_, *adamw_, inner_step_options(config_), device_, "the last checkpoint is intact");
 
   // Each worker samples its own shard, in an order of its own (rank 0's is a single process's).
   const auto& train_tokens = worker_.train_tokens != nullptr ? *worker_.train_tokens : dataset_->train().tokens;
   train_token_count_ = train_tokens.size();
   sampler_.emplace(train_tokens, config_.model.context, static_cast<uint64_t>(config_.train.seed + worker_.rank));
-  eval_batches_ = data::evaluation_batches(dataset_->val().tokens, config_.model.context, config_.eval.windows,
+  if (!emulated_) eval_batches_ = data::evaluation_batches(dataset_->val().tokens, config_.model.context, config_.eval.windows,
                                            config_.eval.batch_size);
 }
 
@@ -240,6 +251,11 @@ void TrainingLoop::announce() {
       config_.model.vocab_size, train_token_count_, worker_.train_tokens != nullptr ? " in its shard" : "", device_.str(),
       threads_, sync_.name()));
   if (resumed_) progress_->message(fmt::format("{}resumed from {} at step {}", who_, resumed_->dir.string(), step_));
+  if (emulated_) {
+    progress_->message(fmt::format("{}compute EMULATED (train.emulated_step_s): each step waits {:g} s, then moves every "
+                                   "parameter along a fixed random direction; no loss, no evaluation, no checkpoint",
+                                   who_, emulated_->step_s()));
+  }
   if (!resumed_ && !config_.train.init_from.empty()) {
     progress_->message(fmt::format("{}initialized from {}", who_, config_.train.init_from));
   }
@@ -308,17 +324,27 @@ void TrainingLoop::step() {
   data::WindowSampler& source = shards_->next();
   const data::SamplerPosition position = source.position();
   const double lr = inner_->learning_rate(step_);
-  const auto loss = inner_->forward_backward(source);
-  // Where the update cannot skip a non-finite step on the device, the loss is read now: such a
-  // step is never applied nor synchronized.
-  if (!inner_->defers_reads()) inner_->read(loss, step_);
+  torch::Tensor loss;  // none when the compute is emulated
+  if (emulated_) {
+    emulated_->forward_backward();
+  } else {
+    loss = inner_->forward_backward(source);
+    // Where the update cannot skip a non-finite step on the device, the loss is read now: such a
+    // step is never applied nor synchronized.
+    if (!inner_->defers_reads()) inner_->read(loss, step_);
+  }
   algorithms::StepContext context{step_, tokens_per_step(), &model_};
   if (!run_hook([&] { return sync_.after_backward(context); })) {
     source.restore(position);  // the step cannot complete without its peers: it never happened
     ended_ = true;
     return;
   }
-  unread_.push_back({step_before, lr, loss, inner_->update(lr, loss)});
+  if (emulated_) {
+    emulated_->update(lr);
+    unread_.push_back({step_before, lr, {}, {}});
+  } else {
+    unread_.push_back({step_before, lr, loss, inner_->update(lr, loss)});
+  }
   ++step_;
   tokens_ += tokens_per_step();
   if (options_.telemetry != nullptr) options_.telemetry->set_step(step_);
@@ -382,6 +408,15 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
 
 void TrainingLoop::read_steps() {
   if (unread_.empty()) return;
+  if (emulated_) {  // nothing to read: the steps have no loss
+    const auto steps = std::move(unread_);
+    unread_.clear();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const bool last = i + 1 == steps.size();
+      log_step(steps[i].step_before, last ? step_ : steps[i].step_before + 1, steps[i].lr, NAN, NAN, last);
+    }
+    return;
+  }
   std::vector<torch::Tensor> values;
   for (const auto& u : unread_) {
     values.push_back(u.loss);
@@ -423,6 +458,7 @@ void TrainingLoop::log_step(int64_t step_before, int64_t step_after, double lr, 
 // Evaluation scores the global parameters: those the strategy keeps, or the model's once it holds
 // them.
 void TrainingLoop::evaluate_when_due(int64_t step_before) {
+  if (emulated_) return;
   eval_due_ = eval_due_ || step_ / config_.eval.every > step_before / config_.eval.every || step_ == config_.train.steps;
   if (!eval_due_ || !can_score()) return;
   eval_due_ = false;
@@ -444,6 +480,7 @@ EvalResult TrainingLoop::score() {
 // global state at every round's end, and every member its slot's inner state (its own model too:
 // with Streaming DiLoCo it is not θ between a fragment's syncs) (docs/failure-model.md).
 void TrainingLoop::checkpoint_when_due(bool synced_now) {
+  if (emulated_) return;  // its state is of no use: it was trained on no data
   const bool round_end = synced_now && sync_.at_boundary();
   const bool due = worker_.elastic ? round_end && sync_.leads()
                                    : (config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) ||
@@ -490,13 +527,14 @@ TrainSummary TrainingLoop::finish() {
   // A stopped elastic run keeps its last round's global checkpoint: a worker's state between
   // rounds is its own, not the run's.
   const bool may_save = !worker_.elastic || (sync_.leads() && sync_.at_boundary());
-  if ((stopped_ || peer_failure_) && !checkpoint_current_ && may_save) save_checkpoint(/*prune=*/false);
+  if ((stopped_ || peer_failure_) && !checkpoint_current_ && may_save && !emulated_) save_checkpoint(/*prune=*/false);
   if (peer_failure_ && !run_stopping) {
+    if (emulated_) throw PeerError("train", fmt::format("{} (emulated compute: nothing is saved)", peer_failure_->what()));
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure_->what(), step_,
                                          store_->root().string()));
   }
   summary_.interrupted = (stopped_ || peer_failure_) && step_ < config_.train.steps;
-  if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score()) last_eval_ = score();
+  if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score() && !emulated_) last_eval_ = score();
   summary_.compute_utilization = compute_share();
   summary_.compute_s = std::max(0.0, steps_s_ - hooks_s_);
   const double call_s = seconds_since(call_start_);
