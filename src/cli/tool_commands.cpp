@@ -29,12 +29,16 @@ class Report : public Command {
                                               "reports (repeatable)");
     cmd->add_option("--html", html_, "also write one self-contained HTML file of the runs' charts, overlaid (opens offline)");
     cmd->add_option("--svg", svg_, "also write the charts as SVG files into this folder (drawn by gnuplot)");
+    cmd->add_option("--ideal", ideal_, "a folder of the same runs over an ideal network (no emulated link), each under "
+                                       "its run's folder name: adds each run's goodput, the ideal run's wall time over its own")
+        ->check(CLI::ExistingDirectory);
   }
   int run() override {
     std::vector<runtime::RunReport> reports;
     std::vector<runtime::RunCurves> curves;  // the same order; a JSON file's reports have none
     for (const auto& r : runs_) {
       for (auto& report : runtime::read_reports(r)) {
+        if (!ideal_.empty()) runtime::set_goodput(report, runtime::read_run_report(fs::path(ideal_) / report.name));
         if (!html_.empty() || !svg_.empty()) {
           curves.push_back(fs::is_directory(r) ? runtime::read_run_curves(r, report) : runtime::RunCurves{});
           if (curves.back().label.empty()) curves.back().label = fmt::format("{} ({})", report.name, report.algorithm);
@@ -69,7 +73,7 @@ class Report : public Command {
   }
 
  private:
-  std::string html_, svg_;
+  std::string html_, svg_, ideal_;
   std::vector<std::string> runs_, baselines_;
   bool json_ = false;
 };

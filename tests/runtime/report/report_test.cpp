@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "loco/core/error.h"
 #include "loco/core/run_folder.h"
 #include "loco/metrics/metrics_log.h"
 #include "loco/runtime/report/report.h"
@@ -53,6 +54,45 @@ TEST(RoundTripsBeyond, TheReportTakesTheMedianOverTheRunsSyncs) {
   EXPECT_NEAR(report.round_trips_beyond, 2.5, 1e-6) << "the median of 1, 2, 3 and 4";
   EXPECT_NE(report_table({report}).find("2.50 RTT"), std::string::npos) << report_table({report});
   EXPECT_NEAR(report_from_json(to_json(report), "test").round_trips_beyond, 2.5, 1e-6);
+}
+
+// Goodput against an ideal network: the same run's wall time without emulated links over this
+// one's, for the run and each worker; a reference that is not the same run is refused. An emulated
+// run (no loss) shows dashes for its loss.
+TEST(Goodput, IsTheIdealRunsWallTimeOverThisOnes) {
+  auto write_run = [](const std::filesystem::path& dir, std::vector<double> walls, double emulated) {
+    const RunFolder run(dir);
+    std::filesystem::create_directories(run.dir());
+    std::ofstream(run.config()) << "[train]\nemulated_step_s = " << emulated << "\n[sync]\nalgorithm = \"diloco\"\n";
+    metrics::MetricsLog log(run.metrics());
+    for (int64_t w = 0; w < static_cast<int64_t>(walls.size()); ++w) {
+      metrics::TrainSummary summary;
+      summary.steps = 100;
+      summary.wall_s = walls[static_cast<size_t>(w)];
+      summary.val_loss = NAN;
+      log.write(metrics::SummaryEvent{{w, ""}, 2, "diloco", summary});
+    }
+  };
+  TempDir dir;
+  write_run(dir.path() / "shaped", {100, 80}, 0.5);
+  write_run(dir.path() / "ideal", {90, 76}, 0.5);
+  auto report = read_run_report(dir.path() / "shaped");
+  EXPECT_TRUE(std::isnan(report.goodput));
+  set_goodput(report, read_run_report(dir.path() / "ideal"));
+  EXPECT_NEAR(report.goodput, 0.9, 1e-9) << "the slowest worker's wall times";
+  ASSERT_EQ(report.worker_goodput.size(), 2u);
+  EXPECT_NEAR(report.worker_goodput[1], 0.95, 1e-9);
+  const auto table = report_table({report});
+  EXPECT_NE(table.find("| 0.900 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("compute emulated, 0.5 s/step"), std::string::npos) << table;
+  EXPECT_NE(table.find("| - | - |"), std::string::npos) << "no loss, no perplexity: " << table;
+  const auto again = report_from_json(to_json(report), "test");
+  EXPECT_NEAR(again.goodput, 0.9, 1e-9);
+  EXPECT_EQ(again.worker_goodput.size(), 2u);
+
+  write_run(dir.path() / "other", {50, 50, 50}, 0.5);
+  testing_util::expect_error<DataError>([&] { set_goodput(report, read_run_report(dir.path() / "other")); },
+                                        "not the same run");
 }
 
 }  // namespace

@@ -137,6 +137,8 @@ RunReport read_run_report(const std::filesystem::path& run) {
     r.algorithm = fmt::format("diloco {}", comm::to_string(config.sync.exchange));
   }
   if (config.sync.eager) r.algorithm += fmt::format(" eager {}", optim::to_string(config.outer.optimizer));
+  r.emulated_step_s = config.train.emulated_step_s;
+  if (r.emulated_step_s > 0) r.algorithm += fmt::format(" (compute emulated, {:g} s/step)", r.emulated_step_s);
   const bool outer = config.sync.algorithm == Algorithm::kDiLoCo || config.sync.algorithm == Algorithm::kStreaming;
   r.inner_steps = outer ? config.sync.inner_steps : 1;
   const auto metrics_path = RunFolder(run).metrics();
@@ -168,6 +170,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   double loss_sum = 0, ppl_sum = 0, utilization_sum = 0;
   for (const auto& [worker, s] : last_summary) {
     r.worker_utilization.push_back(s.end_to_end_utilization);
+    r.worker_wall_s.push_back(s.wall_s);
     utilization_sum += s.compute_utilization;
     r.finished = r.finished && !s.interrupted;
     r.tokens += s.tokens;
@@ -212,7 +215,22 @@ nlohmann::json to_json(const RunReport& r) {
           {"wall_s", r.wall_s}, {"finished", r.finished}, {"peak_step_bytes", number(r.peak_step_bytes)},
           {"stall_s", number(r.stall_s)}, {"compute_utilization", number(r.compute_utilization)},
           {"end_to_end_utilization", number(r.end_to_end_utilization)}, {"worker_utilization", r.worker_utilization},
-          {"ddp_bytes", number(r.ddp_bytes)}, {"round_trips_beyond", number(r.round_trips_beyond)}};
+          {"ddp_bytes", number(r.ddp_bytes)}, {"round_trips_beyond", number(r.round_trips_beyond)},
+          {"worker_wall_s", r.worker_wall_s}, {"goodput", number(r.goodput)}, {"worker_goodput", r.worker_goodput},
+          {"emulated_step_s", r.emulated_step_s}};
+}
+
+void set_goodput(RunReport& run, const RunReport& ideal) {
+  if (run.algorithm != ideal.algorithm || run.workers != ideal.workers || run.steps != ideal.steps) {
+    throw DataError("report", fmt::format("{} ({}, {} workers, {} steps) is not the same run as its ideal-network reference "
+                                          "{} ({}, {} workers, {} steps)", run.name, run.algorithm, run.workers, run.steps,
+                                          ideal.name, ideal.algorithm, ideal.workers, ideal.steps));
+  }
+  run.goodput = run.wall_s > 0 ? ideal.wall_s / run.wall_s : NAN;
+  run.worker_goodput.clear();
+  for (size_t i = 0; i < run.worker_wall_s.size() && i < ideal.worker_wall_s.size(); ++i) {
+    run.worker_goodput.push_back(run.worker_wall_s[i] > 0 ? ideal.worker_wall_s[i] / run.worker_wall_s[i] : NAN);
+  }
 }
 
 RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
@@ -250,6 +268,18 @@ RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
   if (j.contains("round_trips_beyond")) r.round_trips_beyond = number("round_trips_beyond");  // newer reports only
   // Reports saved before loco measured it end to end have neither field.
   if (j.contains("end_to_end_utilization")) r.end_to_end_utilization = number("end_to_end_utilization");
+  // Newer reports only: goodput against an ideal network, and emulated compute.
+  if (j.contains("goodput")) r.goodput = number("goodput");
+  if (j.contains("emulated_step_s")) r.emulated_step_s = number("emulated_step_s");
+  auto numbers = [&](const char* key, std::vector<double>& out) {
+    if (!j.contains(key) || !j.at(key).is_array()) return;
+    for (const auto& v : j.at(key)) {
+      if (!v.is_number() && !v.is_null()) throw DataError("report", fmt::format("{}: \"{}\" holds a non-number", where, key));
+      out.push_back(v.is_null() ? NAN : v.get<double>());
+    }
+  };
+  numbers("worker_wall_s", r.worker_wall_s);
+  numbers("worker_goodput", r.worker_goodput);
   if (j.contains("worker_utilization") && j.at("worker_utilization").is_array()) {
     for (const auto& v : j.at("worker_utilization")) {
       if (!v.is_number()) throw DataError("report", fmt::format("{}: \"worker_utilization\" holds a non-number", where));
@@ -297,20 +327,23 @@ std::string compare_with_baselines(const RunReport& run, const std::vector<RunRe
 std::string report_table(const std::vector<RunReport>& reports) {
   std::string out =
       "| run | algorithm | workers | H | steps/worker | tokens (all) | val_loss | val_ppl | rounds | sent/worker | "
-      "received/worker | peak sent/step | stall | sync beyond bytes | compute util. | compute, end to end | wall |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "received/worker | peak sent/step | stall | sync beyond bytes | compute util. | compute, end to end | goodput | wall |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto or_dash = [](double value, auto&& format) { return std::isnan(value) ? std::string("-") : format(value); };
   for (const auto& r : reports) {
     const bool outer = r.algorithm.starts_with("diloco") || r.algorithm.starts_with("streaming");
-    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {:.4f} | {:.1f} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
+    out += fmt::format("| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.name,
                        r.finished ? "" : " (unfinished)", r.algorithm, r.workers, outer ? std::to_string(r.inner_steps) : "-",
-                       r.steps, r.tokens, r.val_loss, r.val_ppl, r.rounds, metrics::format_bytes(r.bytes_sent),
+                       r.steps, r.tokens, or_dash(r.val_loss, [](double v) { return fmt::format("{:.4f}", v); }),
+                       or_dash(r.val_ppl, [](double v) { return fmt::format("{:.1f}", v); }), r.rounds,
+                       metrics::format_bytes(r.bytes_sent),
                        metrics::format_bytes(r.bytes_received),
                        or_dash(r.peak_step_bytes, [](double v) { return metrics::format_bytes(v); }),
                        or_dash(r.stall_s, [](double v) { return fmt::format("{:.1f} s", v); }),
                        or_dash(r.round_trips_beyond, [](double v) { return fmt::format("{:.2f} RTT", v); }),
                        or_dash(r.compute_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
                        or_dash(r.end_to_end_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
+                       or_dash(r.goodput, [](double v) { return fmt::format("{:.3f}", v); }),
                        metrics::format_duration(r.wall_s));
   }
   return out;

@@ -36,7 +36,20 @@ struct RunReport {
   // of what each took beyond its bytes at its worker's link rate, in the round trips its group
   // measured (round_trips_beyond); NaN without links or measured round trips.
   double round_trips_beyond = NAN;
+  // Each worker's wall time (its last session's), by rank.
+  std::vector<double> worker_wall_s;
+  // Against the same run over an ideal network (set_goodput): its wall time over this one's, for
+  // the run (the slowest worker's) and for each worker; NaN / empty without a reference.
+  double goodput = NAN;
+  std::vector<double> worker_goodput;
+  // train.emulated_step_s of the run: > 0 when its compute was emulated (no loss).
+  double emulated_step_s = 0;
 };
+
+// Sets `run`'s goodput against `ideal`, the same run (binary, config, CPU shares, seed) over no
+// emulated link: ideal wall time / this run's, for the run and for each worker. Throws DataError
+// when the two are not the same run (algorithm, workers or steps differ).
+void set_goodput(RunReport& run, const RunReport& ideal);
 
 // What one sync took beyond moving its bytes, in round trips: (seconds − max(sent, received) ×
 // 8 / rate) / round trip. The link carries both directions at `rate_bps` at once; 0 = not shaped
