@@ -57,7 +57,8 @@ TEST(RoundTripsBeyond, TheReportTakesTheMedianOverTheRunsSyncs) {
 }
 
 // Goodput against an ideal network: the same run's wall time without emulated links over this
-// one's, for the run and each worker; a reference that is not the same run is refused. An emulated
+// one's, for the run and each worker, and over the time in steps; a reference that is not the same
+// run is refused. An emulated
 // run (no loss) shows dashes for its loss.
 TEST(Goodput, IsTheIdealRunsWallTimeOverThisOnes) {
   auto write_run = [](const std::filesystem::path& dir, std::vector<double> walls, double emulated) {
@@ -69,6 +70,9 @@ TEST(Goodput, IsTheIdealRunsWallTimeOverThisOnes) {
       metrics::TrainSummary summary;
       summary.steps = 100;
       summary.wall_s = walls[static_cast<size_t>(w)];
+      // 10 s of start-up, then its steps: 80% of their time computing.
+      summary.compute_utilization = 0.8;
+      summary.compute_s = 0.8 * (summary.wall_s - 10);
       summary.val_loss = NAN;
       log.write(metrics::SummaryEvent{{w, ""}, 2, "diloco", summary});
     }
@@ -82,13 +86,31 @@ TEST(Goodput, IsTheIdealRunsWallTimeOverThisOnes) {
   EXPECT_NEAR(report.goodput, 0.9, 1e-9) << "the slowest worker's wall times";
   ASSERT_EQ(report.worker_goodput.size(), 2u);
   EXPECT_NEAR(report.worker_goodput[1], 0.95, 1e-9);
+  EXPECT_NEAR(report.steps_goodput, 80.0 / 90.0, 1e-9) << "over the time in steps: start-up left out";
   const auto table = report_table({report});
-  EXPECT_NE(table.find("| 0.900 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 0.900 (steps 0.889) |"), std::string::npos) << table;
   EXPECT_NE(table.find("compute emulated, 0.5 s/step"), std::string::npos) << table;
   EXPECT_NE(table.find("| - | - |"), std::string::npos) << "no loss, no perplexity: " << table;
   const auto again = report_from_json(to_json(report), "test");
   EXPECT_NEAR(again.goodput, 0.9, 1e-9);
+  EXPECT_NEAR(again.steps_goodput, 80.0 / 90.0, 1e-9);
   EXPECT_EQ(again.worker_goodput.size(), 2u);
+
+  // Per sync, beyond its bytes and beyond the same sync over the ideal network: 2.3 s shaped, 1 s
+  // of it bytes (1 MB at 8 Mbit/s), 1 s in the ideal run: 3 round trips of 0.1 s.
+  for (const char* name : {"shaped", "ideal"}) {
+    metrics::MetricsLog log(RunFolder(dir.path() / name).metrics());
+    const double seconds = std::string(name) == "shaped" ? 2.3 : 1.0;
+    log.write(metrics::SyncEvent{{0, ""}, 1, 5, 2, 1000000, 1000000, seconds, 0, "00", 0, "gather", 1, -1, -1, 0.1});
+    log.write(metrics::SyncEvent{{1, ""}, 1, 5, 2, 1000000, 1000000, seconds, 0, "00", 0, "gather", 1, -1, -1, 0.1});
+  }
+  std::ofstream(RunFolder(dir.path() / "shaped").links()) << R"({"workers": [{"rank": 0, "rate_bps": 8e6, "delay_s": 0.05},
+                                                                    {"rank": 1, "rate_bps": 8e6, "delay_s": 0.05}]})";
+  auto synced = read_run_report(dir.path() / "shaped");
+  EXPECT_NEAR(synced.round_trips_beyond, 13, 1e-6);
+  set_goodput(synced, read_run_report(dir.path() / "ideal"));
+  EXPECT_NEAR(synced.round_trips_beyond_ideal, 3, 1e-6);
+  EXPECT_NE(report_table({synced}).find("13.00 RTT (3.00 beyond ideal)"), std::string::npos) << report_table({synced});
 
   write_run(dir.path() / "other", {50, 50, 50}, 0.5);
   testing_util::expect_error<DataError>([&] { set_goodput(report, read_run_report(dir.path() / "other")); },

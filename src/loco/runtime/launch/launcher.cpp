@@ -370,6 +370,13 @@ void Launch::kill_when_overdue() {
 LaunchResult Launch::finish() {
   display_.finish();
   for (const auto& line : workers_.drain()) relay(line);  // what they wrote last (an error, often)
+  if (islands_) {
+    // What the emulator itself did: a run's times are the links' only where it kept up.
+    display_.line(fmt::format("launch: the relay carried {} frames, dropped {} (a full queue, as a router drops); a frame "
+                              "waited in its socket at most {:.1f} ms and left at most {:.1f} ms after it was due",
+                              islands_->frames_relayed(), islands_->frames_dropped(), islands_->relay_backlog_s() * 1e3,
+                              islands_->relay_late_s() * 1e3));
+  }
   LaunchResult result;
   for (const auto& code : workers_.exit_codes()) result.exit_codes.push_back(code.value_or(-1));
   const bool interrupted = workers_.interrupts() > 0;

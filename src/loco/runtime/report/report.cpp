@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,28 +29,36 @@ double round_trips_beyond(double seconds, double bytes_sent, double bytes_receiv
 
 namespace {
 
-// round_trips_beyond's median over `syncs`, each at its worker's link rate from `links` (RUN/
-// links.json, which `loco launch --link` writes); NaN without that file or such syncs.
-double median_round_trips_beyond(const fs::path& links, const std::vector<std::pair<int64_t, metrics::SyncEvent>>& syncs) {
-  if (syncs.empty() || !fs::exists(links)) return NAN;
+// Each worker's link rate from `links` (RUN/links.json, which `loco launch --link` writes); empty
+// without that file.
+std::map<int64_t, double> link_rates(const fs::path& links) {
   std::map<int64_t, double> rate;
+  if (!fs::exists(links)) return rate;
   try {
     const auto j = nlohmann::json::parse(read_file(links, "report"));
     for (const auto& w : j.at("workers")) rate[w.at("rank").get<int64_t>()] = w.at("rate_bps").get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw DataError("report", fmt::format("{}: not a list of links ({})", links.string(), e.what()));
   }
+  return rate;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// round_trips_beyond's median over the syncs with a link rate and a measured round trip; NaN
+// without any.
+double median_round_trips_beyond(const std::vector<SyncTiming>& syncs) {
   std::vector<double> beyond;
-  for (const auto& [worker, e] : syncs) {
-    const auto it = rate.find(worker);
-    if (it == rate.end()) continue;
-    beyond.push_back(round_trips_beyond(e.seconds, static_cast<double>(e.bytes_sent), static_cast<double>(e.bytes_received),
-                                        it->second, e.round_trip_s));
+  for (const auto& s : syncs) {
+    if (std::isnan(s.rate_bps) || s.round_trip_s <= 0) continue;
+    beyond.push_back(round_trips_beyond(s.seconds, s.bytes, s.bytes, s.rate_bps, s.round_trip_s));
   }
-  if (beyond.empty()) return NAN;
-  std::sort(beyond.begin(), beyond.end());
-  const size_t n = beyond.size();
-  return n % 2 == 1 ? beyond[n / 2] : (beyond[n / 2 - 1] + beyond[n / 2]) / 2;
+  return median(beyond);
 }
 
 // A DiPaCo run (docs/dipaco.md): its workers' task events and summaries, and its scores
@@ -146,7 +155,7 @@ RunReport read_run_report(const std::filesystem::path& run) {
   std::map<int64_t, std::pair<double, double>> bytes;  // per worker, summed over every sync event
   std::map<int64_t, int64_t> rounds;
   std::map<int64_t, double> peak, stall;  // per worker, over every session
-  std::vector<std::pair<int64_t, metrics::SyncEvent>> timed_syncs;  // those with a measured round trip
+  const auto rates = link_rates(RunFolder(run).links());
   double parameters = NAN;
   for (const auto& [time, event] : metrics::read_events(metrics_path)) {
     const int64_t worker = std::max<int64_t>(0, metrics::worker_of(event).rank);
@@ -160,10 +169,13 @@ RunReport read_run_report(const std::filesystem::path& run) {
       bytes[worker].second += static_cast<double>(e->bytes_received);
       rounds[worker] = std::max(rounds[worker], e->round);
       if (std::isfinite(e->stall_s)) stall[worker] += e->stall_s;
-      if (e->round_trip_s > 0) timed_syncs.emplace_back(worker, *e);
+      const auto rate = rates.find(worker);
+      r.syncs.push_back({worker, e->step, e->fragment, e->seconds,
+                         static_cast<double>(std::max(e->bytes_sent, e->bytes_received)), e->round_trip_s,
+                         rate != rates.end() ? rate->second : NAN});
     }
   }
-  r.round_trips_beyond = median_round_trips_beyond(RunFolder(run).links(), timed_syncs);
+  r.round_trips_beyond = median_round_trips_beyond(r.syncs);
   if (last_summary.empty()) throw DataError("report", fmt::format("{}: no summary yet (is the run finished?)", metrics_path.string()));
   r.workers = static_cast<int64_t>(last_summary.size());
   r.finished = true;
@@ -171,6 +183,10 @@ RunReport read_run_report(const std::filesystem::path& run) {
   for (const auto& [worker, s] : last_summary) {
     r.worker_utilization.push_back(s.end_to_end_utilization);
     r.worker_wall_s.push_back(s.wall_s);
+    if (s.compute_utilization > 0) {
+      const double steps_s = s.compute_s / s.compute_utilization;
+      r.steps_s = std::isnan(r.steps_s) ? steps_s : std::max(r.steps_s, steps_s);
+    }
     utilization_sum += s.compute_utilization;
     r.finished = r.finished && !s.interrupted;
     r.tokens += s.tokens;
@@ -217,6 +233,8 @@ nlohmann::json to_json(const RunReport& r) {
           {"end_to_end_utilization", number(r.end_to_end_utilization)}, {"worker_utilization", r.worker_utilization},
           {"ddp_bytes", number(r.ddp_bytes)}, {"round_trips_beyond", number(r.round_trips_beyond)},
           {"worker_wall_s", r.worker_wall_s}, {"goodput", number(r.goodput)}, {"worker_goodput", r.worker_goodput},
+          {"round_trips_beyond_ideal", number(r.round_trips_beyond_ideal)}, {"steps_s", number(r.steps_s)},
+          {"steps_goodput", number(r.steps_goodput)},
           {"emulated_step_s", r.emulated_step_s}};
 }
 
@@ -227,10 +245,20 @@ void set_goodput(RunReport& run, const RunReport& ideal) {
                                           ideal.name, ideal.algorithm, ideal.workers, ideal.steps));
   }
   run.goodput = run.wall_s > 0 ? ideal.wall_s / run.wall_s : NAN;
+  run.steps_goodput = run.steps_s > 0 ? ideal.steps_s / run.steps_s : NAN;
   run.worker_goodput.clear();
   for (size_t i = 0; i < run.worker_wall_s.size() && i < ideal.worker_wall_s.size(); ++i) {
     run.worker_goodput.push_back(run.worker_wall_s[i] > 0 ? ideal.worker_wall_s[i] / run.worker_wall_s[i] : NAN);
   }
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> ideal_seconds;
+  for (const auto& s : ideal.syncs) ideal_seconds[{s.worker, s.step, s.fragment}] = s.seconds;
+  std::vector<double> beyond;
+  for (const auto& s : run.syncs) {
+    const auto same = ideal_seconds.find({s.worker, s.step, s.fragment});
+    if (same == ideal_seconds.end() || std::isnan(s.rate_bps) || s.round_trip_s <= 0) continue;
+    beyond.push_back(round_trips_beyond(s.seconds - same->second, s.bytes, s.bytes, s.rate_bps, s.round_trip_s));
+  }
+  run.round_trips_beyond_ideal = median(beyond);
 }
 
 RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
@@ -270,6 +298,9 @@ RunReport report_from_json(const nlohmann::json& j, const std::string& where) {
   if (j.contains("end_to_end_utilization")) r.end_to_end_utilization = number("end_to_end_utilization");
   // Newer reports only: goodput against an ideal network, and emulated compute.
   if (j.contains("goodput")) r.goodput = number("goodput");
+  if (j.contains("round_trips_beyond_ideal")) r.round_trips_beyond_ideal = number("round_trips_beyond_ideal");
+  if (j.contains("steps_s")) r.steps_s = number("steps_s");
+  if (j.contains("steps_goodput")) r.steps_goodput = number("steps_goodput");
   if (j.contains("emulated_step_s")) r.emulated_step_s = number("emulated_step_s");
   auto numbers = [&](const char* key, std::vector<double>& out) {
     if (!j.contains(key) || !j.at(key).is_array()) return;
@@ -340,10 +371,18 @@ std::string report_table(const std::vector<RunReport>& reports) {
                        metrics::format_bytes(r.bytes_received),
                        or_dash(r.peak_step_bytes, [](double v) { return metrics::format_bytes(v); }),
                        or_dash(r.stall_s, [](double v) { return fmt::format("{:.1f} s", v); }),
-                       or_dash(r.round_trips_beyond, [](double v) { return fmt::format("{:.2f} RTT", v); }),
+                       or_dash(r.round_trips_beyond, [&](double v) {
+                         // With an ideal reference: also beyond the same sync's time there.
+                         return std::isnan(r.round_trips_beyond_ideal)
+                                    ? fmt::format("{:.2f} RTT", v)
+                                    : fmt::format("{:.2f} RTT ({:.2f} beyond ideal)", v, r.round_trips_beyond_ideal);
+                       }),
                        or_dash(r.compute_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
                        or_dash(r.end_to_end_utilization, [](double v) { return fmt::format("{:.1f}%", 100 * v); }),
-                       or_dash(r.goodput, [](double v) { return fmt::format("{:.3f}", v); }),
+                       or_dash(r.goodput, [&](double v) {
+                         return std::isnan(r.steps_goodput) ? fmt::format("{:.3f}", v)
+                                                            : fmt::format("{:.3f} (steps {:.3f})", v, r.steps_goodput);
+                       }),
                        metrics::format_duration(r.wall_s));
   }
   return out;

@@ -13,6 +13,14 @@
 
 namespace loco::runtime {
 
+// One sync of a run, as its worker logged it (not kept in JSON reports).
+struct SyncTiming {
+  int64_t worker = 0, step = 0, fragment = -1;
+  double seconds = 0, bytes = 0;    // the exchange's time; the larger of its bytes sent and received
+  double round_trip_s = 0;          // its group's measured round trip (0: not measured)
+  double rate_bps = NAN;            // its worker's link rate (RUN/links.json; 0 = not shaped, NaN = no links)
+};
+
 struct RunReport {
   std::string name;                 // the run folder's name
   std::string algorithm;
@@ -36,19 +44,30 @@ struct RunReport {
   // of what each took beyond its bytes at its worker's link rate, in the round trips its group
   // measured (round_trips_beyond); NaN without links or measured round trips.
   double round_trips_beyond = NAN;
-  // Each worker's wall time (its last session's), by rank.
+  // Each worker's wall time (its last session's), by rank; the slowest worker's time in its inner
+  // steps (sync hooks included; start-up, and the evaluation and checkpoints after, left out).
   std::vector<double> worker_wall_s;
+  double steps_s = NAN;
   // Against the same run over an ideal network (set_goodput): its wall time over this one's, for
   // the run (the slowest worker's) and for each worker; NaN / empty without a reference.
   double goodput = NAN;
   std::vector<double> worker_goodput;
+  // The same over the time in steps: what the link costs, start-up left out (it does not grow with
+  // the run, and dominates a run of a few DDP steps).
+  double steps_goodput = NAN;
+  // Also against the ideal run: the median over syncs of what each took beyond its bytes and beyond
+  // the same sync (worker, step, fragment) over the ideal network, in round trips: what the link
+  // itself added past its bytes, the compute of the exchange (encoding, summing) left out.
+  double round_trips_beyond_ideal = NAN;
+  std::vector<SyncTiming> syncs;
   // train.emulated_step_s of the run: > 0 when its compute was emulated (no loss).
   double emulated_step_s = 0;
 };
 
 // Sets `run`'s goodput against `ideal`, the same run (binary, config, CPU shares, seed) over no
-// emulated link: ideal wall time / this run's, for the run and for each worker. Throws DataError
-// when the two are not the same run (algorithm, workers or steps differ).
+// emulated link: ideal wall time / this run's, for the run and for each worker; and
+// round_trips_beyond_ideal. Throws DataError when the two are not the same run (algorithm,
+// workers or steps differ).
 void set_goodput(RunReport& run, const RunReport& ideal);
 
 // What one sync took beyond moving its bytes, in round trips: (seconds − max(sent, received) ×
