@@ -197,12 +197,14 @@ TEST(IslandsTest, SixteenIslandsAreSetUpCarryFlowsAtOnceAndAreTornDownCleanly) {
     EXPECT_EQ(namespaces.size(), 16u);
     std::vector<std::pair<size_t, size_t>> ring;
     for (size_t i = 0; i < 16; ++i) ring.emplace_back(i, (i + 1) % 16);
-    const auto flows = measure_links(islands, ring, 1 << 20, 5);
+    // 8 MB a flow: the rate is timed over the last 6 MB, of which tbf's 96 KiB burst can pass
+    // at once (1.6%; with 1 MB flows a fresh run measured 3.4-4.9% over the rate).
+    const auto flows = measure_links(islands, ring, 8 << 20, 5);
     ASSERT_EQ(flows.size(), 16u);
     for (size_t i = 0; i < flows.size(); ++i) {
       EXPECT_NEAR(flows[i].round_trip_s, 0.020, 0.015) << "flow " << i;
       EXPECT_GT(flows[i].rate_bps, 0) << "flow " << i;
-      EXPECT_LT(flows[i].rate_bps, link.rate_bps * 1.01) << "flow " << i << " faster than its link: not shaped";
+      EXPECT_LT(flows[i].rate_bps, link.rate_bps * 1.03) << "flow " << i << " faster than its link: not shaped";
     }
     EXPECT_EQ(islands.relay_error(), "");
   }
