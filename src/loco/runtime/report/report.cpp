@@ -50,13 +50,22 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+using SyncKey = std::tuple<int64_t, int64_t, int64_t>;  // worker, step, fragment
+
 // round_trips_beyond's median over the syncs with a link rate and a measured round trip; NaN
-// without any.
-double median_round_trips_beyond(const std::vector<SyncTiming>& syncs) {
+// without any. With `baseline` (the same syncs' seconds in another run), what each took beyond
+// its bytes and beyond its baseline; syncs without one are left out.
+double median_round_trips_beyond(const std::vector<SyncTiming>& syncs, const std::map<SyncKey, double>* baseline = nullptr) {
   std::vector<double> beyond;
   for (const auto& s : syncs) {
     if (std::isnan(s.rate_bps) || s.round_trip_s <= 0) continue;
-    beyond.push_back(round_trips_beyond(s.seconds, s.bytes, s.bytes, s.rate_bps, s.round_trip_s));
+    double seconds = s.seconds;
+    if (baseline != nullptr) {
+      const auto same = baseline->find({s.worker, s.step, s.fragment});
+      if (same == baseline->end()) continue;
+      seconds -= same->second;
+    }
+    beyond.push_back(round_trips_beyond(seconds, s.bytes, s.bytes, s.rate_bps, s.round_trip_s));
   }
   return median(beyond);
 }
@@ -250,15 +259,9 @@ void set_goodput(RunReport& run, const RunReport& ideal) {
   for (size_t i = 0; i < run.worker_wall_s.size() && i < ideal.worker_wall_s.size(); ++i) {
     run.worker_goodput.push_back(run.worker_wall_s[i] > 0 ? ideal.worker_wall_s[i] / run.worker_wall_s[i] : NAN);
   }
-  std::map<std::tuple<int64_t, int64_t, int64_t>, double> ideal_seconds;
+  std::map<SyncKey, double> ideal_seconds;
   for (const auto& s : ideal.syncs) ideal_seconds[{s.worker, s.step, s.fragment}] = s.seconds;
-  std::vector<double> beyond;
-  for (const auto& s : run.syncs) {
-    const auto same = ideal_seconds.find({s.worker, s.step, s.fragment});
-    if (same == ideal_seconds.end() || std::isnan(s.rate_bps) || s.round_trip_s <= 0) continue;
-    beyond.push_back(round_trips_beyond(s.seconds - same->second, s.bytes, s.bytes, s.rate_bps, s.round_trip_s));
-  }
-  run.round_trips_beyond_ideal = median(beyond);
+  run.round_trips_beyond_ideal = median_round_trips_beyond(run.syncs, &ideal_seconds);
 }
 
 RunReport report_from_json(const nlohmann::json& j, const std::string& where) {

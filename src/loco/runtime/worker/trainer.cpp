@@ -252,8 +252,8 @@ void TrainingLoop::announce() {
       threads_, sync_.name()));
   if (resumed_) progress_->message(fmt::format("{}resumed from {} at step {}", who_, resumed_->dir.string(), step_));
   if (emulated_) {
-    progress_->message(fmt::format("{}compute EMULATED (train.emulated_step_s): each step waits {:g} s, then moves every "
-                                   "parameter along a fixed random direction; no loss, no evaluation, no checkpoint",
+    progress_->message(fmt::format("{}compute EMULATED (train.emulated_step_s): each step waits {:g} s, then moves the "
+                                   "parameters along a fixed random direction; no loss, no evaluation, no checkpoint",
                                    who_, emulated_->step_s()));
   }
   if (!resumed_ && !config_.train.init_from.empty()) {
