@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,10 +36,12 @@ inline int decode_status(int raw) {
 
 class Child {
  public:
-  // Starts argv[0] with its output redirected to `log_path`.
-  Child(const std::vector<std::string>& argv, const std::string& log_path) {
+  // Starts argv[0] with its output redirected to `log_path`; in the network namespace `netns_fd`
+  // (an emulated island's, runtime/launch/islands.h) when one is given.
+  Child(const std::vector<std::string>& argv, const std::string& log_path, int netns_fd = -1) {
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) ::_exit(126);
       int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -161,6 +162,26 @@ TEST(IslandsTest, RoundTripIsTwiceTheDelayAndASlowIslandIsSlowToEveryone) {
   const auto slow = measure_link(islands, 2, 0, 2 << 20);
   EXPECT_NEAR(slow.round_trip_s, 0.200, 0.020);
   EXPECT_NEAR(slow.rate_bps, 5e6, 0.5e6);
+}
+
+// A cut link carries nothing, silently (the chaos soak's island outage): a transfer started while
+// island 1 is cut waits, and completes once the link is restored.
+TEST(IslandsTest, ACutLinkCarriesNothingUntilItIsRestored) {
+  LOCO_NEEDS_ROOT();
+  Islands islands({LinkSpec::parse("delay=5ms"), LinkSpec::parse("delay=5ms")});
+  islands.set_cut(1, true);
+  EXPECT_TRUE(islands.cut(1));
+  auto transfer = std::async(std::launch::async, [&] { return measure_link(islands, 0, 1, 1 << 20, 2); });
+  EXPECT_EQ(transfer.wait_for(2s), std::future_status::timeout) << "a transfer crossed a cut link";
+  const int64_t cut = islands.frames_cut();
+  EXPECT_GT(cut, 0) << "the connection's SYNs were not dropped";
+  EXPECT_EQ(islands.frames_relayed(), 0);
+  islands.set_cut(1, false);
+  ASSERT_EQ(transfer.wait_for(30s), std::future_status::ready) << "the transfer did not resume after the link was restored";
+  const auto m = transfer.get();
+  EXPECT_GT(m.rate_bps, 0);
+  EXPECT_GT(islands.frames_relayed(), 0);
+  EXPECT_EQ(islands.frames_cut(), cut) << "frames were dropped after the link was restored";
 }
 
 TEST(IslandsTest, NamespacesGoWithTheirDescriptorsAndSpawnedProcessesLiveInThem) {

@@ -164,7 +164,8 @@ void check_network_privileges() {
                                   net_admin ? "CAP_SYS_ADMIN" : sys_admin ? "CAP_NET_ADMIN" : "both"));
 }
 
-Islands::Islands(const std::vector<LinkSpec>& links) : links_(links) {
+Islands::Islands(const std::vector<LinkSpec>& links)
+    : links_(links), cut_(std::make_unique<std::atomic<bool>[]>(links.size())) {
   LOCO_CHECK(!links_.empty() && links_.size() < 65000, "islands: {} links", links_.size());
   check_network_privileges();
   std::vector<double> cores;
@@ -324,6 +325,11 @@ int64_t Islands::held_limit(size_t island) const {
 // receive stamp, then sent out of the destination's hub end (through its tbf). A min-heap by due
 // time keeps each pair's order (equal delays, increasing arrival) and lets a short delay overtake a
 // long one, as on separate links.
+void Islands::set_cut(size_t island, bool cut) {
+  LOCO_CHECK(island < links_.size(), "islands: no island {}", island);
+  cut_[island] = cut;
+}
+
 void Islands::relay() {
   // The links should not slow down when training keeps every core busy: the relay runs ahead of
   // ordinary threads where it may (as root it may; without, it keeps its priority).
@@ -347,6 +353,10 @@ void Islands::relay() {
   // struct virtio_net_hdr (linux/virtio_net.h, which C++ cannot include: a member is named `class`).
   constexpr size_t kHeader = 10;
   const auto send_frame = [&](const Frame& frame) {
+    if (cut_[frame.from] || cut_[frame.to]) {
+      ++frames_cut_;
+      return;
+    }
     record_max(relay_late_s_, std::chrono::duration<double>(Clock::now() - frame.due).count());
     if (::send(sockets_[frame.to], frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) < 0) ++frames_dropped_;
     else ++frames_relayed_;
@@ -390,6 +400,10 @@ void Islands::relay() {
         record_max(relay_backlog_s_, std::chrono::duration<double>(now - arrived).count());
         const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kHeader);
         const auto hold = [&](size_t to) {
+          if (cut_[from] || cut_[to]) {
+            ++frames_cut_;
+            return;
+          }
           const double delay = (links_[from].delay_s + links_[to].delay_s) / 2;
           Frame frame{arrived + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)), sequence++,
                       from, to, std::string(buffer.data(), static_cast<size_t>(n))};

@@ -65,6 +65,12 @@ class Islands {
   // for its delay from its arrival all the same), and the latest it left after it was due.
   double relay_backlog_s() const { return relay_backlog_s_.load(); }
   double relay_late_s() const { return relay_late_s_.load(); }
+  // Cuts an island's link, as a pulled cable or a failed route would: from then on every frame to
+  // or from it is dropped (counted in frames_cut, not frames_dropped), the frames already held for
+  // their delay included, until it is restored. Its sockets see nothing: no reset, no error.
+  void set_cut(size_t island, bool cut);
+  bool cut(size_t island) const { return cut_[island].load(); }
+  int64_t frames_cut() const { return frames_cut_.load(); }
   // Why the relay stopped carrying frames ("" while it runs): the links are down from then on.
   std::string relay_error() const;
 
@@ -83,7 +89,8 @@ class Islands {
   std::vector<int> sockets_;   // the relay's packet sockets, one per island's hub end
   int wake_fd_ = -1;           // an eventfd that stops the relay
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> frames_relayed_{0}, frames_dropped_{0};
+  std::atomic<int64_t> frames_relayed_{0}, frames_dropped_{0}, frames_cut_{0};
+  std::unique_ptr<std::atomic<bool>[]> cut_;  // one per island: set_cut
   std::atomic<double> relay_backlog_s_{0}, relay_late_s_{0};
   mutable std::mutex error_mutex_;
   std::string relay_error_;
