@@ -54,7 +54,14 @@ class CoordinatorLost : public MembershipEnded {
 // A PeerError: the collective it interrupts cannot complete, and the loop saves its state.
 class RunStopping : public PeerError {
  public:
-  explicit RunStopping(std::string_view message) : PeerError("membership", message) {}
+  // `completed`: the run's training is complete (a member that asks for a round after the last one,
+  // such as a replacement that joined in the last round), so this member ends finished.
+  explicit RunStopping(std::string_view message, bool completed = false)
+      : PeerError("membership", message), completed_(completed) {}
+  bool completed() const { return completed_; }
+
+ private:
+  bool completed_;
 };
 
 struct RoundPlan {

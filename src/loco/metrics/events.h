@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -47,7 +48,7 @@ struct TrainSummary {
   int64_t first_step = 0;  // 0, or the step resumed from
   int64_t steps = 0;       // steps completed in total
   int64_t tokens = 0;
-  double val_loss = 0, val_ppl = 0;
+  double val_loss = NAN, val_ppl = NAN;  // NaN: not evaluated in this process
   double val_unigram_entropy = 0;  // of the dataset, for comparison
   double wall_s = 0;
   bool interrupted = false;     // stopped early (a signal, or the run stopping); a checkpoint was saved
@@ -105,7 +106,7 @@ struct SyncEvent {
 struct EvalEvent {
   WorkerId worker;
   int64_t step = 0;
-  double val_loss = 0, val_ppl = 0;
+  double val_loss = NAN, val_ppl = NAN;  // NaN: not evaluated in this process
   int64_t tokens = 0;  // scored
 };
 

@@ -773,6 +773,33 @@ TEST(Coordinator, AWaitingWorkerContinuesARunWhoseLastMemberDied) {
   EXPECT_TRUE(client.heartbeat({replacement.member, 0}).member);
 }
 
+// A member that ends "stopped" after the last round was done (a replacement that joined in the run's
+// last round, with nothing left to train) does not make a completed run a stopped one: the chaos
+// soak saw `loco coordinator` exit 130 on a run it had completed.
+TEST(Coordinator, ACompletedRunIsFinishedThoughALateMemberStopped) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  config.train.steps = 5;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  auto request = join_request(config);
+  const auto a = client.join(request);
+  request.name = "b";
+  const auto b = client.join(request);
+  ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning);
+  // The one round, at step 5 of 5: both arrive, it goes, both report it done.
+  EXPECT_EQ(client.round({a.member, 1, -1, 5, {0, 7}}).action, protocol::RoundAction::kWait);
+  const auto go = client.round({b.member, 1, -1, 5, {0, 8}});
+  ASSERT_EQ(go.action, protocol::RoundAction::kGo);
+  client.round_done({a.member, 1, go.epoch, 5, 0x1234});
+  client.round_done({b.member, 1, go.epoch, 5, 0x1234});
+  client.report_done({a.rank, protocol::EndStatus::kFinished, "", {{"steps", 5}}, a.member});
+  client.report_done({b.rank, protocol::EndStatus::kStopped, "", {{"steps", 5}}, b.member});
+  auto result = running.coordinator.wait_for(5s);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, RunOutcome::kFinished);
+}
+
 // A state file that is not one is named, and nothing is overwritten.
 TEST(Coordinator, AMalformedStateFileIsNamed) {
   testing_util::TempDir run;

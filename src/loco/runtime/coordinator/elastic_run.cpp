@@ -363,9 +363,12 @@ CoordinatorResult ElasticRun::result() const {
     result.summaries.push_back(metrics::summary_from_json(m.summary));
     if (m.status == protocol::EndStatus::kStopped) any_stopped = true;
   }
-  result.outcome = status_.phase() == Phase::kFailed     ? RunOutcome::kFailed
-                   : any_stopped || status_.stopping()   ? RunOutcome::kStopped
-                                                         : RunOutcome::kFinished;
+  // A run whose every round was done is finished, though a member ended "stopped": a replacement
+  // that joined in the last round had nothing left to train (the chaos soak's coordinator exited
+  // 130 on a completed run when one did).
+  result.outcome = status_.phase() == Phase::kFailed                                      ? RunOutcome::kFailed
+                   : !table_.training_complete() && (any_stopped || status_.stopping()) ? RunOutcome::kStopped
+                                                                                          : RunOutcome::kFinished;
   return result;
 }
 

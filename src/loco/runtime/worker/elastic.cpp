@@ -104,7 +104,7 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
     switch (reply.action) {
       case RoundAction::kRejoin: throw algorithms::Evicted(reply.reason);
       case RoundAction::kStop: throw algorithms::RunStopping(reply.reason.empty() ? "the run is stopping" : reply.reason);
-      case RoundAction::kFinished: throw algorithms::RunStopping("training completed");
+      case RoundAction::kFinished: throw algorithms::RunStopping("the run's training completed", /*completed=*/true);
       case RoundAction::kRestore: {
         data::SamplerPosition position;
         for (const auto& task : reply.tasks) {

@@ -132,6 +132,7 @@ class TrainingLoop {
   bool stopped_ = false, ended_ = false, eval_due_ = false, checkpoint_current_ = false;
   std::optional<PeerError> peer_failure_;
   bool peer_stopping_ = false;  // the failure was the run stopping (algorithms::RunStopping)
+  bool run_completed_ = false;  // ... because its training completed: this member ends finished
 
   // Since the last `train` event, and for compute utilization: the inner steps' wall time
   // (evaluation and checkpoints excluded) and the part of it spent inside the sync hooks.
@@ -384,7 +385,9 @@ bool TrainingLoop::run_hook(Hook&& hook) {
     for (const auto& report : hook()) record_sync(report);
   } catch (const PeerError& e) {
     peer_failure_ = e;
-    peer_stopping_ = dynamic_cast<const algorithms::RunStopping*>(&e) != nullptr;
+    const auto* stopping = dynamic_cast<const algorithms::RunStopping*>(&e);
+    peer_stopping_ = stopping != nullptr;
+    run_completed_ = stopping != nullptr && stopping->completed();
   }
   doing(metrics::Activity::kTraining);
   hooks_s_ += seconds_since(start);
@@ -533,7 +536,7 @@ TrainSummary TrainingLoop::finish() {
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure_->what(), step_,
                                          store_->root().string()));
   }
-  summary_.interrupted = (stopped_ || peer_failure_) && step_ < config_.train.steps;
+  summary_.interrupted = (stopped_ || (peer_failure_ && !run_completed_)) && step_ < config_.train.steps;
   if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score() && !emulated_) last_eval_ = score();
   summary_.compute_utilization = compute_share();
   summary_.compute_s = std::max(0.0, steps_s_ - hooks_s_);

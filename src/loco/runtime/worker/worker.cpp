@@ -285,8 +285,8 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
       continue;
     } catch (const algorithms::RunStopping& e) {
       say(fmt::format("{}: {}", who, e.what()));
-      summary.interrupted = true;
-      report_done(protocol::EndStatus::kStopped, "");
+      summary.interrupted = !e.completed();
+      report_done(e.completed() ? protocol::EndStatus::kFinished : protocol::EndStatus::kStopped, "");
       return summary;
     } catch (const algorithms::CoordinatorLost& e) {
       const RunFolder run(config.run.dir);
