@@ -1,0 +1,518 @@
+// The chaos soak (issue #48; docs/failure-model.md, "The chaos soak"): one elastic DiLoCo run of
+// `loco coordinator` and 4 `loco worker`s, each process on an emulated island of its own (a real
+// network namespace, runtime/launch/islands.h), while faults drawn at random hit it one after another:
+//   kill-worker         SIGKILL of a random member
+//   freeze-worker       SIGSTOP of a member for 1-6 s (past cluster.dead_after_s about half the time)
+//   kill-coordinator    SIGKILL of the coordinator, restarted 1-3 s later with the same command
+//   freeze-coordinator  SIGSTOP of the coordinator for 0.5-2.5 s
+//   cut-link            a worker's island link cut for 1-8 s (every frame to or from it dropped)
+//   fill-disk           a slot's folder (RUN/slots/<k>, a tmpfs of its own) filled for 3-10 s
+// A supervisor keeps 4 worker processes: one that exits (killed, evicted, failed on the full disk)
+// is replaced by a new `loco worker` on its island, which joins the run. At the end: the run
+// completed, every round completed once with one θ on all its participants, every metrics line
+// parses and no round, sync or checkpoint is recorded twice, the global checkpoints load, and the
+// final validation loss is within 0.05 nat of the same run without faults.
+//
+// The suite runs a short version (600 steps, about 2 minutes); bench/chaos-soak.sh runs it for 20 minutes and
+// more with these variables: LOCO_SOAK_STEPS (the run's steps), LOCO_SOAK_GAP_S (the mean pause
+// between faults), LOCO_SOAK_MIN_FAULTS, LOCO_SOAK_MIN_S (the least duration of the faulted run),
+// LOCO_SOAK_DEADLINE_S (the most), LOCO_SOAK_DATA (a prepared dataset instead of the tiny
+// corpus), LOCO_SOAK_SEED, LOCO_SOAK_SUMMARY (a JSON summary is written there) and LOCO_SOAK_LOG
+// (the fault log is copied there).
+#include <gtest/gtest.h>
+
+#include <sched.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "cli_util.h"
+#include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
+#include "loco/runtime/launch/islands.h"
+#include "loco/runtime/store/checkpoint.h"
+#include "process_util.h"
+#include "test_util.h"
+
+namespace loco::soak_test {  // its own namespace: unity builds compile it with chaos_test.cpp
+namespace {
+
+namespace fs = std::filesystem;
+using testing_util::Child;
+using testing_util::TempDir;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWorkers = 4;
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::stoll(v) : fallback;
+}
+double env_double(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::stod(v) : fallback;
+}
+
+bool privileged() {
+  try {
+    runtime::check_network_privileges();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// A small tmpfs mounted at `dir` (created), unmounted when this goes.
+class SmallDisk {
+ public:
+  SmallDisk(fs::path dir, int64_t megabytes) : dir_(std::move(dir)) {
+    fs::create_directories(dir_);
+    const auto options = fmt::format("size={}m,mode=0755", megabytes);
+    if (::mount("loco-soak", dir_.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+      throw std::runtime_error(fmt::format("mount tmpfs at {}: {}", dir_.string(), std::strerror(errno)));
+    }
+  }
+  ~SmallDisk() { ::umount2(dir_.c_str(), MNT_DETACH); }
+  // Fills what is free with one file; returns the bytes written.
+  int64_t fill() {
+    std::FILE* f = std::fopen((dir_ / ".soak-fill").c_str(), "wb");
+    if (f == nullptr) return 0;
+    std::vector<char> block(1 << 20, 0);
+    int64_t written = 0;
+    for (;;) {
+      const size_t n = std::fwrite(block.data(), 1, block.size(), f);
+      written += static_cast<int64_t>(n);
+      if (n < block.size() || std::fflush(f) != 0) break;
+    }
+    std::fclose(f);
+    return written;
+  }
+  void free() { fs::remove(dir_ / ".soak-fill"); }
+
+ private:
+  fs::path dir_;
+};
+
+class ChaosSoak : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* data = std::getenv("LOCO_SOAK_DATA"); data != nullptr && *data != '\0') {
+      data_ = fs::absolute(data);
+    } else {
+      data_ = dir_.path() / "data";
+      ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_.path(), data_));
+    }
+    steps_ = env_int("LOCO_SOAK_STEPS", 600);
+    ASSERT_EQ(steps_ % 40, 0) << "LOCO_SOAK_STEPS: a multiple of 40 (H = 10, evaluated every quarter)";
+    std::ofstream(config()) << fmt::format(R"([model]
+context = 32
+layers = 2
+width = 32
+heads = 2
+[optim]
+lr = 0.0005
+warmup_steps = 20
+[train]
+steps = {}
+batch_size = 4
+device = "cpu"
+threads = 1
+log_every = 50
+seed = {}
+[eval]
+every = {}
+windows = 128
+[checkpoint]
+keep = 2
+[sync]
+algorithm = "diloco"
+inner_steps = 10
+[cluster]
+workers = {}
+elastic = true
+heartbeat_s = 0.5
+dead_after_s = 3
+timeout_s = 30
+join_timeout_s = 120
+connect_timeout_s = 30
+coordinator_timeout_s = 30
+)",
+                                           steps_, env_int("LOCO_SOAK_SEED", 1), steps_ / 4, kWorkers);
+  }
+  void TearDown() override {
+    EXPECT_TRUE(testing_util::processes_mentioning(dir_.path().string()).empty()) << "a loco process outlived the soak";
+  }
+
+  fs::path config() const { return dir_.path() / "soak.toml"; }
+  fs::path run(const std::string& name) const { return dir_.path() / name; }
+  std::string log(const std::string& name) const { return (dir_.path() / (name + ".log")).string(); }
+  std::vector<std::string> common(const std::string& name) const {
+    return {"--config", config().string(), "--data.dir=" + data_.string(), "--run.dir=" + run(name).string()};
+  }
+  // Every line of the run's metrics.jsonl, each of which must parse.
+  std::vector<nlohmann::json> lines(const std::string& name) const {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(run(name) / "metrics.jsonl");
+    int64_t number = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++number;
+      try {
+        out.push_back(nlohmann::json::parse(line));
+      } catch (const nlohmann::json::exception& e) {
+        ADD_FAILURE() << "metrics.jsonl line " << number << " does not parse: " << line.substr(0, 200);
+      }
+    }
+    return out;
+  }
+  static std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& all, const std::string& kind) {
+    std::vector<nlohmann::json> out;
+    for (const auto& e : all) {
+      if (e.value("event", "") == kind) out.push_back(e);
+    }
+    return out;
+  }
+  double final_val_loss(const std::vector<nlohmann::json>& all) const {
+    double loss = NAN;
+    for (const auto& e : of_kind(all, "eval")) {
+      if (e["step"] == steps_ && e["val_loss"].is_number()) loss = e["val_loss"].get<double>();
+    }
+    return loss;
+  }
+
+  TempDir dir_;
+  fs::path data_;
+  int64_t steps_ = 0;
+};
+
+nlohmann::json elastic_state(runtime::CoordinatorClient& client) {
+  try {
+    auto [status, body] = client.request("GET", "/v1/state", "", 2s);
+    if (status == 200) return nlohmann::json::parse(body)["elastic"];
+  } catch (const std::exception&) {
+  }
+  return nlohmann::json::object();
+}
+
+pid_t pid_of(const nlohmann::json& member) {
+  const auto name = member["name"].get<std::string>();
+  return static_cast<pid_t>(std::stol(name.substr(name.rfind(':') + 1)));
+}
+
+TEST_F(ChaosSoak, RandomFaultsForMinutesLoseNothing) {
+  if (!privileged()) GTEST_SKIP() << "needs root (network namespaces for the islands, tmpfs for the full disks)";
+  static constexpr const char* kToken = "5f0c3e8a1b7d24969e0a4c6b2f1d8e37";  // the islands' run is not on loopback
+  struct Token {
+    Token() { ::setenv("LOCO_JOIN_TOKEN", kToken, 1); }
+    ~Token() { ::unsetenv("LOCO_JOIN_TOKEN"); }
+  } token;
+
+  // The same run without faults (one machine, `loco launch`): the reference loss.
+  const auto calm_start = Clock::now();
+  auto calm = testing_util::run_command([&] {
+    std::vector<std::string> args = {testing_util::loco_binary(), "launch"};
+    for (auto& a : common("calm")) args.push_back(a);
+    return args;
+  }(), log("calm"), std::chrono::seconds(120 + steps_));
+  ASSERT_EQ(calm.status, 0) << calm.output;
+  const double calm_s = std::chrono::duration<double>(Clock::now() - calm_start).count();
+  const double calm_loss = final_val_loss(lines("calm"));
+  ASSERT_TRUE(std::isfinite(calm_loss));
+  std::printf("soak: the run without faults took %.0f s, final val_loss %.4f\n", calm_s, calm_loss);
+
+  // Islands: 0 the coordinator, 1..4 the workers' places, 5 this test's own (it polls the coordinator).
+  std::vector<runtime::LinkSpec> links(kWorkers + 2, runtime::LinkSpec::parse("delay=2ms"));
+  runtime::Islands islands(links);
+  const size_t observer = kWorkers + 1;
+  islands.enter(observer);
+  struct Leave {
+    runtime::Islands& islands;
+    ~Leave() { islands.leave(); }
+  } leave{islands};
+  const int port = testing_util::free_port();
+  const std::string address = fmt::format("{}:{}", islands.address(0), port);
+
+  const unsigned seed = env_int("LOCO_SOAK_SEED", 0) != 0 ? static_cast<unsigned>(env_int("LOCO_SOAK_SEED", 0)) : std::random_device()();
+  std::mt19937 random(seed);
+  SCOPED_TRACE(fmt::format("soak seed {}", seed));
+  auto uniform = [&](double low, double high) { return std::uniform_real_distribution<double>(low, high)(random); };
+  const double gap_s = env_double("LOCO_SOAK_GAP_S", 1.0);
+  const auto start = Clock::now();
+  // CTest gives a test 300 s: the suite's version must end well within them.
+  const auto deadline = start + std::chrono::seconds(env_int("LOCO_SOAK_DEADLINE_S", 200));
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+
+  std::ofstream fault_log(log("faults"));
+  auto note = [&](const std::string& text) {
+    fault_log << fmt::format("{:8.1f} s  {}\n", elapsed(), text) << std::flush;
+  };
+
+  int coordinators = 0;
+  auto start_coordinator = [&] {
+    std::vector<std::string> a = {testing_util::loco_binary(), "coordinator", "--port", std::to_string(port), "--bind",
+                                  islands.address(0)};
+    for (auto& c : common("chaos")) a.push_back(c);
+    return std::make_unique<Child>(a, log(fmt::format("coordinator-{}", coordinators++)), islands.netns_fd(0));
+  };
+  auto coordinator = start_coordinator();
+  runtime::CoordinatorClient client(address, 5s, runtime::ClientSecurity{kToken});
+  for (const auto up = Clock::now() + 60s; elastic_state(client).empty() && Clock::now() < up;) std::this_thread::sleep_for(100ms);
+  ASSERT_FALSE(elastic_state(client).empty()) << read_file(log("coordinator-0"), "test");
+
+  // Each slot's inner state on a disk of its own, small enough to fill; mounted in a mount
+  // namespace of this thread's (and the processes it starts), so that nothing outlives the test.
+  if (::unshare(CLONE_NEWNS) == 0) ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+  std::vector<std::unique_ptr<SmallDisk>> disks;
+  for (int k = 0; k < kWorkers; ++k) disks.push_back(std::make_unique<SmallDisk>(run("chaos") / "slots" / std::to_string(k), 64));
+
+  // The supervisor: a worker process per place; one that exits is replaced.
+  struct Place {
+    std::unique_ptr<Child> child;
+    std::string name;
+    double started_s = 0;
+  };
+  std::vector<Place> places(kWorkers);
+  std::map<std::string, int> exits;  // "status N" -> how many
+  int started = 0;
+  bool run_over = false;
+  auto start_worker = [&](size_t place) {
+    std::vector<std::string> a = {testing_util::loco_binary(), "worker", "--coordinator", address};
+    for (auto& c : common("chaos")) a.push_back(c);
+    places[place].name = fmt::format("worker-{}", started++);
+    places[place].child = std::make_unique<Child>(a, log(places[place].name), islands.netns_fd(place + 1));
+    places[place].started_s = elapsed();
+  };
+  for (size_t p = 0; p < places.size(); ++p) start_worker(p);
+  nlohmann::json exit_reasons = nlohmann::json::array();
+  auto supervise = [&] {
+    for (size_t p = 0; p < places.size(); ++p) {
+      if (!places[p].child) continue;
+      const int status = places[p].child->wait(0s);
+      if (status < 0) continue;
+      ++exits[fmt::format("status {}", status)];
+      std::string why;
+      if (status != 0 && status != 128 + SIGKILL) {  // what it said last
+        const auto text = read_file(log(places[p].name), "test");
+        const auto error = text.rfind("error:");
+        why = error == std::string::npos ? text.substr(text.size() - std::min<size_t>(text.size(), 300))
+                                         : text.substr(error, text.find('\n', error) - error);
+        exit_reasons.push_back({{"worker", places[p].name}, {"status", status}, {"said", why}});
+      }
+      note(fmt::format("{} (island {}) exited with status {}{}", places[p].name, p + 1, status, why.empty() ? "" : ": " + why));
+      places[p].child.reset();
+      if (!run_over && status != 0) {  // status 0: it finished the run
+        start_worker(p);
+        note(fmt::format("{} started on island {}", places[p].name, p + 1));
+      }
+    }
+  };
+  // Waits `seconds`, supervising; false once the run is over (the coordinator exited: 0 when the
+  // run completed; anything else is a failure of the run, which the soak does not mend).
+  int coordinator_status = -1;
+  auto pause = [&](double seconds) {
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    while (Clock::now() < until) {
+      supervise();
+      if (coordinator && (coordinator_status = coordinator->wait(0s)) >= 0) {
+        note(fmt::format("the coordinator exited with status {}", coordinator_status));
+        run_over = true;
+      }
+      if (run_over) return false;
+      std::this_thread::sleep_for(50ms);
+    }
+    return true;
+  };
+  auto member_pid = [&]() -> std::pair<pid_t, size_t> {  // a random active member and its place
+    const auto s = elastic_state(client);
+    std::vector<std::pair<pid_t, size_t>> active;
+    for (const auto& m : s.value("members", nlohmann::json::array())) {
+      if (m["state"] != "active") continue;
+      const pid_t pid = pid_of(m);
+      for (size_t p = 0; p < places.size(); ++p) {
+        if (places[p].child && places[p].child->pid() == pid) active.emplace_back(pid, p);
+      }
+    }
+    if (active.empty()) return {-1, 0};
+    return active[random() % active.size()];
+  };
+
+  std::map<std::string, int> faults;
+  while (elastic_state(client).value("rounds_completed", int64_t{0}) < 3 && Clock::now() < deadline && pause(0.2)) {
+  }
+  const std::vector<std::string> kinds = {"kill-worker", "freeze-worker", "kill-coordinator", "freeze-coordinator", "cut-link",
+                                          "fill-disk"};
+  while (!run_over && Clock::now() < deadline) {
+    if (!pause(uniform(0.3, 2 * gap_s))) break;
+    const auto kind = kinds[random() % kinds.size()];
+    if (kind == "kill-worker" || kind == "freeze-worker") {
+      const auto [pid, place] = member_pid();
+      if (pid < 0) continue;
+      if (kind == "kill-worker") {
+        ::kill(pid, SIGKILL);
+        note(fmt::format("kill-worker: SIGKILL {} (island {})", places[place].name, place + 1));
+      } else {
+        const double d = uniform(1, 6);
+        ::kill(pid, SIGSTOP);
+        note(fmt::format("freeze-worker: SIGSTOP {} (island {}) for {:.1f} s", places[place].name, place + 1, d));
+        pause(d);
+        ::kill(pid, SIGCONT);
+      }
+    } else if (kind == "kill-coordinator") {
+      if (!coordinator) continue;
+      coordinator->signal(SIGKILL);
+      const int status = coordinator->wait(10s);
+      if (status != 128 + SIGKILL) {  // it had exited already
+        coordinator_status = status;
+        run_over = true;
+        break;
+      }
+      const double d = uniform(1, 3);
+      note(fmt::format("kill-coordinator: SIGKILL (status {}), restarted after {:.1f} s", status, d));
+      coordinator.reset();
+      pause(d);
+      coordinator = start_coordinator();
+    } else if (kind == "freeze-coordinator") {
+      if (!coordinator) continue;
+      const double d = uniform(0.5, 2.5);
+      coordinator->signal(SIGSTOP);
+      note(fmt::format("freeze-coordinator: SIGSTOP for {:.1f} s", d));
+      pause(d);
+      coordinator->signal(SIGCONT);
+    } else if (kind == "cut-link") {
+      const size_t place = random() % places.size();
+      const double d = uniform(1, 8);
+      islands.set_cut(place + 1, true);
+      note(fmt::format("cut-link: island {} ({}) cut for {:.1f} s", place + 1, places[place].name, d));
+      pause(d);
+      islands.set_cut(place + 1, false);
+    } else if (kind == "fill-disk") {
+      const size_t k = random() % disks.size();
+      const double d = uniform(3, 10);
+      const int64_t filled = disks[k]->fill();
+      note(fmt::format("fill-disk: slots/{} filled ({} MB) for {:.1f} s", k, filled >> 20, d));
+      pause(d);
+      disks[k]->free();
+    }
+    ++faults[kind];
+  }
+  for (size_t p = 0; p < places.size(); ++p) {
+    if (places[p].child) ::kill(places[p].child->pid(), SIGCONT);
+  }
+  for (size_t i = 0; i + 1 < islands.size(); ++i) islands.set_cut(i, false);
+  for (auto& d : disks) d->free();
+  ASSERT_TRUE(run_over) << "the run did not complete within the soak's deadline";
+  ASSERT_EQ(coordinator_status, 0) << read_file(log(fmt::format("coordinator-{}", coordinators - 1)), "test");
+  const double soak_s = elapsed();
+  note(fmt::format("the run completed after {:.1f} s", soak_s));
+  // The survivors end with the run.
+  int late = 0;
+  for (auto& place : places) {
+    if (!place.child) continue;
+    const int status = place.child->wait(60s);
+    const auto text = read_file(log(place.name), "test");
+    note(fmt::format("{} exited with status {}", place.name, status));
+    // The coordinator ends the run once every member has left: a worker still running then was no
+    // member (declared failed while frozen or cut off, and asking to rejoin; or a replacement
+    // started in the run's last seconds). It cannot tell a coordinator gone with its run from one
+    // that died, and says it cannot reach it (status 2, after cluster.connect_timeout_s or
+    // cluster.coordinator_timeout_s).
+    if (status == 2 && (text.find("cannot reach the coordinator") != std::string::npos ||
+                        text.find("did not answer") != std::string::npos)) {
+      ++late;
+      continue;
+    }
+    EXPECT_EQ(status, 0) << place.name << ": " << text;
+  }
+  coordinator.reset();
+  disks.clear();
+
+  int total = 0;
+  for (const auto& [kind, n] : faults) total += n;
+  const auto all = lines("chaos");
+  const double chaos_loss = final_val_loss(all);
+
+  // Every round completed once, with one θ on all who took part in it.
+  std::map<int64_t, int> completions;
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : of_kind(all, "round_complete")) ++completions[e["round"].get<int64_t>()];
+  const int64_t rounds = steps_ / 10;
+  EXPECT_EQ(static_cast<int64_t>(completions.size()), rounds) << "rounds completed";
+  for (const auto& [round, n] : completions) EXPECT_EQ(n, 1) << "round " << round << " recorded " << n << " times";
+  std::set<std::pair<int64_t, std::string>> syncs;
+  for (const auto& e : of_kind(all, "sync")) {
+    const auto round = e["round"].get<int64_t>();
+    hashes[round].insert(e["params_hash"].get<std::string>());
+    EXPECT_TRUE(syncs.insert({round, e["worker"].dump()}).second) << "a sync recorded twice: " << e.dump();
+  }
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
+  // Every global checkpoint recorded once; the kept ones load, the last at the final step.
+  std::set<int64_t> saved;
+  for (const auto& e : of_kind(all, "checkpoint")) {
+    EXPECT_TRUE(saved.insert(e["step"].get<int64_t>()).second) << "a checkpoint recorded twice: " << e.dump();
+  }
+  runtime::CheckpointStore store(run("chaos") / "checkpoints", 2);
+  ASSERT_FALSE(store.steps().empty());
+  EXPECT_EQ(store.steps().back(), steps_);
+  for (const auto step : store.steps()) {
+    EXPECT_TRUE(saved.count(step)) << "checkpoint of step " << step << " on disk but not in metrics.jsonl";
+    EXPECT_NO_THROW(runtime::load_checkpoint(store.at(step))) << "step " << step;
+  }
+  // A worker exits on its own only when its slot's disk is full (status 1, naming the file); every
+  // other fault is met inside the run.
+  for (const auto& r : exit_reasons) {
+    const auto said = r["said"].get<std::string>();
+    EXPECT_TRUE(r["status"] == 1 && said.find("the disk is full") != std::string::npos) << r.dump();
+  }
+  EXPECT_GE(total, env_int("LOCO_SOAK_MIN_FAULTS", 3));
+  EXPECT_GE(soak_s, static_cast<double>(env_int("LOCO_SOAK_MIN_S", 0))) << "the run ended before the soak's least duration";
+  EXPECT_NEAR(chaos_loss, calm_loss, 0.05) << "calm " << calm_loss << ", chaos " << chaos_loss;
+
+  nlohmann::json summary = {{"seed", seed},
+                            {"steps", steps_},
+                            {"rounds", rounds},
+                            {"soak_s", soak_s},
+                            {"calm_s", calm_s},
+                            {"faults", faults},
+                            {"faults_total", total},
+                            {"worker_exits", exits},
+                            {"worker_exit_reasons", exit_reasons},
+                            {"workers_outside_the_run_at_its_end", late},
+                            {"workers_started", started},
+                            {"coordinators_started", coordinators},
+                            {"failures", of_kind(all, "failure").size()},
+                            {"rounds_retried", of_kind(all, "round_retried").size()},
+                            {"rejoins", of_kind(all, "rejoin").size()},
+                            {"coordinator_restored", of_kind(all, "coordinator_restored").size()},
+                            {"restored_from_checkpoint", of_kind(all, "restored_from_checkpoint").size()},
+                            {"short_handed_rounds", 0},
+                            {"frames_cut", islands.frames_cut()},
+                            {"metrics_lines", all.size()},
+                            {"checkpoints_recorded", saved.size()},
+                            {"calm_val_loss", calm_loss},
+                            {"chaos_val_loss", chaos_loss}};
+  int64_t short_handed = 0;
+  for (const auto& e : of_kind(all, "round_complete")) short_handed += e.value("short_handed", false) ? 1 : 0;
+  summary["short_handed_rounds"] = short_handed;
+  fault_log.close();
+  if (const char* path = std::getenv("LOCO_SOAK_SUMMARY"); path != nullptr && *path != '\0') {
+    std::ofstream(path) << summary.dump(1) << "\n";
+  }
+  if (const char* path = std::getenv("LOCO_SOAK_LOG"); path != nullptr && *path != '\0') {
+    fs::copy_file(log("faults"), path, fs::copy_options::overwrite_existing);
+  }
+  if (HasFailure()) std::printf("the soak's faults:\n%s\n", read_file(log("faults"), "test").c_str());
+  std::printf("soak: %d faults in %.0f s, final val_loss %.4f (without faults %.4f)\n%s\n", total, soak_s, chaos_loss, calm_loss,
+              summary.dump().c_str());
+}
+
+}  // namespace
+}  // namespace loco::soak_test
