@@ -330,6 +330,12 @@ void Islands::set_cut(size_t island, bool cut) {
   cut_[island] = cut;
 }
 
+bool Islands::drops_cut(size_t from, size_t to) {
+  if (!cut_[from] && !cut_[to]) return false;
+  ++frames_cut_;
+  return true;
+}
+
 void Islands::relay() {
   // The links should not slow down when training keeps every core busy: the relay runs ahead of
   // ordinary threads where it may (as root it may; without, it keeps its priority).
@@ -353,10 +359,7 @@ void Islands::relay() {
   // struct virtio_net_hdr (linux/virtio_net.h, which C++ cannot include: a member is named `class`).
   constexpr size_t kHeader = 10;
   const auto send_frame = [&](const Frame& frame) {
-    if (cut_[frame.from] || cut_[frame.to]) {
-      ++frames_cut_;
-      return;
-    }
+    if (drops_cut(frame.from, frame.to)) return;
     record_max(relay_late_s_, std::chrono::duration<double>(Clock::now() - frame.due).count());
     if (::send(sockets_[frame.to], frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) < 0) ++frames_dropped_;
     else ++frames_relayed_;
@@ -400,10 +403,7 @@ void Islands::relay() {
         record_max(relay_backlog_s_, std::chrono::duration<double>(now - arrived).count());
         const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kHeader);
         const auto hold = [&](size_t to) {
-          if (cut_[from] || cut_[to]) {
-            ++frames_cut_;
-            return;
-          }
+          if (drops_cut(from, to)) return;
           const double delay = (links_[from].delay_s + links_[to].delay_s) / 2;
           Frame frame{arrived + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)), sequence++,
                       from, to, std::string(buffer.data(), static_cast<size_t>(n))};

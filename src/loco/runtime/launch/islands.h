@@ -81,6 +81,7 @@ class Islands {
   void set_up_island(size_t island);
   void relay();
   int64_t held_limit(size_t island) const;
+  bool drops_cut(size_t from, size_t to);  // whether a frame between them meets a cut link (counted)
 
   std::vector<LinkSpec> links_;
   std::unique_ptr<CpuShares> cpu_;  // the islands' CPU groups (none without cpu=)
