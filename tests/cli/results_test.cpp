@@ -47,11 +47,15 @@ TEST(BenchResults, TheTokenRichDiPaCoResultsHoldEveryComparisonWithItsInterval) 
   };
   for (const auto& [seed, e] : results.at("seeds").items()) {
     check_scores(e, "seed " + seed);
-    bool against_diloco8 = false;
+    bool against_diloco8 = false, against_wide = false;
     for (const auto& c : e.at("comparisons")) {
-      against_diloco8 = against_diloco8 || (c.at("a") == "dipaco" && c.at("b").get<std::string>().find("diloco-8") != std::string::npos);
+      if (c.at("a") != "dipaco") continue;
+      const auto b = c.at("b").get<std::string>();
+      against_diloco8 = against_diloco8 || b.find("diloco-8-s") != std::string::npos;
+      against_wide = against_wide || b.find("diloco-8-wide") != std::string::npos;
     }
     EXPECT_TRUE(against_diloco8) << "seed " << seed << ": DiPaCo against dense DiLoCo-8";
+    EXPECT_TRUE(against_wide) << "seed " << seed << ": DiPaCo against a dense model of all the modules' size";
   }
   if (results.contains("reroute")) check_scores(results.at("reroute"), "re-routed");
 }
