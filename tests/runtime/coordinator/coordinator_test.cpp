@@ -775,7 +775,8 @@ TEST(Coordinator, AWaitingWorkerContinuesARunWhoseLastMemberDied) {
 
 // A member that ends "stopped" after the last round was done (a replacement that joined in the run's
 // last round, with nothing left to train) does not make a completed run a stopped one: the chaos
-// soak saw `loco coordinator` exit 130 on a run it had completed.
+// soak saw `loco coordinator` exit 130 on a run it had completed. A worker asking to join then is
+// told the training is complete.
 TEST(Coordinator, ACompletedRunIsFinishedThoughALateMemberStopped) {
   testing_util::TempDir run;
   auto config = elastic_config(run, 2, "tok");
@@ -793,6 +794,10 @@ TEST(Coordinator, ACompletedRunIsFinishedThoughALateMemberStopped) {
   ASSERT_EQ(go.action, protocol::RoundAction::kGo);
   client.round_done({a.member, 1, go.epoch, 5, 0x1234});
   client.round_done({b.member, 1, go.epoch, 5, 0x1234});
+  // A worker started now (a replacement too late) is told the training is complete, and not
+  // refused as an error: it ends finished (the soak saw one exit 1).
+  request.name = "late";
+  expect_error<RunComplete>([&] { client.join(request); }, "cannot join: training is complete");
   client.report_done({a.rank, protocol::EndStatus::kFinished, "", {{"steps", 5}}, a.member});
   client.report_done({b.rank, protocol::EndStatus::kStopped, "", {{"steps", 5}}, b.member});
   auto result = running.coordinator.wait_for(5s);

@@ -216,7 +216,7 @@ struct Coordinator::Impl {
     return state;
   }
 
-  // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409); any other
+  // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409; 410 once the training is complete); any other
   // exception is logged and answered 500. The coordinator keeps serving the others either way.
   template <class F>
   HttpServer::Handler guard(F&& handler) {
@@ -230,6 +230,9 @@ struct Coordinator::Impl {
         reply_json(response, {{"error", e.what()}}, 401);
       } catch (const Full& e) {
         reply_json(response, {{"error", e.what()}}, 503);  // asked again until a slot frees: not logged each time
+      } catch (const Completed& e) {
+        log(fmt::format("refused {} from {}: {}", request.path, request.remote_addr, e.what()));
+        reply_json(response, {{"error", e.what()}}, 410);
       } catch (const Refusal& e) {
         log(fmt::format("refused {} from {}: {}", request.path, request.remote_addr, e.what()));
         reply_json(response, {{"error", e.what()}}, 409);

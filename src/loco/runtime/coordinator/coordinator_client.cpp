@@ -107,6 +107,7 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
     auto reply = http_.attempt("POST", "/v1/join", join_request.to_json().dump(), 30s, last_error);
     if (reply) {
       if (reply->first == 200) return protocol::JoinReply::from_json(nlohmann::json::parse(reply->second));
+      if (reply->first == 410) throw RunComplete(error_text(reply->second));
       if (reply->first == 409) throw ConfigError("coordinator", fmt::format("refused to join: {}", error_text(reply->second)));
       if (reply->first == 401) {
         throw ConfigError("coordinator", fmt::format(

@@ -22,6 +22,12 @@ namespace loco::runtime {
 // The coordinator did not answer (refused, reset or timed out) through all of a request's retries.
 using CoordinatorUnreachable = PeerUnreachable;
 
+// The run's training is complete (an elastic run refuses new members then): nothing to train.
+class RunComplete : public Error {
+ public:
+  explicit RunComplete(std::string_view message) : Error("coordinator", message) {}
+};
+
 // How a worker reaches its run's coordinator securely (docs/security.md): the token it was given,
 // else its run folder's (auth::resolve_token); TLS when cluster.tls_ca or cluster.tls_cert is set.
 ClientSecurity client_security(const RunConfig& config);
@@ -39,7 +45,8 @@ class CoordinatorClient {
 
   // Joins the run. Retries while the coordinator cannot be reached, up to the connect timeout
   // (then PeerError: "cannot reach the coordinator at ..."). A refusal throws ConfigError with the
-  // coordinator's reason (a config, dataset or rank that does not fit the run). An elastic run
+  // coordinator's reason (a config, dataset or rank that does not fit the run); RunComplete when
+  // an elastic run's training is already complete. An elastic run
   // whose every slot is held (HTTP 503) is asked again with backoff for `wait_for_slot` (a slot
   // frees when a member fails or leaves; `waiting` is told once), then refused the same way.
   protocol::JoinReply join(const protocol::JoinRequest& request, std::chrono::milliseconds wait_for_slot = {},

@@ -245,6 +245,7 @@ protocol::JoinReply ElasticRun::join(const protocol::JoinRequest& request, const
     throw Full(fmt::format("{} cannot join yet: {}", request.name, why));
   }
   slot_waiters_.erase(request.name);
+  if (!joined && table_.training_complete()) throw Completed(fmt::format("{} cannot join: {}", request.name, why));
   if (!joined) throw Refusal(fmt::format("{} cannot join: {}", request.name, why));
   flush_events();
   if (status_.phase() == Phase::kWaiting && table_.live_members() == workers()) start("");

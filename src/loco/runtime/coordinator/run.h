@@ -32,6 +32,13 @@ class Full : public Refusal {
   using Refusal::Refusal;
 };
 
+// The run's training is complete (HTTP 410): a worker that asks to join it now has nothing to train
+// (a replacement started in the run's last seconds) and ends as finished.
+class Completed : public Refusal {
+ public:
+  using Refusal::Refusal;
+};
+
 // Where the run stands (GET /v1/state). The phase moves only along protocol::legal_transition.
 class RunStatus {
  public:

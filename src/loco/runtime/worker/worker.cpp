@@ -234,8 +234,14 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     request.dataset = protocol::DatasetIdentity::of(dataset.manifest());
     request.resume = options.resume;  // the coordinator decides: it resumes the run or not
     request.shards_hash = assignment_hash(assignment);
-    const auto joined = restarted ? *std::exchange(restarted, std::nullopt)
-                                  : client.join(request, seconds(config.cluster.join_timeout_s), say);
+    protocol::JoinReply joined;
+    try {
+      joined = restarted ? *std::exchange(restarted, std::nullopt)
+                         : client.join(request, seconds(config.cluster.join_timeout_s), say);
+    } catch (const RunComplete& e) {  // started too late (a replacement in the run's last seconds)
+      say(fmt::format("{}; nothing to train: this worker ends", e.what()));
+      return TrainSummary{};
+    }
     const int64_t slot = joined.rank;
     const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
     say(fmt::format("{}: {} the coordinator at {} (run {}){}", who, joined.resume_step ? "resuming with" : "joined",
