@@ -8,6 +8,7 @@
 #
 #   bench/eager.sh [OUT]        OUT defaults to runs/bench-eager; finished runs are kept and skipped
 #   STEPS=600 bench/eager.sh    longer runs (more rounds)
+#   SEEDS="1234 2025" bench/eager.sh   eager's defaults against synchronous DiLoCo, per seed and H (below)
 # Each run takes 30 s (M = 2) to 60 s (M = 4) on 2 cores; the whole sweep about 30 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,37 @@ config=bench/streaming.toml
 loco=${LOCO:-build/loco}
 source bench/common.sh
 prepare
+
+# SEEDS="1234 2025" bench/eager.sh: the check against synchronous DiLoCo instead of the grid: at
+# M = 4, for each seed and each H in HS (default 50 25 10), eager's defaults (outer Nesterov η 0.7,
+# μ 0) against synchronous DiLoCo's (0.7 / 0.9) on the same run; the table, and the results in
+# bench/results/eager-m4.json (RESULTS=... elsewhere).
+if [ -n "${SEEDS:-}" ]; then
+  hs=${HS:-"50 25 10"}
+  for seed in $SEEDS; do
+    for h in $hs; do
+      common=(--cluster.workers=4 --sync.algorithm=diloco --sync.inner_steps="$h" --train.seed="$seed")
+      run "m4-h$h-s$seed-diloco" "${common[@]}"
+      run "m4-h$h-s$seed-eager" "${common[@]}" --sync.eager=true
+    done
+  done
+  for seed in $SEEDS; do for h in $hs; do for method in diloco eager; do
+    "$loco" report "$out/m4-h$h-s$seed-$method" --json |
+      python3 -c 'import json,sys; r=json.load(sys.stdin)[0]; print(json.dumps({"seed": int(sys.argv[1]), "inner_steps": int(sys.argv[2]), "method": sys.argv[3], "val_loss": r["val_loss"], "rounds": r["rounds"], "bytes_sent": r["bytes_sent"]}))' "$seed" "$h" "$method"
+  done; done; done | python3 -c '
+import json, sys
+runs = [json.loads(line) for line in sys.stdin]
+by = {(r["seed"], r["inner_steps"], r["method"]): r["val_loss"] for r in runs}
+print("| H (rounds) | seed | synchronous DiLoCo | eager | eager - synchronous |")
+print("|---|---|---|---|---|")
+for (seed, h, method), loss in sorted(by.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+    if method != "eager": continue
+    sync = by[(seed, h, "diloco")]
+    print(f"| {h} ({'"$steps"' // h}) | {seed} | {sync:.3f} | {loss:.3f} | {loss - sync:+.3f} |")
+json.dump({"workers": 4, "steps": '"$steps"', "config": "bench/streaming.toml", "runs": runs}, open(sys.argv[1], "w"), indent=1)
+' "${RESULTS:-bench/results/eager-m4.json}"
+  exit 0
+fi
 
 for m in $workers; do
   common=(--cluster.workers="$m" --sync.algorithm=diloco --outer.optimizer=nesterov)

@@ -15,7 +15,10 @@
 #   sudo bench/wan-scale.sh [OUT]                  OUT defaults to runs/bench-wan-scale; finished runs are skipped
 #   sudo LINKS="100mbit" bench/wan-scale.sh        some links only (default: 1gbit 300mbit 100mbit)
 #   sudo METHODS="streaming-t5-e3m0" bench/wan-scale.sh
-#   sudo WORKERS=4 RESULTS=bench/results/wan-scale-m4.json bench/wan-scale.sh
+#   sudo WORKERS=4 bench/wan-scale.sh runs/bench-wan-scale-m4     results in bench/results/wan-scale-m4.json
+#   sudo WORKERS=16 MODEL="--model.width=704" bench/wan-scale.sh runs/bench-wan-scale-m16   (51M parameters)
+# Each shaped run's report carries `loco simulate --from-run RUN --fit IDEAL_RUN`'s prediction
+# ("simulated"): the simulator with this machine's costs of a sync fitted on the ideal run.
 # Memory: 8 workers of this model take about 18 GB (each ~2.2 GB: the parameters, the global copy,
 # the outer momentum and Streaming's send and receive buffers); 16 do not fit in 24 GB.
 set -euo pipefail
@@ -25,6 +28,7 @@ links=${LINKS:-"1gbit 300mbit 100mbit"}
 delay=${DELAY:-50ms}
 workers=${WORKERS:-8}
 methods=${METHODS:-"streaming-t5-e3m0 diloco-h50 ddp"}
+read -r -a model <<< "${MODEL:-}"  # overrides of the model's shape
 config=bench/wan-scale.toml
 results=${RESULTS:-bench/results/wan-scale-m$workers.json}
 loco=${LOCO:-build/loco}
@@ -65,10 +69,10 @@ for rate in $links; do mkdir -p "$out/$rate"; done
 for name in $methods; do
   steps=$(method_steps "$name")
   # shellcheck disable=SC2046  # the overrides are words
-  run "ideal/$name" --cluster.workers="$workers" $(overrides "$name")
+  run "ideal/$name" --cluster.workers="$workers" ${model[@]+"${model[@]}"} $(overrides "$name")
   for rate in $links; do
     # shellcheck disable=SC2046
-    run "$rate/$name" --cluster.workers="$workers" --link "rate=$rate,delay=$delay" $(overrides "$name")
+    run "$rate/$name" --cluster.workers="$workers" ${model[@]+"${model[@]}"} --link "rate=$rate,delay=$delay" $(overrides "$name")
   done
 done
 
@@ -84,7 +88,11 @@ mkdir -p "$(dirname "$results")"
       first=0
       ideal=()
       [ "$rate" = ideal ] || ideal=(--ideal "$out/ideal")
-      echo "{\"link\": \"$rate\", \"report\": $("$loco" report "$out/$rate/$name" "${ideal[@]}" --json | tr -d '\n' | sed 's/^\[//; s/\]$//')}"
+      simulated=null
+      if [ "$rate" != ideal ] && finished "$out/ideal/$name"; then
+        simulated=$("$loco" simulate --from-run "$out/$rate/$name" --link "rate=$rate,delay=$delay" --fit "$out/ideal/$name" --json)
+      fi
+      echo "{\"link\": \"$rate\", \"report\": $("$loco" report "$out/$rate/$name" "${ideal[@]}" --json | tr -d '\n' | sed 's/^\[//; s/\]$//'), \"simulated\": $simulated}"
     done
   done
   echo "]}"

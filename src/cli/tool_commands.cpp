@@ -105,6 +105,10 @@ class Simulate : public Command {
     cmd->add_flag("--overlap-backward", request_.overlap_backward, "let exchanges overlap the backward pass (the papers' "
                                                                    "simulators; loco does not)");
     cmd->add_flag("--steady-state", request_.steady_state, "leave out the run's end (its final syncs)");
+    cmd->add_option("--fit", request_.fit_run, "a finished run of the same setup over no emulated link: this machine's own "
+                                               "costs of a sync (the exchange's compute, the training thread's share) and "
+                                               "the time outside the training loop, measured there and added to the "
+                                               "prediction, which then gives the run's wall time too");
     cmd->add_flag("--json", json_, "print the options, the prediction and (with --from-run) the measurement as one JSON "
                                    "object");
     cmd->allow_extras();

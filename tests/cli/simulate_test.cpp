@@ -1,6 +1,7 @@
 // `loco simulate` (runtime/simulate/simulate.h): closed-form cases, the inverse, and the published
 // simulation it imitates (Kale et al. 2025, arXiv 2502.12996, Table 5, which extends the Streaming
 // DiLoCo paper's simulation table with overlapped variants).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -268,12 +269,16 @@ delay = "50ms"
   changed.transport = SimulationOptions::Transport::kGlooRing;
   changed.bucket_bytes = 123;
   changed.step_s = 0.25;
+  changed.exchange_s_per_value = 3e-8;
+  changed.sync_s_per_value = 2e-8;
+  changed.outside_loop_s = 12;
   const auto back = simulation_options_from_json(to_json(changed));
   EXPECT_EQ(to_json(back), to_json(changed));
   EXPECT_TRUE(back.eager && back.overlap_backward && !back.final_sync && back.concurrent_exchanges &&
               back.transport == SimulationOptions::Transport::kGlooRing);
   EXPECT_EQ(back.inner_steps, 7);
   EXPECT_EQ(back.bucket_bytes, 123);
+  EXPECT_EQ(back.outside_loop_s, 12);
   EXPECT_THROW(simulation_options_from_json(nlohmann::json{{"parameters", 1}}), DataError);
 
   // A run's summaries: the slowest worker's step time (the others wait for it), the workers' means.
@@ -290,6 +295,41 @@ delay = "50ms"
   EXPECT_DOUBLE_EQ(m.bytes_sent, 2000);
   EXPECT_EQ(m.workers, 2);
   EXPECT_THROW(measure_run(dir.path() / "nothing"), DataError);
+}
+
+// The machine's costs of a sync, fitted on a run over no link, enter the replay: each sync's share of
+// the training thread before its exchange, the exchange's compute in series with its bytes, and the
+// time outside the loop in the run's wall time.
+TEST(SimulateTest, TheMachinesCostsOfASyncAreFittedOnARunOverNoLinkAndReplayed) {
+  auto o = base(SimulatedAlgorithm::kDiLoCo);  // blocking: each sync adds its costs in full
+  o.steps = 100;
+  MeasuredRun ideal;
+  ideal.syncs = 2;                 // per worker
+  ideal.sync_median_s = 0.4;       // over no link: the exchange's own compute
+  ideal.compute_s = 50;
+  ideal.stall_s = 1;
+  ideal.loop_s = 53;               // 2 s beyond computing and waiting: 1 s of the training thread per sync
+  ideal.wall_s = 60;
+  fit_machine_costs(o, ideal);
+  EXPECT_DOUBLE_EQ(o.exchange_s_per_value * o.parameters, 0.4);
+  EXPECT_DOUBLE_EQ(o.sync_s_per_value * o.parameters, 1.0);
+  EXPECT_DOUBLE_EQ(o.outside_loop_s, 7);
+  const auto plain = [&] {
+    auto p = o;
+    p.exchange_s_per_value = p.sync_s_per_value = p.outside_loop_s = 0;
+    return simulate(p);
+  }();
+  const auto fitted = simulate(o);
+  EXPECT_NEAR(fitted.wall_s, plain.wall_s + 2 * (1.0 + 0.4), 1e-9) << "two syncs, each 1 s + 0.4 s more";
+  EXPECT_NEAR(fitted.run_s, fitted.wall_s + 7, 1e-9);
+  EXPECT_EQ(plain.run_s, plain.wall_s);
+  // Streaming DiLoCo's fragments carry a P-th of the values each.
+  auto streaming = base(SimulatedAlgorithm::kStreaming);
+  streaming.fragments = 4;
+  fit_machine_costs(streaming, ideal);
+  EXPECT_DOUBLE_EQ(streaming.exchange_s_per_value * streaming.parameters / 4, 0.4);
+  ideal.syncs = 0;
+  EXPECT_THROW(fit_machine_costs(o, ideal), DataError) << "a run without timed syncs fits nothing";
 }
 
 // The runs of a file bench/wan.sh wrote, each predicted from its settings and measured step time:
@@ -370,6 +410,50 @@ TEST(SimulateTest, TheCommandPrintsThePredictionAndTheBandwidthNeeded) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("| 100B | Streaming DiLoCo | Douillard T4, Kale T5 | 2.4 / 2.9 (+1) |"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| 1B | DiLoCo | Douillard T4 | 1.4 / 1.7 (+1) | 6.2 / 6.3 |"), std::string::npos) << r.output;
+}
+
+// Held out: the runs at model scale over shaped links (bench/results/wan-scale-m8.json, written by
+// bench/wan-scale.sh; docs/slow-links.md "The simulator, fitted on runs over no link"), each
+// predicted by `loco simulate --from-run RUN --fit IDEAL`: its costs fitted on the same method's
+// run over no link, never on a shaped one. Streaming DiLoCo's runs are within 10% of their wall
+// time. DiLoCo's and DDP's fp32 exchanges of 734 MB take up to twice their bytes plus their
+// compute on this machine's emulated islands (the relay and TCP under a 7-to-1 in-cast, not yet
+// explained), which the simulator does not model: it predicts them fast, and the test says so.
+// A model without communication (the same steps at the same step time, nothing else; or with
+// the fitted costs but no link) is off by more than 10% on at least half of the runs.
+TEST(SimulateTest, FittedOnRunsOverNoLinkPredictsTheShapedRunsAtModelScale) {
+  std::ifstream in(testing_util::source_dir() / "bench/results/wan-scale-m8.json");
+  ASSERT_TRUE(in) << "bench/results/wan-scale-m8.json is missing (bench/wan-scale.sh writes it)";
+  const auto results = nlohmann::json::parse(in);
+  int held_out = 0, streaming = 0, bare_misses = 0, linkless_misses = 0;
+  for (const auto& run : results.at("runs")) {
+    if (!run.contains("simulated") || run.at("simulated").is_null()) continue;
+    const auto name = fmt::format("{} {}", run.at("link").get<std::string>(), run.at("report").at("name").get<std::string>());
+    const auto options = simulation_options_from_json(run.at("simulated").at("options"));
+    const auto measured = measured_run_from_json(run.at("simulated").at("measured"));
+    ASSERT_GT(options.exchange_s_per_value, 0) << name << ": fitted";
+    ASSERT_GT(measured.wall_s, 0) << name;
+    ++held_out;
+    const double ratio = simulate(options).run_s / measured.wall_s;
+    if (options.algorithm == SimulatedAlgorithm::kStreaming) {
+      ++streaming;
+      EXPECT_NEAR(ratio, 1.0, 0.10) << name;
+    } else {
+      EXPECT_LT(ratio, 0.90) << name << ": the simulator does not model the emulator's slow fp32 in-cast; if it now "
+                                        "predicts this run, say so in docs/slow-links.md";
+    }
+    auto linkless = options;  // the machine's costs, no link
+    linkless.bandwidth_bps = 1e14;
+    linkless.latency_s = 0;
+    if (std::abs(simulate(linkless).run_s / measured.wall_s - 1) > 0.10) ++linkless_misses;
+    if (std::abs(static_cast<double>(options.steps) * options.step_s / measured.wall_s - 1) > 0.10) ++bare_misses;
+    fmt::print("{}: predicted / measured wall time {:.3f}; no link {:.3f}; compute alone {:.3f}\n", name, ratio,
+               simulate(linkless).run_s / measured.wall_s, static_cast<double>(options.steps) * options.step_s / measured.wall_s);
+  }
+  EXPECT_EQ(held_out, 8);
+  EXPECT_EQ(streaming, 4);
+  EXPECT_GE(2 * bare_misses, held_out) << "compute alone misses at least half";
+  EXPECT_GE(2 * linkless_misses, held_out) << "no link misses at least half";
 }
 
 }  // namespace

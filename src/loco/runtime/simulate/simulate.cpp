@@ -43,6 +43,9 @@ void SimulationOptions::validate() const {
   if (!(latency_s >= 0)) fail(fmt::format("the latency must be >= 0, got {}", latency_s));
   if (steps < 0) fail(fmt::format("steps must be >= 0, got {}", steps));
   if (!route.empty() && route != "gather" && route != "scatter") fail(fmt::format("route must be gather, scatter or empty, got '{}'", route));
+  if (!(exchange_s_per_value >= 0 && sync_s_per_value >= 0 && outside_loop_s >= 0)) {
+    fail("the machine's costs (exchange and sync seconds per value, time outside the loop) must be >= 0");
+  }
 }
 
 double ring_all_reduce_s(double bytes, int64_t workers, double bandwidth_bps, double hop_latency_s) {
@@ -92,7 +95,9 @@ SimulationResult simulate(const SimulationOptions& o) {
   // One fragment's exchange, and the share of its last layer (what must follow the backward pass).
   const double bytes = o.parameters / static_cast<double>(p_count) * o.bits / 8;
   const double layers_per_fragment = std::max(1.0, static_cast<double>(o.layers) / static_cast<double>(p_count));
-  const Cost exchange = all_reduce_cost(o, bytes, o.bits >= 32, !ddp);
+  const double values = o.parameters / static_cast<double>(p_count);
+  Cost exchange = all_reduce_cost(o, bytes, o.bits >= 32, !ddp);
+  exchange.seconds += o.exchange_s_per_value * values;
   const double tail_s = all_reduce_cost(o, bytes / layers_per_fragment, true, false).seconds;
   const double backward_s = o.step_s * 2 / 3;
   const double window_s = o.overlap_backward ? backward_s * (1 - 1 / static_cast<double>(o.layers)) : 0;
@@ -108,6 +113,7 @@ SimulationResult simulate(const SimulationOptions& o) {
   double t = 0, link_free = 0;
   SimulationResult result;
   const auto issue = [&](Fragment& f, int64_t step, int64_t due) {
+    t += o.sync_s_per_value * values;  // the training thread's share, before the exchange starts
     const double start = o.concurrent_exchanges ? t - window_s : std::max(t - window_s, link_free);
     // DDP's last layer's gradients exist only once the backward pass ends (outer gradients are
     // whole when the exchange is issued).
@@ -162,6 +168,7 @@ SimulationResult simulate(const SimulationOptions& o) {
   }
   result.steps = total;
   result.wall_s = t;
+  result.run_s = t + o.outside_loop_s;
   result.compute_s = static_cast<double>(total) * o.step_s;
   result.utilization = result.compute_s / result.wall_s;
   return result;
@@ -221,7 +228,8 @@ nlohmann::json to_json(const SimulationOptions& o) {
           {"overlap_steps", o.overlap_steps}, {"eager", o.eager}, {"bits", o.bits}, {"bandwidth_bps", o.bandwidth_bps},
           {"latency_s", o.latency_s}, {"overlap_backward", o.overlap_backward}, {"final_sync", o.final_sync},
           {"concurrent_exchanges", o.concurrent_exchanges}, {"transport", transport_name(o.transport)}, {"route", o.route},
-          {"bucket_bytes", o.bucket_bytes}, {"steps", o.steps}};
+          {"bucket_bytes", o.bucket_bytes}, {"steps", o.steps}, {"exchange_s_per_value", o.exchange_s_per_value},
+          {"sync_s_per_value", o.sync_s_per_value}, {"outside_loop_s", o.outside_loop_s}};
 }
 
 SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
@@ -258,17 +266,23 @@ SimulationOptions simulation_options_from_json(const nlohmann::json& j) {
   }
   o.bucket_bytes = field<double>(j, "bucket_bytes");
   o.steps = field<int64_t>(j, "steps");
+  if (j.contains("exchange_s_per_value")) {  // written since the machine's costs were fitted
+    o.exchange_s_per_value = field<double>(j, "exchange_s_per_value");
+    o.sync_s_per_value = field<double>(j, "sync_s_per_value");
+    o.outside_loop_s = field<double>(j, "outside_loop_s");
+  }
   return o;
 }
 
 nlohmann::json to_json(const SimulationResult& r) {
-  return {{"wall_s", r.wall_s}, {"compute_s", r.compute_s}, {"utilization", r.utilization}, {"bytes_sent", r.bytes_sent},
+  return {{"wall_s", r.wall_s}, {"run_s", r.run_s}, {"compute_s", r.compute_s}, {"utilization", r.utilization}, {"bytes_sent", r.bytes_sent},
           {"steps", r.steps}};
 }
 
 nlohmann::json to_json(const MeasuredRun& m) {
   return {{"step_s", m.step_s}, {"loop_s", m.loop_s}, {"utilization", m.utilization}, {"end_to_end", m.end_to_end},
-          {"bytes_sent", m.bytes_sent}, {"steps", m.steps}, {"workers", m.workers}};
+          {"bytes_sent", m.bytes_sent}, {"steps", m.steps}, {"workers", m.workers}, {"wall_s", m.wall_s},
+          {"compute_s", m.compute_s}, {"stall_s", m.stall_s}, {"syncs", m.syncs}, {"sync_median_s", m.sync_median_s}};
 }
 
 MeasuredRun measured_run_from_json(const nlohmann::json& j) {
@@ -280,6 +294,13 @@ MeasuredRun measured_run_from_json(const nlohmann::json& j) {
   m.bytes_sent = field<double>(j, "bytes_sent");
   m.steps = field<int64_t>(j, "steps");
   m.workers = field<int64_t>(j, "workers");
+  if (j.contains("sync_median_s")) {
+    m.wall_s = field<double>(j, "wall_s");
+    m.compute_s = field<double>(j, "compute_s");
+    m.stall_s = field<double>(j, "stall_s");
+    m.syncs = field<double>(j, "syncs");
+    m.sync_median_s = field<double>(j, "sync_median_s");
+  }
   return m;
 }
 
@@ -328,8 +349,10 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
   std::map<int64_t, metrics::TrainSummary> last;  // each worker's last summary
   bool direct = false;
   std::map<std::string, int64_t> routes;
+  std::vector<double> sync_s;
   for (const auto& [time, event] : metrics::read_events(folder.metrics())) {
     if (const auto* s = std::get_if<metrics::SummaryEvent>(&event)) last[s->worker.rank] = s->summary;
+    if (const auto* s = std::get_if<metrics::SyncEvent>(&event)) sync_s.push_back(s->seconds);
     if (const auto* s = std::get_if<metrics::SyncEvent>(&event); s != nullptr && !s->route.empty()) {
       direct = true;
       routes[s->route] += 1;
@@ -352,19 +375,35 @@ MeasuredRun measure_run(const std::filesystem::path& run) {
     m.end_to_end += s.end_to_end_utilization;
     m.bytes_sent += static_cast<double>(s.bytes_sent);
     m.steps = std::max(m.steps, s.steps);
+    m.wall_s += s.wall_s;
+    m.compute_s += s.compute_s;
+    m.stall_s += s.stall_s;
   }
   const double n = static_cast<double>(last.size());
   m.workers = static_cast<int64_t>(last.size());
-  m.loop_s /= n;
-  m.utilization /= n;
-  m.end_to_end /= n;
-  m.bytes_sent /= n;
+  for (double* mean : {&m.loop_s, &m.utilization, &m.end_to_end, &m.bytes_sent, &m.wall_s, &m.compute_s, &m.stall_s}) *mean /= n;
+  m.syncs = static_cast<double>(sync_s.size()) / n;
+  if (!sync_s.empty()) {
+    std::nth_element(sync_s.begin(), sync_s.begin() + static_cast<std::ptrdiff_t>(sync_s.size() / 2), sync_s.end());
+    m.sync_median_s = sync_s[sync_s.size() / 2];
+  }
   m.direct = direct;
   int64_t most = 0;
   for (const auto& [route, count] : routes) {
     if (count > most) std::tie(m.route, most) = std::tie(route, count);
   }
   return m;
+}
+
+void fit_machine_costs(SimulationOptions& options, const MeasuredRun& ideal) {
+  if (!(ideal.syncs > 0 && ideal.sync_median_s > 0 && ideal.wall_s > 0)) {
+    throw DataError("simulate", "the run to fit the machine's costs on recorded no timed syncs (a run of loco from before "
+                                "they were timed, or one that never synchronized)");
+  }
+  const double values = options.parameters / static_cast<double>(options.algorithm == SimulatedAlgorithm::kStreaming ? options.fragments : 1);
+  options.exchange_s_per_value = ideal.sync_median_s / values;
+  options.sync_s_per_value = std::max(0.0, ideal.loop_s - ideal.compute_s - ideal.stall_s) / ideal.syncs / values;
+  options.outside_loop_s = std::max(0.0, ideal.wall_s - ideal.loop_s);
 }
 
 PreparedSimulation prepare_simulation(RunConfig config, const SimulationRequest& request) {
@@ -392,6 +431,10 @@ PreparedSimulation prepare_simulation(RunConfig config, const SimulationRequest&
     o.steps = out.measured->steps;  // the steps it ran, which its measurements cover
     if (!out.measured->direct) o.transport = SimulationOptions::Transport::kGlooRing;  // a run from before
     if (out.measured->route == "gather" || out.measured->route == "scatter") o.route = out.measured->route;
+  }
+  if (!request.fit_run.empty()) {
+    fit_machine_costs(o, measure_run(request.fit_run));
+    out.fitted_on = request.fit_run.string();
   }
   out.step_source = "--step-time";
   if (request.step_s > 0) {
@@ -421,6 +464,7 @@ nlohmann::json simulation_json(const PreparedSimulation& prepared, const std::ve
   if (o.bandwidth_bps > 0) out["predicted"] = to_json(simulate(o));
   if (prepared.measured) out["measured"] = to_json(*prepared.measured);
   if (!prepared.run.empty()) out["run"] = prepared.run;
+  if (!prepared.fitted_on.empty()) out["fitted_on"] = prepared.fitted_on;
   return out;
 }
 
@@ -440,11 +484,20 @@ std::string describe_simulation(const PreparedSimulation& prepared, const std::v
                        o.overlap_backward ? "overlapping the backward pass" : "as loco runs it", 100 * r.utilization,
                        metrics::format_duration(r.wall_s), metrics::format_duration(r.compute_s),
                        metrics::format_bytes(r.bytes_sent));
+    if (!prepared.fitted_on.empty()) {
+      out += fmt::format("with this machine's costs fitted on {}: exchanges {:.3g} ns and syncs {:.3g} ns of compute per value, "
+                         "{} outside the training loop: the run {}\n", prepared.fitted_on, o.exchange_s_per_value * 1e9,
+                         o.sync_s_per_value * 1e9, metrics::format_duration(o.outside_loop_s), metrics::format_duration(r.run_s));
+    }
     if (const auto& m = prepared.measured) {
       out += fmt::format("measured by {}: compute utilization {:.1f}% in the training loop ({}), {:.1f}% end to end; {} sent "
                          "per worker; predicted / measured loop time {:.2f}\n",
                          prepared.run, 100 * m->utilization, metrics::format_duration(m->loop_s), 100 * m->end_to_end,
                          metrics::format_bytes(m->bytes_sent), r.wall_s / m->loop_s);
+      if (!prepared.fitted_on.empty() && m->wall_s > 0) {
+        out += fmt::format("predicted / measured wall time {:.2f} ({} against {})\n", r.run_s / m->wall_s,
+                           metrics::format_duration(r.run_s), metrics::format_duration(m->wall_s));
+      }
     }
   }
   if (o.workers == 1) return out + "one worker: no link is needed\n";

@@ -17,7 +17,8 @@
 //   - with `overlap_backward` (the papers' assumption, not loco's implementation), an exchange
 //     issued at a step's end may start during that step's backward pass (all of it but the first
 //     layer's), and DDP's last layer's share of the gradients still goes after the backward ends.
-// Everything else (evaluation, checkpoints, start-up, the CPU the exchange itself takes) is left out.
+// Left out unless fitted (`--fit`, below): the CPU the exchange itself takes, the training thread's
+// share of a sync, and the time outside the training loop (start-up, evaluation, the end).
 #pragma once
 
 #include <cstdint>
@@ -73,6 +74,11 @@ struct SimulationOptions {
   // each runs at the full bandwidth whatever else is on the wire (an idealized link).
   bool concurrent_exchanges = false;
   int64_t steps = 0;              // steps replayed; 0 = max(20 H, 200)
+  // The machine's own costs of a sync, beyond the link (0: left out, as the published simulations
+  // leave them); fit_machine_costs measures them on a run of the same setup over no link:
+  double exchange_s_per_value = 0;  // the exchange's compute (encode, sum, decode), in series with its bytes
+  double sync_s_per_value = 0;      // the training thread's work for a sync (copies, outer step, merge)
+  double outside_loop_s = 0;        // the run's time outside its training loop, added to the wall time
   void validate() const;          // ConfigError naming the bad option
 };
 
@@ -80,6 +86,7 @@ const char* transport_name(SimulationOptions::Transport transport);  // "direct"
 
 struct SimulationResult {
   double wall_s = 0;              // the replayed steps' wall time
+  double run_s = 0;               // the whole run's: wall_s + SimulationOptions::outside_loop_s
   double compute_s = 0;           // steps × step_s
   double utilization = 0;         // compute_s / wall_s
   double bytes_sent = 0;          // per worker, over the replayed steps
@@ -113,11 +120,20 @@ SimulationOptions simulation_options(const RunConfig& config);
 // when the run has no summaries.
 struct MeasuredRun {
   double step_s = 0, loop_s = 0, utilization = 0, end_to_end = 0, bytes_sent = 0;
+  // The workers' means of their wall, compute and stall seconds and of their syncs, and the median
+  // of every sync's seconds from its start to its completion (0 in JSON written before them).
+  double wall_s = 0, compute_s = 0, stall_s = 0, syncs = 0, sync_median_s = 0;
   int64_t steps = 0, workers = 0;
   bool direct = false;  // its syncs name their route: it ran on the direct transport (kDirect)
   std::string route;    // the route its syncs took most
 };
 MeasuredRun measure_run(const std::filesystem::path& run);
+
+// Sets `options`' machine costs (exchange_s_per_value, sync_s_per_value, outside_loop_s) from
+// `ideal`, a run of the same setup over no emulated link, where a sync's time is its compute: the
+// median sync's seconds per value exchanged, the training loop's time beyond computing and waiting
+// per sync and value, and the wall time beyond the loop. DataError when `ideal` has no syncs.
+void fit_machine_costs(SimulationOptions& options, const MeasuredRun& ideal);
 nlohmann::json to_json(const MeasuredRun& measured);
 MeasuredRun measured_run_from_json(const nlohmann::json& json);
 
@@ -130,6 +146,7 @@ struct SimulationRequest {
   double params = 0;              // the model's parameters instead of the config's (0: the config's)
   int64_t layers = 0;             // ... and its layers
   bool overlap_backward = false, steady_state = false;
+  std::filesystem::path fit_run;  // a run of the same setup over no link: the machine's costs (fit_machine_costs)
 };
 
 struct PreparedSimulation {
@@ -137,6 +154,7 @@ struct PreparedSimulation {
   std::optional<MeasuredRun> measured;  // with a run_dir
   std::string step_source;              // where the step time came from, in words
   std::string run;                      // the finished run's folder name ("" without one)
+  std::string fitted_on;                // the run the machine's costs were fitted on ("" without)
 };
 
 // The options for `config` (model.vocab_size = 0 read from the dataset unless `params` sets the
