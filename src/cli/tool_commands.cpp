@@ -196,6 +196,12 @@ class LinkCheck : public Command {
                check_.values, exchange_, ranks_, e.route, e.median_s * 1e3, check_.rounds,
                metrics::format_bytes(static_cast<double>(e.bytes_sent)), wire_s * 1e3, (e.median_s - wire_s) / m.round_trip_s,
                m.round_trip_s * 1e3, e.round_trip_s * 1e3);
+    fmt::print("there the relay carried {} frames ({} each on average), dropped {}; a frame waited in its socket at most {:.2f} ms and left at "
+               "most {:.2f} ms after it was due\n", group_islands.frames_relayed(),
+               metrics::format_bytes(static_cast<double>(group_islands.bytes_relayed()) /
+                                     static_cast<double>(std::max<int64_t>(1, group_islands.frames_relayed()))),
+               group_islands.frames_dropped(),
+               group_islands.relay_backlog_s() * 1e3, group_islands.relay_late_s() * 1e3);
     return 0;
   }
 

@@ -60,6 +60,7 @@ class Islands {
   void leave() const;
   // Frames the relay carried, and dropped because a queue was full (tbf's, a socket's or the relay's).
   int64_t frames_relayed() const { return frames_relayed_.load(); }
+  int64_t bytes_relayed() const { return bytes_relayed_.load(); }  // of the frames relayed, headers included
   int64_t frames_dropped() const { return frames_dropped_.load(); }
   // The longest a frame waited in the relay's socket before the relay read it (its backlog: held
   // for its delay from its arrival all the same), and the latest it left after it was due.
@@ -79,7 +80,7 @@ class Islands {
 
  private:
   void set_up_island(size_t island);
-  void relay();
+  void relay(size_t first, size_t stride);  // the frames from islands first, first + stride, ...
   int64_t held_limit(size_t island) const;
   bool drops_cut(size_t from, size_t to);  // whether a frame between them meets a cut link (counted)
 
@@ -90,12 +91,12 @@ class Islands {
   std::vector<int> sockets_;   // the relay's packet sockets, one per island's hub end
   int wake_fd_ = -1;           // an eventfd that stops the relay
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> frames_relayed_{0}, frames_dropped_{0}, frames_cut_{0};
+  std::atomic<int64_t> frames_relayed_{0}, bytes_relayed_{0}, frames_dropped_{0}, frames_cut_{0};
   std::unique_ptr<std::atomic<bool>[]> cut_;  // one per island: set_cut
   std::atomic<double> relay_backlog_s_{0}, relay_late_s_{0};
   mutable std::mutex error_mutex_;
   std::string relay_error_;
-  std::thread relay_;
+  std::vector<std::thread> relays_;  // each relays the frames from every relays_.size()-th island
 };
 
 }  // namespace loco::runtime
