@@ -255,7 +255,6 @@ void Islands::set_up_island(size_t i) {
   write_sysctl(island, "/proc/sys/net/ipv4/tcp_rmem", "4096 131072 67108864");
   write_sysctl(island, "/proc/sys/net/ipv4/tcp_wmem", "4096 16384 67108864");
   write_sysctl(island, "/proc/sys/net/ipv4/tcp_slow_start_after_idle", "0");
-  write_sysctl(island, "/proc/sys/net/ipv4/tcp_min_tso_segs", "32");
 }
 
 std::string Islands::address(size_t island) const {
