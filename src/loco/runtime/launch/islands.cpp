@@ -208,11 +208,13 @@ Islands::Islands(const std::vector<LinkSpec>& links)
     if (wake_fd_ < 0) throw Error("link", fmt::format("eventfd: {}", std::strerror(errno)));
     // A relay thread per core (at most 4): a frame's send carries the receiving island's network
     // stack with it (veth delivers in the sender's context), so one thread caps every island's
-    // traffic at what one core processes (8 islands at 300 Mbit/s in an all-to-all fell seconds
-    // behind; bench/wan-scale.sh's relay check).
-    const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, std::min<size_t>(4, links_.size()));
+    // traffic at what one core processes (an fp32 all-reduce among 8 islands at 300 Mbit/s fell
+    // a second behind; `loco link-check --ranks 8`, docs/slow-links.md).
+    const size_t most = std::max<size_t>(1, std::min<size_t>(4, links_.size()));
+    const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, most);
     for (size_t t = 0; t < threads; ++t) relays_.emplace_back([this, t, threads] { relay(t, threads); });
   } catch (...) {
+    stop_relays();
     if (original_fd_ >= 0) ::setns(original_fd_, CLONE_NEWNET);
     for (int fd : sockets_) ::close(fd);
     for (int fd : island_fds_) ::close(fd);
@@ -223,12 +225,17 @@ Islands::Islands(const std::vector<LinkSpec>& links)
   }
 }
 
-Islands::~Islands() {
+void Islands::stop_relays() {
   stopping_ = true;
   const uint64_t one = 1;
-  if (::write(wake_fd_, &one, sizeof one) < 0) {
+  if (wake_fd_ >= 0 && ::write(wake_fd_, &one, sizeof one) < 0) {
   }
   for (auto& relay : relays_) relay.join();
+  relays_.clear();
+}
+
+Islands::~Islands() {
+  stop_relays();
   for (int fd : sockets_) ::close(fd);
   for (int fd : island_fds_) ::close(fd);
   ::close(hub_fd_);
