@@ -375,11 +375,9 @@ void Islands::relay(size_t first, size_t stride) {
   const auto send_frame = [&](const Frame& frame) {
     if (drops_cut(frame.from, frame.to)) return;
     record_max(relay_late_s_, std::chrono::duration<double>(Clock::now() - frame.due).count());
-    if (::send(sockets_[frame.to], frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) < 0) ++frames_dropped_;
-    else {
-      ++frames_relayed_;
-      bytes_relayed_ += static_cast<int64_t>(frame.bytes.size());
-    }
+    const bool sent = ::send(sockets_[frame.to], frame.bytes.data(), frame.bytes.size(), MSG_DONTWAIT) >= 0;
+    (sent ? frames_relayed_ : frames_dropped_) += 1;
+    if (sent) bytes_relayed_ += static_cast<int64_t>(frame.bytes.size());
   };
   while (!stopping_) {
     const timespec timeout = held.empty() ? timespec{} : until(held.top().due);
