@@ -216,8 +216,9 @@ struct Coordinator::Impl {
     return state;
   }
 
-  // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409; 410 once the training is complete); any other
-  // exception is logged and answered 500. The coordinator keeps serving the others either way.
+  // Wraps a handler: protocol errors are the peer's (400), refusals are answers (409; 410 once the
+  // training is complete); any other exception is logged and answered 500. The coordinator keeps
+  // serving the others either way.
   template <class F>
   HttpServer::Handler guard(F&& handler) {
     return [this, handler](const HttpRequest& request, HttpResponse& response) {

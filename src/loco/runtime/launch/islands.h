@@ -80,8 +80,8 @@ class Islands {
 
  private:
   void set_up_island(size_t island);
-  void relay(size_t first, size_t stride);
-  void stop_relays();  // tells every relay thread to end, and joins them  // the frames from islands first, first + stride, ...
+  void relay(size_t first, size_t stride);  // the frames from islands first, first + stride, ...
+  void stop_relays();  // tells every relay thread to end, and joins them
   int64_t held_limit(size_t island) const;
   bool drops_cut(size_t from, size_t to);  // whether a frame between them meets a cut link (counted)
 
