@@ -427,37 +427,54 @@ TEST_F(LaunchTest, AFailedStartLeavesAFolderThatTheSameCommandTakesAgain) {
   EXPECT_NE(file.output.find("exists and is not a folder"), std::string::npos) << file.output;
 }
 
-// Issue #48: a worker killed before its first checkpoint left a fixed run that --resume refused
-// with no way forward. The refusal now says why there is nothing to resume from, what was lost,
-// and the commands that start the run again from its own config; they work as printed.
-TEST_F(LaunchTest, AWorkerKilledBeforeItsFirstCheckpointLeavesAWayForward) {
+// Issue #48: a worker killed before its first checkpoint left a fixed run that --resume refused.
+// It now resumes from a copy of another worker's checkpoint, sent over the run's group, and the run
+// completes with every worker on the same θ after every round. When no worker holds a checkpoint
+// (here: all deleted), the refusal says so and prints the commands that start the run again from
+// its own config; they work as printed.
+TEST_F(LaunchTest, AWorkerKilledBeforeItsFirstCheckpointResumesFromACopy) {
   const std::vector<std::string> longer = {"--train.steps=200", "--sync.inner_steps=10", "--checkpoint.every=1000"};
-  Child launcher(launch_args("early", longer), log("early"));
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (events("early", "sync").size() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
-  const auto victims = workers_of_rank("early", 1);
-  ASSERT_EQ(victims.size(), 1u) << "worker 1's process";
-  ::kill(victims[0], SIGKILL);
-  EXPECT_EQ(launcher.wait(120s), 2) << read_file(log("early"), "test");
+  for (const std::string name : {"early", "early-lost"}) {
+    Child launcher(launch_args(name, longer), log(name));
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (events(name, "sync").size() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    const auto victims = workers_of_rank(name, 1);
+    ASSERT_EQ(victims.size(), 1u) << "worker 1's process";
+    ::kill(victims[0], SIGKILL);
+    EXPECT_EQ(launcher.wait(120s), 2) << read_file(log(name), "test");
+  }
+  ASSERT_FALSE(fs::exists(run("early") / "workers" / "1" / "checkpoints" / "latest"));
+  auto resumed = run_command({testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + run("early").string()},
+                             log("early-resume"), 240s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("worker 1 holds no checkpoint: it resumes from a copy of worker "), std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("held no checkpoint; resumes from worker "), std::string::npos) << resumed.output;
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("early", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  EXPECT_EQ(hashes.size(), 20u) << "every round of 200 steps, H = 10";
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
 
-  auto refused = run_command({testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + run("early").string()},
-                             log("early-resume"), 120s);
+  for (int rank = 0; rank < 3; ++rank) fs::remove_all(run("early-lost") / "workers" / std::to_string(rank) / "checkpoints");
+  auto refused = run_command({testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + run("early-lost").string()},
+                             log("early-lost-resume"), 120s);
   EXPECT_NE(refused.status, 0) << refused.output;
-  EXPECT_NE(refused.output.find("worker 1 "), std::string::npos) << refused.output;
-  EXPECT_NE(refused.output.find("it stopped before its first checkpoint (checkpoint.every = 1000), and the others saved "
-                                "step "),
+  EXPECT_NE(refused.output.find("no worker holds a checkpoint to resume from: they stopped before their first "
+                                "(checkpoint.every = 1000), or lost them"),
             std::string::npos)
       << refused.output;
   // The way forward, as printed: move the folder aside, start again from its config.
-  const auto restart = refused.output.substr(refused.output.find("start the run again, losing those steps: ") + 41);
-  const auto failed = run("early").string() + ".failed";
-  ASSERT_EQ(restart.rfind(fmt::format("mv {} {} && loco launch --config {}/config.toml", run("early").string(), failed, failed), 0),
+  const std::string lead = "start the run again: ";
+  ASSERT_NE(refused.output.find(lead), std::string::npos) << refused.output;
+  const auto restart = refused.output.substr(refused.output.find(lead) + lead.size());
+  const auto failed = run("early-lost").string() + ".failed";
+  ASSERT_EQ(restart.rfind(fmt::format("mv {} {} && loco launch --config {}/config.toml", run("early-lost").string(), failed, failed), 0),
             0u)
       << refused.output;
-  fs::rename(run("early"), failed);
+  fs::rename(run("early-lost"), failed);
   auto again = run_command({testing_util::loco_binary(), "launch", "--config", failed + "/config.toml"}, log("early-again"), 240s);
   EXPECT_EQ(again.status, 0) << again.output;
-  EXPECT_FALSE(final_hash("early").empty());
+  EXPECT_FALSE(final_hash("early-lost").empty());
 }
 
 // Issue #48: two launches into one run folder both ran (two coordinators, every event twice). The

@@ -196,6 +196,47 @@ TEST(Coordinator, ResumePicksTheNewestParametersEveryWorkerHas) {
   EXPECT_EQ(start1.resume_step, 20);
 }
 
+// Issue #48: a worker that holds no checkpoint (killed before its first, or its disk lost) resumes
+// from a copy of the furthest checkpoint of the chosen parameters; every worker is told who sends
+// it to whom. Independent replicas share no group, so there it is refused; so is a run in which no
+// worker holds one.
+TEST(Coordinator, AWorkerWithoutCheckpointsResumesFromACopyOfAnothers) {
+  for (const auto algorithm : {Algorithm::kDiLoCo, Algorithm::kLocal}) {
+    auto config = run_config(3);
+    config.sync.algorithm = algorithm;
+    auto options = options_for(config);
+    options.resume = true;
+    Running running(options);
+    CoordinatorClient client(running.address(), 5s);
+    auto a = join_request(config, 0), b = join_request(config, 1), c = join_request(config, 2);
+    a.resume = b.resume = c.resume = true;
+    a.checkpoints = {{20, 0x9}, {30, 0xA}};
+    c.checkpoints = {{20, 0x9}, {34, 0xA}};  // worker 2 is furthest into the round of 0xA
+    for (const auto& request : {a, b, c}) client.join(request);
+    if (algorithm == Algorithm::kLocal) {
+      expect_error<Error>([&] { client.wait_for_start(1, nullptr); }, "worker 1 holds no checkpoint to resume from");
+      continue;
+    }
+    for (int64_t rank = 0; rank < 3; ++rank) {
+      auto start = client.wait_for_start(rank, nullptr);
+      EXPECT_EQ(start.resume_step, std::vector<int64_t>({30, 34, 34})[static_cast<size_t>(rank)]) << "rank " << rank;
+      ASSERT_TRUE(start.copy.has_value());
+      EXPECT_EQ(start.copy->from, 2);
+      EXPECT_EQ(start.copy->to, std::vector<int64_t>{1});
+    }
+  }
+  const auto config = run_config(2);
+  auto options = options_for(config);
+  options.resume = true;
+  Running running(options);
+  CoordinatorClient client(running.address(), 5s);
+  auto a = join_request(config, 0), b = join_request(config, 1);
+  a.resume = b.resume = true;
+  client.join(a);
+  client.join(b);
+  expect_error<Error>([&] { client.wait_for_start(0, nullptr); }, "no worker holds a checkpoint to resume from");
+}
+
 TEST(Coordinator, ResumeWithoutCommonParametersFails) {
   const auto config = run_config(2);
   auto options = options_for(config);

@@ -89,6 +89,41 @@ TEST(Checkpoint, TheRunSectionRoundTripsAndIsOptional) {
   expect_error<DataError>([&] { load_checkpoint(with); }, "state.json: malformed");
 }
 
+// A fixed run's copy to a worker that holds no checkpoint: one message carries every part and the
+// state; the receiver saves it marked as copied, and a damaged message is refused by name.
+TEST(Checkpoint, ACheckpointTravelsAsOneMessageAndIsSavedAsACopy) {
+  TempDir dir;
+  CheckpointStore from(dir.path() / "from", 2), to(dir.path() / "to", 2);
+  auto state = state_at(12);
+  state.global_hash = 0xfeed;
+  const auto original = load_checkpoint(from.save(state, weights(1), {{"w.exp_avg", torch::ones({2, 2})}}, weights(3)));
+  const auto bytes = encode_checkpoint(original);
+  auto copy = decode_checkpoint(bytes, "worker 0's copy");
+  EXPECT_EQ(copy.state.step, 12);
+  EXPECT_EQ(copy.state.global_hash, 0xfeedu);
+  EXPECT_EQ(copy.state.sampler, state.sampler);
+  EXPECT_EQ(copy.state.config_toml, state.config_toml);
+  EXPECT_FALSE(copy.state.copied_from.has_value());
+  ASSERT_EQ(copy.model.size(), 2u);
+  EXPECT_EQ(copy.model[1].first, "b");
+  EXPECT_TRUE(torch::equal(copy.model[0].second, original.model[0].second));
+  ASSERT_EQ(copy.optimizer.size(), 1u);
+  EXPECT_EQ(copy.optimizer[0].first, "w.exp_avg");
+  ASSERT_EQ(copy.sync.size(), 2u);
+  EXPECT_TRUE(torch::equal(copy.sync[0].second, torch::full({2, 2}, 3.0f)));
+
+  copy.state.copied_from = 0;
+  const auto saved = load_checkpoint(to.save(copy.state, copy.model, copy.optimizer, copy.sync, false));
+  EXPECT_EQ(saved.state.copied_from, 0);
+  EXPECT_EQ(saved.state.global_hash, 0xfeedu);
+  EXPECT_FALSE(load_checkpoint(from.latest().value()).state.copied_from.has_value()) << "only a copy says so";
+
+  auto damaged = bytes;
+  damaged[damaged.size() - 3] ^= 0x40;
+  expect_error<DataError>([&] { decode_checkpoint(damaged, "worker 0's copy"); }, "worker 0's copy");
+  expect_error<DataError>([&] { decode_checkpoint(bytes.substr(0, bytes.size() / 2), "worker 0's copy"); }, "worker 0's copy");
+}
+
 TEST(Checkpoint, CorruptOrTruncatedFilesAreNamed) {
   TempDir dir;
   CheckpointStore store(dir.path() / "checkpoints", 2);

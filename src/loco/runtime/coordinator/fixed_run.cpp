@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "loco/core/command.h"
 #include "loco/core/hash.h"
@@ -87,41 +88,31 @@ void FixedRun::start() {
 }
 
 // Each worker resumes from its newest checkpoint whose global parameters all workers have a
-// checkpoint of; among such parameters, the newest set (the one losing least work) wins.
+// checkpoint of; among such parameters, the newest set (the one losing least work) wins. A worker
+// that holds no checkpoint (it stopped before its first, or lost them) resumes from a copy of the
+// furthest checkpoint of that set, which its holder sends it over the run's group before training.
 void FixedRun::plan_resume() {
-  std::map<uint64_t, std::vector<int64_t>> newest;  // global hash -> newest step per rank
-  int64_t furthest = 0;  // the newest step any worker saved
-  for (const auto& m : members_) {
-    for (const auto& c : m->request.checkpoints) furthest = std::max(furthest, c.step);
-  }
+  std::map<uint64_t, std::vector<int64_t>> newest;  // global hash -> newest step per rank (-1: none)
+  std::vector<int64_t> without;                     // ranks holding no checkpoint
   for (size_t r = 0; r < members_.size(); ++r) {
     const auto& checkpoints = members_[r]->request.checkpoints;
-    if (checkpoints.empty()) {
-      // No state every worker holds: the way forward is a new start, which costs what the others saved.
-      const auto& run = options_.config.run.dir;
-      const auto failed = shell_word(run + ".failed");
-      const auto restart = fmt::format("mv {} {} && loco launch --config {}/config.toml", shell_word(run), failed, failed);
-      const auto why = furthest <= options_.config.checkpoint.every
-                           ? fmt::format("it stopped before its first checkpoint (checkpoint.every = {}), and the others "
-                                         "saved step {} at the most: start the run again, losing those steps: {}",
-                                         options_.config.checkpoint.every, furthest, restart)
-                           : fmt::format("the others saved up to step {}, so its checkpoints were lost (deleted, or on a "
-                                         "disk that failed); a fixed run resumes only from parameters every worker holds. "
-                                         "Restore them, or start the run again: {}",
-                                         furthest, restart);
-      if (status_.fail(fmt::format("--resume: worker {} ({}) has no checkpoint to resume from: {}", r, members_[r]->name, why))) {
-        log("run failed: " + status_.reason());
-      }
-      return;
-    }
+    if (checkpoints.empty()) without.push_back(static_cast<int64_t>(r));
     for (const auto& c : checkpoints) {
       auto& steps = newest.try_emplace(c.global_hash, std::vector<int64_t>(members_.size(), -1)).first->second;
       steps[r] = std::max(steps[r], c.step);
     }
   }
-  std::optional<std::pair<int64_t, uint64_t>> best;  // (least step among ranks, hash)
+  const bool communicates = options_.config.sync.algorithm != Algorithm::kLocal && options_.config.sync.algorithm != Algorithm::kNone;
+  if (newest.empty() || (!without.empty() && !communicates)) {
+    no_state_to_resume(without);
+    return;
+  }
+  std::optional<std::pair<int64_t, uint64_t>> best;  // (least step among the ranks that hold checkpoints, hash)
   for (const auto& [hash, steps] : newest) {
-    const int64_t least = *std::min_element(steps.begin(), steps.end());
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (size_t r = 0; r < steps.size(); ++r) {
+      if (!members_[r]->request.checkpoints.empty()) least = std::min(least, steps[r]);
+    }
     if (least >= 0 && (!best || least > best->first)) best = {least, hash};
   }
   if (!best) {
@@ -137,9 +128,47 @@ void FixedRun::plan_resume() {
     }
     return;
   }
-  const auto& steps = newest.at(best->second);
+  auto steps = newest.at(best->second);
+  if (!without.empty()) {
+    const auto donor = std::max_element(steps.begin(), steps.end()) - steps.begin();  // the furthest; the lowest rank of ties
+    copy_ = protocol::CheckpointCopy{donor, without};
+    for (const int64_t r : without) steps[static_cast<size_t>(r)] = steps[static_cast<size_t>(donor)];
+    log(fmt::format("worker{} {} hold{} no checkpoint: {} resume{} from a copy of worker {}'s of step {}, sent over the "
+                    "run's group (what {} trained since {} last checkpoint is lost)",
+                    without.size() > 1 ? "s" : "", fmt::join(without, ", "), without.size() > 1 ? "" : "s",
+                    without.size() > 1 ? "they" : "it", without.size() > 1 ? "" : "s", donor, steps[static_cast<size_t>(donor)],
+                    without.size() > 1 ? "they" : "it", without.size() > 1 ? "their" : "its"));
+  }
   for (size_t r = 0; r < members_.size(); ++r) resume_steps_[static_cast<int64_t>(r)] = steps[r];
   log(fmt::format("resuming: worker steps {} (global parameters {})", fmt::join(steps, ", "), hex64(best->second)));
+}
+
+// Nothing to resume from: no worker holds a checkpoint, or (independent replicas, which share no
+// group) one does not. The way forward is a new start, which costs what the others saved.
+void FixedRun::no_state_to_resume(const std::vector<int64_t>& without) {
+  int64_t furthest = 0;  // the newest step any worker saved
+  for (const auto& m : members_) {
+    for (const auto& c : m->request.checkpoints) furthest = std::max(furthest, c.step);
+  }
+  const auto& run = options_.config.run.dir;
+  const auto failed = shell_word(run + ".failed");
+  const auto restart = fmt::format("mv {} {} && loco launch --config {}/config.toml", shell_word(run), failed, failed);
+  std::string why;
+  if (without.size() == members_.size()) {
+    why = fmt::format("they stopped before their first (checkpoint.every = {}), or lost them: start the run again: {}",
+                      options_.config.checkpoint.every, restart);
+  } else {
+    why = fmt::format("the others saved up to step {}, and with sync.algorithm = {} the workers share no group to "
+                      "copy a checkpoint over. Restore its checkpoints, or start the run again, losing those steps: {}",
+                      furthest, to_string(options_.config.sync.algorithm), restart);
+  }
+  const auto who = without.size() == members_.size()
+                       ? std::string("no worker holds a checkpoint")
+                       : fmt::format("worker{} {} hold{} no checkpoint", without.size() > 1 ? "s" : "", fmt::join(without, ", "),
+                                     without.size() > 1 ? "" : "s");
+  if (status_.fail(fmt::format("--resume: {} to resume from: {}", who, why))) {
+    log("run failed: " + status_.reason());
+  }
 }
 
 protocol::StartReply FixedRun::start_reply(int64_t rank) const {
@@ -150,6 +179,7 @@ protocol::StartReply FixedRun::start_reply(int64_t rank) const {
   reply.error = status_.phase() == Phase::kFailed ? status_.reason() : "";
   if (auto it = resume_steps_.find(rank); it != resume_steps_.end()) reply.resume_step = it->second;
   if (auto it = task_of_.find(rank); it != task_of_.end()) reply.task = tasks_.find(it->second)->task;
+  reply.copy = copy_;
   return reply;
 }
 

@@ -5,7 +5,7 @@
 // rank until it reports; a worker that stopped or failed leaves its task open (a resume continues it). A worker that never joins
 // within cluster.join_timeout_s, or never reports its end once another has, fails the run. With
 // --resume, every worker continues from the newest checkpoint whose global parameters all of them
-// saved.
+// saved; one that holds none continues from a copy of another's, sent over the group.
 #pragma once
 
 #include <map>
@@ -43,6 +43,7 @@ class FixedRun final : public Run {
   void start();
   std::vector<int64_t> missing() const;
   void plan_resume();
+  void no_state_to_resume(const std::vector<int64_t>& without);
   void log(const std::string& line) const;
 
   const CoordinatorOptions& options_;
@@ -50,6 +51,7 @@ class FixedRun final : public Run {
   RunIdentity& identity_;
   std::vector<std::optional<Member>> members_;  // by rank
   std::map<int64_t, int64_t> resume_steps_;     // rank -> the step it resumes from
+  std::optional<protocol::CheckpointCopy> copy_;  // resuming workers that hold no checkpoint
   TaskTable tasks_;
   std::map<int64_t, int64_t> task_of_;          // rank -> its task
   const Clock::time_point created_ = Clock::now();

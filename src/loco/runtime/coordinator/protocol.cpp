@@ -317,6 +317,7 @@ nlohmann::json StartReply::to_json() const {
   nlohmann::json j = {{"phase", to_string(phase)}, {"missing", missing}, {"epoch", epoch}, {"error", error}};
   j["resume_step"] = resume_step ? nlohmann::json(*resume_step) : nlohmann::json();
   if (task) j["task"] = task->to_json();
+  if (copy) j["copy"] = {{"from", copy->from}, {"to", copy->to}};
   return j;
 }
 
@@ -328,6 +329,10 @@ StartReply StartReply::from_json(const nlohmann::json& json) {
   r.error = field<std::string>(json, "error");
   if (json.contains("resume_step") && !json.at("resume_step").is_null()) r.resume_step = field<int64_t>(json, "resume_step");
   if (json.contains("task")) r.task = Task::from_json(json.at("task"));
+  if (json.contains("copy")) {
+    const auto& c = json.at("copy");
+    r.copy = CheckpointCopy{nonnegative(c, "from"), field<std::vector<int64_t>>(c, "to")};
+  }
   return r;
 }
 

@@ -142,6 +142,13 @@ struct JoinReply {
   static JoinReply from_json(const nlohmann::json& json);
 };
 
+// A fixed run's resume where some workers hold no checkpoint: `from` sends a copy of its checkpoint
+// of the resume step to each of `to` over the run's group, before training starts.
+struct CheckpointCopy {
+  int64_t from = 0;
+  std::vector<int64_t> to;
+};
+
 // The answer to "may training start?", long-polled by joined workers.
 struct StartReply {
   Phase phase = Phase::kWaiting;
@@ -150,6 +157,7 @@ struct StartReply {
   std::optional<int64_t> resume_step;  // the checkpoint this worker resumes from
   std::string error;                   // why the run failed
   std::optional<Task> task;            // fixed runs, once running: this worker's task (the whole run)
+  std::optional<CheckpointCopy> copy;  // fixed runs: checkpoints to copy first (every worker is told)
 
   nlohmann::json to_json() const;
   static StartReply from_json(const nlohmann::json& json);

@@ -19,6 +19,64 @@ const char* const kFiles[] = {"model.safetensors", "optimizer.safetensors", "syn
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step-{:08}", step); }
 
+// state.json's fields, without "files" (the checksums of the files beside it).
+nlohmann::ordered_json state_json(const TrainingState& state) {
+  nlohmann::ordered_json json = {
+      {"format_version", kStateVersion},
+      {"step", state.step},
+      {"tokens", state.tokens},
+      {"sampler", {{"epoch", state.sampler.epoch}, {"cursor", state.sampler.cursor}}},
+      {"seed", state.seed},
+      {"tokenizer_hash", hex64(state.tokenizer_hash)},
+      {"wall_s", state.wall_s},
+      {"global_hash", hex64(state.global_hash)},
+      {"torch_version", TORCH_VERSION},
+      {"config", state.config_toml},
+  };
+  if (state.copied_from) json["copied_from"] = *state.copied_from;
+  if (state.run) {
+    nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+    for (const auto& p : state.run->shards) shards.push_back({{"epoch", p.epoch}, {"cursor", p.cursor}});
+    json["run"] = {{"rounds", state.run->rounds}, {"shards", shards}};
+  }
+  return json;
+}
+
+// The state from state.json's fields; `where` names the source in DataError messages.
+TrainingState parse_state(const nlohmann::json& json, const std::string& where) {
+  TrainingState s;
+  try {
+    if (json.at("format_version").get<int>() != kStateVersion) {
+      throw DataError("checkpoint", fmt::format("{}: format_version {} is not supported (this loco reads {})", where,
+                                                json.at("format_version").get<int>(), kStateVersion));
+    }
+    s.step = json.at("step").get<int64_t>();
+    s.tokens = json.at("tokens").get<int64_t>();
+    s.sampler.epoch = json.at("sampler").at("epoch").get<uint64_t>();
+    s.sampler.cursor = json.at("sampler").at("cursor").get<uint64_t>();
+    s.seed = json.at("seed").get<int64_t>();
+    s.tokenizer_hash = parse_hex64(json.at("tokenizer_hash").get<std::string>(), "checkpoint", where);
+    s.wall_s = json.value("wall_s", 0.0);
+    if (json.contains("global_hash")) s.global_hash = parse_hex64(json.at("global_hash").get<std::string>(), "checkpoint", where);
+    s.config_toml = json.at("config").get<std::string>();
+    if (json.contains("copied_from")) s.copied_from = json.at("copied_from").get<int64_t>();
+    if (json.contains("run")) {
+      RunProgress run;
+      run.rounds = json.at("run").at("rounds").get<int64_t>();
+      for (const auto& p : json.at("run").at("shards")) {
+        run.shards.push_back({p.at("epoch").get<uint64_t>(), p.at("cursor").get<uint64_t>()});
+      }
+      if (run.rounds < 0) throw DataError("checkpoint", fmt::format("{}: run.rounds is negative", where));
+      s.run = std::move(run);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("checkpoint", fmt::format("{}: malformed: {}", where, e.what()));
+  }
+  return s;
+}
+
+const char* const kParts[] = {"model/", "optimizer/", "sync/"};  // a checkpoint's parts in one message
+
 }  // namespace
 
 CheckpointStore::CheckpointStore(fs::path root, int64_t keep) : root_(std::move(root)), keep_(keep) {
@@ -43,24 +101,8 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
       write_file_atomic(tmp_dir / kFiles[i], bytes, "checkpoint");
       files[kFiles[i]] = {{"bytes", bytes.size()}, {"xxh3", hex64(hash64(bytes))}};
     }
-    nlohmann::ordered_json json = {
-        {"format_version", kStateVersion},
-        {"step", state.step},
-        {"tokens", state.tokens},
-        {"sampler", {{"epoch", state.sampler.epoch}, {"cursor", state.sampler.cursor}}},
-        {"seed", state.seed},
-        {"tokenizer_hash", hex64(state.tokenizer_hash)},
-        {"wall_s", state.wall_s},
-        {"global_hash", hex64(state.global_hash)},
-        {"torch_version", TORCH_VERSION},
-        {"files", files},
-        {"config", state.config_toml},
-    };
-    if (state.run) {
-      nlohmann::ordered_json shards = nlohmann::ordered_json::array();
-      for (const auto& p : state.run->shards) shards.push_back({{"epoch", p.epoch}, {"cursor", p.cursor}});
-      json["run"] = {{"rounds", state.run->rounds}, {"shards", shards}};
-    }
+    nlohmann::ordered_json json = state_json(state);
+    json["files"] = files;
     write_file_atomic(tmp_dir / "state.json", json.dump(2) + "\n", "checkpoint");
     // Replacing a checkpoint of the same step (a resumed run that saves again) is fine: move the
     // old one aside first so the rename cannot fail on a non-empty folder.
@@ -152,34 +194,10 @@ Checkpoint load_checkpoint(const fs::path& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(read_file(state_path, "checkpoint"));
-    if (json.at("format_version").get<int>() != kStateVersion) {
-      throw DataError("checkpoint", fmt::format("{}: format_version {} is not supported (this loco reads {})",
-                                                state_path.string(), json.at("format_version").get<int>(), kStateVersion));
-    }
-    auto& s = ckpt.state;
-    s.step = json.at("step").get<int64_t>();
-    s.tokens = json.at("tokens").get<int64_t>();
-    s.sampler.epoch = json.at("sampler").at("epoch").get<uint64_t>();
-    s.sampler.cursor = json.at("sampler").at("cursor").get<uint64_t>();
-    s.seed = json.at("seed").get<int64_t>();
-    s.tokenizer_hash = parse_hex64(json.at("tokenizer_hash").get<std::string>(), "checkpoint", state_path.string());
-    s.wall_s = json.value("wall_s", 0.0);
-    if (json.contains("global_hash")) {
-      s.global_hash = parse_hex64(json.at("global_hash").get<std::string>(), "checkpoint", state_path.string());
-    }
-    s.config_toml = json.at("config").get<std::string>();
-    if (json.contains("run")) {
-      RunProgress run;
-      run.rounds = json.at("run").at("rounds").get<int64_t>();
-      for (const auto& p : json.at("run").at("shards")) {
-        run.shards.push_back({p.at("epoch").get<uint64_t>(), p.at("cursor").get<uint64_t>()});
-      }
-      if (run.rounds < 0) throw DataError("checkpoint", fmt::format("{}: run.rounds is negative", state_path.string()));
-      s.run = std::move(run);
-    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError("checkpoint", fmt::format("{}: malformed: {}", state_path.string(), e.what()));
   }
+  ckpt.state = parse_state(json, state_path.string());
   NamedTensors* parts[] = {&ckpt.model, &ckpt.optimizer, &ckpt.sync};
   for (size_t i = 0; i < 3; ++i) {
     const fs::path file = ckpt.dir / kFiles[i];
@@ -197,6 +215,36 @@ Checkpoint load_checkpoint(const fs::path& path) {
       throw DataError("checkpoint", fmt::format("{}: malformed files entry: {}", state_path.string(), e.what()));
     }
     *parts[i] = decode_safetensors(bytes, file.string()).tensors;
+  }
+  return ckpt;
+}
+
+std::string encode_checkpoint(const Checkpoint& checkpoint) {
+  NamedTensors all;
+  const NamedTensors* parts[] = {&checkpoint.model, &checkpoint.optimizer, &checkpoint.sync};
+  for (size_t i = 0; i < 3; ++i) {
+    for (const auto& [name, tensor] : *parts[i]) all.emplace_back(kParts[i] + name, tensor);
+  }
+  return encode_safetensors(all, {{"state", state_json(checkpoint.state).dump()}});
+}
+
+Checkpoint decode_checkpoint(const std::string& bytes, const std::string& where) {
+  auto file = decode_safetensors(bytes, where);
+  if (!file.metadata.contains("loco.xxh3")) throw DataError("checkpoint", fmt::format("{}: carries no checksum", where));
+  const auto state = file.metadata.find("state");
+  if (state == file.metadata.end()) throw DataError("checkpoint", fmt::format("{}: holds no training state", where));
+  Checkpoint ckpt;
+  try {
+    ckpt.state = parse_state(nlohmann::json::parse(state->second), where);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("checkpoint", fmt::format("{}: malformed state: {}", where, e.what()));
+  }
+  NamedTensors* parts[] = {&ckpt.model, &ckpt.optimizer, &ckpt.sync};
+  for (auto& [name, tensor] : file.tensors) {
+    size_t i = 0;
+    while (i < 3 && !name.starts_with(kParts[i])) ++i;
+    if (i == 3) throw DataError("checkpoint", fmt::format("{}: tensor {} belongs to no part of a checkpoint", where, name));
+    parts[i]->emplace_back(name.substr(std::string_view(kParts[i]).size()), std::move(tensor));
   }
   return ckpt;
 }

@@ -46,6 +46,9 @@ struct TrainingState {
   // single process): workers resuming together pick checkpoints that agree on it.
   uint64_t global_hash = 0;
   std::optional<RunProgress> run;
+  // A fixed run's worker that held no checkpoint on resume got this copy of another's (that rank):
+  // its data position is then not the one saved, but its own shard's at `step`.
+  std::optional<int64_t> copied_from;
 };
 
 struct Checkpoint {
@@ -83,6 +86,12 @@ class CheckpointStore {
 // run folder (the latter two mean its latest checkpoint). Throws DataError naming the file for a
 // missing file, a size or checksum mismatch, or malformed state.json.
 Checkpoint load_checkpoint(const fs::path& path);
+
+// A checkpoint as one message and back (a fixed run's copy to a worker that holds none): its parts'
+// tensors and its state in one safetensors buffer. decode_checkpoint verifies as decode_safetensors
+// does and throws DataError naming `where`.
+std::string encode_checkpoint(const Checkpoint& checkpoint);
+Checkpoint decode_checkpoint(const std::string& bytes, const std::string& where);
 
 // Resolves `path` as load_checkpoint does, without loading. A run folder means RUN/checkpoints
 // (one process) or, for a multi-worker run, worker 0's RUN/workers/0/checkpoints.

@@ -221,7 +221,15 @@ void TrainingLoop::restore() {
   if (!resumed_) return;
   adamw_->load_state(resumed_->optimizer, resumed_->state.step);
   sync_.load_state(resumed_->sync);
-  sampler_->restore(resumed_->state.sampler);
+  if (resumed_->state.copied_from) {
+    // Another worker's checkpoint (this one held none): the position saved is in that worker's
+    // shard; this worker's own stands where `step` steps of its own order leave it.
+    const auto windows = static_cast<uint64_t>(resumed_->state.step * (tokens_per_step() / config_.model.context));
+    const auto per_epoch = static_cast<uint64_t>(sampler_->windows_per_epoch());
+    sampler_->restore({windows / per_epoch, windows % per_epoch});
+  } else {
+    sampler_->restore(resumed_->state.sampler);
+  }
   if (slot_store_) {
     // The global checkpoint is the leader's; this slot's AdamW moments and data position of the
     // same round are its own (else it keeps the leader's moments, and the plan's position).
@@ -251,7 +259,10 @@ void TrainingLoop::announce() {
       model::parameter_count(config_.model), config_.model.layers, config_.model.width, config_.model.context,
       config_.model.vocab_size, train_token_count_, worker_.train_tokens != nullptr ? " in its shard" : "", device_.str(),
       threads_, sync_.name()));
-  if (resumed_) progress_->message(fmt::format("{}resumed from {} at step {}", who_, resumed_->dir.string(), step_));
+  if (resumed_) {
+    const auto copy = resumed_->state.copied_from ? fmt::format(" (a copy of worker {}'s)", *resumed_->state.copied_from) : "";
+    progress_->message(fmt::format("{}resumed from {}{} at step {}", who_, resumed_->dir.string(), copy, step_));
+  }
   if (emulated_) {
     progress_->message(fmt::format("{}compute EMULATED (train.emulated_step_s): each step waits {:g} s, then moves the "
                                    "parameters along a fixed random direction; no loss, no evaluation, no checkpoint",

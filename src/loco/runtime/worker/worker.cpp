@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 
 #include "loco/algorithms/ddp.h"
@@ -360,6 +361,52 @@ void check_same_division(const RunConfig& config, CoordinatorClient& client, con
                   summary_line(shards["workers"][rank])));
 }
 
+// A fixed run resumed where some workers hold no checkpoint: the coordinator named a holder, which
+// sends each of them its checkpoint of the resume step over the run's group (first thing, before any
+// collective); they save it as their own, marked as copied. The other workers go on at once.
+void copy_checkpoint(comm::Group& group, const protocol::CheckpointCopy& copy, const RunConfig& config,
+                     const data::Dataset& dataset, int64_t rank, std::optional<int64_t> step, const Say& say) {
+  const int64_t world = group.size();
+  const bool valid = step && copy.from < world && !copy.to.empty() &&
+                     std::all_of(copy.to.begin(), copy.to.end(), [&](int64_t r) { return r >= 0 && r < world && r != copy.from; });
+  if (!valid) {
+    throw PeerError("worker", fmt::format("the coordinator asked worker {} to copy its checkpoint to workers {} of {}, at no "
+                                          "resume step or to ranks that are not this run's", copy.from, fmt::join(copy.to, ", "), world));
+  }
+  constexpr int64_t kCopyTag = 1;
+  const bool receives = std::find(copy.to.begin(), copy.to.end(), rank) != copy.to.end();
+  const CheckpointStore store(RunFolder(config.run.dir).worker_checkpoints(rank), config.checkpoint.keep);
+  if (rank == copy.from) {
+    const std::string bytes = encode_checkpoint(load_checkpoint(store.at(*step)));
+    for (const int64_t to : copy.to) {
+      group.send(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64), to, kCopyTag);
+      group.send(torch::from_blob(const_cast<char*>(bytes.data()), {std::ssize(bytes)}, torch::kUInt8), to, kCopyTag);
+      say(fmt::format("worker {}/{}: sent worker {} a copy of its checkpoint of step {} ({:.1f} MB)", rank, world, to, *step,
+                      static_cast<double>(bytes.size()) / 1e6));
+    }
+  } else if (receives) {
+    auto size = torch::zeros({1}, torch::kInt64);
+    group.recv(size, copy.from, kCopyTag);
+    // Model, AdamW moments and the sync state: a few copies of the parameters; far more is not a checkpoint.
+    const int64_t most = 64 * model::parameter_count(resolve_for_dataset(config, dataset.manifest()).model) + (int64_t{64} << 20);
+    const int64_t n = size.item<int64_t>();
+    if (n <= 0 || n > most) {
+      throw PeerError("worker", fmt::format("worker {} announced a checkpoint of {} bytes, not a checkpoint of this model", copy.from, n));
+    }
+    std::string bytes(static_cast<size_t>(n), '\0');
+    auto into = torch::from_blob(bytes.data(), {n}, torch::kUInt8);
+    group.recv(into, copy.from, kCopyTag);
+    auto checkpoint = decode_checkpoint(bytes, fmt::format("worker {}'s copy of its checkpoint of step {}", copy.from, *step));
+    if (checkpoint.state.step != *step) {
+      throw PeerError("worker", fmt::format("worker {} sent its checkpoint of step {}, not of step {}", copy.from, checkpoint.state.step, *step));
+    }
+    checkpoint.state.copied_from = copy.from;
+    const auto saved = store.save(checkpoint.state, checkpoint.model, checkpoint.optimizer, checkpoint.sync, /*prune=*/false);
+    say(fmt::format("worker {}/{}: held no checkpoint; resumes from worker {}'s of step {} ({}), with its own data position",
+                    rank, world, copy.from, *step, saved.string()));
+  }
+}
+
 // A fixed run's task: the whole run on the task's shard, in the run's one group.
 TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& options, CoordinatorClient& client,
                             const data::Dataset& dataset, const protocol::StartReply& start, int64_t rank, const Say& say) {
@@ -376,6 +423,10 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
   const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
   std::optional<comm::Group> group;
   if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
+  if (start.copy) {
+    if (!group) throw PeerError("worker", "the coordinator asked for a checkpoint copy in a run whose workers share no group");
+    copy_checkpoint(*group, *start.copy, config, dataset, rank, start.resume_step, say);
+  }
   auto strategy = make_strategy(config, group ? *group : comm::Group::single(), std::ssize(tokens));
   FixedLink link(client, options.stop);
   auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);
