@@ -120,7 +120,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       f.global.push_back(global_[s.index].narrow(0, s.begin, s.rows));
     }
     f.outer = std::make_unique<optim::OuterOptimizer>(names, f.global, options_.outer);
-    f.sent = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
+    if (keeps_sent()) f.sent = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
     f.result = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
     if (options_.eager) f.step_by = std::make_unique<FlatBuffer>(f.global, options_.piece_bytes);
     f.offset = static_cast<int64_t>(p) * options_.inner_steps / options_.fragments;
@@ -163,7 +163,10 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       }
       f.pending = true;
     } else if (restored.has(key + "sent")) {
-      restored.take_into(key + "sent", f.sent->flat());
+      // Without a copy kept (τ = 0), what it sent is what the model holds (its weights were saved
+      // with it, unchanged since the sync started): stage() takes it from there.
+      restored.take_into(key + "sent", f.sent ? f.sent->flat() : f.result->flat());
+      stage(f);
       f.pending = true;
       f.reduction = submit(f);  // its collective failed: every worker sends again
     }
@@ -226,8 +229,11 @@ void StreamingDiLoCo::begin_round(int64_t step, int64_t failed_epoch) {
 void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   torch::NoGradGuard no_grad;
   if (elastic_.elastic()) begin_round(step, -1);
-  auto& sent = f.sent->views();
-  for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]);
+  if (f.sent) {
+    auto& sent = f.sent->views();
+    for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]);
+  }
+  stage(f);
   f.pending_tokens = f.tokens;
   f.tokens = 0;
   f.started = step;
@@ -288,15 +294,20 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     if (drop) size = 0;
     comm::Tally tally = sync_tally(size, 1.0, drop ? 0.0 : 1.0);
     auto& result = f.result->views();
-    const auto& sent = f.sent->views();
-    if (options_.eager || options_.exchange == comm::Encoding::kFp32) {
+    if (!f.sent) {
+      // `result` holds θ_{m,p} (stage()): fp32 sends it as it is, an encoded exchange
+      // Δ_m = θ_p − θ_{m,p}, computed as −(θ_{m,p} − θ_p), the same bits.
+      if (options_.exchange != comm::Encoding::kFp32) {
+        for (size_t i = 0; i < result.size(); ++i) result[i].sub_(f.global[i]).neg_();
+      }
+    } else if (options_.eager || options_.exchange == comm::Encoding::kFp32) {
       // Eager: Σ w_m Δ_m (`sent` holds this worker's Δ_m already, eager_sync, for θ_p moves on
       // meanwhile). Otherwise with fp32: Σ w_m θ_m, DiLoCo's own collective (see diloco.cpp).
-      for (size_t i = 0; i < result.size(); ++i) result[i].copy_(sent[i]);
+      for (size_t i = 0; i < result.size(); ++i) result[i].copy_(f.sent->views()[i]);
     } else {
       // Σ w_m Δ_m with Δ_m = θ_p − θ_{m,p}, each worker's term encoded on the wire. θ_p changes
       // only when this fragment's result is applied, after this task.
-      for (size_t i = 0; i < result.size(); ++i) torch::sub_out(result[i], f.global[i], sent[i]);
+      for (size_t i = 0; i < result.size(); ++i) torch::sub_out(result[i], f.global[i], f.sent->views()[i]);
     }
     comm::CommStats stats = f.result->all_reduce_sum(elastic_.group(), options_.exchange, &tally);
     const int64_t participants = std::llround(tally.sum(1));
@@ -322,6 +333,7 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
         // Nothing changed: the round is convened again with whoever is left, and the same
         // contribution goes out again (the weights renormalize over the survivors).
         begin_round(f.started, plan_->epoch);
+        stage(f);
         f.reduction = submit(f, plan_->has_joiners());
         continue;
       }
@@ -492,10 +504,20 @@ NamedTensors StreamingDiLoCo::state() {
         out.emplace_back(key + "weight", torch::tensor(f.arrived->weight, torch::kFloat64));
       }
     } else {
-      out.emplace_back(key + "sent", f.sent->flat());
+      stage(f);  // the collective is over: `result` may take the local values again
+      out.emplace_back(key + "sent", f.sent ? f.sent->flat() : f.result->flat());
     }
   }
   return out;
+}
+
+bool StreamingDiLoCo::keeps_sent() const { return options_.eager || options_.overlap_steps > 0; }
+
+void StreamingDiLoCo::stage(Fragment& f) {
+  if (f.sent) return;
+  torch::NoGradGuard no_grad;
+  auto& result = f.result->views();
+  for (size_t i = 0; i < result.size(); ++i) result[i].copy_(f.local[i]);
 }
 
 namespace {

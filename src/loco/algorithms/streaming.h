@@ -122,7 +122,7 @@ class StreamingDiLoCo : public SyncStrategy {
     std::vector<FragmentSlice> slices;
     std::vector<torch::Tensor> local, global;  // views of the model's parameters and of θ
     std::unique_ptr<optim::OuterOptimizer> outer;
-    std::unique_ptr<FlatBuffer> sent;          // the local values as they were when the sync started
+    std::unique_ptr<FlatBuffer> sent;          // the local values as they were when the sync started (none when τ = 0: keeps_sent)
     std::unique_ptr<FlatBuffer> result;        // θ̄ (fp32) or Δ (encoded exchange), once reduced
     std::unique_ptr<FlatBuffer> step_by;       // eager: the outer gradient g_m it steps with
     int64_t final_phase = 0;                   // eager, the run's end: 1 last exchange due, 2 average due
@@ -141,6 +141,13 @@ class StreamingDiLoCo : public SyncStrategy {
   };
 
   SyncReports advance(int64_t step);
+  // Whether a sync in flight needs its own copy of the local values: when steps run meanwhile
+  // (τ > 0) or eager updates keep Δ_m. With τ = 0 the model is not trained while a sync is in
+  // flight, so what it sends is what the model holds, and a model's worth of memory is saved.
+  bool keeps_sent() const;
+  // Without that copy: the local values into `result`, to send (on the training thread, before
+  // each submit, so that a GPU model is read from the thread that trains it).
+  void stage(Fragment& fragment);
   void start(Fragment& fragment, int64_t step);
   // Its reduction on the background thread; `tell_joiners`: rank 0 first broadcasts the fragment's
   // index (elastic rounds with joiners).
