@@ -9,6 +9,8 @@
 #   diloco-h50          DiLoCo, H = 50, fp32 outer gradients (DILOCO_STEPS: 100, two syncs)
 #   streaming-t5-e3m0   Streaming DiLoCo, P = 4, tau = 5, e3m0 (4-bit) (STREAMING_STEPS: 300)
 #   streaming-t10-e3m0  the same with tau = 10 (not in the default METHODS: run with LINKS=100mbit)
+#   streaming-t12-e3m0  the same with tau = 12, the most that P = 4 fragments of H = 50 allow without two
+#                       in flight at once (not in the default METHODS: run with LINKS=50mbit)
 # First the relay alone: `loco link-check` with 8 and 16 flows at once at each rate (OUT/relay.txt).
 # Writes every report, with its link and goodput, to bench/results/wan-scale-m8.json (RESULTS=FILE).
 #
@@ -19,8 +21,10 @@
 #   sudo WORKERS=16 MODEL="--model.width=704" bench/wan-scale.sh runs/bench-wan-scale-m16   (51M parameters)
 # Each shaped run's report carries `loco simulate --from-run RUN --fit IDEAL_RUN`'s prediction
 # ("simulated"): the simulator with this machine's costs of a sync fitted on the ideal run.
-# Memory: 8 workers of this model take about 18 GB (each ~2.2 GB: the parameters, the global copy,
-# the outer momentum and Streaming's send and receive buffers); 16 do not fit in 24 GB.
+# Memory: 8 workers of this model take about 18 GB with Streaming (each ~2.2 GB: the parameters, the
+# global copy, the outer momentum and the fragments' send and receive buffers) and up to about 21 GB
+# with DiLoCo at its syncs (a model-sized buffer and the all-reduce's pieces in flight); 16 do not
+# fit in 24 GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/bench-wan-scale}
@@ -40,7 +44,7 @@ method_steps() {
   case $1 in
     ddp) echo "${DDP_STEPS:-4}" ;;
     diloco-h50) echo "${DILOCO_STEPS:-100}" ;;
-    streaming-t5-e3m0|streaming-t10-e3m0) echo "${STREAMING_STEPS:-300}" ;;
+    streaming-t5-e3m0|streaming-t10-e3m0|streaming-t12-e3m0) echo "${STREAMING_STEPS:-300}" ;;
     *) echo "bench/wan-scale.sh: unknown method $1" >&2; exit 2 ;;
   esac
 }
@@ -50,6 +54,7 @@ overrides() {
     diloco-h50) echo --sync.algorithm=diloco --sync.inner_steps=50 --sync.exchange=fp32 ;;
     streaming-t5-e3m0) echo --sync.algorithm=streaming --sync.inner_steps=50 --sync.fragments=4 --sync.overlap_steps=5 --sync.exchange=e3m0 ;;
     streaming-t10-e3m0) echo --sync.algorithm=streaming --sync.inner_steps=50 --sync.fragments=4 --sync.overlap_steps=10 --sync.exchange=e3m0 ;;
+    streaming-t12-e3m0) echo --sync.algorithm=streaming --sync.inner_steps=50 --sync.fragments=4 --sync.overlap_steps=12 --sync.exchange=e3m0 ;;
   esac
 }
 
@@ -81,8 +86,8 @@ mkdir -p "$(dirname "$results")"
 {
   echo "{\"workers\": $workers, \"delay\": \"$delay\", \"config\": \"$config\", \"runs\": ["
   first=1
-  for rate in $(echo ideal 1gbit 300mbit 100mbit $links | tr ' ' '\n' | awk '!seen[$0]++'); do
-    for name in streaming-t5-e3m0 streaming-t10-e3m0 diloco-h50 ddp; do
+  for rate in $(echo ideal 1gbit 300mbit 100mbit 50mbit $links | tr ' ' '\n' | awk '!seen[$0]++'); do
+    for name in streaming-t5-e3m0 streaming-t10-e3m0 streaming-t12-e3m0 diloco-h50 ddp; do
       [ -d "$out/$rate/$name" ] && finished "$out/$rate/$name" || continue
       [ $first = 1 ] || echo ","
       first=0

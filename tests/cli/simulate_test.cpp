@@ -416,9 +416,10 @@ TEST(SimulateTest, TheCommandPrintsThePredictionAndTheBandwidthNeeded) {
 // written by bench/wan-scale.sh; docs/slow-links.md "Fitted on a run over no link, held out on
 // shaped ones"), each predicted by `loco simulate --from-run RUN --fit IDEAL`: its costs fitted on
 // the same method's run over no link, never on a shaped one. Streaming DiLoCo's runs are within
-// 10% of their wall time at 4 and 8 islands, 15% at 16. DiLoCo's and DDP's fp32 exchanges take more than their bytes plus their
-// compute on this machine's emulated islands (the relay and TCP under an all-to-all on 2 cores),
-// which the simulator does not model: it predicts them fast, and the test says so. A model
+// 10% of their wall time at 4 and 8 islands, 15% at 16; so are DiLoCo's and DDP's at 100 Mbit/s
+// and below, where their bytes dominate. Faster, their fp32 exchanges take more than their bytes
+// plus their compute on this machine's emulated islands (the relay and TCP under an all-to-all on
+// 2 cores), which the simulator does not model: it predicts them fast, and the test says so. A model
 // without communication (the same steps at the same step time, nothing else; or with the fitted
 // costs but no link) is off by more than 10% on at least half of the runs.
 TEST(SimulateTest, FittedOnRunsOverNoLinkPredictsTheShapedRunsAtModelScale) {
@@ -442,6 +443,9 @@ TEST(SimulateTest, FittedOnRunsOverNoLinkPredictsTheShapedRunsAtModelScale) {
         // 16 islands on 2 cores: the relay runs up to 0.46 s late, which the run over no link (on
         // loopback) does not pay and the simulator does not model; held to 15%.
         EXPECT_NEAR(ratio, 1.0, options.workers >= 16 ? 0.15 : 0.10) << name;
+      } else if (options.bandwidth_bps <= 100e6) {
+        // DiLoCo's and DDP's fp32 exchanges where the bytes dominate them: within 10%.
+        EXPECT_NEAR(ratio, 1.0, 0.10) << name;
       } else {
         EXPECT_LT(ratio, 1.0) << name << ": the simulator does not model the emulator's slow fp32 all-to-all; if it now "
                                          "predicts this run, say so in docs/slow-links.md";
@@ -456,8 +460,8 @@ TEST(SimulateTest, FittedOnRunsOverNoLinkPredictsTheShapedRunsAtModelScale) {
       fmt::print("{}: predicted / measured wall time {:.3f}; no link {:.3f}; compute alone {:.3f}\n", name, ratio, no_link, compute);
     }
   }
-  EXPECT_EQ(held_out, 14) << "4 islands: 2 runs, 8: 9, 16: 3";
-  EXPECT_EQ(streaming, 7);
+  EXPECT_EQ(held_out, 19) << "4 islands: 2 runs, 8: 14, 16: 3";
+  EXPECT_EQ(streaming, 9);
   EXPECT_GE(2 * bare_misses, held_out) << "compute alone misses at least half";
   EXPECT_GE(2 * linkless_misses, held_out) << "no link misses at least half";
 }
