@@ -68,6 +68,24 @@ CoordinatorOptions options_for(const RunConfig& config) {
   return o;
 }
 
+// A coordinator resuming a fixed run of `config`, its client, and each worker joining with the
+// checkpoints it holds (step, global hash), in rank order.
+struct Resuming {
+  explicit Resuming(const RunConfig& config)
+      : running((options = options_for(config), options.resume = true, options)), client(running.address(), 5s) {}
+  void join(const RunConfig& config, const std::vector<std::vector<protocol::CheckpointInfo>>& held) {
+    for (size_t rank = 0; rank < held.size(); ++rank) {
+      auto request = join_request(config, static_cast<int64_t>(rank));
+      request.resume = true;
+      request.checkpoints = held[rank];
+      client.join(request);
+    }
+  }
+  CoordinatorOptions options;
+  Running running;
+  CoordinatorClient client;
+};
+
 // The headers of a request signed with `token` for the coordinator `instance`, as CoordinatorClient
 // sends them.
 httplib::Headers signed_headers(const std::string& token, const std::string& instance, const std::string& method,
@@ -181,19 +199,13 @@ TEST(Coordinator, MissingWorkerFailsTheRunByName) {
 
 TEST(Coordinator, ResumePicksTheNewestParametersEveryWorkerHas) {
   const auto config = run_config(2);
-  auto options = options_for(config);
-  options.resume = true;
-  Running running(options);
-  CoordinatorClient client(running.address(), 5s);
-  auto a = join_request(config, 0), b = join_request(config, 1);
-  a.resume = b.resume = true;
-  a.checkpoints = {{30, 0xA}, {36, 0xA}, {20, 0x9}};  // worker 0 went on past the round that worker 1 lost
-  b.checkpoints = {{10, 0x8}, {20, 0x9}};
-  client.join(a);
-  client.join(b);
-  auto start0 = client.wait_for_start(0, nullptr), start1 = client.wait_for_start(1, nullptr);
+  Resuming resuming(config);
+  // Worker 0 went on past the round that worker 1 lost.
+  resuming.join(config, {{{30, 0xA}, {36, 0xA}, {20, 0x9}}, {{10, 0x8}, {20, 0x9}}});
+  auto start0 = resuming.client.wait_for_start(0, nullptr), start1 = resuming.client.wait_for_start(1, nullptr);
   EXPECT_EQ(start0.resume_step, 20);
   EXPECT_EQ(start1.resume_step, 20);
+  EXPECT_FALSE(start0.copy.has_value());
 }
 
 // Issue #48: a worker that holds no checkpoint (killed before its first, or its disk lost) resumes
@@ -204,21 +216,15 @@ TEST(Coordinator, AWorkerWithoutCheckpointsResumesFromACopyOfAnothers) {
   for (const auto algorithm : {Algorithm::kDiLoCo, Algorithm::kLocal}) {
     auto config = run_config(3);
     config.sync.algorithm = algorithm;
-    auto options = options_for(config);
-    options.resume = true;
-    Running running(options);
-    CoordinatorClient client(running.address(), 5s);
-    auto a = join_request(config, 0), b = join_request(config, 1), c = join_request(config, 2);
-    a.resume = b.resume = c.resume = true;
-    a.checkpoints = {{20, 0x9}, {30, 0xA}};
-    c.checkpoints = {{20, 0x9}, {34, 0xA}};  // worker 2 is furthest into the round of 0xA
-    for (const auto& request : {a, b, c}) client.join(request);
+    Resuming resuming(config);
+    // Worker 2 is furthest into the round of 0xA; worker 1 holds nothing.
+    resuming.join(config, {{{20, 0x9}, {30, 0xA}}, {}, {{20, 0x9}, {34, 0xA}}});
     if (algorithm == Algorithm::kLocal) {
-      expect_error<Error>([&] { client.wait_for_start(1, nullptr); }, "worker 1 holds no checkpoint to resume from");
+      expect_error<Error>([&] { resuming.client.wait_for_start(1, nullptr); }, "worker 1 holds no checkpoint to resume from");
       continue;
     }
     for (int64_t rank = 0; rank < 3; ++rank) {
-      auto start = client.wait_for_start(rank, nullptr);
+      auto start = resuming.client.wait_for_start(rank, nullptr);
       EXPECT_EQ(start.resume_step, std::vector<int64_t>({30, 34, 34})[static_cast<size_t>(rank)]) << "rank " << rank;
       ASSERT_TRUE(start.copy.has_value());
       EXPECT_EQ(start.copy->from, 2);
@@ -226,30 +232,16 @@ TEST(Coordinator, AWorkerWithoutCheckpointsResumesFromACopyOfAnothers) {
     }
   }
   const auto config = run_config(2);
-  auto options = options_for(config);
-  options.resume = true;
-  Running running(options);
-  CoordinatorClient client(running.address(), 5s);
-  auto a = join_request(config, 0), b = join_request(config, 1);
-  a.resume = b.resume = true;
-  client.join(a);
-  client.join(b);
-  expect_error<Error>([&] { client.wait_for_start(0, nullptr); }, "no worker holds a checkpoint to resume from");
+  Resuming resuming(config);
+  resuming.join(config, {{}, {}});
+  expect_error<Error>([&] { resuming.client.wait_for_start(0, nullptr); }, "no worker holds a checkpoint to resume from");
 }
 
 TEST(Coordinator, ResumeWithoutCommonParametersFails) {
   const auto config = run_config(2);
-  auto options = options_for(config);
-  options.resume = true;
-  Running running(options);
-  CoordinatorClient client(running.address(), 5s);
-  auto a = join_request(config, 0), b = join_request(config, 1);
-  a.resume = b.resume = true;
-  a.checkpoints = {{30, 0xA}};
-  b.checkpoints = {{10, 0x8}};
-  client.join(a);
-  client.join(b);
-  expect_error<Error>([&] { client.wait_for_start(0, nullptr); }, "share no global parameters");
+  Resuming resuming(config);
+  resuming.join(config, {{{30, 0xA}}, {{10, 0x8}}});
+  expect_error<Error>([&] { resuming.client.wait_for_start(0, nullptr); }, "share no global parameters");
 }
 
 // Garbage, truncated JSON, wrong types, huge keys: answered 400, and the coordinator serves on.
