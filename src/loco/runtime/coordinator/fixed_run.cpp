@@ -87,6 +87,16 @@ void FixedRun::start() {
   log(fmt::format("all {} workers joined: training starts (epoch 0), one task each", workers()));
 }
 
+namespace {
+
+// "worker 1 holds no checkpoint", "workers 1, 2 hold no checkpoint".
+std::string holding_none(const std::vector<int64_t>& ranks) {
+  return ranks.size() > 1 ? fmt::format("workers {} hold no checkpoint", fmt::join(ranks, ", "))
+                          : fmt::format("worker {} holds no checkpoint", ranks.front());
+}
+
+}  // namespace
+
 // Each worker resumes from its newest checkpoint whose global parameters all workers have a
 // checkpoint of; among such parameters, the newest set (the one losing least work) wins. A worker
 // that holds no checkpoint (it stopped before its first, or lost them) resumes from a copy of the
@@ -133,11 +143,10 @@ void FixedRun::plan_resume() {
     const auto donor = std::max_element(steps.begin(), steps.end()) - steps.begin();  // the furthest; the lowest rank of ties
     copy_ = protocol::CheckpointCopy{donor, without};
     for (const int64_t r : without) steps[static_cast<size_t>(r)] = steps[static_cast<size_t>(donor)];
-    log(fmt::format("worker{} {} hold{} no checkpoint: {} resume{} from a copy of worker {}'s of step {}, sent over the "
-                    "run's group (what {} trained since {} last checkpoint is lost)",
-                    without.size() > 1 ? "s" : "", fmt::join(without, ", "), without.size() > 1 ? "" : "s",
-                    without.size() > 1 ? "they" : "it", without.size() > 1 ? "" : "s", donor, steps[static_cast<size_t>(donor)],
-                    without.size() > 1 ? "they" : "it", without.size() > 1 ? "their" : "its"));
+    log(fmt::format("{}: {} from a copy of worker {}'s of step {}, sent over the run's group (the steps since the last "
+                    "checkpoint of each are lost)",
+                    holding_none(without), without.size() > 1 ? "they resume" : "it resumes", donor,
+                    steps[static_cast<size_t>(donor)]));
   }
   for (size_t r = 0; r < members_.size(); ++r) resume_steps_[static_cast<int64_t>(r)] = steps[r];
   log(fmt::format("resuming: worker steps {} (global parameters {})", fmt::join(steps, ", "), hex64(best->second)));
@@ -162,10 +171,7 @@ void FixedRun::no_state_to_resume(const std::vector<int64_t>& without) {
                       "copy a checkpoint over. Restore its checkpoints, or start the run again, losing those steps: {}",
                       furthest, to_string(options_.config.sync.algorithm), restart);
   }
-  const auto who = without.size() == members_.size()
-                       ? std::string("no worker holds a checkpoint")
-                       : fmt::format("worker{} {} hold{} no checkpoint", without.size() > 1 ? "s" : "", fmt::join(without, ", "),
-                                     without.size() > 1 ? "" : "s");
+  const auto who = without.size() == members_.size() ? std::string("no worker holds a checkpoint") : holding_none(without);
   if (status_.fail(fmt::format("--resume: {} to resume from: {}", who, why))) {
     log("run failed: " + status_.reason());
   }
