@@ -228,11 +228,11 @@ void TrainingLoop::restore() {
     const auto per_epoch = static_cast<uint64_t>(sampler_->windows_per_epoch());
     sampler_->restore({windows / per_epoch, windows % per_epoch});
   } else if (!slot_store_) {
+    // Elastic runs skip this: the global checkpoint and its position are the leader's (a place in
+    // the leader's shard, which may be beyond the end of this one's); a slot's is its own saved
+    // one (below) or the plan's (start()).
     sampler_->restore(resumed_->state.sampler);
   }
-  // Elastic: the global checkpoint and its position are the leader's (a place in the leader's
-  // shard, which may be beyond the end of this one's); this slot's is its own saved one (below)
-  // or the plan's (start()).
   if (slot_store_) {
     // The global checkpoint is the leader's; this slot's AdamW moments and data position of the
     // same round are its own (else it keeps the leader's moments, and the plan's position).
