@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
@@ -16,6 +19,24 @@ TEST(Files, AtomicWriteReplacesAndLeavesNoTemporaries) {
   int entries = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(path.parent_path())) ++entries;
   EXPECT_EQ(entries, 1);
+}
+
+// A link planted where the writer's temporary file would be (the old name was the path, the host
+// and the pid, all known to another user of the machine) is not written through; the file is
+// its owner's alone.
+TEST(Files, AtomicWriteFollowsNoPlantedLinkAndIsItsOwnersAlone) {
+  testing_util::TempDir dir;
+  const auto outside = dir.path() / "outside.txt", path = dir.path() / "run" / "checkpoint.bin";
+  write_file_atomic(outside, "not yours", "test");
+  fs::create_directories(path.parent_path());
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  fs::create_symlink(outside, fs::path(path.string() + fmt::format(".tmp.{}.{}", host, ::getpid())));
+  write_file_atomic(path, "model", "test");
+  EXPECT_EQ(read_file(outside, "test"), "not yours");
+  EXPECT_EQ(read_file(path, "test"), "model");
+  EXPECT_FALSE(fs::is_symlink(path));
+  EXPECT_EQ(fs::status(path).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
 }
 
 TEST(Files, ReadMissingFileNamesIt) {

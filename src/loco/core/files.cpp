@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "loco/core/error.h"
@@ -29,6 +30,11 @@ void write_all(int fd, std::string_view bytes, const fs::path& path, std::string
     }
     done += static_cast<size_t>(n);
   }
+}
+
+uint64_t random_u64() {
+  static thread_local std::mt19937_64 generator{(uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
+  return generator();
 }
 
 }  // namespace
@@ -66,12 +72,15 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, std::string
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) throw Error(module, fmt::format("{}: cannot create folder: {}", parent.string(), ec.message()));
-  // Named by host and process: writers on several machines may share the folder (DiPaCo's run folder).
+  // Named by host, process and a random number: writers on several machines may share the folder
+  // (DiPaCo's run folder), and nobody can plant a link at a name they cannot guess; created anew
+  // (O_EXCL), never through a link (O_NOFOLLOW), readable by its owner only: checkpoints and
+  // coordinator.json hold the model and the run's state.
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   fs::path tmp = path;
-  tmp += fmt::format(".tmp.{}.{}", host, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  tmp += fmt::format(".tmp.{}.{}.{:016x}", host, ::getpid(), random_u64());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw Error(module, fmt::format("{}: cannot create: {}", tmp.string(), reason(errno)));
   try {
     write_all(fd, bytes, tmp, module);
