@@ -310,7 +310,10 @@ TEST(Coordinator, WithoutATokenWhatAWebPageSendsIsRefused) {
   };
   const std::vector<std::pair<std::string, std::string>> json = {{"Content-Type", "application/json"}};
   EXPECT_FALSE(browser_refusal(post("node7:29500", json), true, "node7"));
-  EXPECT_FALSE(browser_refusal(post("node7.cluster.example:29500", json), true, "node7"));
+  EXPECT_FALSE(browser_refusal(post("node7.:29500", json), true, "node7"));
+  // The machine's name exactly: a rebinding site may be named node7.attacker.example (issue #49).
+  EXPECT_TRUE(browser_refusal(post("node7.attacker.example:29500", json), true, "node7"));
+  EXPECT_TRUE(browser_refusal(post("node7.cluster.example", json), true, "node7"));
   EXPECT_FALSE(browser_refusal(post("10.0.0.1:29500", json), true, "node7"));
   EXPECT_FALSE(browser_refusal(post("[fe80::1]:29500", json), true, "node7"));
   EXPECT_TRUE(browser_refusal(post("node77:29500", json), true, "node7"));

@@ -71,7 +71,9 @@ std::optional<std::string> browser_refusal(const HttpRequest& request, bool chec
   if (host == "localhost" || ::inet_pton(AF_INET, host.c_str(), &v4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
     return std::nullopt;
   }
-  if (!this_host.empty() && (host == this_host || host.starts_with(this_host + "."))) return std::nullopt;
+  // This machine's name exactly (a prefix would let `<name>.attacker.example` rebind to it), with
+  // or without a final dot.
+  if (!this_host.empty() && (host == this_host || host == this_host + ".")) return std::nullopt;
   return fmt::format("the request's Host header names neither an IP address, localhost nor this machine ('{}'): a web "
                      "page whose DNS name was rebound here? hint: reach the coordinator by its IP address or by '{}'",
                      this_host, this_host);

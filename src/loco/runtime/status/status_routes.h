@@ -34,8 +34,8 @@ bool status_read_open(const HttpRequest& request, const std::string& view_key);
 // not JSON (a cross-site form may post text/plain or a urlencoded form without asking first), is
 // refused: loco's own clients send neither header and post JSON. With `check_host` (a coordinator
 // without a join token, whose requests no MAC protects), so is any request whose Host header names
-// neither an IP address, "localhost", nor `this_host` (gethostname(), alone or as the start of a
-// dotted name): a page whose DNS name was rebound to this machine still names its own site.
+// neither an IP address, "localhost", nor exactly `this_host` (gethostname()): a page whose DNS
+// name was rebound to this machine still names its own site.
 std::optional<std::string> browser_refusal(const HttpRequest& request, bool check_host, const std::string& this_host);
 
 // What the status routes draw from.
