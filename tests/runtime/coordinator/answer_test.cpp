@@ -25,7 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 using testing_util::expect_error;
 
-const std::string kToken = "4f1c2a9d8e7b6c5a4f1c2a9d8e7b6c5a";
+const std::string kToken = "4f1c2a9d8e7b6c5a0e3d7b92a6c1f548";
 
 TEST(Auth, AnAnswersMacBindsItsRequestStatusAndBody) {
   const auth::Key key(kToken), other(kToken + "x");

@@ -3,6 +3,8 @@
 #include "loco/runtime/net/auth.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -163,11 +165,16 @@ TEST(Auth, AWeakTokenIsRefusedUnlessInsecure) {
   testing_util::TempDir dir;
   const auto run = dir.path() / "run";
   EXPECT_GE(token_bits(kStrong), 256);  // what `openssl rand -hex 32` makes
-  EXPECT_EQ(token_bits("0123456789abcdef0123456789abcdef"), 128) << "16 random bytes in hex: enough";
-  EXPECT_LT(token_bits("0123456789abcdef0123456789abcde"), 128);
+  EXPECT_EQ(token_bits("3f9a0c7e51d28b46e07c9a3d5f1b8264"), 128) << "16 random bytes in hex: enough";
+  EXPECT_LT(token_bits("3f9a0c7e51d28b46e07c9a3d5f1b826"), 128);
+  // A repeated piece is worth the piece (issue #49: `abcdefgh` four times passed as 150 bits).
+  EXPECT_NEAR(token_bits("abcdefghabcdefghabcdefghabcdefgh"), 8 * std::log2(26.0), 1e-9);
+  EXPECT_EQ(token_bits("0123456789abcdef0123456789abcdef"), 64);
+  EXPECT_NEAR(token_bits("Tr0ub4dor&3-Tr0ub4dor&3-Tr0ub4dor&3-Tr0ub4dor&3-"), 12 * std::log2(95.0), 1e-9);
   EXPECT_LT(token_bits("s3cret-token-value"), 128);
   EXPECT_EQ(token_bits(std::string(100, 'a')), 0) << "one character repeated";
-  for (const auto& weak : std::vector<std::string>{"a", "s3cret-token-value", "password1234", std::string(100, 'a')}) {
+  for (const auto& weak : std::vector<std::string>{"a", "s3cret-token-value", "password1234", std::string(100, 'a'),
+                                                   "abcdefghabcdefghabcdefghabcdefgh"}) {
     expect_error<ConfigError>([&] { coordinator_token(weak, run, "0.0.0.0", false); }, "too weak");
     EXPECT_EQ(coordinator_token(weak, run, "0.0.0.0", true), weak) << "--insecure takes any token";
   }

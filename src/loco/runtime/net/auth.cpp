@@ -14,6 +14,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <vector>
 #include <cstring>
 #include <fstream>
 
@@ -255,7 +256,16 @@ double token_bits(std::string_view token) {
   }
   if (distinct < kMinTokenDistinct) return 0;
   const double alphabet = hex_only ? 16 : (digit ? 10 : 0) + (lower ? 26 : 0) + (upper ? 26 : 0) + (other ? 33 : 0);
-  return static_cast<double>(token.size()) * std::log2(alphabet);
+  // A token that repeats a shorter piece (its period) is worth that piece: its smallest period,
+  // by the prefix function (the longest proper prefix that is also a suffix, for each prefix).
+  std::vector<size_t> border(token.size(), 0);
+  for (size_t i = 1; i < token.size(); ++i) {
+    size_t k = border[i - 1];
+    while (k > 0 && token[i] != token[k]) k = border[k - 1];
+    border[i] = token[i] == token[k] ? k + 1 : k;
+  }
+  const size_t period = token.empty() ? 0 : token.size() - border.back();
+  return static_cast<double>(period) * std::log2(alphabet);
 }
 
 void check_token_strength(std::string_view token) {
