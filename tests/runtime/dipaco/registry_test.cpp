@@ -395,7 +395,10 @@ TEST(PostgresRegistryTest, AMalformedConnectionStringIsNamedWithoutItsPassword) 
   for (const std::string conninfo : {"postgresql://loco:hunter2secret%zz@127.0.0.1:1/db",
                                      "postgresql://loco:hunter2secret@[::1/db",
                                      "postgresql://loco:hunter2%2Dsecret@127.0.0.1:1/db?sslmode=bogus%zz",
-                                     "host=127.0.0.1 port=1 password='hunter2secret' dbname"}) {
+                                     "host=127.0.0.1 port=1 password='hunter2secret' dbname",
+                                     // as a URI's parameter (issue #49: libpq quoted it whole)
+                                     "postgresql://loco@127.0.0.1:1/db?password=hunter2secret%zz",
+                                     "postgresql://127.0.0.1:1/db?sslmode=require&password=hunter2secret&x=%zz"}) {
     try {
       open_postgres_registry(conninfo, std::chrono::seconds(3));
       ADD_FAILURE() << "connected with " << conninfo;

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <memory>
 #include <regex>
+#include <vector>
 
 #include "loco/core/error.h"
 #include "loco/runtime/store/sql.h"
@@ -31,22 +32,28 @@ std::string without_password(const std::string& conninfo) {
   return out;
 }
 
-// The password a connection string carries, found without libpq (which cannot parse a malformed
-// one): `scheme://user:PASSWORD@...` or `password=PASSWORD` (quoted or not). Empty if none.
-std::string password_in(const std::string& conninfo) {
+// The passwords a connection string carries, found without libpq (which cannot parse a malformed
+// one): `scheme://user:PASSWORD@...`, `...?password=PASSWORD` (or `&password=`) in a URI, or
+// `password=PASSWORD` (quoted or not) among keywords.
+std::vector<std::string> passwords_in(const std::string& conninfo) {
   static const std::regex uri(R"(^[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*:([^@/?#]*)@)");
+  static const std::regex parameter(R"([?&]password=([^&#\s]*))");
   static const std::regex keyword(R"((?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+))");
+  std::vector<std::string> found;
   std::smatch m;
-  if (std::regex_search(conninfo, m, uri)) return m[1].str();
-  if (std::regex_search(conninfo, m, keyword)) {
-    std::string value = m[1].str();
-    if (value.size() >= 2 && value.front() == '\'') value = value.substr(1, value.size() - 2);
-    return value;
+  if (std::regex_search(conninfo, m, uri)) found.push_back(m[1].str());
+  for (auto it = std::sregex_iterator(conninfo.begin(), conninfo.end(), parameter); it != std::sregex_iterator(); ++it) {
+    found.push_back((*it)[1].str());
   }
-  return "";
+  for (auto it = std::sregex_iterator(conninfo.begin(), conninfo.end(), keyword); it != std::sregex_iterator(); ++it) {
+    std::string value = (*it)[1].str();
+    if (value.size() >= 2 && value.front() == '\'') value = value.substr(1, value.size() - 2);
+    found.push_back(value);
+  }
+  return found;
 }
 
-// libpq's message with the connection string and its password taken out: it quotes a malformed
+// libpq's message with the connection string and its passwords taken out: it quotes a malformed
 // string, or the token it could not read, whole ("invalid percent-encoded token: \"s3cret%zz\"").
 std::string scrubbed(std::string message, const std::string& conninfo) {
   auto replace_all = [&](const std::string& what, const std::string& with) {
@@ -56,8 +63,8 @@ std::string scrubbed(std::string message, const std::string& conninfo) {
     }
   };
   replace_all(conninfo, "(the connection string)");
-  const std::string password = password_in(conninfo);
-  if (password.size() >= 2) {  // a one-character password would turn every such letter into ***
+  for (const auto& password : passwords_in(conninfo)) {
+    if (password.size() < 2) continue;  // a one-character password would turn every such letter into ***
     std::string decoded = password;  // as libpq may quote it after percent-decoding
     for (size_t i = 0; i + 2 < decoded.size(); ++i) {
       if (decoded[i] == '%' && std::isxdigit(static_cast<unsigned char>(decoded[i + 1])) &&
