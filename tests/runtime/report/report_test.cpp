@@ -54,6 +54,11 @@ TEST(RoundTripsBeyond, TheReportTakesTheMedianOverTheRunsSyncs) {
   EXPECT_NEAR(report.round_trips_beyond, 2.5, 1e-6) << "the median of 1, 2, 3 and 4";
   EXPECT_NE(report_table({report}).find("2.50 RTT"), std::string::npos) << report_table({report});
   EXPECT_NEAR(report_from_json(to_json(report), "test").round_trips_beyond, 2.5, 1e-6);
+  // Islands with neither rate nor delay (held only to a CPU share): their round trip is the
+  // stack's own, and counting in it means nothing.
+  std::ofstream(run.links()) << R"({"workers": [{"rank": 0, "rate_bps": 0, "delay_s": 0},
+                                                {"rank": 1, "rate_bps": 0, "delay_s": 0}]})";
+  EXPECT_TRUE(std::isnan(read_run_report(run.dir()).round_trips_beyond));
 }
 
 // Goodput against an ideal network: the same run's wall time without emulated links over this

@@ -30,13 +30,17 @@ double round_trips_beyond(double seconds, double bytes_sent, double bytes_receiv
 namespace {
 
 // Each worker's link rate from `links` (RUN/links.json, which `loco launch --link` writes); empty
-// without that file.
+// without that file. A link with neither rate nor delay (an island held only to a CPU share, as
+// the ideal runs of `CPU=... bench/wan-scale.sh` are) has no round trip to count in: NaN.
 std::map<int64_t, double> link_rates(const fs::path& links) {
   std::map<int64_t, double> rate;
   if (!fs::exists(links)) return rate;
   try {
     const auto j = nlohmann::json::parse(read_file(links, "report"));
-    for (const auto& w : j.at("workers")) rate[w.at("rank").get<int64_t>()] = w.at("rate_bps").get<double>();
+    for (const auto& w : j.at("workers")) {
+      const double bps = w.at("rate_bps").get<double>();
+      rate[w.at("rank").get<int64_t>()] = bps <= 0 && w.value("delay_s", 0.0) <= 0 ? NAN : bps;
+    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError("report", fmt::format("{}: not a list of links ({})", links.string(), e.what()));
   }
