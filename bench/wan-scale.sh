@@ -18,6 +18,9 @@
 #   sudo LINKS="100mbit" bench/wan-scale.sh        some links only (default: 1gbit 300mbit 100mbit)
 #   sudo METHODS="streaming-t5-e3m0" bench/wan-scale.sh
 #   sudo WORKERS=4 bench/wan-scale.sh runs/bench-wan-scale-m4     results in bench/results/wan-scale-m4.json
+#   sudo CPU=0.2 bench/wan-scale.sh      each island held to 0.2 cores (a CPU control group), the ideal runs too
+#                                        (over islands with no rate or delay), so that the emulator's own work
+#                                        (the relay, tbf, the veths, TCP) has cores the workers do not take
 #   sudo WORKERS=16 MODEL="--model.width=704" bench/wan-scale.sh runs/bench-wan-scale-m16   (51M parameters)
 # Each shaped run's report carries `loco simulate --from-run RUN --fit IDEAL_RUN`'s prediction
 # ("simulated"): the simulator with this machine's costs of a sync fitted on the ideal run.
@@ -31,6 +34,9 @@ out=${1:-runs/bench-wan-scale}
 links=${LINKS:-"1gbit 300mbit 100mbit"}
 delay=${DELAY:-50ms}
 workers=${WORKERS:-8}
+cpu=${CPU:-0}  # > 0: each island (worker) held to this many cores, in the ideal runs too
+ideal_link=() shaped_cpu=""
+if [ "$cpu" != 0 ]; then ideal_link=(--link "cpu=$cpu"); shaped_cpu=",cpu=$cpu"; fi
 methods=${METHODS:-"streaming-t5-e3m0 diloco-h50 ddp"}
 read -r -a model <<< "${MODEL:-}"  # overrides of the model's shape
 config=bench/wan-scale.toml
@@ -74,17 +80,17 @@ for rate in $links; do mkdir -p "$out/$rate"; done
 for name in $methods; do
   steps=$(method_steps "$name")
   # shellcheck disable=SC2046  # the overrides are words
-  run "ideal/$name" --cluster.workers="$workers" ${model[@]+"${model[@]}"} $(overrides "$name")
+  run "ideal/$name" --cluster.workers="$workers" ${model[@]+"${model[@]}"} ${ideal_link[@]+"${ideal_link[@]}"} $(overrides "$name")
   for rate in $links; do
     # shellcheck disable=SC2046
-    run "$rate/$name" --cluster.workers="$workers" ${model[@]+"${model[@]}"} --link "rate=$rate,delay=$delay" $(overrides "$name")
+    run "$rate/$name" --cluster.workers="$workers" ${model[@]+"${model[@]}"} --link "rate=$rate,delay=$delay$shaped_cpu" $(overrides "$name")
   done
 done
 
 # Every finished run, with its link and its goodput against the ideal run of the same method.
 mkdir -p "$(dirname "$results")"
 {
-  echo "{\"workers\": $workers, \"delay\": \"$delay\", \"config\": \"$config\", \"runs\": ["
+  echo "{\"workers\": $workers, \"delay\": \"$delay\", \"cpu\": \"$cpu\", \"config\": \"$config\", \"runs\": ["
   first=1
   for rate in $(echo ideal 1gbit 300mbit 100mbit 50mbit $links | tr ' ' '\n' | awk '!seen[$0]++'); do
     for name in streaming-t5-e3m0 streaming-t10-e3m0 streaming-t12-e3m0 diloco-h50 ddp; do
