@@ -5,9 +5,12 @@
 #   DDP  |  DiLoCo H = 50 (fp32, and e3m0)  |  Streaming P = 4, tau = 1, fp32  |
 #   Streaming P = 4, tau = 5, e3m0  |  eager DiLoCo H = 50 (its default outer Nesterov lr 0.7 /
 #   momentum 0, and outer SGD)
-# every run the same tokens per worker. Prints one `loco report` table per link: validation loss,
-# bytes sent, stall, compute utilization (end to end) and wall time; and writes what `loco simulate`
-# predicts for each run, with what it measured, to bench/results/wan.json (RESULTS=FILE: elsewhere).
+# every run the same tokens per worker. Each method also runs once over islands with the same CPU
+# shares but no rate or delay (OUT/ideal-METHOD: the ideal network), and a run's goodput is that
+# run's wall time over its own. Prints one `loco report` table per link: validation loss, bytes
+# sent, stall, compute utilization (end to end), goodput and wall time; writes every report with its
+# goodput to bench/results/wan-goodput.json (GOODPUT=FILE), and what `loco simulate` predicts for
+# each run, with what it measured, to bench/results/wan.json (RESULTS=FILE: elsewhere).
 #
 #   sudo bench/wan.sh [OUT]              OUT defaults to runs/bench-wan; finished runs are skipped
 #   sudo STEPS=100 bench/wan.sh          shorter (DDP over 10 Mbit/s costs ~6 s a step: 300 steps ~ 30 min)
@@ -27,6 +30,7 @@ delay=${DELAY:-50ms}
 cpu=${CPU:-0.35}
 config=bench/streaming.toml
 results=${RESULTS:-bench/results/wan.json}
+goodput=${GOODPUT:-bench/results/wan-goodput.json}
 loco=${LOCO:-build/loco}  # LOCO=/path/to/a/copy keeps a rebuild from changing the binary mid-benchmark
 source bench/common.sh
 prepare
@@ -48,6 +52,13 @@ overrides() {
   esac
 }
 
+# The ideal network: the same islands and CPU shares, no rate or delay (with CPU=0, no islands).
+ideal_link=()
+[ "$cpu" = 0 ] || ideal_link=(--link "cpu=$cpu")
+for name in $methods; do
+  # shellcheck disable=SC2046  # the overrides are words
+  run "ideal-$name" ${ideal_link[@]+"${ideal_link[@]}"} $(overrides "$name")
+done
 for rate in $links; do
   link="rate=$rate,delay=$delay"
   [ "$cpu" = 0 ] || link="$link,cpu=$cpu"
@@ -77,11 +88,37 @@ all_links=$(echo 1gbit 100mbit 10mbit $links | tr ' ' '\n' | awk '!seen[$0]++')
   echo "]"
 } > "$results"
 
+# Goodput: `loco report --ideal DIR` reads each run's reference as DIR/<the run's folder name>, so
+# OUT/ideal-as/RATE-METHOD links to OUT/ideal-METHOD. Runs without a finished reference have none.
+rm -rf "${out:?}/ideal-as" && mkdir -p "$out/ideal-as"
+for rate in $all_links; do
+  for name in $all_methods; do
+    finished "$out/ideal-$name" && ln -s "../ideal-$name" "$out/ideal-as/$rate-$name"
+  done
+done
+{
+  echo "{\"workers\": 4, \"delay\": \"$delay\", \"cpu\": \"$cpu\", \"config\": \"$config\", \"runs\": ["
+  first=1
+  for rate in ideal $all_links; do
+    for name in $all_methods; do
+      run_dir="$out/$rate-$name"
+      finished "$run_dir" || continue
+      ideal=()
+      [ "$rate" = ideal ] || [ ! -e "$out/ideal-as/$rate-$name" ] || ideal=(--ideal "$out/ideal-as")
+      [ $first = 1 ] || echo ","
+      first=0
+      echo "{\"link\": \"$rate\", \"report\": $("$loco" report "$run_dir" "${ideal[@]}" --json | tr -d '\n' | sed 's/^\[//; s/\]$//')}"
+    done
+  done
+  echo "]}"
+} > "$goodput"
+
 for rate in $all_links; do
   runs=()
   for name in $all_methods; do finished "$out/$rate-$name" && runs+=("$out/$rate-$name"); done
   [ ${#runs[@]} -gt 0 ] || continue
   echo
-  echo "## $rate, $delay one-way"
-  "$loco" report "${runs[@]}" --html "$out/$rate-report.html" --svg "$out/$rate-charts"
+  echo "## $rate, $delay one-way (goodput against the same run over no rate or delay)"
+  "$loco" report "${runs[@]}" --ideal "$out/ideal-as" --html "$out/$rate-report.html" --svg "$out/$rate-charts" ||
+    "$loco" report "${runs[@]}" --html "$out/$rate-report.html" --svg "$out/$rate-charts"  # a reference missing
 done
