@@ -112,8 +112,8 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
       if (reply->first == 401) {
         throw ConfigError("coordinator", fmt::format(
             "refused to join: {}; hint: every worker needs the run's join token: LOCO_JOIN_TOKEN or cluster.join_token, "
-            "or on the coordinator's machine the run folder's join_token file ({})", error_text(reply->second),
-            http_.signs() ? "this worker has a token, not the run's" : "this worker has none"));
+            "or on the coordinator's machine the run folder's join_token file (this worker has none)",
+            error_text(reply->second)));
       }
       if (reply->first == 503) {
         if (Clock::now() + backoff > slot_deadline) {
@@ -134,10 +134,16 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
       throw Error("coordinator", fmt::format("join failed (HTTP {}): {}", reply->first, error_text(reply->second)));
     }
     if (Clock::now() + backoff > deadline) {
-      throw PeerError("worker", fmt::format("cannot reach the coordinator at {} within {:.0f} s ({}); hint: is `loco "
-                                            "coordinator` (or `loco launch`) running there, and is the port open? "
+      // A worker with a token is refused unsigned when its token is not the run's (a refusal is
+      // never signed, so it is not believed at once: HttpClient::attempt).
+      const bool refused = last_error.starts_with("a refusal");
+      throw PeerError("worker", fmt::format("cannot reach the coordinator at {} within {:.0f} s ({}); hint: {} "
                                             "(cluster.connect_timeout_s)", address(),
-                                            std::chrono::duration<double>(connect_timeout_).count(), last_error));
+                                            std::chrono::duration<double>(connect_timeout_).count(), last_error,
+                                            refused ? "every worker needs the run's join token: LOCO_JOIN_TOKEN or "
+                                                      "cluster.join_token, the same on every host"
+                                                    : "is `loco coordinator` (or `loco launch`) running there, and is "
+                                                      "the port open?"));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));

@@ -93,6 +93,15 @@ std::optional<HttpClient::Reply> HttpClient::send(const std::string& method, con
     if (!key_ || (was_signed && instance_ == used)) break;  // nothing new to sign with
     reply = send_once(method, path, body, error, told);
   }
+  // A signed request's refusal is never signed (the coordinator signs only what it authenticated),
+  // so it is not believed: anyone on the path could forge one to end this worker. Passed on only
+  // to sign again with the instance it told (above); refused still, it is what an unanswered
+  // request is, and the caller tries again within its patience.
+  if (reply && key_ && (reply->first == 401 || reply->first == 403)) {
+    error = fmt::format("a refusal (HTTP {} to {}: {}) not signed with this worker's token, not believed: the {} has "
+                        "another token, or another process answered", reply->first, path, error_text(reply->second), peer_);
+    return std::nullopt;
+  }
   return reply;
 }
 
@@ -141,8 +150,8 @@ std::optional<HttpClient::Reply> HttpClient::send_once(const std::string& method
   if (result->status == 401 && auth::is_instance(result->get_header_value(auth::kInstanceHeader))) {
     told = result->get_header_value(auth::kInstanceHeader);
   }
-  // With a key, only answers signed for this request are believed; a refusal (401, 403) need not
-  // be, since believing one gives nothing away (whoever can forge it could drop the answer too).
+  // With a key, only answers signed for this request are believed; a refusal (401, 403) is passed
+  // to send(), which signs again with the instance it told and believes none.
   if (key_ && result->status != 401 && result->status != 403) {
     const auto mac = result->get_header_value(auth::kAnswerMacHeader);
     if (auto why = auth::check_answer(*key_, nonce, result->status, answer, result->has_header(auth::kAnswerMacHeader) ? &mac : nullptr)) {

@@ -54,8 +54,6 @@ class HttpClient {
   int port() const { return port_; }
   std::string address() const;
   const ClientSecurity& security() const { return security_; }
-  // Whether requests are signed (a token was given, or the token file has appeared).
-  bool signs() const { return key_.has_value(); }
 
   // How long request() keeps retrying a peer that does not answer (backoff from 0.2 s, doubling to
   // 5 s). Default 3 s.
@@ -70,7 +68,8 @@ class HttpClient {
   // refused (401) is signed and sent again when there is something new to sign it with: the run's
   // token file, for an unsigned request (a coordinator starting beside this worker writes it just
   // before it listens), or the peer instance the refusal told (this client's first request, or its
-  // first after the peer restarted).
+  // first after the peer restarted). A refusal (401, 403) of a signed request is never believed
+  // (none is signed): nullopt, as for an answer that is not the peer's.
   std::optional<Reply> attempt(const std::string& method, const std::string& path, const std::string& body,
                                std::chrono::milliseconds read_timeout, std::string& error);
 
