@@ -21,9 +21,9 @@ TEST(Files, AtomicWriteReplacesAndLeavesNoTemporaries) {
   EXPECT_EQ(entries, 1);
 }
 
-// A link planted where the writer's temporary file would be (the old name was the path, the host
-// and the pid, all known to another user of the machine) is not written through; the file is
-// its owner's alone.
+// A link planted where the writer's temporary file was named before (the path, the host and the
+// pid, all known to another user of the machine) is not written through; a checkpoint is its
+// owner's alone.
 TEST(Files, AtomicWriteFollowsNoPlantedLinkAndIsItsOwnersAlone) {
   testing_util::TempDir dir;
   const auto outside = dir.path() / "outside.txt", path = dir.path() / "run" / "checkpoint.bin";
@@ -32,11 +32,15 @@ TEST(Files, AtomicWriteFollowsNoPlantedLinkAndIsItsOwnersAlone) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   fs::create_symlink(outside, fs::path(path.string() + fmt::format(".tmp.{}.{}", host, ::getpid())));
-  write_file_atomic(path, "model", "test");
+  write_file_atomic(path, "model", "test", Readers::kOwner);
   EXPECT_EQ(read_file(outside, "test"), "not yours");
   EXPECT_EQ(read_file(path, "test"), "model");
   EXPECT_FALSE(fs::is_symlink(path));
   EXPECT_EQ(fs::status(path).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+  // Data, tokenizers and reports stay readable by others (a benchmark run as root, read by a user).
+  const auto shared = dir.path() / "run" / "report.html";
+  write_file_atomic(shared, "<p>", "test");
+  EXPECT_EQ(fs::status(shared).permissions() & fs::perms::others_read, fs::perms::others_read);
 }
 
 TEST(Files, ReadMissingFileNamesIt) {

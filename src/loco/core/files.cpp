@@ -67,20 +67,20 @@ void sync_directory(const fs::path& dir, std::string_view module) {
   ::close(fd);
 }
 
-void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module) {
+void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module, Readers readers) {
   fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) throw Error(module, fmt::format("{}: cannot create folder: {}", parent.string(), ec.message()));
   // Named by host, process and a random number: writers on several machines may share the folder
   // (DiPaCo's run folder), and nobody can plant a link at a name they cannot guess; created anew
-  // (O_EXCL), never through a link (O_NOFOLLOW), readable by its owner only: checkpoints and
-  // coordinator.json hold the model and the run's state.
+  // (O_EXCL), never through a link (O_NOFOLLOW), with the mode `readers` says.
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   fs::path tmp = path;
   tmp += fmt::format(".tmp.{}.{}.{:016x}", host, ::getpid(), random_u64());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  readers == Readers::kOwner ? 0600 : 0644);
   if (fd < 0) throw Error(module, fmt::format("{}: cannot create: {}", tmp.string(), reason(errno)));
   try {
     write_all(fd, bytes, tmp, module);

@@ -13,9 +13,15 @@ namespace fs = std::filesystem;
 // Whole file as bytes. Throws DataError("[module] <path>: <reason>") when it cannot be read.
 std::string read_file(const fs::path& path, std::string_view module);
 
+// Who may read a file write_file_atomic writes: everyone (0644: data, tokenizers, reports,
+// configs), or its owner only (0600: checkpoints and the coordinator's state, which hold the model
+// and the run's membership).
+enum class Readers { kEveryone, kOwner };
+
 // Writes `bytes` to `path` atomically: a reader sees either the old file or the complete new one,
 // never a torn write. Creates parent folders. Throws Error naming the path (ENOSPC included).
-void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module);
+void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module,
+                       Readers readers = Readers::kEveryone);
 
 // Whether `name` is one plain file name: 1 to 255 letters, digits, '.', '_' and '-', neither "."
 // nor "..". Names that come from outside (a module's, the files a DiPaCo registry names) must be.

@@ -101,7 +101,7 @@ void ElasticRun::persist() {
   auto text = state.dump();
   if (text == saved_state_) return;
   try {
-    write_file_atomic(state_file_, text + "\n", "coordinator");
+    write_file_atomic(state_file_, text + "\n", "coordinator", Readers::kOwner);
     saved_state_ = std::move(text);
     state_write_failed_ = false;
   } catch (const std::exception& e) {

@@ -98,12 +98,12 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
     const NamedTensors* parts[] = {&model, &optimizer, &sync};
     for (size_t i = 0; i < 3; ++i) {
       std::string bytes = encode_safetensors(*parts[i], {{"format", "pt"}});
-      write_file_atomic(tmp_dir / kFiles[i], bytes, "checkpoint");
+      write_file_atomic(tmp_dir / kFiles[i], bytes, "checkpoint", Readers::kOwner);
       files[kFiles[i]] = {{"bytes", bytes.size()}, {"xxh3", hex64(hash64(bytes))}};
     }
     nlohmann::ordered_json json = state_json(state);
     json["files"] = files;
-    write_file_atomic(tmp_dir / "state.json", json.dump(2) + "\n", "checkpoint");
+    write_file_atomic(tmp_dir / "state.json", json.dump(2) + "\n", "checkpoint", Readers::kOwner);
     // Replacing a checkpoint of the same step (a resumed run that saves again) is fine: move the
     // old one aside first so the rename cannot fail on a non-empty folder.
     if (fs::exists(final_dir)) {
@@ -115,7 +115,7 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
       fs::rename(tmp_dir, final_dir);
     }
     sync_directory(root_, "checkpoint");
-    write_file_atomic(root_ / "latest", name + "\n", "checkpoint");
+    write_file_atomic(root_ / "latest", name + "\n", "checkpoint", Readers::kOwner);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp_dir, ec);
     throw Error("checkpoint", fmt::format("{}: {}", final_dir.string(), e.what()));

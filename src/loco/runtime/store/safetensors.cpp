@@ -66,7 +66,7 @@ std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string
 }
 
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
-  write_file_atomic(path, encode_safetensors(tensors, std::move(metadata)), "checkpoint");
+  write_file_atomic(path, encode_safetensors(tensors, std::move(metadata)), "checkpoint", Readers::kOwner);
 }
 
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& where) {
