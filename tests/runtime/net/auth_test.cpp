@@ -170,6 +170,9 @@ TEST(Auth, AWeakTokenIsRefusedUnlessInsecure) {
   // A repeated piece is worth the piece (issue #49: `abcdefgh` four times passed as 150 bits).
   EXPECT_NEAR(token_bits("abcdefghabcdefghabcdefghabcdefgh"), 8 * std::log2(26.0), 1e-9);
   EXPECT_EQ(token_bits("0123456789abcdef0123456789abcdef"), 64);
+  EXPECT_EQ(token_bits("3f9a0c7e51d28b46e07c9a3d5f1b82a3"), 128) << "first character = last: chance, not a repetition";
+  EXPECT_EQ(token_bits("3f9a0c7e51d28b46e07c9a3d5f1b3f9a"), 128) << "a border under half the token";
+  EXPECT_EQ(token_bits("3f9a0c7e51d23f9a0c7e51d23f9a0c"), 48) << "a piece of 12, two and a half times";
   EXPECT_NEAR(token_bits("Tr0ub4dor&3-Tr0ub4dor&3-Tr0ub4dor&3-Tr0ub4dor&3-"), 12 * std::log2(95.0), 1e-9);
   EXPECT_LT(token_bits("s3cret-token-value"), 128);
   EXPECT_EQ(token_bits(std::string(100, 'a')), 0) << "one character repeated";

@@ -256,15 +256,18 @@ double token_bits(std::string_view token) {
   }
   if (distinct < kMinTokenDistinct) return 0;
   const double alphabet = hex_only ? 16 : (digit ? 10 : 0) + (lower ? 26 : 0) + (upper ? 26 : 0) + (other ? 33 : 0);
-  // A token that repeats a shorter piece (its period) is worth that piece: its smallest period,
-  // by the prefix function (the longest proper prefix that is also a suffix, for each prefix).
+  // A token that repeats a shorter piece at least twice is worth that piece: its smallest period,
+  // by the prefix function (the longest proper prefix that is also a suffix, for each prefix), when
+  // that border is at least half the token. A shorter border is chance (a random token's first
+  // character equals its last one time in 16 with hex), not a repetition.
   std::vector<size_t> border(token.size(), 0);
   for (size_t i = 1; i < token.size(); ++i) {
     size_t k = border[i - 1];
     while (k > 0 && token[i] != token[k]) k = border[k - 1];
     border[i] = token[i] == token[k] ? k + 1 : k;
   }
-  const size_t period = token.empty() ? 0 : token.size() - border.back();
+  const size_t repeated = token.empty() ? 0 : border.back();
+  const size_t period = 2 * repeated >= token.size() ? token.size() - repeated : token.size();
   return static_cast<double>(period) * std::log2(alphabet);
 }
 

@@ -127,7 +127,7 @@ std::string resolve_token(const std::string& configured, const std::filesystem::
 std::string generated_token(const std::filesystem::path& run_dir);
 
 // At most how many bits of entropy a token chosen by the user has: its length (or, for a token
-// that repeats a shorter piece, as `abcdefgh` four times does, that piece's length) times log2 of
+// that repeats a shorter piece at least twice, as `abcdefgh` four times does, that piece's length) times log2 of
 // the alphabet its characters come from (16 when they are all hex digits; else 10 for digits, 26
 // for lowercase, 26 for uppercase, 33 for anything else, for each kind present); 0 for a token of
 // fewer than kMinTokenDistinct different characters. An upper bound: a made-up phrase scores far
