@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <cctype>
 #include <memory>
 #include <regex>
@@ -63,7 +64,9 @@ std::string scrubbed(std::string message, const std::string& conninfo) {
     }
   };
   replace_all(conninfo, "(the connection string)");
-  for (const auto& password : passwords_in(conninfo)) {
+  auto passwords = passwords_in(conninfo);  // the longest first: one may hold another
+  std::sort(passwords.begin(), passwords.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  for (const auto& password : passwords) {
     if (password.size() < 2) continue;  // a one-character password would turn every such letter into ***
     std::string decoded = password;  // as libpq may quote it after percent-decoding
     for (size_t i = 0; i + 2 < decoded.size(); ++i) {
