@@ -19,6 +19,7 @@
 #   sudo METHODS="streaming-t5-e3m0" bench/wan-scale.sh
 #   sudo WORKERS=4 bench/wan-scale.sh runs/bench-wan-scale-m4     results in bench/results/wan-scale-m4.json
 #   sudo CPU=0.2 bench/wan-scale.sh      each island held to 0.2 cores (a CPU control group), the ideal runs too
+#                                        (runs in runs/bench-wan-scale-cpu, results in wan-scale-m8-cpu.json)
 #                                        (over islands with no rate or delay), so that the emulator's own work
 #                                        (the relay, tbf, the veths, TCP) has cores the workers do not take
 #   sudo WORKERS=16 MODEL="--model.width=704" bench/wan-scale.sh runs/bench-wan-scale-m16   (51M parameters)
@@ -30,17 +31,19 @@
 # fit in 24 GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-runs/bench-wan-scale}
 links=${LINKS:-"1gbit 300mbit 100mbit"}
 delay=${DELAY:-50ms}
 workers=${WORKERS:-8}
 cpu=${CPU:-0}  # > 0: each island (worker) held to this many cores, in the ideal runs too
-ideal_link=() shaped_cpu=""
-if [ "$cpu" != 0 ]; then ideal_link=(--link "cpu=$cpu"); shaped_cpu=",cpu=$cpu"; fi
+ideal_link=() shaped_cpu="" suffix=""
+if awk "BEGIN { exit !($cpu > 0) }"; then
+  ideal_link=(--link "cpu=$cpu"); shaped_cpu=",cpu=$cpu"; suffix="-cpu"  # runs and results of their own
+fi
+out=${1:-runs/bench-wan-scale$suffix}
 methods=${METHODS:-"streaming-t5-e3m0 diloco-h50 ddp"}
 read -r -a model <<< "${MODEL:-}"  # overrides of the model's shape
 config=bench/wan-scale.toml
-results=${RESULTS:-bench/results/wan-scale-m$workers.json}
+results=${RESULTS:-bench/results/wan-scale-m$workers$suffix.json}
 loco=${LOCO:-build/loco}
 source bench/common.sh
 prepare
@@ -103,7 +106,8 @@ mkdir -p "$(dirname "$results")"
       if [ "$rate" != ideal ] && finished "$out/ideal/$name"; then
         simulated=$("$loco" simulate --from-run "$out/$rate/$name" --link "rate=$rate,delay=$delay" --fit "$out/ideal/$name" --json)
       fi
-      echo "{\"link\": \"$rate\", \"report\": $("$loco" report "$out/$rate/$name" "${ideal[@]}" --json | tr -d '\n' | sed 's/^\[//; s/\]$//'), \"simulated\": $simulated}"
+      report=$("$loco" report "$out/$rate/$name" ${ideal[@]+"${ideal[@]}"} --json | tr -d '\n' | sed 's/^\[//; s/\]$//')
+      echo "{\"link\": \"$rate\", \"report\": $report, \"simulated\": $simulated}"
     done
   done
   echo "]}"

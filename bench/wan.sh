@@ -107,7 +107,8 @@ done
       [ "$rate" = ideal ] || [ ! -e "$out/ideal-as/$rate-$name" ] || ideal=(--ideal "$out/ideal-as")
       [ $first = 1 ] || echo ","
       first=0
-      echo "{\"link\": \"$rate\", \"report\": $("$loco" report "$run_dir" "${ideal[@]}" --json | tr -d '\n' | sed 's/^\[//; s/\]$//')}"
+      report=$("$loco" report "$run_dir" ${ideal[@]+"${ideal[@]}"} --json | tr -d '\n' | sed 's/^\[//; s/\]$//')
+      echo "{\"link\": \"$rate\", \"report\": $report}"
     done
   done
   echo "]}"
