@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <future>
 #include <mutex>
@@ -299,6 +300,7 @@ class GlooGroup final : public GroupImpl {
   // (std::runtime_error or c10's error) on a timeout, an abort, or the operation's own failure.
   template <class Work>
   void wait_for(const Work& work, Clock::time_point deadline) {
+    if (options_.abort && is_point_to_point(*work)) return wait_watched(*work, deadline);
     for (;;) {
       const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
       if (left <= Duration(0)) throw std::runtime_error("timed out");
@@ -311,6 +313,55 @@ class GlooGroup final : public GroupImpl {
       }
       if (options_.abort && options_.abort()) throw std::runtime_error("abandoned: a member of this group failed");
     }
+  }
+
+  static bool is_point_to_point(c10d::Work& work) {
+    return dynamic_cast<c10d::ProcessGroupGloo::SendWork*>(&work) != nullptr ||
+           dynamic_cast<c10d::ProcessGroupGloo::RecvWork*>(&work) != nullptr;
+  }
+
+  // A send's or a receive's wait cannot be cut into slices as a collective's can: one that times
+  // out completes the operation with its error (c10d's SendWork and RecvWork), so a message that
+  // took longer than a slice failed the whole exchange (every elastic round over a link with a
+  // round trip near kAbortPoll failed, again and again). It waits whole, while a watcher asks the
+  // abort hook every kAbortPoll and, when it says so, aborts the wait (Gloo's abortWaitRecv /
+  // abortWaitSend: the wait returns at once, unfinished).
+  void wait_watched(c10d::Work& work, Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    if (left <= Duration(0)) throw std::runtime_error("timed out");
+    std::mutex mutex;
+    std::condition_variable finished;
+    bool done = false;
+    std::atomic<bool> aborted{false};
+    std::thread watcher([&] {
+      std::unique_lock lock(mutex);
+      while (!finished.wait_for(lock, kAbortPoll, [&] { return done; })) {
+        if (options_.abort()) {
+          aborted = true;
+          try {
+            work.abort();
+          } catch (const std::exception&) {  // nothing to abort: the wait ends by itself
+          }
+          return;
+        }
+      }
+    });
+    bool completed = false;
+    std::exception_ptr error;
+    try {
+      completed = work.wait(left);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+    }
+    finished.notify_one();
+    watcher.join();
+    if (aborted) throw std::runtime_error("abandoned: a member of this group failed");
+    if (error) std::rethrow_exception(error);
+    if (!completed) throw std::runtime_error("timed out");
   }
 
   // Starts an operation and waits for it, bounded by the group's timeout. Any failure is a peer's.
