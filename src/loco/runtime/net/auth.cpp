@@ -3,10 +3,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "loco/core/crypto.h"
 #include "loco/core/error.h"
 #include "loco/core/run_folder.h"
 
@@ -38,21 +35,8 @@ std::string hex(const unsigned char* data, size_t size) {
   return out;
 }
 
-std::string hmac_sha256(std::string_view key, std::string_view message) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
-           message.size(), out, &size) == nullptr) {
-    throw InternalError("auth", "HMAC-SHA256 failed in OpenSSL");
-  }
-  return std::string(reinterpret_cast<const char*>(out), size);
-}
-
 std::string random_hex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) {
-    throw Error("auth", "OpenSSL's random generator failed (RAND_bytes)");
-  }
+  const auto raw = random_bytes(bytes);
   return hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
 }
 
@@ -123,6 +107,8 @@ std::string read_token_file(const std::filesystem::path& path) {
 
 Key::Key(std::string_view token) : bytes_(hmac_sha256(token, "loco control plane v1")) {}
 
+std::string data_plane_secret(const Key& key) { return hmac_sha256(key.bytes(), "loco data plane v1"); }
+
 std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
                 std::string_view instance, std::string_view body) {
   std::string message = fmt::format("loco-v2\n{}\n{}\n{}\n{}\n{}\n", method, target, time, nonce, instance);
@@ -143,7 +129,7 @@ std::optional<std::string> check_answer(const Key& key, std::string_view nonce, 
   if (mac == nullptr) return "the answer is not signed";
   if (!lower_hex(*mac, kMacHex)) return "the answer's signature is malformed";
   const auto expected = answer_mac(key, nonce, status, body);
-  if (CRYPTO_memcmp(expected.data(), mac->data(), expected.size()) != 0) return "the answer's signature is wrong";
+  if (!same_secret(expected, *mac)) return "the answer's signature is wrong";
   return std::nullopt;
 }
 
@@ -191,7 +177,7 @@ std::optional<std::string> Verifier::verify(std::string_view method, std::string
   if (auto why = precheck(headers, now)) return why;
   const std::string& nonce = *headers.nonce;
   const auto expected = mac(key_, method, target, *parse_time(*headers.time), nonce, instance_, body);
-  if (CRYPTO_memcmp(expected.data(), headers.mac->data(), kMacHex) != 0) {
+  if (!same_secret(expected, *headers.mac)) {
     return "wrong MAC (a different join token, or the request was altered)";
   }
   std::lock_guard lock(mutex_);
@@ -310,7 +296,7 @@ std::string view_key(std::string_view token) {
 }
 
 bool same_key(std::string_view offered, std::string_view key) {
-  return offered.size() == key.size() && !key.empty() && CRYPTO_memcmp(offered.data(), key.data(), key.size()) == 0;
+  return !key.empty() && same_secret(offered, key);
 }
 
 }  // namespace loco::runtime::auth
