@@ -1,5 +1,6 @@
 #include "loco/comm/group.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "loco/comm/codec_kernels.h"
@@ -77,6 +78,26 @@ void GroupOptions::validate() const {
   if (connections < 1 || connections > 64) {
     throw ConfigError("comm", fmt::format("connections per peer must be in [1, 64], got {}", connections));
   }
+  if (data_plane != DataPlane::kOpen && secret.size() < 32) {
+    throw ConfigError("comm", fmt::format("a data plane '{}' needs the run's secret (32 bytes or more), got {} bytes",
+                                          to_string(data_plane), secret.size()));
+  }
+}
+
+const char* to_string(DataPlane plane) {
+  switch (plane) {
+    case DataPlane::kOpen: return "open";
+    case DataPlane::kAuthenticated: return "authenticated";
+    case DataPlane::kEncrypted: return "encrypted";
+  }
+  return "?";
+}
+
+DataPlane parse_data_plane(std::string_view text) {
+  for (auto plane : {DataPlane::kOpen, DataPlane::kAuthenticated, DataPlane::kEncrypted}) {
+    if (text == to_string(plane)) return plane;
+  }
+  throw ConfigError("comm", fmt::format("data plane '{}': expected open, authenticated or encrypted", text));
 }
 
 Group::Group(std::shared_ptr<GroupImpl> impl) : impl_(std::move(impl)) { LOCO_CHECK(impl_ != nullptr, "null group"); }
@@ -86,7 +107,9 @@ Group Group::single() { return Group(std::make_shared<SingleGroup>()); }
 Group Group::connect(std::shared_ptr<KeyValueStore> store, const GroupOptions& options) {
   options.validate();
   if (options.size == 1) return single();
-  Group group(connect_gloo(std::move(store), options));
+  auto impl = connect_gloo(std::move(store), options);
+  if (options.data_plane != DataPlane::kOpen) impl = seal(std::move(impl), options);
+  Group group(std::move(impl));
   group.measure_round_trip();
   return group;
 }
@@ -108,10 +131,21 @@ Group GroupFactory::make(int64_t epoch, int64_t rank, int64_t size, std::functio
   options.connections = connections_;
   options.prefix = fmt::format("epoch/{}", epoch);
   options.abort = std::move(abort);
+  options.data_plane = data_plane_;
+  options.secret = secret_;
   return Group::connect(store_, options);
 }
 
+void GroupFactory::set_data_plane(DataPlane plane, std::string secret) {
+  data_plane_ = plane;
+  secret_ = std::move(secret);
+}
+
 CommStats Group::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
+  const bool fp32 = std::all_of(tensors.begin(), tensors.end(), [](const torch::Tensor& t) {
+    return t.scalar_type() == torch::kFloat32;
+  });
+  if (impl_->sealed() && fp32 && !tensors.empty()) return all_reduce_sealed(tensors);
   return timed([&] {
     std::vector<Staged> staged;
     staged.reserve(tensors.size());
@@ -121,6 +155,20 @@ CommStats Group::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
     for (auto& s : staged) s.write_back();
     return stats;
   });
+}
+
+CommStats Group::all_reduce_sealed(std::vector<torch::Tensor>& tensors) {
+  if (tensors.size() == 1) return all_reduce_sum(tensors.front(), ReduceOptions{});
+  std::vector<torch::Tensor> views;
+  for (const auto& t : tensors) views.push_back(t.to(torch::kCPU).reshape({-1}));
+  auto flat = torch::cat(views);
+  CommStats stats = all_reduce_sum(flat, ReduceOptions{});
+  int64_t offset = 0;
+  for (auto& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+  return stats;
 }
 
 CommStats Group::all_reduce_sum(torch::Tensor& tensor) {

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loco/comm/encoding.h"
@@ -50,6 +51,18 @@ struct CommStats {
   CommStats& operator+=(const CommStats& other);
 };
 
+// What the data plane proves and hides (docs/security.md, "The data plane"). kOpen: Gloo's TCP as
+// it is, no credential and no integrity beyond TCP's checksum. kAuthenticated: when the group forms,
+// every pair of ranks proves it holds the run's secret (a challenge and response over fresh nonces,
+// bound to the group's name and both ranks), and every message then carries an AES-256-GCM tag
+// over its bytes under a key of that pair and direction, with its tag and its count between the
+// two as the nonce: an altered, injected, replayed or reordered message fails its receive with
+// PeerError, as a dead peer's does. kEncrypted: the same, and the bytes travel encrypted.
+enum class DataPlane { kOpen, kAuthenticated, kEncrypted };
+const char* to_string(DataPlane plane);
+// "open", "authenticated" or "encrypted"; ConfigError naming the choices otherwise.
+DataPlane parse_data_plane(std::string_view text);
+
 struct GroupOptions {
   int64_t rank = 0;
   int64_t size = 1;
@@ -65,6 +78,10 @@ struct GroupOptions {
   // Asked about every 100 ms while the rendezvous or an operation waits: true abandons the wait
   // with PeerError (elastic runs: the coordinator says a member of this group failed). Empty: never.
   std::function<bool()> abort;
+  DataPlane data_plane = DataPlane::kOpen;
+  // The run's data-plane secret (raw bytes, at least 32), which every rank must hold: required
+  // unless data_plane is kOpen. Keys of the group and of each pair are derived from it.
+  std::string secret;
   void validate() const;                        // ConfigError on nonsense
 };
 
@@ -153,6 +170,9 @@ class GroupImpl {
   // Posts a send or a receive and returns at once (see Posted).
   virtual std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
   virtual std::unique_ptr<Posted> post_recv(torch::Tensor& tensor, int64_t peer, int64_t tag) = 0;
+  // Whether every message is sealed (DataPlane other than kOpen): Group then sums fp32 by its own
+  // direct all-reduce, over sealed messages, instead of the backend's collective.
+  virtual bool sealed() const { return false; }
 };
 
 class Group {
@@ -214,6 +234,8 @@ class Group {
   CommStats timed(F&& operation);
   void measure_round_trip();
   CommStats reduce_ring(torch::Tensor& flat, Encoding encoding, Tally* tally);
+  // A sealed group's sum of fp32 tensors: by the direct all-reduce, its messages sealed.
+  CommStats all_reduce_sealed(std::vector<torch::Tensor>& tensors);
 
   std::shared_ptr<GroupImpl> impl_;
   std::shared_ptr<Counters> counters_ = std::make_shared<Counters>();
@@ -233,12 +255,17 @@ class GroupFactory {
   // Blocks until the `size` ranks of `epoch` have met (see Group::connect); throws PeerError when
   // one does not come within the timeout or `abort` says so.
   Group make(int64_t epoch, int64_t rank, int64_t size, std::function<bool()> abort = {}) const;
+  // Every group it makes from now on seals its messages so (GroupOptions::data_plane, secret).
+  void set_data_plane(DataPlane plane, std::string secret);
+  DataPlane data_plane() const { return data_plane_; }
 
  private:
   std::shared_ptr<KeyValueStore> store_;
   std::string host_;
   Duration timeout_;
   int64_t connections_ = 1;
+  DataPlane data_plane_ = DataPlane::kOpen;
+  std::string secret_;
 };
 
 // The Gloo backend (gloo_group.cpp): exposed for Group::connect and tests.
@@ -252,5 +279,13 @@ class GroupFactory {
 void turn_off_flight_recorder();
 
 std::shared_ptr<GroupImpl> connect_gloo(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
+
+// The sealed data plane (sealed_group.cpp) over `inner`, a group of the same ranks: runs the
+// membership proof with every peer (PeerError naming a rank that fails it, within the group's
+// timeout) and returns a GroupImpl whose every message is sealed as options.data_plane says.
+// `tamper`, for tests only, is applied to each sealed message before it is sent, as an on-path
+// attacker would alter it.
+using Tamper = std::function<void(torch::Tensor& sealed, int64_t peer, int64_t tag)>;
+std::shared_ptr<GroupImpl> seal(std::shared_ptr<GroupImpl> inner, const GroupOptions& options, Tamper tamper = {});
 
 }  // namespace loco::comm

@@ -122,6 +122,9 @@ struct ClusterSection {
   // TLS for the control plane: the coordinator's certificate and key (PEM), and the CA a worker
   // verifies the coordinator against ("" = tls_cert itself, for a self-signed certificate).
   std::string tls_cert, tls_key, tls_ca;
+  // What the collectives between workers prove and hide (comm::DataPlane, docs/security.md):
+  // "auto" = "authenticated" when the run has a join token, else "open".
+  std::string data_plane = "auto";
 };
 
 // The join token the user set: cluster.join_token, else $LOCO_JOIN_TOKEN, else "" (the run folder's

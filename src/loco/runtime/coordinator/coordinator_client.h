@@ -73,6 +73,8 @@ class CoordinatorClient {
   // The local address this machine uses to reach the coordinator: the one peers on its network
   // can reach this worker at (no packet is sent to find it).
   std::string local_address() const { return http_.local_address(); }
+  // The data plane's secret, derived from the run's token; "" without one.
+  std::string data_plane_secret() { return http_.data_plane_secret(); }
 
   // How long a request keeps retrying a coordinator that does not answer (backoff from 0.2 s,
   // doubling to 5 s). Default 3 s; elastic workers wait cluster.coordinator_timeout_s, so that a

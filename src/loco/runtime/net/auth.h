@@ -48,6 +48,10 @@ class Key {
   std::string bytes_;
 };
 
+// The data plane's secret (comm::GroupOptions::secret): HMAC-SHA256(key, "loco data plane v1"), so
+// that the data plane's keys are not the control plane's.
+std::string data_plane_secret(const Key& key);
+
 struct Signature {
   int64_t time = 0;    // Unix seconds
   std::string nonce;   // 32 hex digits

@@ -62,6 +62,12 @@ HttpClient::~HttpClient() = default;
 
 std::string HttpClient::address() const { return fmt::format("{}:{}", host_, port_); }
 
+std::string HttpClient::data_plane_secret() {
+  std::lock_guard lock(mutex_);
+  load_token_file();
+  return key_ ? auth::data_plane_secret(*key_) : std::string();
+}
+
 void HttpClient::load_token_file() {
   if (key_ || security_.token_file.empty()) return;
   std::error_code missing;

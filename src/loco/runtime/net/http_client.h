@@ -76,6 +76,9 @@ class HttpClient {
   // The local address this machine uses to reach the peer: the one peers on its network can reach
   // this machine at (no packet is sent to find it). ConfigError when there is none.
   std::string local_address() const;
+  // The data plane's secret (auth::data_plane_secret) of the token this client signs with; "" when
+  // it has none (yet: a token file is adopted at the first request that finds it).
+  std::string data_plane_secret();
 
  private:
   std::optional<Reply> send(const std::string& method, const std::string& path, const std::string& body, std::string& error);

@@ -174,7 +174,20 @@ TrainOptions worker_train_options(const WorkerOptions& options, std::optional<in
 comm::GroupFactory group_factory(const RunConfig& config, CoordinatorClient& client) {
   // Peers dial this worker at the address that reaches the coordinator, unless cluster.host says.
   const std::string host = config.cluster.host.empty() ? client.local_address() : config.cluster.host;
-  return comm::GroupFactory(client.key_value_store(), host, seconds(config.cluster.timeout_s), config.cluster.connections);
+  comm::GroupFactory factory(client.key_value_store(), host, seconds(config.cluster.timeout_s), config.cluster.connections);
+  auto secret = client.data_plane_secret();
+  if (config.cluster.data_plane == "auto") {
+    factory.set_data_plane(secret.empty() ? comm::DataPlane::kOpen : comm::DataPlane::kAuthenticated, std::move(secret));
+    return factory;
+  }
+  const auto plane = comm::parse_data_plane(config.cluster.data_plane);
+  if (plane != comm::DataPlane::kOpen && secret.empty()) {
+    throw ConfigError("config", fmt::format("cluster.data_plane = \"{}\" needs the run's join token, and this worker has none "
+                                            "(--insecure): set a token, or cluster.data_plane = \"open\" on a network you trust",
+                                            config.cluster.data_plane));
+  }
+  factory.set_data_plane(plane, plane == comm::DataPlane::kOpen ? std::string() : std::move(secret));
+  return factory;
 }
 
 std::string host_name() {

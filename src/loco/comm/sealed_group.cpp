@@ -1,0 +1,335 @@
+// The sealed data plane (group.h, DataPlane; docs/security.md, "The data plane"): a GroupImpl over
+// another group of the same ranks (Gloo's) whose every message is sealed with AES-256-GCM.
+//
+// Forming. Each rank sends every peer a fresh 32-byte nonce, then a proof: HMAC(K, "proof", its
+// rank, the peer's, the data plane, its nonce, the peer's), where K = HMAC(secret, "loco data
+// plane v1", the group's name). A peer whose proof is wrong is refused (PeerError naming it), as a
+// rank that never came is. The messages from rank a to rank b are sealed under HMAC(K, "send", a,
+// b, a's nonce, b's nonce): a key fresh for every group, and another one for each direction.
+//
+// Messages. The payload, then GCM's 16-byte tag. GCM's 12-byte IV is the message's tag (4 bytes)
+// and its count among the messages of that tag from that sender to that receiver (8 bytes), which
+// both ends count alike: every rank posts a group's operations in the same order, and messages of
+// one tag between two ranks are matched in order. So a message altered, injected, replayed (from
+// this group or another) or delivered in another place fails its check. kAuthenticated passes the
+// payload to GCM as additional data (it travels as it is); kEncrypted encrypts it. A receive is
+// opened in its own buffer, and only a message that passed is copied into the caller's tensor.
+//
+// Collectives. A sealed group never uses the backend's collectives, which a seal cannot reach
+// into: broadcast and all-gather are direct exchanges of sealed messages, and so is a sum of other
+// types than fp32 (every rank gathers every rank's tensor and adds them in rank order); Group sums
+// fp32 by its own direct all-reduce over the same sealed messages (Group::all_reduce_sealed).
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <fmt/ranges.h>
+
+#include "loco/comm/group.h"
+#include "loco/core/crypto.h"
+#include "loco/core/error.h"
+
+namespace loco::comm {
+namespace {
+
+constexpr int64_t kSealBytes = 16;  // GCM's tag, after each message's payload
+constexpr size_t kNonceBytes = 32;
+// Tags of the sealed group's own messages, above the direct all-reduce's (all_reduce.cpp).
+constexpr int64_t kHelloTag = int64_t{1} << 26;
+constexpr int64_t kProofTag = kHelloTag + 1;
+constexpr int64_t kBroadcastTag = kHelloTag + 2;
+constexpr int64_t kGatherTag = kHelloTag + 3;
+constexpr int64_t kSumTag = kHelloTag + 4;
+
+using Iv = std::array<unsigned char, 12>;
+
+int64_t payload_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+unsigned char* bytes(const torch::Tensor& t) { return static_cast<unsigned char*>(t.data_ptr()); }
+
+torch::Tensor to_tensor(const std::string& s) {
+  auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+std::string to_text(const torch::Tensor& t) { return {reinterpret_cast<const char*>(bytes(t)), static_cast<size_t>(payload_bytes(t))}; }
+
+Iv iv_of(int64_t tag, uint64_t count) {
+  Iv iv{};
+  for (int i = 0; i < 4; ++i) iv[static_cast<size_t>(i)] = static_cast<unsigned char>(static_cast<uint64_t>(tag) >> (8 * i));
+  for (int i = 0; i < 8; ++i) iv[static_cast<size_t>(4 + i)] = static_cast<unsigned char>(count >> (8 * i));
+  return iv;
+}
+
+// AES-256-GCM over `size` bytes at `data`, in place: sealing writes the tag at data + size (and
+// encrypts the bytes when `encrypt`, else takes them as additional data); opening checks it (and
+// decrypts). Returns false where a check fails; throws InternalError where OpenSSL does.
+class Gcm {
+ public:
+  Gcm() : ctx_(EVP_CIPHER_CTX_new()) {
+    if (ctx_ == nullptr) throw InternalError("comm", "OpenSSL could not make a cipher context");
+  }
+  ~Gcm() { EVP_CIPHER_CTX_free(ctx_); }
+  Gcm(const Gcm&) = delete;
+  Gcm& operator=(const Gcm&) = delete;
+
+  void seal(const std::string& key, const Iv& iv, bool encrypt, unsigned char* data, int64_t size) {
+    check(EVP_EncryptInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, key_bytes(key), iv.data()), "EncryptInit");
+    update(data, size, encrypt, EVP_EncryptUpdate);
+    int n = 0;
+    check(EVP_EncryptFinal_ex(ctx_, data + size, &n), "EncryptFinal");
+    check(EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kSealBytes), data + size), "GET_TAG");
+  }
+  bool open(const std::string& key, const Iv& iv, bool encrypt, unsigned char* data, int64_t size) {
+    check(EVP_DecryptInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, key_bytes(key), iv.data()), "DecryptInit");
+    update(data, size, encrypt, EVP_DecryptUpdate);
+    check(EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kSealBytes), data + size), "SET_TAG");
+    int n = 0;
+    return EVP_DecryptFinal_ex(ctx_, data + size, &n) > 0;
+  }
+
+ private:
+  static const unsigned char* key_bytes(const std::string& key) {
+    LOCO_CHECK(key.size() == 32, "an AES-256 key of {} bytes", key.size());
+    return reinterpret_cast<const unsigned char*>(key.data());
+  }
+  static void check(int ok, const char* what) {
+    if (ok != 1) throw InternalError("comm", fmt::format("OpenSSL's AES-256-GCM failed ({})", what));
+  }
+  // In place, in slices that an int counts; as additional data (no output) unless `encrypt`.
+  template <class Update>
+  void update(unsigned char* data, int64_t size, bool encrypt, Update&& step) {
+    for (int64_t done = 0; done < size;) {
+      const int slice = static_cast<int>(std::min<int64_t>(size - done, INT_MAX / 2));
+      int n = 0;
+      check(step(ctx_, encrypt ? data + done : nullptr, &n, data + done, slice), "Update");
+      done += slice;
+    }
+  }
+  EVP_CIPHER_CTX* ctx_;
+};
+
+class SealedGroup final : public GroupImpl {
+ public:
+  SealedGroup(std::shared_ptr<GroupImpl> inner, const GroupOptions& options, Tamper tamper)
+      : inner_(std::move(inner)), options_(options), tamper_(std::move(tamper)),
+        encrypt_(options.data_plane == DataPlane::kEncrypted) {
+    LOCO_CHECK(options.data_plane != DataPlane::kOpen, "a sealed group with an open data plane");
+    prove_membership();
+  }
+
+  int64_t rank() const override { return inner_->rank(); }
+  int64_t size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  bool sealed() const override { return true; }
+
+  std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    const int64_t n = payload_bytes(tensor);
+    auto sealed = torch::empty({n + kSealBytes}, torch::kUInt8);
+    std::memcpy(bytes(sealed), bytes(tensor), static_cast<size_t>(n));
+    Gcm().seal(send_keys_.at(static_cast<size_t>(peer)), iv_of(tag, next(sent_, peer, tag)), encrypt_, bytes(sealed), n);
+    if (tamper_) tamper_(sealed, peer, tag);
+    return std::make_unique<Sending>(inner_->post_send(sealed, peer, tag), sealed);
+  }
+  std::unique_ptr<Posted> post_recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    auto sealed = torch::empty({payload_bytes(tensor) + kSealBytes}, torch::kUInt8);
+    const Iv iv = iv_of(tag, next(received_, peer, tag));
+    return std::make_unique<Receiving>(*this, inner_->post_recv(sealed, peer, tag), sealed, tensor, peer, tag, iv);
+  }
+
+  CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_send(tensor, peer, tag)->wait(); }
+  CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_recv(tensor, peer, tag)->wait(); }
+  CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) override {
+    auto receiving = post_recv(in, from, tag);
+    auto sending = post_send(out, to, tag);
+    CommStats stats = sending->wait();
+    stats += receiving->wait();
+    return stats;
+  }
+
+  CommStats broadcast(torch::Tensor& tensor, int64_t root) override {
+    CommStats stats;
+    if (rank() == root) {
+      std::vector<std::unique_ptr<Posted>> sending;
+      for (int64_t q = 0; q < size(); ++q) {
+        if (q != root) sending.push_back(post_send(tensor, q, kBroadcastTag));
+      }
+      for (auto& s : sending) stats += s->wait();
+    } else {
+      stats += post_recv(tensor, root, kBroadcastTag)->wait();
+    }
+    stats.participants = size();
+    return stats;
+  }
+
+  CommStats all_gather(const torch::Tensor& tensor, std::vector<torch::Tensor>& out) override {
+    out.clear();
+    for (int64_t q = 0; q < size(); ++q) out.push_back(q == rank() ? tensor.clone() : torch::empty_like(tensor));
+    CommStats stats = exchange(tensor, out, kGatherTag);
+    stats.participants = size();
+    return stats;
+  }
+
+  // Any dtype: every rank gathers every rank's values and adds them in rank order.
+  CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors) override {
+    if (tensors.empty()) return {0, 0, 0, size()};
+    std::vector<torch::Tensor> views;
+    for (const auto& t : tensors) views.push_back(t.reshape({-1}));
+    const auto flat = torch::cat(views);
+    std::vector<torch::Tensor> all;
+    for (int64_t q = 0; q < size(); ++q) all.push_back(q == rank() ? flat : torch::empty_like(flat));
+    CommStats stats = exchange(flat, all, kSumTag);
+    auto sum = torch::zeros_like(flat);
+    for (const auto& part : all) sum.add_(part);
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.view({-1}).copy_(sum.narrow(0, offset, t.numel()));
+      offset += t.numel();
+    }
+    stats.participants = size();
+    stats.route = "gather";
+    return stats;
+  }
+
+ private:
+  // A posted send keeps its sealed copy alive until the send is done.
+  class Sending final : public Posted {
+   public:
+    Sending(std::unique_ptr<Posted> inner, torch::Tensor sealed) : inner_(std::move(inner)), sealed_(std::move(sealed)) {}
+    CommStats wait() override { return inner_->wait(); }
+
+   private:
+    std::unique_ptr<Posted> inner_;
+    torch::Tensor sealed_;
+  };
+
+  // A posted receive opens its message when it has come, and only then writes the caller's tensor.
+  class Receiving final : public Posted {
+   public:
+    Receiving(SealedGroup& group, std::unique_ptr<Posted> inner, torch::Tensor sealed, torch::Tensor out, int64_t peer,
+              int64_t tag, Iv iv)
+        : group_(group), inner_(std::move(inner)), sealed_(std::move(sealed)), out_(std::move(out)), peer_(peer),
+          tag_(tag), iv_(iv) {}
+    CommStats wait() override {
+      CommStats stats = inner_->wait();
+      const int64_t n = payload_bytes(out_);
+      if (!Gcm().open(group_.recv_keys_.at(static_cast<size_t>(peer_)), iv_, group_.encrypt_, bytes(sealed_), n)) {
+        throw PeerError("comm", fmt::format("a message of {} bytes from rank {} (tag {}) in group '{}' (rank {} of {}) "
+                                            "failed its {} check: altered, injected or replayed on the way; refused, as a "
+                                            "failed peer is", n, peer_, tag_, group_.options_.prefix, group_.rank(),
+                                            group_.size(), to_string(group_.options_.data_plane)));
+      }
+      std::memcpy(bytes(out_), bytes(sealed_), static_cast<size_t>(n));
+      return stats;
+    }
+
+   private:
+    SealedGroup& group_;
+    std::unique_ptr<Posted> inner_;
+    torch::Tensor sealed_, out_;
+    int64_t peer_, tag_;
+    Iv iv_;
+  };
+
+  using Counts = std::map<std::pair<int64_t, int64_t>, uint64_t>;
+  uint64_t next(Counts& counts, int64_t peer, int64_t tag) {
+    std::lock_guard lock(mutex_);
+    return counts[{peer, tag}]++;
+  }
+
+  // Sends `mine` to every other rank and receives rank q's into out[q], sealed.
+  CommStats exchange(const torch::Tensor& mine, std::vector<torch::Tensor>& out, int64_t tag) {
+    std::vector<std::unique_ptr<Posted>> receiving, sending;
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q != rank()) receiving.push_back(post_recv(out[static_cast<size_t>(q)], q, tag));
+    }
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q != rank()) sending.push_back(post_send(mine, q, tag));
+    }
+    CommStats stats;
+    for (auto& r : receiving) stats += r->wait();
+    for (auto& s : sending) stats += s->wait();
+    return stats;
+  }
+
+  // Sends to each other rank q its own message mine[q] and receives q's into theirs[q], unsealed
+  // (the membership proof's two steps).
+  void exchange_plain(const std::vector<std::string>& mine, std::vector<std::string>& theirs, int64_t tag) {
+    std::vector<torch::Tensor> in(mine.size()), out(mine.size());
+    std::vector<std::unique_ptr<Posted>> posted;
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      const auto i = static_cast<size_t>(q);
+      in[i] = torch::empty({static_cast<int64_t>(mine[i].size())}, torch::kUInt8);
+      posted.push_back(inner_->post_recv(in[i], q, tag));
+    }
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      out[static_cast<size_t>(q)] = to_tensor(mine[static_cast<size_t>(q)]);
+      posted.push_back(inner_->post_send(out[static_cast<size_t>(q)], q, tag));
+    }
+    for (auto& p : posted) p->wait();
+    theirs.assign(mine.size(), "");
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q != rank()) theirs[static_cast<size_t>(q)] = to_text(in[static_cast<size_t>(q)]);
+    }
+  }
+
+  void prove_membership() {
+    const auto m = static_cast<size_t>(size());
+    const int64_t r = rank();
+    const std::string group_key = hmac_sha256(options_.secret, "loco data plane v1\n" + options_.prefix);
+    const std::string nonce = random_bytes(kNonceBytes);
+    std::vector<std::string> theirs;
+    exchange_plain(std::vector<std::string>(m, nonce), theirs, kHelloTag);
+    const char* plane = to_string(options_.data_plane);
+    auto proof = [&](int64_t from, int64_t to, const std::string& from_nonce, const std::string& to_nonce) {
+      return hmac_sha256(group_key, fmt::format("proof\n{}\n{}\n{}\n", from, to, plane) + from_nonce + to_nonce);
+    };
+    std::vector<std::string> proofs(m), answers;
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q != r) proofs[static_cast<size_t>(q)] = proof(r, q, nonce, theirs[static_cast<size_t>(q)]);
+    }
+    exchange_plain(proofs, answers, kProofTag);
+    std::vector<int64_t> refused;
+    send_keys_.assign(m, "");
+    recv_keys_.assign(m, "");
+    for (int64_t q = 0; q < size(); ++q) {
+      if (q == r) continue;
+      const auto& their_nonce = theirs[static_cast<size_t>(q)];
+      if (their_nonce.size() != kNonceBytes || !same_secret(answers[static_cast<size_t>(q)], proof(q, r, their_nonce, nonce))) {
+        refused.push_back(q);
+      }
+      send_keys_[static_cast<size_t>(q)] = hmac_sha256(group_key, fmt::format("send\n{}\n{}\n", r, q) + nonce + their_nonce);
+      recv_keys_[static_cast<size_t>(q)] = hmac_sha256(group_key, fmt::format("send\n{}\n{}\n", q, r) + their_nonce + nonce);
+    }
+    if (!refused.empty()) {
+      throw PeerError("comm", fmt::format("group '{}' (rank {} of {}): rank(s) {} did not prove they hold the run's "
+                                          "data-plane secret (a stranger, a worker of another run, or one with another "
+                                          "join token or cluster.data_plane than '{}'): refused", options_.prefix, r,
+                                          size(), fmt::join(refused, ", "), plane));
+    }
+  }
+
+  std::shared_ptr<GroupImpl> inner_;
+  GroupOptions options_;
+  Tamper tamper_;
+  bool encrypt_;
+  std::vector<std::string> send_keys_, recv_keys_;  // by peer
+  std::mutex mutex_;                                // guards the counts
+  Counts sent_, received_;                          // (peer, tag) -> messages so far
+};
+
+}  // namespace
+
+std::shared_ptr<GroupImpl> seal(std::shared_ptr<GroupImpl> inner, const GroupOptions& options, Tamper tamper) {
+  options.validate();
+  return std::make_shared<SealedGroup>(std::move(inner), options, std::move(tamper));
+}
+
+}  // namespace loco::comm
