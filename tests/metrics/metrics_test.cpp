@@ -102,7 +102,7 @@ std::vector<Event> one_of_each() {
           MemberFailureEvent{{}, 7, "h:1", 2, "silent for 12.0 s", 12.0, true, 3},
           MemberLeaveEvent{{}, 7, "h:1", 2, "finished"},
           RejoinEvent{{}, 7, "h:1", 2, 5, "its round completed without it", 4},
-          CollectiveFailedEvent{{}, 6, "h:2", 3, 5},
+          CollectiveFailedEvent{{}, 6, "h:2", 3, 5, "a message failed its authenticated check"},
           LeftOutEvent{{}, 5, {7, 8}, 5.5},
           MembershipEvent{{}, 3, 5, {{0, 6, "h:2", 0, false}, {1, 7, "h:1", 2, true}}, 1, 1, {{1, 6}}},
           RoundRetriedEvent{{}, 5, 4, 3, 2},

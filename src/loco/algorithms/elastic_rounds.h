@@ -27,7 +27,7 @@ class ElasticRounds {
   comm::Group& group() { return group_; }
   // Blocks until round `round` is convened (see Membership::begin_round) and makes its group the
   // current one. Throws MembershipEnded or RunStopping.
-  RoundPlan begin(int64_t round, int64_t step, int64_t failed_epoch);
+  RoundPlan begin(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure = "");
   // The round completed here at `step` with θ hashing to `params_hash`.
   void end(const RoundPlan& plan, int64_t step, uint64_t params_hash) { membership_->end_round(plan, step, params_hash); }
 
@@ -41,15 +41,17 @@ class ElasticRounds {
   template <class Attempt>
   SyncReport join(int64_t step, Attempt&& attempt) {
     int64_t failed_epoch = -1;
+    std::string failure;
     for (;;) {
-      RoundPlan plan = begin(0, step, failed_epoch);
+      RoundPlan plan = begin(0, step, failed_epoch, failure);
       try {
         Joined joined = attempt(plan);
         joined_step_ = joined.report.step;
         end(plan, joined.round_step, joined.report.params_hash);
         return joined.report;
-      } catch (const PeerError&) {
+      } catch (const PeerError& e) {
         failed_epoch = plan.epoch;
+        failure = e.what();
       }
     }
   }

@@ -80,9 +80,10 @@ class Membership {
   // Whether this worker joins a run under way: it takes part in its first round as a joiner.
   virtual bool joining() const = 0;
   // Blocks until round `round` (rounds completed + 1; ignored for a joiner) is convened, and
-  // returns its group. `failed_epoch` >= 0 reports that the last attempt failed in that epoch.
-  // Throws Evicted, CoordinatorLost or RunStopping (PeerErrors).
-  virtual RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch) = 0;
+  // returns its group. `failed_epoch` >= 0 reports that the last attempt failed in that epoch,
+  // `failure` how (the error, for the run's events). Throws Evicted, CoordinatorLost or
+  // RunStopping (PeerErrors).
+  virtual RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure) = 0;
   // The round completed here, with θ hashing to `params_hash` (the coordinator compares).
   virtual void end_round(const RoundPlan& plan, int64_t step, uint64_t params_hash) = 0;
   // Rank 0 of the last round this worker took part in.

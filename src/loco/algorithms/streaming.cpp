@@ -222,8 +222,8 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
   return reports;
 }
 
-void StreamingDiLoCo::begin_round(int64_t step, int64_t failed_epoch) {
-  plan_ = elastic_.begin(rounds_ + 1, step, failed_epoch);
+void StreamingDiLoCo::begin_round(int64_t step, int64_t failed_epoch, const std::string& failure) {
+  plan_ = elastic_.begin(rounds_ + 1, step, failed_epoch, failure);
 }
 
 void StreamingDiLoCo::start(Fragment& f, int64_t step) {
@@ -328,11 +328,11 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     LOCO_CHECK(f.reduction.valid(), "fragment {} has a sync in flight but nothing to wait for", index);
     try {
       f.arrived = f.reduction.get();
-    } catch (const PeerError&) {
+    } catch (const PeerError& e) {
       if (elastic_.elastic()) {
         // Nothing changed: the round is convened again with whoever is left, and the same
         // contribution goes out again (the weights renormalize over the survivors).
-        begin_round(f.started, plan_->epoch);
+        begin_round(f.started, plan_->epoch, e.what());
         stage(f);
         f.reduction = submit(f, plan_->has_joiners());
         continue;

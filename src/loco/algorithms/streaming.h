@@ -155,7 +155,7 @@ class StreamingDiLoCo : public SyncStrategy {
   // Whether this worker's outer gradient is dropped from fragment `index`'s current sync.
   bool dropped(size_t index);
   // Elastic: the round of the sync that starts now, and the group it runs in.
-  void begin_round(int64_t step, int64_t failed_epoch);
+  void begin_round(int64_t step, int64_t failed_epoch, const std::string& failure = "");
   SyncReport join_round();
   comm::CommStats transfer_state(comm::Group& group, int64_t step);
   SyncReport complete(size_t index, int64_t step, bool last);

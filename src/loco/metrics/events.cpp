@@ -162,7 +162,9 @@ json fields(const RejoinEvent& e) {
           {"discarded_steps", e.discarded_steps}};
 }
 json fields(const CollectiveFailedEvent& e) {
-  return {{"reported_by", e.reported_by}, {"name", e.name}, {"epoch", e.epoch}, {"round", e.round}};
+  json out = {{"reported_by", e.reported_by}, {"name", e.name}, {"epoch", e.epoch}, {"round", e.round}};
+  if (!e.error.empty()) out["error"] = e.error;
+  return out;
 }
 json fields(const LeftOutEvent& e) { return {{"round", e.round}, {"members", e.members}, {"waited_s", e.waited_s}}; }
 json fields(const MembershipEvent& e) {
@@ -222,7 +224,8 @@ std::optional<Event> parse_membership(const std::string& kind, const json& j, co
                        text(j, "reason"), integer(j, "discarded_steps")};
   }
   if (kind == "collective_failed") {
-    return CollectiveFailedEvent{worker, integer(j, "reported_by"), text(j, "name"), integer(j, "epoch"), integer(j, "round")};
+    return CollectiveFailedEvent{worker, integer(j, "reported_by"), text(j, "name"), integer(j, "epoch"), integer(j, "round"),
+                                 text(j, "error")};
   }
   if (kind == "left_out") return LeftOutEvent{worker, integer(j, "round"), integers(j, "members"), number(j, "waited_s", 0)};
   if (kind == "membership") {

@@ -217,6 +217,7 @@ struct CollectiveFailedEvent {
   int64_t reported_by = 0;
   std::string name;
   int64_t epoch = 0, round = 0;
+  std::string error;  // the reporting member's, as it told it ("" when it did not)
 };
 struct LeftOutEvent {  // the round went on without `members`, later than sync.round_grace_s
   WorkerId worker;

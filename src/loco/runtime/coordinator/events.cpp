@@ -20,8 +20,8 @@ struct Wording {
     return fmt::format("member {} ({}) failed: {}", e.member, e.name, e.how);
   }
   std::string operator()(const metrics::CollectiveFailedEvent& e) const {
-    return fmt::format("member {} reports that round {}'s collective failed in epoch {}: the round is convened again "
-                       "with the members still alive", e.reported_by, e.round, e.epoch);
+    return fmt::format("member {} reports that round {}'s collective failed in epoch {}{}: the round is convened again "
+                       "with the members still alive", e.reported_by, e.round, e.epoch, e.error.empty() ? "" : " (" + e.error + ")");
   }
   std::string operator()(const metrics::RoundRetriedEvent& e) const {
     return fmt::format("round {} is tried again in epoch {} with {} workers (its collective in epoch {} failed)", e.round,

@@ -226,7 +226,7 @@ protocol::RoundReply MembershipTable::arrive(const protocol::RoundRequest& reque
       // Its collective in that epoch failed: the epoch is broken, and the round is convened again.
       if (m.go->epoch == epoch_ && !epoch_broken_) {
         epoch_broken_ = true;
-        event(metrics::CollectiveFailedEvent{{}, request.member, m.name, m.go->epoch, m.go->round});
+        event(metrics::CollectiveFailedEvent{{}, request.member, m.name, m.go->epoch, m.go->round, request.failure});
         if (!failure_noticed_) failure_noticed_ = now;
       }
       m.go.reset();

@@ -245,6 +245,7 @@ HeartbeatReply HeartbeatReply::from_json(const nlohmann::json& json) {
 nlohmann::json RoundRequest::to_json() const {
   nlohmann::json out = {{"member", member}, {"round", round}, {"failed_epoch", failed_epoch}, {"step", step},
                         {"position", position_json(position)}};
+  if (!failure.empty()) out["failure"] = failure;
   if (!adopted.empty()) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& [slot, p] : adopted) list.push_back({{"slot", slot}, {"position", position_json(p)}});
@@ -257,6 +258,8 @@ RoundRequest RoundRequest::from_json(const nlohmann::json& json) {
   r.member = nonnegative(json, "member");
   r.round = nonnegative(json, "round");
   r.failed_epoch = field<int64_t>(json, "failed_epoch");
+  r.failure = field_or<std::string>(json, "failure", "");
+  if (r.failure.size() > kMaxFailureBytes) throw ProtocolError(fmt::format("field 'failure' is over {} bytes", kMaxFailureBytes));
   r.step = nonnegative(json, "step");
   r.position = position_from(json, "position");
   const auto adopted = field_or<nlohmann::json>(json, "adopted", nlohmann::json::array());

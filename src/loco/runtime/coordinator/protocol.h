@@ -195,6 +195,9 @@ struct HeartbeatReply {
   static HeartbeatReply from_json(const nlohmann::json& json);
 };
 
+// The longest RoundRequest::failure a coordinator takes (a worker cuts its error to it).
+inline constexpr size_t kMaxFailureBytes = 2000;
+
 // "I am at the end of round `round`": long-polled until the coordinator convenes the round.
 struct RoundRequest {
   int64_t member = 0;
@@ -205,6 +208,7 @@ struct RoundRequest {
   // The shards of vacant slots this member read besides its own (the last plan made it their
   // reader): slot -> where that shard's sampler stands now. At most one entry per slot.
   std::map<int64_t, data::SamplerPosition> adopted;
+  std::string failure;  // how the attempt in failed_epoch failed (the member's error; at most kMaxFailureBytes)
   nlohmann::json to_json() const;
   static RoundRequest from_json(const nlohmann::json& json);
 };

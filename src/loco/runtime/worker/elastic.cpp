@@ -86,11 +86,13 @@ std::optional<std::map<int64_t, data::SamplerPosition>> ElasticSession::take_ado
   return adopted_;
 }
 
-algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, int64_t failed_epoch) {
+algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, int64_t failed_epoch,
+                                                  const std::string& failure) {
   protocol::RoundRequest request;
   request.member = joined_.member;
   request.round = round;
   request.failed_epoch = failed_epoch;
+  request.failure = failure.substr(0, protocol::kMaxFailureBytes);
   request.step = step;
   request.position = position_;
   request.adopted = adopted_;

@@ -37,7 +37,7 @@ class ElasticSession final : public algorithms::Membership {
   ElasticSession& operator=(const ElasticSession&) = delete;
 
   bool joining() const override { return joined_.joiner; }
-  algorithms::RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch) override;
+  algorithms::RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure) override;
   void end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash) override;
   bool leads() const override { return leads_.load(); }
 
