@@ -338,6 +338,34 @@ TEST_F(LaunchLinksTest, InterruptedOrKilledLauncherLeavesNoIsland) {
   }
 }
 
+TEST_F(LaunchLinksTest, ABitFlippedOnThePathFailsItsRoundAndTheRunGoesOn) {
+  // The relay flips one bit of the first data segment of 4 KiB or more that worker 1 sends to
+  // worker 0 (a piece of its outer gradient), keeping the segment's checksum valid, as an attacker
+  // on the path would. The run has a join token, so its data plane is authenticated: the receiver
+  // refuses the message, the round fails over as for a dead peer, and the run goes on.
+  const auto result = run_command(launch_args("tampered", {"--cluster.elastic=true", "--link", "worker=1,tamper=1"}),
+                                  log("tampered"), 240s);
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_NE(result.output.find("the relay altered 1 frame(s)"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("trained diloco with 2 workers"), std::string::npos) << result.output;
+  const RunFolder run(dir_->path() / "tampered");
+  double refused_at = -1, last_round_at = -1;
+  int failed_rounds = 0;
+  for (const auto& [time, event] : metrics::read_events(run.metrics())) {
+    if (const auto* e = std::get_if<metrics::CollectiveFailedEvent>(&event)) {
+      ++failed_rounds;
+      if (e->error.find("failed its authenticated check") != std::string::npos) refused_at = time;
+    }
+    if (std::holds_alternative<metrics::RoundCompleteEvent>(event)) last_round_at = time;
+  }
+  ASSERT_GE(refused_at, 0) << "no worker refused the altered message";
+  EXPECT_GT(last_round_at, refused_at) << "no round completed after the refusal";
+  // The altered message is the only failure: an elastic round completes over a link whose
+  // messages take longer than the abort hook's poll (100 ms); before a send's or a receive's wait
+  // was watched rather than cut into slices (comm/gloo_group.cpp), every such round failed.
+  EXPECT_EQ(failed_rounds, 1) << result.output;
+}
+
 TEST_F(LaunchLinksTest, DipacoRunsRefuseLinks) {
   auto result = run_command(launch_args("dipaco", {"--dipaco.levels=1:2,1:2", "--link", "rate=10mbit"}), log("dipaco"), 60s);
   EXPECT_EQ(result.status, 1) << result.output;

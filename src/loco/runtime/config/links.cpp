@@ -73,8 +73,13 @@ LinkSpec LinkSpec::parse(const std::string& text) {
         throw ConfigError("link", fmt::format("link cpu '{}' is not a number of cores from 0.01 to 1024 (e.g. cpu=0.45)", value));
       }
       spec.cpu = cores;
+    } else if (key == "tamper") {
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), spec.tamper);
+      if (ec != std::errc() || end != value.data() + value.size() || spec.tamper < 1) {
+        throw ConfigError("link", fmt::format("link tamper '{}' is not a count of segments from 1 (e.g. tamper=3)", value));
+      }
     } else {
-      throw ConfigError("link", fmt::format("'{}' in link '{}' is not rate=RATE, delay=DELAY or cpu=CORES (e.g. "
+      throw ConfigError("link", fmt::format("'{}' in link '{}' is not rate=RATE, delay=DELAY, cpu=CORES or tamper=N (e.g. "
                                             "rate=100mbit,delay=50ms)", item, text));
     }
     start = end + 1;
@@ -85,7 +90,8 @@ LinkSpec LinkSpec::parse(const std::string& text) {
 std::string LinkSpec::describe() const {
   return fmt::format("{}, {} one-way{}", rate_bps > 0 ? format_rate(rate_bps) : "rate not shaped",
                      delay_s > 0 ? fmt::format("{:g} ms", delay_s * 1e3) : "no added delay",
-                     cpu > 0 ? fmt::format(", {:g} of a core", cpu) : "");
+                     cpu > 0 ? fmt::format(", {:g} of a core", cpu) : "") +
+         (tamper > 0 ? fmt::format(", one bit of its data segment {} altered on the way", tamper) : "");
 }
 
 namespace {
@@ -96,6 +102,7 @@ LinkSpec merged(LinkSpec base, const std::string& text) {
   if (text.find("rate=") != std::string::npos) base.rate_bps = given.rate_bps;
   if (text.find("delay=") != std::string::npos) base.delay_s = given.delay_s;
   if (text.find("cpu=") != std::string::npos) base.cpu = given.cpu;
+  if (text.find("tamper=") != std::string::npos) base.tamper = given.tamper;
   return base;
 }
 

@@ -19,10 +19,16 @@ struct LinkSpec {
   double rate_bps = 0;
   double delay_s = 0;
   double cpu = 0;
+  // > 0: an attacker on the path, for tests of the data plane (docs/security.md): the relay flips
+  // one bit of the tamper-th TCP segment of 4 KiB or more of data that this island sends to
+  // another worker's island (not the coordinator's), and keeps its checksum valid. 0 = the relay
+  // alters nothing.
+  int64_t tamper = 0;
 
   // "rate=100mbit,delay=50ms,cpu=0.45" (any key may be left out). Rates in tc's units: bit, kbit,
   // mbit, gbit (powers of 1000, bits per second), or bps, kbps, mbps, gbps (bytes per second);
-  // delays in us, ms or s; cpu in cores (0.01 to 1024). Throws ConfigError naming the bad part.
+  // delays in us, ms or s; cpu in cores (0.01 to 1024); tamper a count. Throws ConfigError naming
+  // the bad part.
   static LinkSpec parse(const std::string& text);
   std::string describe() const;  // "100 Mbit/s, 50 ms one-way" (", 0.45 of a core" with a share)
   bool operator==(const LinkSpec&) const = default;

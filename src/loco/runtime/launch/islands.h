@@ -72,6 +72,9 @@ class Islands {
   void set_cut(size_t island, bool cut);
   bool cut(size_t island) const { return cut_[island].load(); }
   int64_t frames_cut() const { return frames_cut_.load(); }
+  // Frames the relay altered as an attacker on the path (LinkSpec::tamper: segments to island 0,
+  // a launch's coordinator, whose control plane is signed apart, are neither counted nor altered).
+  int64_t frames_tampered() const { return frames_tampered_.load(); }
   // Why the relay stopped carrying frames ("" while it runs): the links are down from then on.
   std::string relay_error() const;
 
@@ -84,6 +87,9 @@ class Islands {
   void stop_relays();  // tells every relay thread to end, and joins them
   int64_t held_limit(size_t island) const;
   bool drops_cut(size_t from, size_t to);  // whether a frame between them meets a cut link (counted)
+  // LinkSpec::tamper: counts a data segment from `from` to `to` (not island 0) and alters the one
+  // `from`'s link names.
+  void tamper(size_t from, size_t to, char* frame, size_t size);
 
   std::vector<LinkSpec> links_;
   std::unique_ptr<CpuShares> cpu_;  // the islands' CPU groups (none without cpu=)
@@ -92,8 +98,9 @@ class Islands {
   std::vector<int> sockets_;   // the relay's packet sockets, one per island's hub end
   int wake_fd_ = -1;           // an eventfd that stops the relay
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> frames_relayed_{0}, bytes_relayed_{0}, frames_dropped_{0}, frames_cut_{0};
+  std::atomic<int64_t> frames_relayed_{0}, bytes_relayed_{0}, frames_dropped_{0}, frames_cut_{0}, frames_tampered_{0};
   std::unique_ptr<std::atomic<bool>[]> cut_;  // one per island: set_cut
+  std::unique_ptr<std::atomic<int64_t>[]> segments_;  // one per island: data segments of 4 KiB or more it sent
   std::atomic<double> relay_backlog_s_{0}, relay_late_s_{0};
   mutable std::mutex error_mutex_;
   std::string relay_error_;

@@ -276,8 +276,11 @@ void Launch::start_workers() {
     argvs_.push_back(std::move(argv));
     start_worker(r);  // one that cannot start: the supervisor kills the others as the launch unwinds
   }
-  display_.line(fmt::format("launch: {} workers ({}), coordinator on {}:{}, run {}", m, to_string(config_.sync.algorithm),
-                            coordinator_host(), coordinator_.port(), config_.run.dir));
+  // A launch always has a join token, so "auto" is an authenticated data plane.
+  const auto& plane = config_.cluster.data_plane;
+  display_.line(fmt::format("launch: {} workers ({}), coordinator on {}:{}, data plane {}, run {}", m,
+                            to_string(config_.sync.algorithm), coordinator_host(), coordinator_.port(),
+                            plane == "auto" ? "authenticated" : plane, config_.run.dir));
 }
 
 void Launch::restart_dead() {
@@ -376,6 +379,10 @@ LaunchResult Launch::finish() {
                               "waited in its socket at most {:.1f} ms and left at most {:.1f} ms after it was due",
                               islands_->frames_relayed(), islands_->frames_dropped(), islands_->relay_backlog_s() * 1e3,
                               islands_->relay_late_s() * 1e3));
+    if (islands_->frames_tampered() > 0) {
+      display_.line(fmt::format("launch: the relay altered {} frame(s), as an attacker on the path would (--link tamper=)",
+                                islands_->frames_tampered()));
+    }
   }
   LaunchResult result;
   for (const auto& code : workers_.exit_codes()) result.exit_codes.push_back(code.value_or(-1));
