@@ -2,6 +2,7 @@
 // (Group::all_reduce_sum with an encoding) against Gloo's own fp32 all-reduce of the same tensor.
 //
 //   build/loco-bench-comm [--values 4194304] [--ranks 4 [8 16...]] [--rounds 5] [--threads 1] [--json]
+//                         [--data-plane open|authenticated|encrypted]
 //
 // 1. encode and decode throughput of each format, in GB/s of fp32 input, on one thread (the
 //    vector target Highway chose is named), and the round trip's relative L2 error;
@@ -12,6 +13,8 @@
 //    inputs, and the link speed below which the format's all-reduce would beat fp32's (where the
 //    bytes it saves take longer on the wire than its encoding costs).
 // Loopback moves bytes at memory speed; the last column says where fp32 stops winning.
+// --data-plane seals every message of the all-reduces (comm::DataPlane, a random secret): run it
+// once with each and compare the times, for what sealing costs a sync (docs/benchmarks.md).
 // --json prints one JSON line per measurement instead of the tables.
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>
@@ -28,6 +31,7 @@
 #include "loco/comm/encoding.h"
 #include "loco/comm/group.h"
 #include "loco/comm/key_value.h"
+#include "loco/core/crypto.h"
 #include "loco/core/error.h"
 
 using Clock = std::chrono::steady_clock;
@@ -103,7 +107,7 @@ const char* algorithm_name(ReduceAlgorithm algorithm, Encoding encoding, int64_t
   return loco::comm::to_string(algorithm);
 }
 
-void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json) {
+void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json, loco::comm::DataPlane plane) {
   std::vector<Variant> variants;
   for (auto encoding : kEncodings) variants.push_back({encoding, ReduceAlgorithm::kAuto});
   for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kScatter, ReduceAlgorithm::kRing}) {
@@ -119,6 +123,7 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json) {
   std::vector<int64_t> bytes(variants.size());
   std::vector<torch::Tensor> results(variants.size());
   auto store = std::make_shared<loco::comm::MemoryKeyValueStore>();
+  const std::string secret = loco::random_bytes(32);
   std::barrier sync(ranks);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
@@ -129,6 +134,8 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json) {
         options.rank = rank;
         options.size = ranks;
         options.timeout = std::chrono::seconds(120);
+        options.data_plane = plane;
+        options.secret = secret;
         auto group = loco::comm::Group::connect(store, options);
         const auto input = input_of(rank, values);
         for (size_t v = 0; v < variants.size(); ++v) {
@@ -155,8 +162,8 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json) {
   for (int64_t rank = 0; rank < ranks; ++rank) exact += input_of(rank, values).to(torch::kFloat64);
 
   if (!json) {
-    fmt::print("\nall-reduce of {} fp32 values ({:.0f} MB) across {} ranks on 127.0.0.1, median of {} rounds\n\n", values,
-               static_cast<double>(values) * 4 / 1e6, ranks, rounds);
+    fmt::print("\nall-reduce of {} fp32 values ({:.0f} MB) across {} ranks on 127.0.0.1, data plane {}, median of {} rounds\n\n",
+               values, static_cast<double>(values) * 4 / 1e6, ranks, loco::comm::to_string(plane), rounds);
     fmt::print("| format | algorithm | ms | MB sent per rank | vs fp32 time | error vs fp32 sum | wins below (MB/s per rank) |\n");
     fmt::print("|---|---|---|---|---|---|---|\n");
   }
@@ -170,7 +177,8 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json) {
     if (json) {
       nlohmann::json line{{"kind", "all_reduce"}, {"format", loco::comm::to_string(variants[v].encoding)},
                           {"algorithm", algorithm}, {"ranks", ranks}, {"values", values}, {"ms", t * 1e3},
-                          {"bytes_per_rank", bytes[v]}, {"relative_error", error}};
+                          {"bytes_per_rank", bytes[v]}, {"relative_error", error},
+                          {"data_plane", loco::comm::to_string(plane)}};
       if (v > 0) line["break_even_mb_per_s"] = extra_seconds <= 0 ? nlohmann::json("always") : nlohmann::json(saved_bytes / extra_seconds / 1e6);
       fmt::print("{}\n", line.dump());
       continue;
@@ -191,18 +199,21 @@ int main(int argc, char** argv) {
   int rounds = 5;
   int threads = 1;
   bool json = false;
+  std::string plane = "open";
   app.add_option("--values", values, "fp32 values per tensor")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--ranks", ranks, "ranks of the all-reduce (threads of this process); several: one table each")
       ->check(CLI::Range(2, 64));
   app.add_option("--rounds", rounds, "timed rounds (after one warm-up)")->check(CLI::Range(1, 1000));
   app.add_option("--threads", threads, "torch intra-op threads")->check(CLI::Range(1, 256));
   app.add_flag("--json", json, "one JSON line per measurement instead of the tables");
+  app.add_option("--data-plane", plane, "seal the all-reduces' messages: open, authenticated or encrypted")
+      ->check(CLI::IsMember({"open", "authenticated", "encrypted"}));
   CLI11_PARSE(app, argc, argv);
   try {
     torch::set_num_threads(threads);
     torch::manual_seed(0);
     bench_codecs(values, rounds, json);
-    for (int64_t m : ranks) bench_all_reduce(values, m, rounds, json);
+    for (int64_t m : ranks) bench_all_reduce(values, m, rounds, json, loco::comm::parse_data_plane(plane));
   } catch (const std::exception& e) {
     fmt::print(stderr, "loco-bench-comm: {}\n", e.what());
     return 1;
