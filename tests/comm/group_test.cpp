@@ -592,6 +592,46 @@ TEST(GroupTest, AnAbortHookEndsAConnectionToAFrozenPeer) {
   EXPECT_LT(elapsed, 60.0) << "the 120 s timeout did not have to run out";
 }
 
+// With an abort hook (elastic runs), a message that takes longer than the hook's 100 ms poll
+// still arrives (a wait cut into slices failed it: c10d completes a send's or receive's work with
+// an error when a wait times out), and the hook still ends a wait for one that never comes.
+TEST(GroupTest, WithAnAbortHookASlowMessageArrivesAndAMissingOneIsAbandoned) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  std::atomic<bool> abort{false}, finished{false};
+  auto results = run_ranks<double>(2, [&](int64_t rank) {
+    auto o = options(rank, 2, 10s, "watched");
+    o.abort = [&] { return abort.load(); };
+    auto group = Group::connect(store, o);
+    auto t = torch::full({4}, static_cast<float>(rank + 1));
+    if (rank == 1) {
+      std::this_thread::sleep_for(400ms);  // four of the hook's polls
+      group.send(t, 0, 3);
+      // Its connection stays open (a closed one would fail rank 0's next receive by itself).
+      for (int i = 0; i < 100 && !finished; ++i) std::this_thread::sleep_for(50ms);
+      return 0.0;
+    }
+    group.recv(t, 1, 3);
+    EXPECT_TRUE(torch::equal(t, torch::full({4}, 2.0f)));
+    // Rank 1 sends nothing more: the hook gives up on this receive at once, not at the timeout.
+    const auto start = std::chrono::steady_clock::now();
+    std::thread([&] {
+      std::this_thread::sleep_for(300ms);
+      abort = true;
+    }).detach();
+    try {
+      group.recv(t, 1, 4);
+      ADD_FAILURE() << "a message nobody sent was received";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("abandoned"), std::string::npos) << e.what();
+    }
+    finished = true;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  expect_all_ok(results);
+  EXPECT_GE(*results[0].value, 0.25);
+  EXPECT_LT(*results[0].value, 2.0) << "abandoned within the hook's poll, not after the 10 s timeout";
+}
+
 TEST(GroupTest, SilentPeerTimesOutAndDepartedPeerFailsFast) {
   auto store = std::make_shared<MemoryKeyValueStore>();
   std::barrier sync(2);

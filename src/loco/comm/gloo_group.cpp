@@ -336,7 +336,12 @@ class GlooGroup final : public GroupImpl {
     std::thread watcher([&] {
       std::unique_lock lock(mutex);
       while (!finished.wait_for(lock, kAbortPoll, [&] { return done; })) {
-        if (options_.abort()) {
+        bool abort = false;
+        try {
+          abort = options_.abort();
+        } catch (const std::exception&) {  // a hook that fails cannot say: the wait goes on to its timeout
+        }
+        if (abort) {
           aborted = true;
           try {
             work.abort();

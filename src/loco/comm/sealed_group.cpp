@@ -19,11 +19,8 @@
 // into: broadcast and all-gather are direct exchanges of sealed messages, and so is a sum of other
 // types than fp32 (every rank gathers every rank's tensor and adds them in rank order); Group sums
 // fp32 by its own direct all-reduce over the same sealed messages (Group::all_reduce_sealed).
-#include <openssl/evp.h>
-
 #include <algorithm>
-#include <array>
-#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -32,22 +29,21 @@
 #include <fmt/ranges.h>
 
 #include "loco/comm/group.h"
+#include "loco/comm/seal.h"
 #include "loco/core/crypto.h"
 #include "loco/core/error.h"
 
 namespace loco::comm {
 namespace {
 
-constexpr int64_t kSealBytes = 16;  // GCM's tag, after each message's payload
-constexpr size_t kNonceBytes = 32;
+using sealing::Iv;
+using sealing::kTagBytes;
 // Tags of the sealed group's own messages, above the direct all-reduce's (all_reduce.cpp).
 constexpr int64_t kHelloTag = int64_t{1} << 26;
 constexpr int64_t kProofTag = kHelloTag + 1;
 constexpr int64_t kBroadcastTag = kHelloTag + 2;
 constexpr int64_t kGatherTag = kHelloTag + 3;
 constexpr int64_t kSumTag = kHelloTag + 4;
-
-using Iv = std::array<unsigned char, 12>;
 
 int64_t payload_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 unsigned char* bytes(const torch::Tensor& t) { return static_cast<unsigned char*>(t.data_ptr()); }
@@ -58,61 +54,6 @@ torch::Tensor to_tensor(const std::string& s) {
   return t;
 }
 std::string to_text(const torch::Tensor& t) { return {reinterpret_cast<const char*>(bytes(t)), static_cast<size_t>(payload_bytes(t))}; }
-
-Iv iv_of(int64_t tag, uint64_t count) {
-  Iv iv{};
-  for (int i = 0; i < 4; ++i) iv[static_cast<size_t>(i)] = static_cast<unsigned char>(static_cast<uint64_t>(tag) >> (8 * i));
-  for (int i = 0; i < 8; ++i) iv[static_cast<size_t>(4 + i)] = static_cast<unsigned char>(count >> (8 * i));
-  return iv;
-}
-
-// AES-256-GCM over `size` bytes at `data`, in place: sealing writes the tag at data + size (and
-// encrypts the bytes when `encrypt`, else takes them as additional data); opening checks it (and
-// decrypts). Returns false where a check fails; throws InternalError where OpenSSL does.
-class Gcm {
- public:
-  Gcm() : ctx_(EVP_CIPHER_CTX_new()) {
-    if (ctx_ == nullptr) throw InternalError("comm", "OpenSSL could not make a cipher context");
-  }
-  ~Gcm() { EVP_CIPHER_CTX_free(ctx_); }
-  Gcm(const Gcm&) = delete;
-  Gcm& operator=(const Gcm&) = delete;
-
-  void seal(const std::string& key, const Iv& iv, bool encrypt, unsigned char* data, int64_t size) {
-    check(EVP_EncryptInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, key_bytes(key), iv.data()), "EncryptInit");
-    update(data, size, encrypt, EVP_EncryptUpdate);
-    int n = 0;
-    check(EVP_EncryptFinal_ex(ctx_, data + size, &n), "EncryptFinal");
-    check(EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kSealBytes), data + size), "GET_TAG");
-  }
-  bool open(const std::string& key, const Iv& iv, bool encrypt, unsigned char* data, int64_t size) {
-    check(EVP_DecryptInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, key_bytes(key), iv.data()), "DecryptInit");
-    update(data, size, encrypt, EVP_DecryptUpdate);
-    check(EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kSealBytes), data + size), "SET_TAG");
-    int n = 0;
-    return EVP_DecryptFinal_ex(ctx_, data + size, &n) > 0;
-  }
-
- private:
-  static const unsigned char* key_bytes(const std::string& key) {
-    LOCO_CHECK(key.size() == 32, "an AES-256 key of {} bytes", key.size());
-    return reinterpret_cast<const unsigned char*>(key.data());
-  }
-  static void check(int ok, const char* what) {
-    if (ok != 1) throw InternalError("comm", fmt::format("OpenSSL's AES-256-GCM failed ({})", what));
-  }
-  // In place, in slices that an int counts; as additional data (no output) unless `encrypt`.
-  template <class Update>
-  void update(unsigned char* data, int64_t size, bool encrypt, Update&& step) {
-    for (int64_t done = 0; done < size;) {
-      const int slice = static_cast<int>(std::min<int64_t>(size - done, INT_MAX / 2));
-      int n = 0;
-      check(step(ctx_, encrypt ? data + done : nullptr, &n, data + done, slice), "Update");
-      done += slice;
-    }
-  }
-  EVP_CIPHER_CTX* ctx_;
-};
 
 class SealedGroup final : public GroupImpl {
  public:
@@ -128,17 +69,23 @@ class SealedGroup final : public GroupImpl {
   std::string backend() const override { return inner_->backend(); }
   bool sealed() const override { return true; }
 
+  // A message's count is taken and the message posted under one lock, so that the order of the
+  // counts is the order on the wire even if two threads were to post to one peer with one tag.
   std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override {
+    check_tag(tag);
     const int64_t n = payload_bytes(tensor);
-    auto sealed = torch::empty({n + kSealBytes}, torch::kUInt8);
+    auto sealed = torch::empty({n + kTagBytes}, torch::kUInt8);
     std::memcpy(bytes(sealed), bytes(tensor), static_cast<size_t>(n));
-    Gcm().seal(send_keys_.at(static_cast<size_t>(peer)), iv_of(tag, next(sent_, peer, tag)), encrypt_, bytes(sealed), n);
+    std::lock_guard lock(mutex_);
+    sealing::seal(send_keys_.at(static_cast<size_t>(peer)), sealing::iv_of(tag, sent_[{peer, tag}]++), encrypt_, bytes(sealed), n);
     if (tamper_) tamper_(sealed, peer, tag);
     return std::make_unique<Sending>(inner_->post_send(sealed, peer, tag), sealed);
   }
   std::unique_ptr<Posted> post_recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override {
-    auto sealed = torch::empty({payload_bytes(tensor) + kSealBytes}, torch::kUInt8);
-    const Iv iv = iv_of(tag, next(received_, peer, tag));
+    check_tag(tag);
+    auto sealed = torch::empty({payload_bytes(tensor) + kTagBytes}, torch::kUInt8);
+    std::lock_guard lock(mutex_);
+    const Iv iv = sealing::iv_of(tag, received_[{peer, tag}]++);
     return std::make_unique<Receiving>(*this, inner_->post_recv(sealed, peer, tag), sealed, tensor, peer, tag, iv);
   }
 
@@ -178,6 +125,10 @@ class SealedGroup final : public GroupImpl {
   // Any dtype: every rank gathers every rank's values and adds them in rank order.
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors) override {
     if (tensors.empty()) return {0, 0, 0, size()};
+    for (const auto& t : tensors) {
+      LOCO_CHECK(t.scalar_type() == tensors.front().scalar_type(), "all_reduce_sum: mixed dtypes {} and {}",
+                 c10::toString(tensors.front().scalar_type()), c10::toString(t.scalar_type()));
+    }
     std::vector<torch::Tensor> views;
     for (const auto& t : tensors) views.push_back(t.reshape({-1}));
     const auto flat = torch::cat(views);
@@ -218,10 +169,10 @@ class SealedGroup final : public GroupImpl {
     CommStats wait() override {
       CommStats stats = inner_->wait();
       const int64_t n = payload_bytes(out_);
-      if (!Gcm().open(group_.recv_keys_.at(static_cast<size_t>(peer_)), iv_, group_.encrypt_, bytes(sealed_), n)) {
+      if (!sealing::open(group_.recv_keys_.at(static_cast<size_t>(peer_)), iv_, group_.encrypt_, bytes(sealed_), n)) {
         throw PeerError("comm", fmt::format("a message of {} bytes from rank {} (tag {}) in group '{}' (rank {} of {}) "
-                                            "failed its {} check: altered, injected or replayed on the way; refused, as a "
-                                            "failed peer is", n, peer_, tag_, group_.options_.prefix, group_.rank(),
+                                            "failed its {} check: altered, injected or replayed on the way (or the ranks "
+                                            "disagree on this operation's size or order); refused, as a failed peer is", n, peer_, tag_, group_.options_.prefix, group_.rank(),
                                             group_.size(), to_string(group_.options_.data_plane)));
       }
       std::memcpy(bytes(out_), bytes(sealed_), static_cast<size_t>(n));
@@ -237,9 +188,9 @@ class SealedGroup final : public GroupImpl {
   };
 
   using Counts = std::map<std::pair<int64_t, int64_t>, uint64_t>;
-  uint64_t next(Counts& counts, int64_t peer, int64_t tag) {
-    std::lock_guard lock(mutex_);
-    return counts[{peer, tag}]++;
+  // The IV holds a tag's 32 bits, as Gloo does (its tags are ints): a larger one would share an IV.
+  static void check_tag(int64_t tag) {
+    LOCO_CHECK(tag >= 0 && tag <= INT32_MAX, "a message tag of {} does not fit the IV's 32 bits", tag);
   }
 
   // Sends `mine` to every other rank and receives rank q's into out[q], sealed.
@@ -283,17 +234,14 @@ class SealedGroup final : public GroupImpl {
   void prove_membership() {
     const auto m = static_cast<size_t>(size());
     const int64_t r = rank();
-    const std::string group_key = hmac_sha256(options_.secret, "loco data plane v1\n" + options_.prefix);
-    const std::string nonce = random_bytes(kNonceBytes);
+    const std::string key = sealing::group_key(options_.secret, options_.prefix);
+    const std::string nonce = random_bytes(sealing::kNonceBytes);
     std::vector<std::string> theirs;
     exchange_plain(std::vector<std::string>(m, nonce), theirs, kHelloTag);
     const char* plane = to_string(options_.data_plane);
-    auto proof = [&](int64_t from, int64_t to, const std::string& from_nonce, const std::string& to_nonce) {
-      return hmac_sha256(group_key, fmt::format("proof\n{}\n{}\n{}\n", from, to, plane) + from_nonce + to_nonce);
-    };
     std::vector<std::string> proofs(m), answers;
     for (int64_t q = 0; q < size(); ++q) {
-      if (q != r) proofs[static_cast<size_t>(q)] = proof(r, q, nonce, theirs[static_cast<size_t>(q)]);
+      if (q != r) proofs[static_cast<size_t>(q)] = sealing::proof(key, r, q, plane, nonce, theirs[static_cast<size_t>(q)]);
     }
     exchange_plain(proofs, answers, kProofTag);
     std::vector<int64_t> refused;
@@ -302,11 +250,12 @@ class SealedGroup final : public GroupImpl {
     for (int64_t q = 0; q < size(); ++q) {
       if (q == r) continue;
       const auto& their_nonce = theirs[static_cast<size_t>(q)];
-      if (their_nonce.size() != kNonceBytes || !same_secret(answers[static_cast<size_t>(q)], proof(q, r, their_nonce, nonce))) {
+      if (their_nonce.size() != sealing::kNonceBytes ||
+          !same_secret(answers[static_cast<size_t>(q)], sealing::proof(key, q, r, plane, their_nonce, nonce))) {
         refused.push_back(q);
       }
-      send_keys_[static_cast<size_t>(q)] = hmac_sha256(group_key, fmt::format("send\n{}\n{}\n", r, q) + nonce + their_nonce);
-      recv_keys_[static_cast<size_t>(q)] = hmac_sha256(group_key, fmt::format("send\n{}\n{}\n", q, r) + their_nonce + nonce);
+      send_keys_[static_cast<size_t>(q)] = sealing::direction_key(key, r, q, nonce, their_nonce);
+      recv_keys_[static_cast<size_t>(q)] = sealing::direction_key(key, q, r, their_nonce, nonce);
     }
     if (!refused.empty()) {
       throw PeerError("comm", fmt::format("group '{}' (rank {} of {}): rank(s) {} did not prove they hold the run's "
@@ -321,7 +270,7 @@ class SealedGroup final : public GroupImpl {
   Tamper tamper_;
   bool encrypt_;
   std::vector<std::string> send_keys_, recv_keys_;  // by peer
-  std::mutex mutex_;                                // guards the counts
+  std::mutex mutex_;                                // guards the counts and the order of posts
   Counts sent_, received_;                          // (peer, tag) -> messages so far
 };
 

@@ -22,8 +22,9 @@
 
 namespace loco::runtime::protocol {
 
-constexpr int kVersion = 3;  // 2: tasks in the round plan (RoundReply::tasks), StartReply::task;
-                             // 3: signed requests (auth.h), no token in JoinRequest
+constexpr int kVersion = 4;  // 2: tasks in the round plan (RoundReply::tasks), StartReply::task;
+                             // 3: signed requests (auth.h), no token in JoinRequest;
+                             // 4: the sealed data plane (a 3's groups are open: they would not meet)
 
 // The wire's JSON helpers (net/wire.h), under the names the messages use.
 using wire::get_integer;

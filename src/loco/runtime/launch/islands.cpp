@@ -465,14 +465,13 @@ void Islands::relay(size_t first, size_t stride) {
         const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kHeader);
         const auto hold = [&](size_t to) {
           if (drops_cut(from, to)) return;
-          tamper(from, to, buffer.data(), static_cast<size_t>(n));
           const double delay = (links_[from].delay_s + links_[to].delay_s) / 2;
+          if (delay > 0 && held_bytes[from] + n > limits[from]) return void(++frames_dropped_);  // the queue is full
+          tamper(from, to, buffer.data(), static_cast<size_t>(n));  // only a frame that goes on
           Frame frame{arrived + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)), sequence++,
                       from, to, std::string(buffer.data(), static_cast<size_t>(n))};
           if (delay <= 0) {
             send_frame(frame);
-          } else if (held_bytes[from] + n > limits[from]) {
-            ++frames_dropped_;  // the queue is full
           } else {
             held_bytes[from] += n;
             held.push(std::move(frame));

@@ -93,6 +93,11 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
   request.round = round;
   request.failed_epoch = failed_epoch;
   request.failure = failure.substr(0, protocol::kMaxFailureBytes);
+  // Not in the middle of a UTF-8 character: JSON cannot carry half of one.
+  while (request.failure.size() < failure.size() && !request.failure.empty() &&
+         (static_cast<unsigned char>(failure[request.failure.size()]) & 0xC0) == 0x80) {
+    request.failure.pop_back();
+  }
   request.step = step;
   request.position = position_;
   request.adopted = adopted_;
