@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 build=build-fuzz
 all=(protocol_fuzzer auth_fuzzer config_fuzzer safetensors_fuzzer shard_fuzzer jsonl_fuzzer coordinator_state_fuzzer
-     tokenizer_json_fuzzer client_hello_fuzzer)
+     tokenizer_json_fuzzer client_hello_fuzzer seal_fuzzer)
 
 configure_and_build() {
   if ! command -v clang++ >/dev/null; then
@@ -72,6 +72,7 @@ for fuzzer in "${fuzzers[@]}"; do
     config_fuzzer) dict=fuzz/toml.dict ;;
     auth_fuzzer) dict="" ;;  # headers and a body: no grammar to teach it
     client_hello_fuzzer) dict="" ;;  # binary records
+    seal_fuzzer) dict="" ;;  # a message's bytes
     *) echo "unknown fuzzer '$fuzzer' (one of: ${all[*]})" >&2; exit 2 ;;
   esac
   max_len=4096
