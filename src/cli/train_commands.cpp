@@ -194,7 +194,8 @@ class Launch : public Command {
     options.port = port_ > 0 ? port_ : 0;
     options.restarts = restarts_;
     options.links = links_;
-    options.executable = read_environment().worker_executable.value_or(fs::read_symlink("/proc/self/exe"));
+    const auto worker = read_environment().worker_executable;
+    options.executable = worker ? trusted_file(*worker, "LOCO_WORKER_EXECUTABLE") : fs::read_symlink("/proc/self/exe");
     options.interactive = metrics::Progress::is_terminal(stderr);
     options.interrupts = &interrupts();
     return dipaco ? run_dipaco(config, options) : run_dense(config, options);

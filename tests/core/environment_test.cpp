@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
@@ -71,6 +73,31 @@ TEST(Environment, TorchrunAndSlurmVariablesGiveRankAndCoordinator) {
   EXPECT_EQ(env.world_size, 2);
   ScopedEnv i("MASTER_PORT", "http");
   testing_util::expect_error<ConfigError>([] { read_environment(); }, "MASTER_PORT must be an integer >= 1, got 'http'");
+}
+
+TEST(Environment, AFileAVariableNamesToRunIsTrustedOnlyIfNoOtherUserCouldChangeIt) {
+  namespace fs = std::filesystem;
+  testing_util::TempDir dir;  // under /tmp: world-writable, with the sticky bit
+  const auto folder = dir.path() / "bin";
+  fs::create_directory(folder);
+  const auto file = folder / "loco";
+  std::ofstream(file) << "#!/bin/sh\n";
+  fs::permissions(folder, fs::perms(0755));
+  fs::permissions(file, fs::perms(0755));
+  EXPECT_EQ(trusted_file(file, "LOCO_WORKER_EXECUTABLE"), fs::canonical(file));
+  // Through a link, the file it leads to is what counts.
+  fs::create_symlink(file, dir.path() / "link");
+  EXPECT_EQ(trusted_file(dir.path() / "link", "LOCO_WORKER_EXECUTABLE"), fs::canonical(file));
+
+  fs::permissions(folder, fs::perms(0777));  // anyone could put another file there
+  testing_util::expect_error<ConfigError>([&] { trusted_file(file, "LOCO_WORKER_EXECUTABLE"); },
+                                          "LOCO_WORKER_EXECUTABLE=" + file.string() + " is not used: " + folder.string() +
+                                              " is writable by other users");
+  fs::permissions(folder, fs::perms(0755));
+  fs::permissions(file, fs::perms(0666));  // anyone could rewrite it
+  testing_util::expect_error<ConfigError>([&] { trusted_file(file, "LOCO_SPM_LIBRARY"); }, "is writable by other users");
+  testing_util::expect_error<ConfigError>([&] { trusted_file(folder / "missing", "LOCO_SPM_LIBRARY"); },
+                                          "LOCO_SPM_LIBRARY=" + (folder / "missing").string());
 }
 
 }  // namespace

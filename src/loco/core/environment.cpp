@@ -1,6 +1,11 @@
 #include "loco/core/environment.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cstdlib>
 #include <string_view>
 
@@ -48,6 +53,30 @@ Environment read_environment() {
   if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') env.master_addr = addr;
   env.master_port = integer_variable("MASTER_PORT", 1);
   return env;
+}
+
+std::filesystem::path trusted_file(const std::filesystem::path& path, std::string_view variable) {
+  std::error_code error;
+  const auto resolved = std::filesystem::canonical(path, error);
+  if (error) throw ConfigError("env", fmt::format("{}={}: {}", variable, path.string(), error.message()));
+  const uid_t me = ::geteuid();
+  for (auto part = resolved;; part = part.parent_path()) {
+    struct stat s {};
+    if (::stat(part.c_str(), &s) != 0) {
+      throw ConfigError("env", fmt::format("{}={}: {}: {}", variable, path.string(), part.string(), std::strerror(errno)));
+    }
+    const bool sticky_folder = S_ISDIR(s.st_mode) && (s.st_mode & S_ISVTX) != 0 && part != resolved;
+    std::string why;
+    if (s.st_uid != me && s.st_uid != 0) why = fmt::format("belongs to another user (uid {})", s.st_uid);
+    else if ((s.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky_folder) why = "is writable by other users";
+    if (!why.empty()) {
+      throw ConfigError("env", fmt::format("{}={} is not used: {} {} (loco runs or loads this file, so it and every "
+                                           "folder above it must be yours or root's, and writable by no one else)",
+                                           variable, path.string(), part.string(), why));
+    }
+    if (part == part.root_path()) break;
+  }
+  return resolved;
 }
 
 }  // namespace loco

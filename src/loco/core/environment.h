@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace loco {
 
@@ -29,5 +30,13 @@ struct Environment {
 // Reads the variables now. A malformed number (LOCO_LOCAL_PROCESSES not an integer >= 1, RANK not
 // an integer >= 0, ...) throws ConfigError naming the variable.
 Environment read_environment();
+
+// A file that `variable` names for loco to run or load (LOCO_WORKER_EXECUTABLE, LOCO_SPM_LIBRARY):
+// its canonical path, when no one but this user and root could have changed it: it and every
+// folder above it owned by one of them and writable by no group or other user (a folder with the
+// sticky bit, as /tmp, excepted above the file). Otherwise ConfigError naming the variable and the
+// part that is not: a process run as root, for `loco launch --link`, must not run or load what
+// another user could have put there.
+std::filesystem::path trusted_file(const std::filesystem::path& path, std::string_view variable);
 
 }  // namespace loco

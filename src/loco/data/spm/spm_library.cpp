@@ -16,7 +16,7 @@ namespace {
 
 SpmLibrary load_library() {
   std::vector<std::string> candidates;
-  if (auto path = read_environment().spm_library) candidates.push_back(path->string());
+  if (auto path = read_environment().spm_library) candidates.push_back(trusted_file(*path, "LOCO_SPM_LIBRARY").string());
   std::error_code ec;
   auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back((exe.parent_path() / "libloco_spm.so").string());
