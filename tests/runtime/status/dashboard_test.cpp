@@ -111,6 +111,21 @@ TEST(Dashboard, ItsTableOfProcessesIsBounded) {
 
 // The membership's word counts too: a member declared failed (its heartbeats stopped, on a machine
 // with no launcher to see its process) is dead.
+TEST(Dashboard, RefusedRequestsNeverPushTheRunsOwnEventsOffTheTimeline) {
+  Dashboard board({.max_events = 50, .max_refusals = 5});
+  board.note("member 0 (h:1) joined", 1);
+  for (int i = 0; i < 1000; ++i) board.note_refusal(fmt::format("refused POST /v1/round from 10.0.0.9:{}: wrong MAC", i), 2 + i);
+  board.note("epoch 1 for round 1: members 0", 2000);
+  const auto events = board.status(kFixedRun, 2001)["events"];
+  int refusals = 0;
+  for (const auto& e : events) refusals += e.value("refusal", false) ? 1 : 0;
+  EXPECT_EQ(refusals, 5) << "the newest refusals, no more";
+  ASSERT_EQ(events.size(), 7u) << events.dump();
+  EXPECT_EQ(events.front()["text"], "member 0 (h:1) joined") << "older than a thousand refusals, still there";
+  EXPECT_EQ(events.back()["text"], "epoch 1 for round 1: members 0");
+  EXPECT_NE(events[5]["text"].get<std::string>().find(":999:"), std::string::npos) << events.dump();
+}
+
 TEST(Dashboard, AMemberDeclaredFailedIsDead) {
   Dashboard board;
   auto body = report(2, 300, "training", 3);

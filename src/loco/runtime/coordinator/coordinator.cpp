@@ -129,8 +129,11 @@ struct Coordinator::Impl {
     std::string counts;
     if (line->from_address > 1) counts += fmt::format(" ({} refused from this address since its last report)", line->from_address);
     if (line->elsewhere > 0) counts += fmt::format(" ({} more refused from other addresses, not logged)", line->elsewhere);
-    log(fmt::format("refused {} {} from {}:{}: {}{}", request.method, request.path, request.remote_addr, request.remote_port,
-                    why, counts));
+    // To the caller's log, and to the timeline under its own quota (a flood displaces only itself).
+    const auto text = fmt::format("refused {} {} from {}:{}: {}{}", request.method, request.path, request.remote_addr,
+                                  request.remote_port, why, counts);
+    dashboard.note_refusal(text, wall_now());
+    if (user_log) user_log(text);
   }
 
   bool open_read(const HttpRequest& request) const { return status_read_open(request, view_key); }

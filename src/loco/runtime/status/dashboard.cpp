@@ -316,6 +316,18 @@ void Dashboard::note(const std::string& text, double now) {
   add_event(now, "coordinator", text, failure);
 }
 
+void Dashboard::note_refusal(const std::string& text, double now) {
+  std::lock_guard lock(mutex_);
+  const auto is_refusal = [](const nlohmann::json& e) { return e.value("refusal", false); };
+  if (static_cast<size_t>(std::count_if(events_.begin(), events_.end(), is_refusal)) >= options_.max_refusals) {
+    auto oldest = std::find_if(events_.begin(), events_.end(), is_refusal);
+    if (oldest == events_.end()) return;  // max_refusals = 0: none kept
+    events_.erase(oldest);
+  }
+  add_event(now, "coordinator", text, false);
+  events_.back()["refusal"] = true;
+}
+
 void Dashboard::add_event(double time, std::string who, std::string text, bool failure) {
   events_.push_back({{"time", time}, {"who", valid_utf8(who)}, {"text", valid_utf8(text)}, {"failure", failure}});
   while (events_.size() > options_.max_events) events_.pop_front();

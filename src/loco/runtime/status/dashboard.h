@@ -33,6 +33,7 @@ struct DashboardOptions {
   double stalled_after_s = 10;  // no report for this long: stalled
   size_t max_points = 2000;     // per curve; older points are thinned (every other one dropped) beyond
   size_t max_events = 500;      // in the timeline; the oldest go first
+  size_t max_refusals = 20;     // of those, refused requests at most: a stranger's flood displaces only its own
   size_t max_workers = 4096;    // processes listed; beyond, the oldest that ended makes room
 };
 
@@ -50,6 +51,9 @@ class Dashboard {
   void process_exited(const std::string& host, int64_t pid, int status, bool failed, double now);
   // One of the coordinator's own events (joins, failures, epochs, stops), for the timeline.
   void note(const std::string& text, double now);
+  // A refused request, for the timeline: the oldest refusal makes room for it past max_refusals,
+  // so that refusals never push the run's own events out.
+  void note_refusal(const std::string& text, double now);
 
   // Everything, as GET /v1/status answers; `run` is the coordinator's state (GET /v1/state).
   nlohmann::json status(const nlohmann::json& run, double now) const;
