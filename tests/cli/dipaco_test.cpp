@@ -15,6 +15,7 @@
 
 #include "cli_util.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/data/dataset.h"
 #include "loco/model/paths.h"
 #include "loco/model/transformer.h"
@@ -167,6 +168,12 @@ lease_s = 2
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < deadline) {
       int64_t n = 0;
+      // Not before the launcher made the registry: opening it would create it, in a folder the
+      // launcher may not have checked yet ("already holds a run": seen under load in CI).
+      if (c.dipaco.database.empty() && !std::filesystem::exists(RunFolder(c.run.dir).dipaco_registry())) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
       try {
         for (const auto& t : open_run_registry(c)->tasks()) n += t.state == TaskState::kDone;
       } catch (const DataError&) {  // the launcher has not made the run folder yet
