@@ -134,6 +134,32 @@ TEST(SealedGroupTest, AuthenticatedSendsThePayloadAsItIsAndEncryptedHidesIt) {
   }
 }
 
+TEST(SealedGroupTest, ALargeBroadcastTravelsInPiecesAndArrivesWhole) {
+  // 3M floats (12 MB): two pieces of at most 8 MB, so that the root never holds a sealed copy of
+  // the whole tensor for every rank at once.
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  std::atomic<int> messages{0};
+  std::atomic<int64_t> largest{0};
+  Tamper count = [&](torch::Tensor& sealed, int64_t, int64_t) {
+    ++messages;
+    largest = std::max<int64_t>(largest.load(), sealed.numel());
+  };
+  const auto expected = torch::arange(3'000'000, torch::kFloat32);
+  auto results = run_ranks<bool>(3, [&](int64_t rank) {
+    auto options = sealed_options(rank, 3, DataPlane::kAuthenticated, "pieces");
+    auto group = Group(seal(connect_gloo(store, options), options, rank == 0 ? count : Tamper{}));
+    auto t = rank == 0 ? expected.clone() : torch::zeros({3'000'000});
+    group.broadcast(t, 0);
+    return torch::equal(t, expected);
+  });
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.error) << r.message();
+    EXPECT_TRUE(*r.value);
+  }
+  EXPECT_EQ(messages.load(), 4) << "two pieces to each of two ranks";
+  EXPECT_EQ(largest.load(), (int64_t{8} << 20) + 16);
+}
+
 TEST(SealedGroupTest, ARankWithoutTheRunsSecretIsRefusedAndTheMembersGoOnWithoutIt) {
   constexpr int64_t kSize = 3;
   auto store = std::make_shared<MemoryKeyValueStore>();

@@ -44,6 +44,7 @@ constexpr int64_t kProofTag = kHelloTag + 1;
 constexpr int64_t kBroadcastTag = kHelloTag + 2;
 constexpr int64_t kGatherTag = kHelloTag + 3;
 constexpr int64_t kSumTag = kHelloTag + 4;
+constexpr int64_t kBroadcastPiece = int64_t{8} << 20;  // bytes
 
 int64_t payload_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 unsigned char* bytes(const torch::Tensor& t) { return static_cast<unsigned char*>(t.data_ptr()); }
@@ -99,16 +100,28 @@ class SealedGroup final : public GroupImpl {
     return stats;
   }
 
+  // In pieces of kBroadcastPiece bytes, each sent to every rank before the next is sealed: the root
+  // holds M - 1 sealed copies of a piece, not of the whole tensor (a joiner's state is the model's
+  // several times over). Every receiver posts all its pieces at once.
   CommStats broadcast(torch::Tensor& tensor, int64_t root) override {
+    const int64_t n = payload_bytes(tensor);
+    const auto whole = torch::from_blob(tensor.data_ptr(), {n}, torch::kUInt8);
+    const auto piece = [&](int64_t p) { return whole.narrow(0, p * kBroadcastPiece, std::min(kBroadcastPiece, n - p * kBroadcastPiece)); };
+    const int64_t pieces = std::max<int64_t>(1, (n + kBroadcastPiece - 1) / kBroadcastPiece);
     CommStats stats;
     if (rank() == root) {
-      std::vector<std::unique_ptr<Posted>> sending;
-      for (int64_t q = 0; q < size(); ++q) {
-        if (q != root) sending.push_back(post_send(tensor, q, kBroadcastTag));
+      for (int64_t p = 0; p < pieces; ++p) {
+        std::vector<std::unique_ptr<Posted>> sending;
+        for (int64_t q = 0; q < size(); ++q) {
+          if (q != root) sending.push_back(post_send(piece(p), q, kBroadcastTag));
+        }
+        for (auto& s : sending) stats += s->wait();
       }
-      for (auto& s : sending) stats += s->wait();
     } else {
-      stats += post_recv(tensor, root, kBroadcastTag)->wait();
+      std::vector<torch::Tensor> views;
+      std::vector<std::unique_ptr<Posted>> receiving;
+      for (int64_t p = 0; p < pieces; ++p) receiving.push_back(post_recv(views.emplace_back(piece(p)), root, kBroadcastTag));
+      for (auto& r : receiving) stats += r->wait();
     }
     stats.participants = size();
     return stats;
