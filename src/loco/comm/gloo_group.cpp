@@ -21,6 +21,7 @@
 #include <fmt/ranges.h>
 
 #include "loco/comm/group.h"
+#include "loco/comm/staged.h"
 #include "loco/core/error.h"
 
 namespace loco::comm {
@@ -207,28 +208,10 @@ class GlooGroup final : public GroupImpl {
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors) override {
     if (tensors.empty()) return {0, 0, 0, size()};
     // Gloo reduces one buffer per call: several tensors travel as one flat buffer (one collective).
-    const auto dtype = tensors.front().scalar_type();
-    for (const auto& t : tensors) {
-      LOCO_CHECK(t.scalar_type() == dtype, "all_reduce_sum: mixed dtypes {} and {}", c10::toString(dtype),
-                 c10::toString(t.scalar_type()));
-    }
-    torch::Tensor flat;
-    if (tensors.size() == 1) {
-      flat = tensors.front().view({-1});
-    } else {
-      std::vector<torch::Tensor> views;
-      for (const auto& t : tensors) views.push_back(t.view({-1}));
-      flat = torch::cat(views);
-    }
+    auto flat = flatten(tensors);
     std::vector<at::Tensor> buffer{flat};
     run("all_reduce", bytes_of(flat), [&] { return group_->allreduce(buffer); });
-    if (tensors.size() > 1) {
-      int64_t offset = 0;
-      for (auto& t : tensors) {
-        t.view({-1}).copy_(flat.narrow(0, offset, t.numel()));
-        offset += t.numel();
-      }
-    }
+    unflatten(flat, tensors);
     const int64_t moved = ring_all_reduce_bytes(bytes_of(flat), size());
     return {moved, moved, 0, size(), "gloo-ring"};
   }

@@ -159,15 +159,9 @@ CommStats Group::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
 
 CommStats Group::all_reduce_sealed(std::vector<torch::Tensor>& tensors) {
   if (tensors.size() == 1) return all_reduce_sum(tensors.front(), ReduceOptions{});
-  std::vector<torch::Tensor> views;
-  for (const auto& t : tensors) views.push_back(t.to(torch::kCPU).reshape({-1}));
-  auto flat = torch::cat(views);
+  auto flat = flatten(tensors);
   CommStats stats = all_reduce_sum(flat, ReduceOptions{});
-  int64_t offset = 0;
-  for (auto& t : tensors) {
-    t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
-  }
+  unflatten(flat, tensors);
   return stats;
 }
 

@@ -30,6 +30,7 @@
 
 #include "loco/comm/group.h"
 #include "loco/comm/seal.h"
+#include "loco/comm/staged.h"
 #include "loco/core/crypto.h"
 #include "loco/core/error.h"
 
@@ -138,23 +139,13 @@ class SealedGroup final : public GroupImpl {
   // Any dtype: every rank gathers every rank's values and adds them in rank order.
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors) override {
     if (tensors.empty()) return {0, 0, 0, size()};
-    for (const auto& t : tensors) {
-      LOCO_CHECK(t.scalar_type() == tensors.front().scalar_type(), "all_reduce_sum: mixed dtypes {} and {}",
-                 c10::toString(tensors.front().scalar_type()), c10::toString(t.scalar_type()));
-    }
-    std::vector<torch::Tensor> views;
-    for (const auto& t : tensors) views.push_back(t.reshape({-1}));
-    const auto flat = torch::cat(views);
+    const auto flat = flatten(tensors);
     std::vector<torch::Tensor> all;
     for (int64_t q = 0; q < size(); ++q) all.push_back(q == rank() ? flat : torch::empty_like(flat));
     CommStats stats = exchange(flat, all, kSumTag);
     auto sum = torch::zeros_like(flat);
     for (const auto& part : all) sum.add_(part);
-    int64_t offset = 0;
-    for (auto& t : tensors) {
-      t.view({-1}).copy_(sum.narrow(0, offset, t.numel()));
-      offset += t.numel();
-    }
+    unflatten(sum, tensors);
     stats.participants = size();
     stats.route = "gather";
     return stats;

@@ -353,10 +353,14 @@ bool Islands::drops_cut(size_t from, size_t to) {
 
 namespace {
 
+// Every frame the relay reads starts with a struct virtio_net_hdr (linux/virtio_net.h, which C++
+// cannot include: a member is named `class`).
+constexpr size_t kVirtioHeader = 10;
+
 // LinkSpec::tamper's attacker. The offset in `frame` (a virtio_net_hdr, then Ethernet, IPv4, TCP)
 // of the 16-bit word in the middle of its TCP payload, counted from the TCP header as the checksum
 // counts; 0 unless it is an IPv4 TCP segment of at least kTamperBytes of payload.
-constexpr size_t kVirtioHeader = 10, kTamperBytes = 4096;
+constexpr size_t kTamperBytes = 4096;
 size_t tamper_target(const uint8_t* b, size_t size) {
   const size_t ip = kVirtioHeader + 14;
   if (size < ip + 40 || b[kVirtioHeader + 12] != 0x08 || b[kVirtioHeader + 13] != 0x00) return 0;
@@ -416,8 +420,6 @@ void Islands::relay(size_t first, size_t stride) {
   fds.push_back({wake_fd_, POLLIN, 0});
   std::string buffer(1 << 18, '\0');
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
-  // struct virtio_net_hdr (linux/virtio_net.h, which C++ cannot include: a member is named `class`).
-  constexpr size_t kHeader = 10;
   const auto send_frame = [&](const Frame& frame) {
     if (drops_cut(frame.from, frame.to)) return;
     record_max(relay_late_s_, std::chrono::duration<double>(Clock::now() - frame.due).count());
@@ -455,14 +457,14 @@ void Islands::relay(size_t first, size_t stride) {
         message.msg_controllen = sizeof control;
         const ssize_t n = ::recvmsg(sockets_[from], &message, MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0) break;
-        if (static_cast<size_t>(n) > buffer.size() || static_cast<size_t>(n) < kHeader + 14) {
+        if (static_cast<size_t>(n) > buffer.size() || static_cast<size_t>(n) < kVirtioHeader + 14) {
           ++frames_dropped_;
           continue;
         }
         const auto now = Clock::now();
         const auto arrived = arrival(message, now);
         record_max(relay_backlog_s_, std::chrono::duration<double>(now - arrived).count());
-        const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kHeader);
+        const auto* destination = reinterpret_cast<const uint8_t*>(buffer.data() + kVirtioHeader);
         const auto hold = [&](size_t to) {
           if (drops_cut(from, to)) return;
           const double delay = (links_[from].delay_s + links_[to].delay_s) / 2;
