@@ -33,6 +33,8 @@
 namespace loco::runtime {
 namespace {
 
+constexpr uint64_t kAnySize = uint64_t{1} << 32;  // module files' size bound (DipacoRun::max_file_bytes)
+
 namespace fs = std::filesystem;
 using testing_util::Child;
 using testing_util::run_command;
@@ -123,7 +125,7 @@ lease_s = 2
     Modules out;
     for (const auto& modules : layout->path_modules) {
       for (const auto& m : modules) {
-        if (out.count(m) == 0) out[m] = load_module(c.run.dir, m, layout->phases, layout->plan).parameters;
+        if (out.count(m) == 0) out[m] = load_module(c.run.dir, m, layout->phases, layout->plan, kAnySize).parameters;
       }
     }
     return out;
@@ -607,7 +609,7 @@ TEST_F(DipacoRunTest, EarlyStoppingScoresEachPathAtTheVersionItsHeldOutLossPicks
       EXPECT_EQ(fs::exists(module_file(c.run.dir, module, v)), v != 1) << module << " v" << v;
     }
   }
-  auto spoiled = load_module(c.run.dir, "L1.M1", 4, layout->plan);
+  auto spoiled = load_module(c.run.dir, "L1.M1", 4, layout->plan, kAnySize);
   torch::manual_seed(5);
   for (auto& [name, tensor] : spoiled.parameters) tensor = tensor + torch::randn_like(tensor) * 2.0;
   save_module(c.run.dir, spoiled);
@@ -641,7 +643,7 @@ TEST_F(DipacoRunTest, EarlyStoppingScoresEachPathAtTheVersionItsHeldOutLossPicks
   EXPECT_EQ(scored_versions(run, *registry, 0).at("L1.M0"), 4);
   PathInference inference(c);
   const auto& model = inference.model(2, torch::kCPU);
-  const auto picked = load_module(c.run.dir, "L1.M1", scored.paths[2].version, layout->plan, /*with_outer_state=*/false);
+  const auto picked = load_module(c.run.dir, "L1.M1", scored.paths[2].version, layout->plan, kAnySize, /*with_outer_state=*/false);
   const auto in_model = model::module_parameters(model, run.plan().module(run.plan().find("L1.M1")));
   ASSERT_FALSE(in_model.names.empty());
   for (const auto& [name, tensor] : picked.parameters) {

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -9,6 +10,8 @@
 
 namespace loco {
 namespace {
+
+using testing_util::expect_error;
 
 TEST(Files, AtomicWriteReplacesAndLeavesNoTemporaries) {
   testing_util::TempDir dir;
@@ -41,6 +44,43 @@ TEST(Files, AtomicWriteFollowsNoPlantedLinkAndIsItsOwnersAlone) {
   const auto shared = dir.path() / "run" / "report.html";
   write_file_atomic(shared, "<p>", "test");
   EXPECT_EQ(fs::status(shared).permissions() & fs::perms::others_read, fs::perms::others_read);
+}
+
+// A run folder others write into (DiPaCo's, shared by its workers) may hold links planted at the
+// names loco reads and deletes: a report folder linked to a folder outside the run was read and
+// emptied by the outer step, and a report linked to /dev/zero took a worker to 1.6 GB (issue #49).
+TEST(Files, ReadsAndDeletesUnderARunFolderFollowNoLink) {
+  testing_util::TempDir dir;
+  const auto run = dir.path() / "run", outside = dir.path() / "outside";
+  fs::create_directories(run / "reports");
+  fs::create_directories(outside);
+  write_file_atomic(outside / "precious", "keep me", "test");
+  write_file_atomic(run / "reports" / "r1", "report one", "test");
+  EXPECT_EQ(read_file_beneath(run, "reports/r1", "test", 100), "report one");
+  expect_error<DataError>([&] { read_file_beneath(run, "reports/r1", "test", 5); }, "10 bytes, more than the 5");
+
+  fs::create_directory_symlink(outside, run / "linked");
+  fs::create_symlink(outside / "precious", run / "reports" / "r2");
+  fs::create_symlink("/dev/zero", run / "reports" / "zero");
+  ASSERT_EQ(::mkfifo((run / "reports" / "pipe").c_str(), 0600), 0);
+  for (const char* name : {"linked/precious", "reports/r2", "reports/zero"}) {
+    testing_util::expect_error<DataError>([&] { read_file_beneath(run, name, "test", 1 << 30); },
+                                          "links inside the run folder are not followed");
+  }
+  expect_error<DataError>([&] { read_file_beneath(run, "reports/pipe", "test", 1 << 30); }, "not a regular file");
+  expect_error<DataError>([&] { read_file_beneath(run, "reports", "test", 1 << 30); }, "not a regular file");
+  expect_error<DataError>([&] { read_file_beneath(run, "../outside/precious", "test", 1 << 30); }, "not a path inside the run folder");
+  expect_error<DataError>([&] { read_file_beneath(run, outside / "precious", "test", 1 << 30); }, "not a path inside the run folder");
+  expect_error<DataError>([&] { read_file_beneath(run, "reports/r9", "test", 1 << 30); }, "reports/r9: no such file");
+
+  EXPECT_FALSE(remove_file_beneath(run, "linked/precious")) << "through a linked folder: nothing deleted";
+  EXPECT_FALSE(remove_file_beneath(run, "../outside/precious"));
+  EXPECT_TRUE(remove_file_beneath(run, "reports/r2")) << "the link itself goes";
+  EXPECT_EQ(read_file(outside / "precious", "test"), "keep me") << "what it pointed to stays";
+  EXPECT_FALSE(fs::exists(fs::symlink_status(run / "reports" / "r2")));
+  EXPECT_TRUE(remove_file_beneath(run, "reports/r1"));
+  EXPECT_FALSE(fs::exists(run / "reports" / "r1"));
+  EXPECT_FALSE(remove_file_beneath(run, "reports/r1")) << "already gone";
 }
 
 TEST(Files, ReadMissingFileNamesIt) {

@@ -1,6 +1,7 @@
 #include "loco/core/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +9,8 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "loco/core/error.h"
 
@@ -58,6 +61,95 @@ std::string read_file(const fs::path& path, std::string_view module) {
   out << in.rdbuf();
   if (in.bad()) throw DataError(module, fmt::format("{}: read failed", path.string()));
   return std::move(out).str();
+}
+
+namespace {
+
+// A file descriptor closed with its owner.
+class Descriptor {
+ public:
+  explicit Descriptor(int fd = -1) : fd_(fd) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  Descriptor(Descriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Descriptor& operator=(Descriptor&& other) noexcept {
+    std::swap(fd_, other.fd_);
+    return *this;
+  }
+  ~Descriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// The folder holding `relative`'s last part, opened beneath `root` one part at a time without
+// following a link, and that last part's name; errno set and a closed descriptor on failure.
+std::pair<Descriptor, std::string> open_parent_beneath(const fs::path& root, const fs::path& relative) {
+  std::vector<std::string> parts;
+  for (const auto& part : relative) {
+    const auto name = part.string();
+    if (name.empty() || name == ".") continue;
+    if (name == ".." || part.is_absolute() || name == "/") {
+      errno = EINVAL;
+      return {Descriptor(), ""};
+    }
+    parts.push_back(name);
+  }
+  if (parts.empty()) {
+    errno = EINVAL;
+    return {Descriptor(), ""};
+  }
+  Descriptor dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  for (size_t i = 0; dir.get() >= 0 && i + 1 < parts.size(); ++i) {
+    dir = Descriptor(::openat(dir.get(), parts[i].c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  }
+  return {std::move(dir), parts.back()};
+}
+
+std::string beneath_reason(int err) {
+  if (err == ELOOP || err == ENOTDIR) return "a link (or not a folder) on the way: links inside the run folder are not followed";
+  if (err == EINVAL) return "not a path inside the run folder";
+  return std::strerror(err);
+}
+
+}  // namespace
+
+std::string read_file_beneath(const fs::path& root, const fs::path& relative, std::string_view module, uint64_t max_bytes) {
+  const auto shown = (root / relative).string();
+  if (relative.is_absolute()) throw DataError(module, fmt::format("{}: {}", shown, beneath_reason(EINVAL)));
+  auto [dir, name] = open_parent_beneath(root, relative);
+  if (dir.get() < 0) throw DataError(module, fmt::format("{}: cannot open: {}", shown, beneath_reason(errno)));
+  // O_NONBLOCK: a pipe planted at the name must not hold the reader before fstat refuses it.
+  Descriptor file(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (file.get() < 0) {
+    const int err = errno;
+    throw DataError(module, fmt::format("{}: {}", shown, err == ENOENT ? std::string("no such file") : "cannot open: " + beneath_reason(err)));
+  }
+  struct stat st {};
+  if (::fstat(file.get(), &st) != 0) throw DataError(module, fmt::format("{}: cannot stat: {}", shown, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw DataError(module, fmt::format("{}: not a regular file", shown));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    throw DataError(module, fmt::format("{}: {} bytes, more than the {} a file of this run can hold", shown, st.st_size, max_bytes));
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(file.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw DataError(module, fmt::format("{}: read failed: {}", shown, std::strerror(errno)));
+    if (n == 0) throw DataError(module, fmt::format("{}: shorter than its size ({} of {} bytes): changed while read", shown, done, bytes.size()));
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
+bool remove_file_beneath(const fs::path& root, const fs::path& relative) {
+  if (relative.is_absolute()) return false;
+  auto [dir, name] = open_parent_beneath(root, relative);
+  return dir.get() >= 0 && ::unlinkat(dir.get(), name.c_str(), 0) == 0;
 }
 
 void sync_directory(const fs::path& dir, std::string_view module) {

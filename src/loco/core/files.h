@@ -2,6 +2,7 @@
 // and every failure names the file and the reason (a full disk included).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -12,6 +13,18 @@ namespace fs = std::filesystem;
 
 // Whole file as bytes. Throws DataError("[module] <path>: <reason>") when it cannot be read.
 std::string read_file(const fs::path& path, std::string_view module);
+
+// A file under `root` (a run folder others may write into, as DiPaCo's workers share theirs), read
+// without following a link anywhere below `root`: every folder of `relative` and the file itself
+// are opened with O_NOFOLLOW, the file must be a regular one (not a device, a pipe or a folder)
+// of at most `max_bytes`. `relative` may not be absolute nor hold "..". Throws DataError naming
+// the path and what is wrong.
+std::string read_file_beneath(const fs::path& root, const fs::path& relative, std::string_view module, uint64_t max_bytes);
+
+// Deletes the file `relative` under `root` without following a link below `root` (a link at the
+// name itself is removed, not what it points to). One already gone, a path through a link and a
+// malformed `relative` delete nothing; false then.
+bool remove_file_beneath(const fs::path& root, const fs::path& relative);
 
 // Who may read a file write_file_atomic writes: everyone (0644: data, tokenizers, reports,
 // configs), or its owner only (0600: checkpoints and the coordinator's state, which hold the model

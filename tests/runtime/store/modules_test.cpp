@@ -17,6 +17,8 @@
 namespace loco::runtime {
 namespace {
 
+constexpr uint64_t kAnySize = uint64_t{1} << 32;  // module files' size bound (DipacoRun::max_file_bytes)
+
 using testing_util::expect_error;
 using testing_util::TempDir;
 
@@ -52,7 +54,7 @@ TEST(ModulesTest, AModuleSavedFromOnePathLoadsIntoAnotherPathThroughIt) {
   for (const auto& name : {"embed", "L1.M0"}) save_module(dir.path(), version_of(plan, path0, name, 3));
   torch::NoGradGuard no_grad;
   for (const auto& name : {"embed", "L1.M0"}) {
-    const auto loaded = load_module(dir.path(), name, 3, plan.fingerprint());
+    const auto loaded = load_module(dir.path(), name, 3, plan.fingerprint(), kAnySize);
     const auto target = model::module_parameters(path1, plan.module(plan.find(name)));
     ASSERT_EQ(loaded.parameters.size(), target.names.size()) << name;
     for (size_t i = 0; i < target.names.size(); ++i) {
@@ -80,21 +82,21 @@ TEST(ModulesTest, TheOuterStateIsAFileOfItsOwnThatPathsNeverRead) {
   const auto outer = module_outer_file(dir.path(), "L1.M0", 2);
   EXPECT_EQ(outer, dir.path() / "modules" / "L1.M0" / "v2.outer.safetensors");
   ASSERT_TRUE(std::filesystem::exists(outer));
-  const auto both = load_module(dir.path(), "L1.M0", 2, plan.fingerprint());
+  const auto both = load_module(dir.path(), "L1.M0", 2, plan.fingerprint(), kAnySize);
   EXPECT_EQ(both.outer_state.at(0).second.item<int64_t>(), 2);
   std::filesystem::remove(outer);
-  const auto parameters = load_module(dir.path(), "L1.M0", 2, plan.fingerprint(), /*with_outer_state=*/false);
+  const auto parameters = load_module(dir.path(), "L1.M0", 2, plan.fingerprint(), kAnySize, /*with_outer_state=*/false);
   EXPECT_TRUE(parameters.outer_state.empty());
   ASSERT_EQ(parameters.parameters.size(), both.parameters.size());
   for (size_t i = 0; i < both.parameters.size(); ++i) EXPECT_TRUE(torch::equal(parameters.parameters[i].second, both.parameters[i].second));
-  expect_error<DataError>([&] { load_module(dir.path(), "L1.M0", 2, plan.fingerprint()); }, "v2.outer.safetensors: module L1.M0 version 2 was never saved");
+  expect_error<DataError>([&] { load_module(dir.path(), "L1.M0", 2, plan.fingerprint(), kAnySize); }, "v2.outer.safetensors: module L1.M0 version 2 was never saved");
   // An older run's file: parameters and outer state together.
   NamedTensors together;
   for (const auto& [name, tensor] : both.parameters) together.emplace_back("param." + name, tensor);
   together.emplace_back("outer.steps", torch::tensor(int64_t{2}));
   save_safetensors(module_file(dir.path(), "L1.M0", 2), together,
                    {{"loco.module", "L1.M0"}, {"loco.module_version", "2"}, {"loco.plan", plan.fingerprint()}});
-  EXPECT_EQ(load_module(dir.path(), "L1.M0", 2, plan.fingerprint()).outer_state.at(0).second.item<int64_t>(), 2);
+  EXPECT_EQ(load_module(dir.path(), "L1.M0", 2, plan.fingerprint(), kAnySize).outer_state.at(0).second.item<int64_t>(), 2);
 }
 
 TEST(ModulesTest, FilesThatDoNotMatchAreRefusedByName) {
@@ -108,20 +110,20 @@ TEST(ModulesTest, FilesThatDoNotMatchAreRefusedByName) {
   model::PathOptions other;
   other.levels = model::PathOptions::parse_levels("1:3,1:2");
   const model::PathPlan another(small(), other);
-  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 1, another.fingerprint()); }, "module of another plan or model");
-  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 7, plan.fingerprint()); }, "was never saved");
+  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 1, another.fingerprint(), kAnySize); }, "module of another plan or model");
+  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 7, plan.fingerprint(), kAnySize); }, "was never saved");
   // A file copied over another version's name says what it holds.
   std::filesystem::copy_file(module_file(dir.path(), "L2.M1", 1), module_file(dir.path(), "L2.M1", 5));
-  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 5, plan.fingerprint()); }, "holds module L2.M1 version 1, not L2.M1 version 5");
+  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 5, plan.fingerprint(), kAnySize); }, "holds module L2.M1 version 1, not L2.M1 version 5");
   expect_error<DataError>([&] { module_file(dir.path(), "../L2.M1", 1); }, "not a safe file name");
   expect_error<DataError>([&] { module_file(dir.path(), "L2.M1", -1); }, "negative");
   // A flipped byte in the data fails the checksum; the other version is intact.
   auto corrupt = read_file(module_file(dir.path(), "L2.M1", 2), "test");
   corrupt[corrupt.size() - 3] ^= 0x40;
   std::ofstream(module_file(dir.path(), "L2.M1", 2), std::ios::binary) << corrupt;
-  EXPECT_THROW(load_module(dir.path(), "L2.M1", 2, plan.fingerprint()), DataError);
+  EXPECT_THROW(load_module(dir.path(), "L2.M1", 2, plan.fingerprint(), kAnySize), DataError);
   EXPECT_EQ(read_file(module_file(dir.path(), "L2.M1", 1), "test"), v1);
-  EXPECT_NO_THROW(load_module(dir.path(), "L2.M1", 1, plan.fingerprint()));
+  EXPECT_NO_THROW(load_module(dir.path(), "L2.M1", 1, plan.fingerprint(), kAnySize));
   // The same module with its checksum taken out of the header: a file no loco run wrote (module
   // files come from other hosts through a shared folder) is refused.
   uint64_t header_size = 0;
@@ -136,7 +138,20 @@ TEST(ModulesTest, FilesThatDoNotMatchAreRefusedByName) {
   TempDir other_dir;
   std::filesystem::create_directories(module_file(other_dir.path(), "L2.M1", 1).parent_path());
   std::ofstream(module_file(other_dir.path(), "L2.M1", 1), std::ios::binary) << stripped;
-  expect_error<DataError>([&] { load_module(other_dir.path(), "L2.M1", 1, plan.fingerprint()); }, "no loco.xxh3 checksum");
+  expect_error<DataError>([&] { load_module(other_dir.path(), "L2.M1", 1, plan.fingerprint(), kAnySize); }, "no loco.xxh3 checksum");
+
+  // A version's file replaced by a link (here to a genuine copy outside the run) is not followed,
+  // and one larger than the bound is refused unread (issue #49).
+  TempDir outside;
+  std::filesystem::copy_file(module_file(dir.path(), "L2.M1", 1), outside.path() / "v1");
+  std::filesystem::remove(module_file(dir.path(), "L2.M1", 1));
+  std::filesystem::create_symlink(outside.path() / "v1", module_file(dir.path(), "L2.M1", 1));
+  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 1, plan.fingerprint(), kAnySize); },
+                          "links inside the run folder are not followed");
+  std::filesystem::remove(module_file(dir.path(), "L2.M1", 1));
+  std::filesystem::copy_file(outside.path() / "v1", module_file(dir.path(), "L2.M1", 1));
+  EXPECT_NO_THROW(load_module(dir.path(), "L2.M1", 1, plan.fingerprint(), kAnySize));
+  expect_error<DataError>([&] { load_module(dir.path(), "L2.M1", 1, plan.fingerprint(), 1000); }, "more than the 1000");
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ std::optional<std::string> TaskWorker::load_inner_state(optim::AdamW& adamw, int
     adamw.load_state(kept_inner_->tensors, kept_inner_->steps);
     return previous->second;
   }
-  const auto file = load_checksummed_safetensors(run_.dir() / previous->second);
+  const auto file = load_checksummed_safetensors(run_.dir(), previous->second, run_.max_file_bytes());
   read += file_bytes(run_.dir() / previous->second);
   const auto steps = file.metadata.find("loco.inner_steps");
   if (steps == file.metadata.end()) {
@@ -139,14 +139,14 @@ void TaskWorker::run_path(const TaskKey& task, const LeaseKeeper& keeper) {
   kept_inner_ = KeptInner{path, inner_file, adamw.state(), adamw.steps()};
   for (const auto& m : late) {  // not recorded: nothing will read them
     for (const auto& report : reports) {
-      if (report.module == m) remove_file(run_.dir() / report.file);
+      if (report.module == m) remove_file(run_.dir(), report.file);
     }
   }
   if (!late.empty()) {
     say(fmt::format("path {} phase {} reported after the phase deadline of {} closed: those modules stepped without it",
                     path, phase + 1, fmt::join(late, ", ")));
   }
-  if (previous_inner) remove_file(run_.dir() / *previous_inner);  // the next phase continues from `inner_file`
+  if (previous_inner) remove_file(run_.dir(), *previous_inner);  // the next phase continues from `inner_file`
 
   const double mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : NAN;
   const int64_t step_tokens = steps * inner.tokens_per_step();

@@ -26,10 +26,12 @@ int64_t file_bytes(const fs::path& file) {
   return ec ? 0 : static_cast<int64_t>(size);
 }
 
-// Removes a file the run no longer needs; one already gone is fine (a duplicate of the task removed it).
-void remove_file(const fs::path& file) {
-  std::error_code ec;
-  fs::remove(file, ec);
+void remove_file(const fs::path& run_dir, const fs::path& file) {
+  remove_file_beneath(run_dir, file.is_absolute() || file.string().starts_with(run_dir.string()) ? file.lexically_relative(run_dir) : file);
+}
+
+uint64_t DipacoRun::max_file_bytes() const {
+  return 3 * 4 * static_cast<uint64_t>(model::parameter_count(config_.model)) + (uint64_t{16} << 20);
 }
 
 // A worker's name as a file name's part: letters, digits, '.', '-', '_' (others become '_').
@@ -163,7 +165,7 @@ std::map<std::string, int64_t> DipacoRun::load_path(model::Transformer& model, i
   for (auto index : plan_.modules_of(path)) {
     const auto& module = plan_.module(index);
     const int64_t version = versions.at(module.name);
-    const auto saved = load_module(dir_, module.name, version, plan_.fingerprint(), /*with_outer_state=*/false);
+    const auto saved = load_module(dir_, module.name, version, plan_.fingerprint(), max_file_bytes(), /*with_outer_state=*/false);
     bytes[module.name] = file_bytes(module_file(dir_, module.name, version));
     const auto group = model::module_parameters(model, module);
     if (saved.parameters.size() != group.names.size()) {
@@ -205,7 +207,7 @@ PathRouter DipacoRun::load_router(Registry& registry) const {
   if (layout && layout->reroute_phase > 0) {
     if (auto done = registry.task_result({TaskScope::kRoute, -1, "", layout->reroute_phase})) folder = *done;
   }
-  const auto file = load_checksummed_safetensors(dir_ / folder / "router.safetensors");
+  const auto file = load_checksummed_safetensors(dir_, fs::path(folder) / "router.safetensors", max_file_bytes());
   if (file.metadata.count("loco.plan") == 0 || file.metadata.at("loco.plan") != plan_.fingerprint()) {
     throw DataError("dipaco", fmt::format("{}/{} routes for another plan", dir_.string(), folder));
   }

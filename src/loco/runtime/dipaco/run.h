@@ -52,6 +52,10 @@ class DipacoRun {
   const model::PathPlan& plan() const { return plan_; }
   const std::filesystem::path& dir() const { return dir_; }
   int64_t phases() const { return phases_; }
+  // The most bytes any file of the run's shared folder can hold (a path's parameters, outer
+  // gradient or momentum, or its AdamW state, in fp32, with room for the header): a larger one
+  // is refused unread (a link to /dev/zero took a path worker to 1.6 GB before; issue #49).
+  uint64_t max_file_bytes() const;
 
   // The training documents of each path, from `routing`/paths.json (RUN/routing: k-means's; a
   // re-routing's folder after it). Throws DataError naming the file when it does not fit the run.
@@ -88,8 +92,10 @@ class DipacoRun {
 
 // Small things the run's files need.
 int64_t file_bytes(const std::filesystem::path& file);  // 0 when it cannot be read
-// Removes a file the run no longer needs; one already gone is fine (a duplicate of the task removed it).
-void remove_file(const std::filesystem::path& file);
+// Removes a file under `run_dir` (`file` relative to it, or a path inside it) the run no longer
+// needs, following no link below `run_dir` (remove_file_beneath); one already gone is fine (a
+// duplicate of the task removed it).
+void remove_file(const std::filesystem::path& run_dir, const std::filesystem::path& file);
 // A worker's name as a file name's part: letters, digits, '.', '-', '_' (others become '_').
 std::string file_safe(const std::string& name);
 

@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 // Module `task.module`'s outer step of phase `task.phase`: from version phase to phase + 1.
 void TaskWorker::run_step(const TaskKey& task) {
   const auto& module = run_.plan().module(run_.plan().find(task.module));
-  const auto saved = load_module(run_.dir(), module.name, task.phase, run_.plan().fingerprint());
+  const auto saved = load_module(run_.dir(), module.name, task.phase, run_.plan().fingerprint(), run_.max_file_bytes());
   int64_t read = file_bytes(module_file(run_.dir(), module.name, task.phase)) +
                  file_bytes(module_outer_file(run_.dir(), module.name, task.phase));
   std::vector<std::string> names;
@@ -32,7 +32,7 @@ void TaskWorker::run_step(const TaskKey& task) {
   std::vector<algorithms::PathReport> reports;
   std::vector<std::string> consumed;
   for (const auto& report : db([&](Registry& r) { return r.reports(module.name, task.phase); })) {
-    const auto file = load_checksummed_safetensors(run_.dir() / report.file);
+    const auto file = load_checksummed_safetensors(run_.dir(), report.file, run_.max_file_bytes());
     read += file_bytes(run_.dir() / report.file);
     algorithms::PathReport path_report{report.path, report.weight, {}};
     for (size_t i = 0; i < names.size(); ++i) {
@@ -55,13 +55,13 @@ void TaskWorker::run_step(const TaskKey& task) {
   // What the step consumed: the phase's outer gradients, and the version before the previous one
   // (no task reads it any more: every path through the module has reported past it), unless it
   // is one that dipaco.keep_every keeps for early stopping.
-  for (const auto& report : consumed) remove_file(run_.dir() / report);
+  for (const auto& report : consumed) remove_file(run_.dir(), report);
   const int64_t keep = run_.config().dipaco.keep_every;
   const bool kept = keep > 0 && (task.phase - 1) % keep == 0;
   // No step reads an outer state older than this one's; early stopping needs the parameters only.
-  if (task.phase >= 1) remove_file(module_outer_file(run_.dir(), module.name, task.phase - 1));
+  if (task.phase >= 1) remove_file(run_.dir(), module_outer_file(run_.dir(), module.name, task.phase - 1));
   if (task.phase >= 1 && !kept && !db([&](Registry& r) { return r.version_needed(module.name, task.phase - 1); })) {
-    remove_file(module_file(run_.dir(), module.name, task.phase - 1));
+    remove_file(run_.dir(), module_file(run_.dir(), module.name, task.phase - 1));
   }
   ++summary_.step_tasks;
   summary_.bytes_read += read;

@@ -42,12 +42,12 @@ void save_module(const std::filesystem::path& run_dir, const ModuleVersion& modu
 namespace {
 
 // One of a version's files, checked to be `module` at `version` of `plan`; its tensors into `out`.
-void read_module_file(const std::filesystem::path& path, const std::string& module, int64_t version,
-                      const std::string& plan, ModuleVersion& out) {
+void read_module_file(const std::filesystem::path& run_dir, const std::filesystem::path& path, const std::string& module,
+                      int64_t version, const std::string& plan, uint64_t max_bytes, ModuleVersion& out) {
   if (!std::filesystem::exists(path)) {
     throw DataError("dipaco", fmt::format("{}: module {} version {} was never saved (missing file)", path.string(), module, version));
   }
-  auto file = load_checksummed_safetensors(path);
+  auto file = load_checksummed_safetensors(run_dir, path.lexically_relative(run_dir), max_bytes);
   auto meta = [&](const char* key) {
     auto it = file.metadata.find(key);
     if (it == file.metadata.end()) throw DataError("dipaco", fmt::format("{}: not a module file (no {} in its metadata)", path.string(), key));
@@ -75,16 +75,16 @@ void read_module_file(const std::filesystem::path& path, const std::string& modu
 }  // namespace
 
 ModuleVersion load_module(const std::filesystem::path& run_dir, const std::string& module, int64_t version,
-                          const std::string& plan, bool with_outer_state) {
+                          const std::string& plan, uint64_t max_bytes, bool with_outer_state) {
   const auto path = module_file(run_dir, module, version);
   ModuleVersion out{module, version, plan, {}, {}};
-  read_module_file(path, module, version, plan, out);
+  read_module_file(run_dir, path, module, version, plan, max_bytes, out);
   if (out.parameters.empty()) throw DataError("dipaco", fmt::format("{}: a module file without parameters", path.string()));
   const auto outer = module_outer_file(run_dir, module, version);
   if (!with_outer_state) {
     out.outer_state.clear();
   } else if (out.outer_state.empty()) {  // (an older run's parameters file holds it already)
-    read_module_file(outer, module, version, plan, out);
+    read_module_file(run_dir, outer, module, version, plan, max_bytes, out);
   }
   return out;
 }

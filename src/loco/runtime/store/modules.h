@@ -38,8 +38,8 @@ void save_module(const std::filesystem::path& run_dir, const ModuleVersion& modu
 // Reads and verifies (each file's checksum, then that it is `module` at `version` of plan `plan`);
 // the outer state only `with_outer_state` (a path task needs the parameters alone). Throws
 // DataError naming the file and what does not match (another plan or model, another module or
-// version, a corrupt or missing file).
+// version, a corrupt or missing file, a link, a file over `max_bytes`: load_checksummed_safetensors).
 ModuleVersion load_module(const std::filesystem::path& run_dir, const std::string& module, int64_t version,
-                          const std::string& plan, bool with_outer_state = true);
+                          const std::string& plan, uint64_t max_bytes, bool with_outer_state = true);
 
 }  // namespace loco::runtime

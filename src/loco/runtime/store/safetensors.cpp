@@ -155,8 +155,10 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   return decode_safetensors(read_file(path, "checkpoint"), path.string());
 }
 
-SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& path) {
-  auto file = load_safetensors(path);
+SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& root, const std::filesystem::path& relative,
+                                             uint64_t max_bytes) {
+  const auto path = root / relative;
+  auto file = decode_safetensors(read_file_beneath(root, relative, "checkpoint", max_bytes), path.string());
   if (!file.metadata.contains("loco.xxh3")) {
     throw DataError("checkpoint", fmt::format("{}: no loco.xxh3 checksum in its metadata; every file loco saves has one, "
                                               "so this one was not written by a loco run", path.string()));

@@ -34,9 +34,11 @@ void save_safetensors(const std::filesystem::path& path, const NamedTensors& ten
 // DataError messages.
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& where);
 SafetensorsFile load_safetensors(const std::filesystem::path& path);
-// As load_safetensors, and refuses a file without a loco.xxh3 checksum (loco writes one into every
-// file it saves): for files that come from other hosts through a shared folder, DiPaCo's modules,
-// outer gradients, path states and routers.
-SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& path);
+// The file `relative` under the run folder `root`, as load_safetensors, read without following a
+// link below `root` and at most `max_bytes` long (read_file_beneath), and refused without a
+// loco.xxh3 checksum (loco writes one into every file it saves): for files that come from other
+// hosts through a shared folder, DiPaCo's modules, outer gradients, path states and routers.
+SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& root, const std::filesystem::path& relative,
+                                             uint64_t max_bytes);
 
 }  // namespace loco::runtime
