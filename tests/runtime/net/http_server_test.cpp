@@ -212,6 +212,50 @@ TEST(HttpServer, BodiesHeldAreBoundedPerAddressAndInAll) {
   EXPECT_TRUE(held_settles_at(0)) << "closed connections give back what they held";
 }
 
+// Clients that pipeline requests for a large answer and never read held every slot of the table
+// (their answers were being written, so not evictable): a status probe was reset 58 of 60 times
+// (issue #49). An answer not taken for write_blocked_after may now be closed to make room, and one
+// address holds at most max_connections_per_address connections.
+TEST(HttpServer, ClientsThatNeverReadTheirAnswersCannotHoldTheTable) {
+  auto attack = [](HttpServerOptions options) {
+    options.header_deadline = 30s;
+    options.write_deadline = 60s;  // not what frees the slots
+    options.max_connections = 64;
+    HttpServer server(options);
+    server.route("GET", "/big", [](const HttpRequest&, HttpResponse& response) { response.set_content(std::string(1 << 20, 'b'), "text/plain"); });
+    server.route("GET", "/", [](const HttpRequest&, HttpResponse& response) { response.set_content("here", "text/plain"); });
+    server.start();
+    std::string pipelined;
+    for (int i = 0; i < 100; ++i) pipelined += "GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    std::vector<int> readers_never;
+    for (int i = 0; i < 80; ++i) {
+      const int fd = testing_util::connect_loopback(server.port(), "127.0.0.2");
+      if (fd < 0) continue;
+      ::send(fd, pipelined.data(), pipelined.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      readers_never.push_back(fd);
+      std::this_thread::sleep_for(5ms);
+    }
+    std::this_thread::sleep_for(800ms);  // every answer stuck: 1 MiB x 100 on each
+    int answered = 0;
+    for (int i = 0; i < 30; ++i) {
+      httplib::Client probe("127.0.0.1", server.port());
+      probe.set_keep_alive(false);
+      probe.set_read_timeout(3s);
+      if (auto answer = probe.Get("/"); answer && answer->status == 200) ++answered;
+    }
+    for (int fd : readers_never) ::close(fd);
+    return answered;
+  };
+  auto by_write_blocked = fast_options();
+  by_write_blocked.max_connections_per_address = 64;  // the whole table: only write-blocked eviction helps
+  by_write_blocked.write_blocked_after = 300ms;
+  EXPECT_EQ(attack(by_write_blocked), 30) << "write-blocked connections evicted to make room";
+  auto by_address = fast_options();
+  by_address.max_connections_per_address = 16;
+  by_address.write_blocked_after = std::chrono::hours(1);  // only the bound per address helps
+  EXPECT_EQ(attack(by_address), 30) << "one address held the table";
+}
+
 // The handshake queue: trusted addresses' handshakes first, in arrival order; then the others in
 // turn by address; a connection that closed while waiting is skipped.
 TEST(HandshakeQueue, TrustedFirstThenStrangersInTurnByAddress) {

@@ -3,9 +3,10 @@
 // Asio), so an idle or slow connection holds no thread; every request has deadlines for its
 // headers, its body and its answer; a gate refuses a request on its headers alone, before its body
 // is read; complete requests run on a fixed pool of handler threads. When the connection table is
-// full, the connection that has waited longest for a request is closed to make room, a stranger's
-// before one from an address that made an authentic request (a worker's client reconnects); the
-// bytes of request bodies held are bounded per address and in all.
+// full, the connection that has waited longest for a request (or for its client to take an
+// answer) is closed to make room, a stranger's before one from an address that made an authentic
+// request (a worker's client reconnects); connections are bounded per address, and the bytes of
+// request bodies held per address and in all.
 // Optional TLS through Asio's OpenSSL streams: a client's ClientHello is read whole before the
 // server answers it, and the answers (a key exchange and a signature each, the costly step) are
 // given one per turn of the I/O loop, trusted addresses first (handshake_queue.h).
@@ -68,6 +69,13 @@ struct HttpServerOptions {
   size_t max_header_bytes = 16 << 10;   // larger: 431, and the connection is closed
   size_t max_body_bytes = 4 << 20;      // larger: 413, and the connection is closed
   size_t max_connections = 4096;        // open at once (fewer when the process may not open that many files)
+  // Open at once from one address: a new one past it closes that address's own connection that
+  // has waited longest, or is refused when none can be closed. All the workers of a machine share
+  // its address (every one of a `loco launch` is 127.0.0.1), each with a few connections.
+  size_t max_connections_per_address = 1024;
+  // An answer its client has not taken for this long (a client pipelining requests and never
+  // reading) may be closed to make room, as a connection waiting for a request may.
+  std::chrono::milliseconds write_blocked_after{1000};
   // Bytes of request bodies the server holds at once, from one address and in all: a body is
   // counted whole (its Content-Length) from its headers until its answer is written. Over the
   // address's bound: 503. Over the bound in all: the connection that has waited longest on a body

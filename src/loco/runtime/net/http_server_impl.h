@@ -33,6 +33,17 @@ struct Connection {
   // evictable, since nothing in it is authenticated yet (a MAC covers the body).
   bool waiting = true;
   std::chrono::steady_clock::time_point waiting_since = std::chrono::steady_clock::now();
+  // Writing an answer since `writing_since`: evictable once its client has not taken it for
+  // HttpServerOptions::write_blocked_after (nothing of it is owed to a client that does not read).
+  bool writing = false;
+  std::chrono::steady_clock::time_point writing_since;
+  // Since when it may be closed to make room, or nullopt while it may not.
+  std::optional<std::chrono::steady_clock::time_point> evictable_since(std::chrono::steady_clock::time_point now,
+                                                                       std::chrono::milliseconds write_blocked_after) const {
+    if (waiting) return waiting_since;
+    if (writing && now - writing_since >= write_blocked_after) return writing_since;
+    return std::nullopt;
+  }
   std::atomic<size_t> held{0};  // bytes of a request body counted against the budgets (HttpServer::Impl::hold)
 };
 
@@ -92,30 +103,54 @@ struct HttpServer::Impl {
     connections.erase(id);
   }
 
-  // Of the connections `may_go` allows, the one to close first (null if none): an untrusted address's
-  // (HandshakeQueue::trust) before a trusted one's, then the one that has waited longest.
-  template <class MayGo>
-  std::shared_ptr<detail::Connection> first_to_close(MayGo may_go) {
+  // Of the connections `since` allows (it gives a time for those, nullopt for the others), the one
+  // to close first (null if none): an untrusted address's (HandshakeQueue::trust) before a trusted
+  // one's, then the one with the earliest time (that has waited longest).
+  template <class Since>
+  std::shared_ptr<detail::Connection> first_to_close(Since since) {
     std::shared_ptr<detail::Connection> first;
-    bool first_trusted = false;
+    std::pair<bool, Clock::time_point> first_key;
     std::lock_guard lock(connections_mutex);
     for (const auto& [id, weak] : connections) {
       auto c = weak.lock();
-      if (!c || !may_go(*c)) continue;
-      const bool trusted = handshakes.trusted(c->address);
-      if (!first || std::make_pair(trusted, c->waiting_since) < std::make_pair(first_trusted, first->waiting_since)) {
+      if (!c) continue;
+      const auto when = since(*c);
+      if (!when) continue;
+      const std::pair<bool, Clock::time_point> key{handshakes.trusted(c->address), *when};
+      if (!first || key < first_key) {
         first = c;
-        first_trusted = trusted;
+        first_key = key;
       }
     }
     return first;
   }
+  // When a connection may be closed to make room for a new one (Connection::evictable_since).
+  std::optional<Clock::time_point> evictable(const detail::Connection& c, Clock::time_point now) const {
+    return c.evictable_since(now, options.write_blocked_after);
+  }
 
-  // At the limit: closes a waiting connection (first_to_close). False when every connection is
-  // busy (then the new one is refused).
-  bool make_room() {
-    if (std::lock_guard lock(connections_mutex); connections.size() < max_connections) return true;
-    auto oldest = first_to_close([](const detail::Connection& c) { return c.waiting; });
+  // Room for a new connection from `address`: at that address's bound, its own connection that
+  // has waited longest is closed; at the table's, anyone's (first_to_close). False when none can
+  // be (then the new one is refused).
+  bool make_room(const std::string& address) {
+    const auto now = Clock::now();
+    size_t open = 0, from_address = 0;
+    {
+      std::lock_guard lock(connections_mutex);
+      open = connections.size();
+      for (const auto& [id, weak] : connections) {
+        if (auto c = weak.lock(); c && c->address == address) ++from_address;
+      }
+    }
+    if (from_address >= options.max_connections_per_address) {
+      auto own = first_to_close([&](const detail::Connection& c) { return c.address == address ? evictable(c, now) : std::nullopt; });
+      if (!own) return false;
+      own->close();
+      ++evicted;
+      return true;
+    }
+    if (open < max_connections) return true;
+    auto oldest = first_to_close([&](const detail::Connection& c) { return evictable(c, now); });
     if (!oldest) return false;
     oldest->close();
     ++evicted;
@@ -138,7 +173,9 @@ struct HttpServer::Impl {
           return true;
         }
       }
-      auto oldest = first_to_close([&](const detail::Connection& c) { return &c != &connection && c.waiting && c.held > 0; });
+      auto oldest = first_to_close([&](const detail::Connection& c) {
+        return &c != &connection && c.waiting && c.held > 0 ? std::optional(c.waiting_since) : std::nullopt;
+      });
       if (!oldest) return false;
       oldest->close();  // gives back what it held
       ++evicted;

@@ -187,6 +187,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   void write(HttpResponse response, bool close_after, bool answer = false) {
     waiting = false;
+    writing = true;
+    writing_since = Clock::now();
     if (response.authentic) server_.handshakes.trust(address, Clock::now());
     response_.emplace(static_cast<http::status>(response.status), 11);
     response_->reason(detail::reason_of(response.status));
@@ -197,6 +199,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     response_->prepare_payload();
     lowest().expires_after(server_.options.write_deadline);
     http::async_write(stream_, *response_, [self = this->shared_from_this(), close_after, answer](beast::error_code ec, size_t) {
+      self->writing = false;
       if (answer) --self->server_.answering;
       self->release_body();
       if (ec) return self->fail(ec);
@@ -249,10 +252,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 }  // namespace
 
 void HttpServer::Impl::on_accept(tcp::socket socket) {
-  if (!make_room()) return;  // every connection is busy: this one is closed as it goes
   beast::error_code ec;
   const auto remote = socket.remote_endpoint(ec);
   if (ec) return;
+  if (!make_room(remote.address().to_string())) return;  // every connection is busy: this one is closed as it goes
   const uint64_t id = next_id++;
   auto begin = [&](auto session) {
     std::unique_lock lock(connections_mutex);
