@@ -9,7 +9,8 @@ packages=(
   universal-ctags              # the `sizes` check finds every function with it
   libtorch-dev                 # libtorch's C++ frontend, CPU (1.13)
   libgloo-dev                  # headers of Gloo, the collectives under c10d's ProcessGroupGloo
-  libcpp-httplib-dev           # the coordinator's HTTP control plane
+  libcpp-httplib-dev           # the coordinator's HTTP control plane (the query parser; the tests' fakes)
+  libcurl4-openssl-dev         # the workers' HTTP client (answers' headers bounded as they arrive)
   libssl-dev openssl           # its request MACs and TLS (OpenSSL); the tests make throwaway certificates
   libboost-dev                 # Beast and Asio (header-only): the coordinator's event-driven HTTP server
   libhwy-dev                   # Google Highway: the wire codecs' vector kernels

@@ -259,6 +259,8 @@ class Worker : public Command {
     cmd->add_option("--rank", rank_, "this worker's rank (default: $RANK, $SLURM_PROCID, or the coordinator's choice)")
         ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
     cmd->add_flag("--resume", resume_, "continue from this worker's checkpoints (needs the rank)");
+    cmd->add_flag("--insecure", insecure_, "without a join token, believe the coordinator's unsigned answers (only for a "
+                  "`loco coordinator --insecure` on a network you trust: anyone holding its port could answer)");
     cmd->add_option("--progress", progress_, "auto, bar, lines or json")->check(CLI::IsMember({"auto", "bar", "lines", "json"}));
     cmd->allow_extras();
   }
@@ -282,6 +284,7 @@ class Worker : public Command {
     options.coordinator = coordinator_;
     options.rank = rank_ >= 0 ? rank_ : env.rank.value_or(-1);
     options.resume = resume_;
+    options.insecure = insecure_;
     options.stop = &stop_requested();
     options.progress = progress_mode(progress_);
     options.out = options.progress == metrics::ProgressMode::kJson ? stdout : stderr;
@@ -293,7 +296,7 @@ class Worker : public Command {
  private:
   std::string coordinator_, config_file_, progress_ = "auto";
   int64_t rank_ = -1;
-  bool resume_ = false;
+  bool resume_ = false, insecure_ = false;
 };
 
 class PathWorker : public Command {

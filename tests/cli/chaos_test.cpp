@@ -31,6 +31,10 @@
 namespace loco {
 namespace {
 
+// The tests' own reader of a run's state on loopback: it holds no token, and believes the unsigned
+// answers a coordinator gives to reads (a worker without a token would not: ClientSecurity::insecure).
+const runtime::ClientSecurity kObserver{.insecure = true};
+
 using testing_util::Child;
 using testing_util::TempDir;
 using namespace std::chrono_literals;
@@ -148,7 +152,7 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port)};
   for (auto& a : common("chaos")) args.push_back(a);
   Child launcher(args, log("chaos"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const unsigned seed = std::random_device()();
   std::mt19937 random(seed);
   SCOPED_TRACE(fmt::format("chaos seed {}", seed));
@@ -322,7 +326,7 @@ void ChaosTest::full_stop_resume(const std::vector<std::string>& algorithm) {
 
   const int port = testing_util::free_port();
   Child launcher(launch_args("stopped", {"--port", std::to_string(port)}), log("stopped"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
   std::mt19937 random(std::random_device{}());
   ASSERT_TRUE(wait_for_rounds(client, 12, deadline));
@@ -395,7 +399,7 @@ TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
     }
     return out;
   };
-  runtime::CoordinatorClient client(address, 20s);
+  runtime::CoordinatorClient client(address, 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
   auto wait_for_round = [&](int64_t round) { ASSERT_TRUE(wait_for_rounds(client, round, deadline)) << "round " << round; };
 
@@ -463,7 +467,7 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
   auto alpha1 = worker("alpha", "127.0.0.1", {"--rank", "1"}, "alpha-1");
   auto beta = worker("beta", "127.0.0.2", {"--rank", "2"}, "beta");
 
-  runtime::CoordinatorClient client(address, 20s);
+  runtime::CoordinatorClient client(address, 20s, kObserver);
   const auto deadline = Clock::now() + 180s;
   ASSERT_TRUE(wait_for_rounds(client, 5, deadline));
   beta->signal(SIGKILL);
@@ -536,7 +540,7 @@ TEST_F(ChaosTest, TimeBudgetedRoundsDoNotWaitForASlowWorker) {
     args.push_back(a);
   }
   Child launcher(args, log("budget"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   auto state = [&] { return elastic_state(client); };
   // The worker of slot 2, once training has started.
   pid_t slow = -1;
@@ -630,7 +634,7 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
   for (auto& a : common("orphans")) args.push_back(a);
   for (auto& a : extra) args.push_back(a);
   Child launcher(args, log("orphans"));
-  runtime::CoordinatorClient client(address, 20s);
+  runtime::CoordinatorClient client(address, 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
   auto state = [&] { return elastic_state(client); };
   auto members_in = [&](const char* wanted) {
@@ -682,7 +686,7 @@ void ChaosTest::restart_a_dead_worker(const std::vector<std::string>& algorithm)
   for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
   args.insert(args.end(), algorithm.begin(), algorithm.end());
   Child launcher(args, log("restarts"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
   pid_t victim = -1;
   while (victim < 0 && Clock::now() < deadline) {
@@ -726,7 +730,7 @@ TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
   for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
   args.insert(args.end(), kStreaming.begin(), kStreaming.end());
   Child launcher(args, log("streaming"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
   std::mt19937 random(std::random_device{}());
   // The victim is frozen while it waits for round r to be convened and another member still
@@ -792,7 +796,7 @@ TEST_F(ChaosTest, MisbehavingClientsDoNotStarveTheMembers) {
   for (auto& a : common("abuse")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=300"}) args.push_back(a);
   Child launcher(args, log("abuse"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s);
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   ASSERT_TRUE(wait_for_rounds(client, 2, Clock::now() + 120s)) << read_file(log("abuse"), "test");
 
   std::atomic<bool> quit = false;

@@ -7,8 +7,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -190,6 +194,78 @@ TEST(CoordinatorClient, AnUnsignedRequestRefusedIsSignedOnceTheRunsTokenFileAppe
   CoordinatorClient tokenless(coordinator.address(), 2s, {});
   EXPECT_EQ(tokenless.request("GET", "/v1/kv/size", "", 2s).first, 401);
   EXPECT_EQ(unsigned_requests, 2);
+}
+
+// A fake coordinator streamed 109 MiB of headers into a worker (RSS 180 -> 578 MiB) before its
+// answer could be refused (issue #49): headers are now counted as they arrive and the answer is cut
+// off past kMaxAnswerHeaderBytes, long before the peer is done sending.
+TEST(CoordinatorClient, AnAnswersHeadersAreCutOffPastTheirBound) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  constexpr size_t kFlood = size_t{100} << 20;
+  std::atomic<size_t> sent{0};  // the most sent on one connection
+  std::atomic<bool> done{false};
+  std::thread flood([&] {  // every attempt of the client's (it retries within its patience) gets the same
+    while (!done) {
+      pollfd ready{listener, POLLIN, 0};
+      if (::poll(&ready, 1, 50) <= 0) continue;
+      const int fd = ::accept(listener, nullptr, nullptr);
+      if (fd < 0) continue;
+      char request[4096];
+      (void)::recv(fd, request, sizeof request, 0);
+      std::string chunk = "HTTP/1.1 200 OK\r\n";
+      for (int i = 0; i < 64; ++i) chunk += fmt::format("X-Filler-{}: {}\r\n", i, std::string(100, 'f'));
+      size_t here = 0;
+      while (here < kFlood) {
+        const auto n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+        if (n <= 0) break;
+        here += static_cast<size_t>(n);
+        chunk = fmt::format("X-Filler: {}\r\n", std::string(100, 'f'));
+      }
+      sent = std::max(sent.load(), here);
+      ::close(fd);
+    }
+  });
+  const auto reason = unreachable_reason(fmt::format("127.0.0.1:{}", ntohs(address.sin_port)));
+  done = true;
+  flood.join();
+  ::close(listener);
+  EXPECT_NE(reason.find("has over 16 KiB or 64 lines of headers"), std::string::npos) << reason;
+  EXPECT_LT(sent.load(), kFlood / 4) << "the client read on after the bound";
+}
+
+// A worker with no token (waiting for the run's token file, as on the coordinator's machine)
+// cannot check who answers: whoever held the port ended such a worker with a message of its
+// choosing (issue #49). It now believes only a refusal, which sends it to the token file, unless it
+// runs --insecure (for a coordinator run --insecure, which signs nothing).
+TEST(CoordinatorClient, WithoutATokenAnUnsignedAnswerIsBelievedOnlyWhenInsecure) {
+  testing_util::TempDir dir;
+  FakeCoordinator impostor([&](const httplib::Request&, httplib::Response& response) {
+    response.status = 410;
+    response.set_content(R"({"error": "the run is complete: delete your checkpoints"})", "application/json");
+  });
+  protocol::JoinRequest join;
+  join.name = "test:1";
+  ClientSecurity waiting;
+  waiting.token_file = dir.path() / "join_token";  // not there (yet)
+  CoordinatorClient careful(impostor.address(), 1s, waiting);
+  expect_error<PeerError>([&] { careful.join(join); }, "an unsigned answer (HTTP 410 to /v1/join), not believed");
+  expect_error<PeerError>([&] { careful.join(join); }, "or, only for a coordinator run with --insecure");
+  CoordinatorClient bare(impostor.address(), 1s, {});
+  bare.set_patience(300ms);
+  expect_error<PeerUnreachable>([&] { bare.request("GET", "/v1/state", "", 1s); }, "not believed: this worker has no join token");
+
+  ClientSecurity insecure = waiting;
+  insecure.insecure = true;
+  CoordinatorClient trusting(impostor.address(), 1s, insecure);
+  expect_error<RunComplete>([&] { trusting.join(join); }, "the run is complete");
 }
 
 // A status read announcing a body is refused at the gate, before the body could hold the

@@ -80,8 +80,9 @@ class HttpKeyValueStore final : public comm::KeyValueStore {
 
 }  // namespace
 
-ClientSecurity client_security(const RunConfig& config) {
+ClientSecurity client_security(const RunConfig& config, bool insecure) {
   ClientSecurity s;
+  s.insecure = insecure;
   s.token = auth::resolve_token(join_token(config.cluster), config.run.dir);
   if (s.token.empty() && join_token(config.cluster).empty()) s.token_file = RunFolder(config.run.dir).join_token();
   s.tls_ca = config.cluster.tls_ca.empty() ? config.cluster.tls_cert : config.cluster.tls_ca;
@@ -137,11 +138,15 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
       // A worker with a token is refused unsigned when its token is not the run's (a refusal is
       // never signed, so it is not believed at once: HttpClient::attempt).
       const bool refused = last_error.starts_with("a refusal");
+      const bool unsigned_answer = last_error.starts_with("an unsigned answer");
       throw PeerError("worker", fmt::format("cannot reach the coordinator at {} within {:.0f} s ({}); hint: {} "
                                             "(cluster.connect_timeout_s)", address(),
                                             std::chrono::duration<double>(connect_timeout_).count(), last_error,
                                             refused ? "every worker needs the run's join token: LOCO_JOIN_TOKEN or "
                                                       "cluster.join_token, the same on every host"
+                                            : unsigned_answer ? "give this worker the run's join token (LOCO_JOIN_TOKEN or "
+                                                                "cluster.join_token), or, only for a coordinator run with "
+                                                                "--insecure on a network you trust, pass --insecure here too"
                                                     : "is `loco coordinator` (or `loco launch`) running there, and is "
                                                       "the port open?"));
     }

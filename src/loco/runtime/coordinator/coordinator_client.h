@@ -29,8 +29,9 @@ class RunComplete : public Error {
 };
 
 // How a worker reaches its run's coordinator securely (docs/security.md): the token it was given,
-// else its run folder's (auth::resolve_token); TLS when cluster.tls_ca or cluster.tls_cert is set.
-ClientSecurity client_security(const RunConfig& config);
+// else its run folder's (auth::resolve_token); TLS when cluster.tls_ca or cluster.tls_cert is set;
+// `insecure` (loco worker --insecure): unsigned answers believed while it has no token.
+ClientSecurity client_security(const RunConfig& config, bool insecure = false);
 
 class CoordinatorClient {
  public:

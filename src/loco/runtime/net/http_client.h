@@ -2,6 +2,8 @@
 // (auth.h) and its answer checked to be the peer's, over TLS when asked, with a timeout on every
 // attempt and retries with backoff while the peer cannot be reached. It knows nothing of what the
 // requests mean (coordinator/coordinator_client.h speaks the coordinator's protocol over it).
+// The transport is libcurl's: it lets the client bound an answer's headers as they arrive
+// (kMaxAnswerHeaderBytes), which cpp-httplib 0.11's client cannot (issue #49).
 #pragma once
 
 #include <chrono>
@@ -14,10 +16,6 @@
 
 #include "loco/core/error.h"
 #include "loco/runtime/net/auth.h"
-
-namespace httplib {
-class Client;
-}
 
 namespace loco::runtime {
 
@@ -36,7 +34,17 @@ struct ClientSecurity {
   // (RUN/join_token): read when `token` is "" and the file exists by the time of a request, so
   // that a worker started together with its coordinator finds it.
   std::filesystem::path token_file;
+  // Believe unsigned answers while there is no token (`loco worker --insecure`, for a coordinator
+  // run with --insecure). Without it a client with no token believes only a refusal (401: sign
+  // with the token file, or tell the user a token is needed): any process holding the port could
+  // answer otherwise (issue #49).
+  bool insecure = false;
 };
+
+// The most an answer's status line and headers may take, in bytes and in lines: a peer that sends
+// more is not the coordinator (whose answers carry a handful), and is cut off as it sends.
+inline constexpr size_t kMaxAnswerHeaderBytes = 16 << 10;
+inline constexpr size_t kMaxAnswerHeaderLines = 64;
 
 // The text of an error answer: its JSON "error" field, else its first 500 bytes.
 std::string error_text(const std::string& body);
@@ -95,8 +103,9 @@ class HttpClient {
   std::optional<auth::Key> key_;
   std::string instance_;  // the peer instance requests are signed for; "" until a refusal tells it
   std::chrono::milliseconds patience_{3000};
+  std::chrono::milliseconds read_timeout_{30000};  // of the attempt under way
   std::mutex mutex_;
-  std::unique_ptr<httplib::Client> client_;
+  void* curl_ = nullptr;  // libcurl's easy handle (CURL*): it keeps the connection between requests
 };
 
 }  // namespace loco::runtime

@@ -232,7 +232,8 @@ namespace {
 TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& options, const data::Dataset& dataset,
                                 const std::function<void(const std::string&)>& say) {
   const auto assignment = assign_shards(config, dataset, config.cluster.workers);
-  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s), client_security(config));
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s),
+                           client_security(config, options.insecure));
   client.set_patience(seconds(config.cluster.coordinator_timeout_s));  // a restarted coordinator finds it waiting
   // Its peers reach it at this address; the name carries it, so that the coordinator's events say
   // which host a member is on even where host names repeat (containers).
@@ -472,7 +473,8 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
   if (config.cluster.elastic) return run_elastic_worker(config, options, dataset, say);
 
   // A fixed worker's life: join, wait for everyone, run its one task (the whole run), report it.
-  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s), client_security(config));
+  CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s),
+                           client_security(config, options.insecure));
   const auto joined = client.join(fixed_join_request(config, options, dataset));
   const int64_t rank = joined.rank;
   say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, joined.world_size, client.address(),

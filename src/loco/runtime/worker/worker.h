@@ -22,6 +22,7 @@ struct WorkerOptions {
   std::string coordinator;                 // "host:port"
   int64_t rank = -1;                       // -1: assigned by the coordinator
   bool resume = false;                     // continue from this worker's checkpoints
+  bool insecure = false;                   // believe a token-less coordinator's unsigned answers
   const std::atomic<bool>* stop = nullptr; // set by SIGINT/SIGTERM
   metrics::ProgressMode progress = metrics::ProgressMode::kLines;
   std::FILE* out = stderr;
