@@ -952,7 +952,7 @@ TEST_F(ChaosTest, ThousandsOfHeldConnectionsLockNoMemberOutOfATlsRun) {
     args.push_back(a);
   }
   Child launcher(args, log("held"));
-  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, {"", true, cert});
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, {.tls = true, .tls_ca = cert, .insecure = true});
   ASSERT_TRUE(wait_for_rounds(client, 2, Clock::now() + 120s)) << read_file(log("held"), "test");
 
   // The instance the coordinator signs for, told with any refusal: a stranger learns it so.

@@ -20,6 +20,9 @@ std::string read_file(const fs::path& path, std::string_view module);
 // of at most `max_bytes`. `relative` may not be absolute nor hold "..". Throws DataError naming
 // the path and what is wrong.
 std::string read_file_beneath(const fs::path& root, const fs::path& relative, std::string_view module, uint64_t max_bytes);
+// The most a run folder's text file may hold (checkpoints' state.json, `latest`, coordinator.json,
+// config.toml): what is larger was not written by loco, and is refused unread.
+inline constexpr uint64_t kMaxRunTextBytes = uint64_t{64} << 20;
 
 // Deletes the file `relative` under `root` without following a link below `root` (a link at the
 // name itself is removed, not what it points to). One already gone, a path through a link and a

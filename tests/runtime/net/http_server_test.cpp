@@ -3,6 +3,7 @@
 // making room and in TLS handshakes), and knowing when it is behind.
 #include "loco/runtime/net/http_server.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <openssl/ssl.h>
@@ -243,17 +244,21 @@ TEST(HttpServer, ClientsThatNeverReadTheirAnswersCannotHoldTheTable) {
       probe.set_read_timeout(3s);
       if (auto answer = probe.Get("/"); answer && answer->status == 200) ++answered;
     }
+    const auto counts = server.counts();
     for (int fd : readers_never) ::close(fd);
-    return answered;
+    return fmt::format("{} of 30 answered ({} attackers connected, {} open, {} evicted, {} timed out)", answered,
+                       readers_never.size(), counts.open, counts.evicted, counts.timed_out);
   };
   auto by_write_blocked = fast_options();
   by_write_blocked.max_connections_per_address = 64;  // the whole table: only write-blocked eviction helps
   by_write_blocked.write_blocked_after = 300ms;
-  EXPECT_EQ(attack(by_write_blocked), 30) << "write-blocked connections evicted to make room";
+  const auto evicting = attack(by_write_blocked);
+  EXPECT_EQ(evicting.substr(0, 8), "30 of 30") << "write-blocked connections evicted to make room: " << evicting;
   auto by_address = fast_options();
   by_address.max_connections_per_address = 16;
   by_address.write_blocked_after = std::chrono::hours(1);  // only the bound per address helps
-  EXPECT_EQ(attack(by_address), 30) << "one address held the table";
+  const auto bounded = attack(by_address);
+  EXPECT_EQ(bounded.substr(0, 8), "30 of 30") << "one address held the table: " << bounded;
 }
 
 // The handshake queue: trusted addresses' handshakes first, in arrival order; then the others in

@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -138,6 +139,23 @@ TEST(Checkpoint, CorruptOrTruncatedFilesAreNamed) {
 
   write_file_atomic(model_file, bytes.substr(0, bytes.size() / 2), "test");
   expect_error<DataError>([&] { load_checkpoint(saved); }, "model.safetensors");
+
+  // No more is read than state.json says, and no link inside the checkpoint is followed (a file
+  // linked to /dev/zero was read without end; issue #49).
+  write_file_atomic(model_file, bytes + std::string(1 << 20, 'x'), "test");
+  expect_error<DataError>([&] { load_checkpoint(saved); }, fmt::format("more than the {} a file", bytes.size()));
+  TempDir outside;
+  write_file_atomic(outside.path() / "model.safetensors", bytes, "test");
+  fs::remove(model_file);
+  fs::create_symlink(outside.path() / "model.safetensors", model_file);
+  expect_error<DataError>([&] { load_checkpoint(saved); }, "links inside the run folder are not followed");
+  fs::remove(model_file);
+  fs::create_symlink("/dev/zero", model_file);
+  expect_error<DataError>([&] { load_checkpoint(saved); }, "links inside the run folder are not followed");
+  write_file_atomic(dir.path() / "checkpoints" / "latest.real", "step-00000003\n", "test");
+  fs::remove(dir.path() / "checkpoints" / "latest");
+  fs::create_symlink(dir.path() / "checkpoints" / "latest.real", dir.path() / "checkpoints" / "latest");
+  expect_error<DataError>([&] { store.latest(); }, "latest: cannot open");
 
   fs::remove(model_file);
   expect_error<DataError>([&] { load_checkpoint(saved); }, "model.safetensors: no such file");

@@ -60,7 +60,7 @@ void ElasticRun::log(const std::string& line) const {
 void ElasticRun::restore_live_state() {
   nlohmann::json saved;
   try {
-    saved = nlohmann::json::parse(read_file(state_file_, "coordinator"));
+    saved = nlohmann::json::parse(read_file_beneath(state_file_.parent_path(), state_file_.filename(), "coordinator", kMaxRunTextBytes));
     // (Before anything copies or dumps it: both recurse, one call per level.)
     if (protocol::nested_deeper_than(saved, protocol::kMaxJsonDepth)) {
       throw ProtocolError(fmt::format("malformed: nested deeper than {} levels", protocol::kMaxJsonDepth));

@@ -119,7 +119,7 @@ class Display {
 void check_against_saved_config(const RunConfig& config, std::FILE* out) {
   const auto file = RunFolder(config.run.dir).config();
   if (!fs::exists(file)) return;
-  const auto saved = parse_config(read_file(file, "launch"), file.string());
+  const auto saved = parse_config(read_file_beneath(file.parent_path(), file.filename(), "launch", kMaxRunTextBytes), file.string());
   RunConfig given = config;
   if (given.model.vocab_size == 0) given.model.vocab_size = saved.model.vocab_size;  // the dataset's, resolved at the start
   const auto fixed = differences(saved, given, kResumeFixedKeys);

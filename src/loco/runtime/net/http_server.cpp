@@ -150,8 +150,8 @@ void HttpServer::stop() {
     std::vector<std::shared_ptr<detail::Connection>> open;
     {
       std::lock_guard lock(impl->connections_mutex);
-      for (const auto& [id, weak] : impl->connections) {
-        if (auto c = weak.lock()) open.push_back(c);
+      for (const auto& [id, entry] : impl->connections) {
+        if (auto c = entry.connection.lock()) open.push_back(c);
       }
     }
     for (auto& c : open) c->close();

@@ -69,7 +69,18 @@ struct HttpServer::Impl {
 
   // Open connections, by id: touched on the I/O thread, and where a connection is destroyed.
   mutable std::mutex connections_mutex;
-  std::map<uint64_t, std::weak_ptr<detail::Connection>> connections;
+  struct Entry {
+    std::weak_ptr<detail::Connection> connection;
+    std::string address;
+  };
+  std::map<uint64_t, Entry> connections;
+  std::map<std::string, size_t> open_by_address;  // how many of `connections` each address has
+
+  void enter(uint64_t id, const std::shared_ptr<detail::Connection>& connection) {
+    std::lock_guard lock(connections_mutex);
+    connections.emplace(id, Entry{connection, connection->address});
+    ++open_by_address[connection->address];
+  }
   uint64_t next_id = 1;  // (0 is no connection to the handshake queue)
 
   // The bytes of request bodies held, in all and by address (only addresses holding some):
@@ -100,7 +111,12 @@ struct HttpServer::Impl {
 
   void forget(uint64_t id) {
     std::lock_guard lock(connections_mutex);
-    connections.erase(id);
+    const auto it = connections.find(id);
+    if (it == connections.end()) return;
+    if (const auto by = open_by_address.find(it->second.address); by != open_by_address.end() && --by->second == 0) {
+      open_by_address.erase(by);
+    }
+    connections.erase(it);
   }
 
   // Of the connections `since` allows (it gives a time for those, nullopt for the others), the one
@@ -111,8 +127,8 @@ struct HttpServer::Impl {
     std::shared_ptr<detail::Connection> first;
     std::pair<bool, Clock::time_point> first_key;
     std::lock_guard lock(connections_mutex);
-    for (const auto& [id, weak] : connections) {
-      auto c = weak.lock();
+    for (const auto& [id, entry] : connections) {
+      auto c = entry.connection.lock();
       if (!c) continue;
       const auto when = since(*c);
       if (!when) continue;
@@ -138,9 +154,8 @@ struct HttpServer::Impl {
     {
       std::lock_guard lock(connections_mutex);
       open = connections.size();
-      for (const auto& [id, weak] : connections) {
-        if (auto c = weak.lock(); c && c->address == address) ++from_address;
-      }
+      const auto by = open_by_address.find(address);
+      from_address = by == open_by_address.end() ? 0 : by->second;
     }
     if (from_address >= options.max_connections_per_address) {
       auto own = first_to_close([&](const detail::Connection& c) { return c.address == address ? evictable(c, now) : std::nullopt; });

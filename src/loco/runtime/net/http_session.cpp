@@ -255,15 +255,13 @@ void HttpServer::Impl::on_accept(tcp::socket socket) {
   beast::error_code ec;
   const auto remote = socket.remote_endpoint(ec);
   if (ec) return;
-  if (!make_room(remote.address().to_string())) return;  // every connection is busy: this one is closed as it goes
+  auto address = remote.address().to_string();
+  if (!make_room(address)) return;  // every connection is busy: this one is closed as it goes
   const uint64_t id = next_id++;
   auto begin = [&](auto session) {
-    std::unique_lock lock(connections_mutex);
-    connections.emplace(id, session);
-    lock.unlock();
+    enter(id, session);
     session->start();
   };
-  auto address = remote.address().to_string();
   if (tls) {
     begin(std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(
         *this, id, beast::ssl_stream<beast::tcp_stream>(std::move(socket), *tls), std::move(address), remote.port()));

@@ -141,7 +141,7 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
 std::optional<fs::path> CheckpointStore::latest() const {
   std::error_code ec;
   if (!fs::exists(root_ / "latest", ec)) return std::nullopt;
-  std::string name = read_file(root_ / "latest", "checkpoint");
+  std::string name = read_file_beneath(root_, "latest", "checkpoint", kMaxRunTextBytes);
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   if (name.empty() || name.find('/') != std::string::npos) {
     throw DataError("checkpoint", fmt::format("{}: malformed (expected a checkpoint folder name)", (root_ / "latest").string()));
@@ -193,7 +193,7 @@ Checkpoint load_checkpoint(const fs::path& path) {
   const fs::path state_path = ckpt.dir / "state.json";
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(read_file(state_path, "checkpoint"));
+    json = nlohmann::json::parse(read_file_beneath(ckpt.dir, "state.json", "checkpoint", kMaxRunTextBytes));
   } catch (const nlohmann::json::exception& e) {
     throw DataError("checkpoint", fmt::format("{}: malformed: {}", state_path.string(), e.what()));
   }
@@ -201,9 +201,11 @@ Checkpoint load_checkpoint(const fs::path& path) {
   NamedTensors* parts[] = {&ckpt.model, &ckpt.optimizer, &ckpt.sync};
   for (size_t i = 0; i < 3; ++i) {
     const fs::path file = ckpt.dir / kFiles[i];
-    std::string bytes = read_file(file, "checkpoint");
+    std::string bytes;
     try {
       const auto& entry = json.at("files").at(kFiles[i]);
+      // No link inside the checkpoint is followed, and no more is read than state.json says.
+      bytes = read_file_beneath(ckpt.dir, kFiles[i], "checkpoint", entry.at("bytes").get<uint64_t>());
       if (entry.at("bytes").get<uint64_t>() != bytes.size()) {
         throw DataError("checkpoint", fmt::format("{}: {} bytes, state.json says {} (truncated?)", file.string(),
                                                   bytes.size(), entry.at("bytes").get<uint64_t>()));

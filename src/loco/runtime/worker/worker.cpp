@@ -97,7 +97,7 @@ std::vector<protocol::CheckpointInfo> list_checkpoints(const fs::path& dir) {
   for (int64_t step : store.steps()) {
     const auto path = store.at(step) / "state.json";
     try {
-      auto state = nlohmann::json::parse(read_file(path, "worker"));
+      auto state = nlohmann::json::parse(read_file_beneath(store.at(step), "state.json", "worker", kMaxRunTextBytes));
       const uint64_t hash = state.contains("global_hash") ? parse_hex64(state["global_hash"].get<std::string>(), "worker", path.string()) : 0;
       out.push_back({step, hash});
     } catch (const nlohmann::json::exception& e) {
