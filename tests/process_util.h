@@ -150,4 +150,26 @@ inline std::vector<pid_t> processes_mentioning(const std::string& fragment) {
   return out;
 }
 
+// What each of `pids` is and where it waits (its command line, state and each thread's kernel wait
+// channel), to say why a process outlived its test.
+inline std::string describe_processes(const std::vector<pid_t>& pids) {
+  std::string out;
+  auto read = [](const std::filesystem::path& file) {
+    std::ifstream in(file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(text.begin(), text.end(), '\0', ' ');
+    return text;
+  };
+  for (const pid_t pid : pids) {
+    const auto dir = std::filesystem::path("/proc") / std::to_string(pid);
+    out += "pid " + std::to_string(pid) + ": " + read(dir / "cmdline").substr(0, 300) + "\n  stat: " + read(dir / "stat").substr(0, 120);
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(dir / "task", ec)) {
+      out += "\n  thread " + task.path().filename().string() + " " + read(task.path() / "comm") + " waits in " + read(task.path() / "wchan");
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 }  // namespace loco::testing_util

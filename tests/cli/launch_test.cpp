@@ -36,7 +36,8 @@ class LaunchTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
   void TearDown() override {
-    EXPECT_TRUE(processes_mentioning(dir_->path().string()).empty()) << "a loco process outlived its test";
+    const auto left = processes_mentioning(dir_->path().string());
+    EXPECT_TRUE(left.empty()) << "a loco process outlived its test:\n" << testing_util::describe_processes(left);
   }
 
   static fs::path data() { return dir_->path() / "data"; }
