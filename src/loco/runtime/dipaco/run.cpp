@@ -26,9 +26,7 @@ int64_t file_bytes(const fs::path& file) {
   return ec ? 0 : static_cast<int64_t>(size);
 }
 
-void remove_file(const fs::path& run_dir, const fs::path& file) {
-  remove_file_beneath(run_dir, file.is_absolute() || file.string().starts_with(run_dir.string()) ? file.lexically_relative(run_dir) : file);
-}
+void remove_file(const fs::path& run_dir, const fs::path& relative) { remove_file_beneath(run_dir, relative); }
 
 uint64_t DipacoRun::max_file_bytes() const {
   return 3 * 4 * static_cast<uint64_t>(model::parameter_count(config_.model)) + (uint64_t{16} << 20);

@@ -92,10 +92,9 @@ class DipacoRun {
 
 // Small things the run's files need.
 int64_t file_bytes(const std::filesystem::path& file);  // 0 when it cannot be read
-// Removes a file under `run_dir` (`file` relative to it, or a path inside it) the run no longer
-// needs, following no link below `run_dir` (remove_file_beneath); one already gone is fine (a
-// duplicate of the task removed it).
-void remove_file(const std::filesystem::path& run_dir, const std::filesystem::path& file);
+// Removes the file `relative` (to `run_dir`) the run no longer needs, following no link below
+// `run_dir` (remove_file_beneath); one already gone is fine (a duplicate of the task removed it).
+void remove_file(const std::filesystem::path& run_dir, const std::filesystem::path& relative);
 // A worker's name as a file name's part: letters, digits, '.', '-', '_' (others become '_').
 std::string file_safe(const std::string& name);
 

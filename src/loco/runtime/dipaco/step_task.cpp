@@ -59,9 +59,9 @@ void TaskWorker::run_step(const TaskKey& task) {
   const int64_t keep = run_.config().dipaco.keep_every;
   const bool kept = keep > 0 && (task.phase - 1) % keep == 0;
   // No step reads an outer state older than this one's; early stopping needs the parameters only.
-  if (task.phase >= 1) remove_file(run_.dir(), module_outer_file(run_.dir(), module.name, task.phase - 1));
+  if (task.phase >= 1) remove_file(run_.dir(), module_outer_file(run_.dir(), module.name, task.phase - 1).lexically_relative(run_.dir()));
   if (task.phase >= 1 && !kept && !db([&](Registry& r) { return r.version_needed(module.name, task.phase - 1); })) {
-    remove_file(run_.dir(), module_file(run_.dir(), module.name, task.phase - 1));
+    remove_file(run_.dir(), module_file(run_.dir(), module.name, task.phase - 1).lexically_relative(run_.dir()));
   }
   ++summary_.step_tasks;
   summary_.bytes_read += read;
