@@ -58,6 +58,14 @@ TEST(BenchResults, TheTokenRichDiPaCoResultsHoldEveryComparisonWithItsInterval) 
     EXPECT_TRUE(against_wide) << "seed " << seed << ": DiPaCo against a dense model of all the modules' size";
   }
   if (results.contains("reroute")) check_scores(results.at("reroute"), "re-routed");
+  // The layout without a path-specific embedding, against the one with it on the same documents.
+  ASSERT_TRUE(results.contains("shared_embedding")) << "DiPaCo with one embedding shared by every path";
+  const auto& shared = results.at("shared_embedding");
+  check_scores(shared, "shared embedding");
+  const auto& c = shared.at("against_path_embeddings");
+  const double low = c.at("low"), difference = c.at("difference"), high = c.at("high");
+  EXPECT_TRUE(std::isfinite(low) && low <= difference && difference <= high) << c;
+  EXPECT_EQ(c.at("documents").get<size_t>(), shared.at("documents").size()) << c;
 }
 
 }  // namespace
