@@ -80,7 +80,8 @@ TEST(ByteLevelBpe, RefusesWhatItDoesNotReadNamingIt) {
   EXPECT_TRUE(refused([](json& j) { j["model"]["byte_fallback"] = true; }, {"byte fallback"}));
   EXPECT_TRUE(refused([](json& j) { j["model"]["type"] = "Unigram"; }, {"Unigram", "not BPE"}));
   EXPECT_TRUE(refused([](json& j) { j["added_tokens"][0]["single_word"] = true; }, {"<|endoftext|>", "single_word"}));
-  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; }, {"inverted"}));
+  EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithPrevious"; },
+                      {"MergedWithPrevious", "not supported"}));
   EXPECT_TRUE(refused([](json& j) { j["pre_tokenizer"]["pretokenizers"] = {j["pre_tokenizer"]["pretokenizers"][1],
                                                                             j["pre_tokenizer"]["pretokenizers"][0]}; },
                       {"after ByteLevel"}));
@@ -106,6 +107,28 @@ std::string mixed_text() {
          "<|im_start|>user\nhi there<|im_end|><|endoftext|> before   <mask> after <extra_word> end\n"
          "<mask>   <extra_word> x, x<extra_word>   <|im_end|> mongolian a \xE1\xA0\x8Ex b\n"
          "    indented code(x) { return x*2; }  // comment\n";
+}
+
+// An inverted Split, as Hugging Face's tokenizers (Rust) reads one: Removed keeps only what the
+// pattern matches, each match a piece; Isolated keeps every piece, inverted or not.
+TEST(ByteLevelBpe, AnInvertedSplitKeepsOnlyTheMatchesWhenRemoving) {
+  const json file = json::parse(read_text(kFixture / "tokenizer.json"));
+  auto with_split = [&](const std::string& behavior, bool invert, const std::string& pattern) {
+    json changed = file;
+    changed["pre_tokenizer"]["pretokenizers"][0] = {
+        {"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", behavior}, {"invert", invert}};
+    return ByteLevelBpe::parse(changed.dump(), "the file");
+  };
+  const auto fixture = ByteLevelBpe::parse(file.dump(), "fixture");
+  const auto words = with_split("Removed", true, "\\p{L}+");
+  auto expected = fixture->encode("Hello");
+  for (const char* word : {"world", "again"}) {
+    const auto ids = fixture->encode(word);
+    expected.insert(expected.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(words->encode("Hello, world -- again!"), expected);
+  const std::string pattern = file["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"];
+  EXPECT_EQ(with_split("Isolated", true, pattern)->encode(mixed_text()), fixture->encode(mixed_text()));
 }
 
 struct Variant {
@@ -161,6 +184,15 @@ std::vector<Variant> variants() {
        [](json& j) {
          j["pre_tokenizer"]["pretokenizers"][0] = {
              {"type", "Split"}, {"pattern", {{"Regex", "[,;]\\s"}}}, {"behavior", "Removed"}, {"invert", false}};
+       }},
+      // GPT-4o's kind: Split Removed, inverted (only the matches are kept), then ByteLevel without
+      // its regex; a pattern that leaves white space and punctuation out, so that what is removed shows.
+      {"split-inverted-keeping-the-matches",
+       [](json& j) {
+         j["normalizer"] = nullptr;
+         j["pre_tokenizer"]["pretokenizers"][0] = {
+             {"type", "Split"}, {"pattern", {{"Regex", "\\p{L}+|\\p{N}{1,3}"}}}, {"behavior", "Removed"}, {"invert", true}};
+         j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = false;
        }},
   };
 }

@@ -104,16 +104,22 @@ std::shared_ptr<CompiledRegex> compile(std::string_view pattern, bool literal, s
 
 enum class StepKind { kByteLevel, kSplit, kDigits };
 
+// What a Split keeps of the text around its pattern's matches: every gap and every match, each a
+// piece (Isolated; inverted the same, as tokenizers has it); the gaps only (Removed); or the
+// matches only (Removed, inverted: what the pattern does not match is removed, as GPT-4o-style
+// files split).
+enum class SplitKeeps { kBoth, kGaps, kMatches };
+
 struct PreTokenizerStep {
   StepKind kind = StepKind::kByteLevel;
   bool add_prefix_space = false;        // ByteLevel
-  bool isolated = true;                 // Split: keep the matches as pieces (Isolated) or drop them (Removed)
+  SplitKeeps keeps = SplitKeeps::kBoth; // Split
   bool individual_digits = false;       // Digits
   std::shared_ptr<CompiledRegex> regex; // ByteLevel with use_regex, Split
 };
 
-// Appends the pieces of `text` around the matches of `regex` (and the matches, when `isolated`).
-void split_on(const std::string& text, const CompiledRegex& regex, bool isolated, std::vector<std::string>& out) {
+// Appends the pieces of `text` around the matches of `regex`, and the matches, as `keeps` says.
+void split_on(const std::string& text, const CompiledRegex& regex, SplitKeeps keeps, std::vector<std::string>& out) {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
       pcre2_match_data_create_from_pattern(regex.code, nullptr), &pcre2_match_data_free);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -133,11 +139,11 @@ void split_on(const std::string& text, const CompiledRegex& regex, bool isolated
       while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
       continue;
     }
-    if (ov[0] > last) out.push_back(text.substr(last, ov[0] - last));
-    if (isolated) out.push_back(text.substr(ov[0], ov[1] - ov[0]));
+    if (ov[0] > last && keeps != SplitKeeps::kMatches) out.push_back(text.substr(last, ov[0] - last));
+    if (keeps != SplitKeeps::kGaps) out.push_back(text.substr(ov[0], ov[1] - ov[0]));
     last = from = ov[1];
   }
-  if (last < text.size()) out.push_back(text.substr(last));
+  if (last < text.size() && keeps != SplitKeeps::kMatches) out.push_back(text.substr(last));
 }
 
 // Digits: runs of numbers (each alone when `individual`) and of the rest. A number is what Rust's
@@ -200,12 +206,12 @@ void read_pre_tokenizer(const json& p, std::vector<PreTokenizerStep>& out, std::
   } else if (type == "Split") {
     step.kind = StepKind::kSplit;
     const std::string behavior = p.value("behavior", "Isolated");
-    if (flag(p, "invert", false) || (behavior != "Isolated" && behavior != "Removed")) {
-      throw DataError(kModule, fmt::format("{}: a Split pre-tokenizer with behavior {}{} is not supported (loco reads "
-                                           "Isolated and Removed, not inverted)",
-                                           where, behavior, flag(p, "invert", false) ? ", inverted" : ""));
+    if (behavior != "Isolated" && behavior != "Removed") {
+      throw DataError(kModule, fmt::format("{}: a Split pre-tokenizer with behavior {} is not supported (loco reads "
+                                           "Isolated and Removed)", where, behavior));
     }
-    step.isolated = behavior == "Isolated";
+    const bool invert = flag(p, "invert", false);
+    step.keeps = behavior == "Isolated" ? SplitKeeps::kBoth : invert ? SplitKeeps::kMatches : SplitKeeps::kGaps;
     const json& pattern = p.at("pattern");
     const bool literal = pattern.contains("String");
     step.regex = compile(pattern.at(literal ? "String" : "Regex").get<std::string>(), literal, where);
@@ -374,7 +380,7 @@ std::vector<std::string> ByteLevelBpe::Impl::pre_tokenize(const std::string& tex
       }
       if (step.kind == StepKind::kByteLevel && step.add_prefix_space && piece.rfind(' ', 0) != 0) piece.insert(0, " ");
       if (step.regex) {
-        split_on(piece, *step.regex, step.isolated, next);
+        split_on(piece, *step.regex, step.keeps, next);
       } else {
         next.push_back(std::move(piece));
       }
