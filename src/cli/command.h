@@ -3,7 +3,7 @@
 // from the command line, and the progress mode.
 //
 // Each command family is one file that adds its commands to the app:
-//   data_commands.cpp       prepare, config, plan, route
+//   data_commands.cpp       prepare, tokenize, config, plan, route
 //   train_commands.cpp      train, launch, worker, path-worker, coordinator
 //   inference_commands.cpp  eval, generate
 //   tool_commands.cpp       report, simulate, link-check

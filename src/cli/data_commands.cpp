@@ -1,11 +1,17 @@
-// loco prepare | config | plan | route: datasets, configs, and DiPaCo's plan and routing.
+// loco prepare | tokenize | config | plan | route: datasets, tokenizers, configs, and DiPaCo's plan and routing.
 #include <fmt/format.h>
 
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "command.h"
 #include "loco/core/error.h"
+#include "loco/core/files.h"
+#include "loco/core/hash.h"
 #include "loco/data/dataset.h"
+#include "loco/data/tokenizer.h"
 #include "loco/model/paths.h"
 #include "loco/runtime/dipaco/route.h"
 
@@ -61,6 +67,61 @@ class Prepare : public Command {
   data::PrepareOptions options_;
   std::string cache_dir_;
   std::string label_by_ = "own";
+};
+
+// What a tokenizer does to a text: its ids and each id's piece (the text that id alone decodes
+// to, as a JSON string, so that spaces, newlines and broken UTF-8 show).
+class Tokenize : public Command {
+ public:
+  explicit Tokenize(CLI::App& app) {
+    cmd = app.add_subcommand("tokenize", "Print the ids and pieces a tokenizer turns a text into");
+    cmd->add_option("--tokenizer", tokenizer_, "a SentencePiece tokenizer.model, a Hugging Face tokenizer.json, the "
+                                               "folder holding either, or a dataset folder (its own tokenizer)")
+        ->required();
+    cmd->add_option("text", text_, "the text (several words are joined by spaces); without it, --file or standard input");
+    cmd->add_option("--file", file_, "read the text from this file")->excludes("text");
+    cmd->add_flag("--json", json_, "one JSON object: tokenizer, ids, pieces");
+  }
+  int run() override {
+    const auto tokenizer = load();
+    std::string text;
+    if (!file_.empty()) {
+      text = read_file(file_, "tokenize");
+    } else if (!text_.empty()) {
+      text = fmt::format("{}", fmt::join(text_, " "));
+    } else {
+      text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    }
+    const auto ids = tokenizer.encode(text);
+    nlohmann::json pieces = nlohmann::json::array();
+    for (const int32_t id : ids) pieces.push_back(tokenizer.decode({id}));
+    const auto as_json = [](const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); };
+    if (json_) {
+      const nlohmann::json out = {{"tokenizer", {{"type", tokenizer.type_name()}, {"vocab_size", tokenizer.vocab_size()},
+                                                 {"hash", hex64(tokenizer.hash())}, {"eos_id", tokenizer.eos_id()},
+                                                 {"bos_id", tokenizer.bos_id()}}},
+                                  {"ids", ids},
+                                  {"pieces", pieces}};
+      fmt::print("{}\n", as_json(out));
+      return 0;
+    }
+    fmt::print("tokenizer {} ({}, vocabulary {}, eos {}, bos {}): {} tokens for {} bytes\n", hex64(tokenizer.hash()),
+               tokenizer.type_name(), tokenizer.vocab_size(), tokenizer.eos_id(), tokenizer.bos_id(), ids.size(), text.size());
+    fmt::print("ids: {}\npieces: {}\n", as_json(ids), as_json(pieces));
+    return 0;
+  }
+
+ private:
+  data::Tokenizer load() const {
+    std::error_code error;
+    if (std::filesystem::is_regular_file(std::filesystem::path(tokenizer_) / "manifest.json", error)) {
+      return data::Dataset::open_tokenizer(tokenizer_);
+    }
+    return data::Tokenizer::load_model_tokenizer(tokenizer_);
+  }
+  std::string tokenizer_, file_;
+  std::vector<std::string> text_;
+  bool json_ = false;
 };
 
 class Config : public Command {
@@ -138,6 +199,7 @@ class Route : public Command {
 
 void add_data_commands(CLI::App& app, Commands& commands) {
   commands.push_back(std::make_unique<Prepare>(app));
+  commands.push_back(std::make_unique<Tokenize>(app));
   commands.push_back(std::make_unique<Config>(app));
   commands.push_back(std::make_unique<Plan>(app));
   commands.push_back(std::make_unique<Route>(app));

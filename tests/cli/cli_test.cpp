@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loco/core/files.h"
+#include "loco/data/tokenizer.h"
 #include "process_util.h"
 #include "test_util.h"
 #include "cli_util.h"
@@ -282,6 +283,36 @@ TEST_F(CliTest, RouteAssignsEveryPathItsDocumentsOnce) {
 }
 
 
+// loco tokenize: a model folder's tokenizer turns a text into the ids the library gives, each id's
+// piece decodes back to its part of the text; a dataset folder's tokenizer is its own; a folder
+// without a tokenizer is named.
+TEST_F(CliTest, TokenizeShowsTheIdsAndPiecesOfAText) {
+  const fs::path fixture = testing_util::source_dir() / "tests/data/fixtures/qwen2_tokenizer";
+  const std::string text = "Hello, world! Tokenizers split text.";
+  const auto r = run_command({testing_util::loco_binary(), "tokenize", "--tokenizer", fixture.string(), "--json", text},
+                             log("tokenize"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto out = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  const auto expected = data::Tokenizer::load_model_tokenizer(fixture).encode(text);
+  EXPECT_EQ(out.at("ids").get<std::vector<int32_t>>(), expected);
+  std::string joined;
+  for (const auto& piece : out.at("pieces")) joined += piece.get<std::string>();
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(out.at("tokenizer").at("type"), "byte-level-bpe");
+  EXPECT_EQ(out.at("tokenizer").at("eos_id"), 856);
+
+  const auto dataset = run_command({testing_util::loco_binary(), "tokenize", "--tokenizer", data().string(), "the text"},
+                                   log("tokenize-dataset"));
+  ASSERT_EQ(dataset.status, 0) << dataset.output;
+  EXPECT_NE(dataset.output.find("sentencepiece-bpe"), std::string::npos) << dataset.output;
+  EXPECT_NE(dataset.output.find("pieces: ["), std::string::npos) << dataset.output;
+
+  const auto none = run_command({testing_util::loco_binary(), "tokenize", "--tokenizer", dir_->path().string(), "x"},
+                                log("tokenize-none"));
+  EXPECT_EQ(none.status, 1);
+  EXPECT_NE(none.output.find("holds neither a tokenizer.model nor a tokenizer.json"), std::string::npos) << none.output;
+}
+
 // The worked example of docs/hugging-face.md, small. A Llama-architecture model with a byte-level
 // BPE tokenizer is trained a little and exported as a Hugging Face folder: the stand-in for a
 // user's model. A corpus is tokenized with the folder's tokenizer; configs/llama-example.toml
@@ -320,6 +351,28 @@ TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
   // The user's side: their corpus in the model's tokens, then the example's config from the folder.
   ASSERT_TRUE(command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
                        (dir / "base-hf").string(), "--seed", "7", "--out", (dir / "data").string()}, "prepare"));
+  // A dataset tokenized by another tokenizer of the same size is refused, naming both (before, only
+  // the vocabulary's size was compared): two ordinary tokens trade ids.
+  const fs::path other = dir / "other-tokenizer";
+  fs::create_directories(other);
+  auto tokenizer = nlohmann::json::parse(read_file(fixture / "tokenizer.json", "test"));
+  auto& vocab = tokenizer["model"]["vocab"];
+  const auto a = vocab.at("a"), b = vocab.at("b");
+  vocab["a"] = b;
+  vocab["b"] = a;
+  write_file_atomic(other / "tokenizer.json", tokenizer.dump(), "test");
+  fs::copy_file(fixture / "tokenizer_config.json", other / "tokenizer_config.json");
+  ASSERT_TRUE(command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
+                       other.string(), "--out", (dir / "other-data").string()}, "prepare-other"));
+  const auto refused = run_command({testing_util::loco_binary(), "train", "--config", example, "--data.dir=" + (dir / "other-data").string(),
+                                    "--run.dir=" + (dir / "other-run").string(), "--train.init_from=" + (dir / "base-hf").string(),
+                                    "--cluster.workers=1", "--model.context=32", "--model.width=32", "--model.heads=4",
+                                    "--model.kv_heads=2", "--model.mlp_hidden=48", "--train.device=cpu"},
+                                   log("llama-other"));
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("was tokenized by tokenizer"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("not by the folder's (tokenizer.json "), std::string::npos) << refused.output;
+
   ASSERT_TRUE(command({testing_util::loco_binary(), "launch", "--config", example, "--data.dir=" + (dir / "data").string(),
                        "--run.dir=" + (dir / "run").string(), "--train.init_from=" + (dir / "base-hf").string(),
                        "--cluster.workers=2", "--sync.inner_steps=4"}, "launch"));

@@ -12,6 +12,7 @@
 #include "loco/core/environment.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
+#include "loco/data/tokenizer.h"
 #include "loco/model/precision.h"
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/worker/hugging_face.h"
@@ -103,6 +104,27 @@ EvalResult evaluate_parameters(model::Transformer& model, const std::vector<torc
   return result;
 }
 
+// The dataset of a run that starts from a Hugging Face folder must have been tokenized by the
+// folder's own tokenizer, where the folder holds one: its tokenizer.model or its tokenizer.json
+// (either may be the one `loco prepare --tokenizer` read). A folder without one cannot be checked.
+void check_folder_tokenizer(const RunConfig& config, uint64_t dataset_tokenizer) {
+  const std::filesystem::path folder = config.train.init_from;
+  std::vector<std::string> theirs;
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(folder / name, error)) continue;
+    const uint64_t hash = data::Tokenizer::load(folder / name).hash();
+    if (hash == dataset_tokenizer) return;
+    theirs.push_back(fmt::format("{} {}", name, hex64(hash)));
+  }
+  if (theirs.empty()) return;
+  throw DataError("train", fmt::format("train.init_from = {}: the dataset {} was tokenized by tokenizer {}, not by the "
+                                       "folder's ({}); its token ids would mean other tokens to this model; hint: loco "
+                                       "prepare --tokenizer {} --out <a new dataset folder>",
+                                       folder.string(), config.data.dir, hex64(dataset_tokenizer), fmt::join(theirs, ", "),
+                                       folder.string()));
+}
+
 // A Hugging Face model folder as train.init_from: config.json must describe the config's model.
 void load_hugging_face_weights(model::Transformer& model, const RunConfig& config) {
   const auto& folder = config.train.init_from;
@@ -146,7 +168,10 @@ void load_hugging_face_weights(model::Transformer& model, const RunConfig& confi
 }
 
 void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
-  if (is_hugging_face_folder(config.train.init_from)) return load_hugging_face_weights(model, config);
+  if (is_hugging_face_folder(config.train.init_from)) {
+    check_folder_tokenizer(config, tokenizer_hash);
+    return load_hugging_face_weights(model, config);
+  }
   auto source = load_checkpoint(config.train.init_from);
   if (source.state.tokenizer_hash != tokenizer_hash) {
     throw DataError("train", fmt::format("train.init_from = {}: that model was trained with tokenizer {}, the dataset {} "
