@@ -176,6 +176,12 @@ class Export : public InferenceCommand {
         ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
     cmd->add_option("--hf", out_, "the folder to write: config.json, model.safetensors and the dataset's tokenizer (it "
                                   "must not exist, or be empty)")->required();
+    cmd->add_option("--dtype", dtype_, "the parameters' type in the folder: fp32 (exact) or bf16 (half the size, as "
+                                       "most published models are)")
+        ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+    cmd->add_option("--shard-size", export_.shard_bytes, "the most bytes of parameters a file holds; past it, shards "
+                                                         "and model.safetensors.index.json (e.g. 5GB, 500MB)")
+        ->transform(CLI::AsSizeValue(true))->default_str("5GB");
   }
   int run() override {
     if (auto config = dipaco_config()) {
@@ -211,16 +217,23 @@ class Export : public InferenceCommand {
         runtime::check_same_tokenizer(tokenizer->hash(), (fs::path(data_dir) / tokenizer->file_name()).string(), *checkpoint);
       }
     }
+    auto options = export_;
+    options.dtype = dtype_ == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     runtime::save_hugging_face_folder(model, out_,
                                       tokenizer ? runtime::SpecialTokenIds{tokenizer->eos_id(), tokenizer->bos_id()}
-                                                : runtime::SpecialTokenIds{});
+                                                : runtime::SpecialTokenIds{},
+                                      options);
     if (tokenizer) tokenizer->save_hugging_face(out_);
-    fmt::print("wrote {} as a Hugging Face folder {}: config.json, model.safetensors{}\n", what, out_,
+    const bool sharded = fs::exists(fs::path(out_) / "model.safetensors.index.json", error);
+    fmt::print("wrote {} as a Hugging Face folder {}: config.json, {} in {}{}\n", what, out_,
+               sharded ? "shards with model.safetensors.index.json" : "model.safetensors", dtype_,
                tokenizer ? fmt::format(", {} and tokenizer_config.json", tokenizer->file_name())
                          : fmt::format("; no tokenizer: the dataset {} is gone", data_dir));
   }
   int64_t path_ = -1;
   std::string out_;
+  std::string dtype_ = "fp32";
+  runtime::ExportOptions export_;
 };
 
 }  // namespace

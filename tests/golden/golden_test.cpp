@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <functional>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "loco/algorithms/streaming.h"
 #include "loco/core/files.h"
@@ -239,6 +240,115 @@ TEST(HuggingFace, RotaryScalingIsReadAndApplied) {
   EXPECT_TRUE(torch::allclose(model::rope_inverse_frequencies(linear) * 8, model::rope_inverse_frequencies(unscaled)));
 }
 
+// config.json as transformers 5 writes it: the rotary settings in rope_parameters (rope_theta and
+// the scaling together, once or per layer type), no top-level rope_theta. Read, they give the
+// same model as the older keys; where both forms are present and disagree, or the layer types
+// differ, the folder is refused by name.
+TEST(HuggingFace, RotaryParametersOfTransformersFiveAreRead) {
+  const auto fixture = testing_util::source_dir() / "tests" / "golden" / "fixtures" / "hf_qwen2_llama3_rope";
+  model::ModelOptions base;
+  base.context = 8;
+  const auto older = runtime::read_hugging_face_config(fixture, base);
+  testing_util::TempDir dir;
+  int folders = 0;
+  // A copy of the fixture whose config.json is the fixture's changed by `edit`.
+  auto folder_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    const auto folder = dir.path() / std::to_string(folders++);
+    fs::copy(fixture, folder);
+    auto config = nlohmann::json::parse(read_file(folder / "config.json", "test"));
+    edit(config);
+    write_file_atomic(folder / "config.json", config.dump(2), "test");
+    return folder;
+  };
+  const nlohmann::json parameters = {{"rope_type", "llama3"}, {"rope_theta", 10000.0}, {"factor", 8.0},
+                                     {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                     {"original_max_position_embeddings", 64}};
+  auto transformers_5 = [&](const nlohmann::json& rope_parameters) {
+    return folder_with([&](nlohmann::json& c) {
+      c.erase("rope_theta");
+      c.erase("rope_scaling");
+      c["rope_parameters"] = rope_parameters;
+    });
+  };
+  auto error_of = [&](const fs::path& folder) {
+    try {
+      runtime::read_hugging_face_config(folder, base);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (const auto& form : {parameters, nlohmann::json{{"full_attention", parameters}, {"sliding_attention", parameters}}}) {
+    SCOPED_TRACE(form.dump());
+    const auto folder = transformers_5(form);
+    const auto read = runtime::read_hugging_face_config(folder, base);
+    EXPECT_EQ(read.rope_scaling, model::RopeScaling::kLlama3);
+    EXPECT_EQ(read.rope_factor, 8.0);
+    EXPECT_EQ(read.rope_original_context, 64);
+    EXPECT_EQ(read.rope_base, 10000.0);
+    const auto [logits, expected] = folder_logits(folder, read);
+    EXPECT_LT((logits - expected).abs().max().item<double>(), 1e-4) << "the model the older keys describe";
+  }
+  const auto theta_only = transformers_5({{"rope_type", "default"}, {"rope_theta", 500000.0}});
+  EXPECT_EQ(runtime::read_hugging_face_config(theta_only, base).rope_base, 500000.0);
+  EXPECT_EQ(runtime::read_hugging_face_config(theta_only, base).rope_scaling, model::RopeScaling::kNone);
+
+  auto other = parameters;
+  other["rope_theta"] = 1000000.0;
+  EXPECT_NE(error_of(transformers_5({{"full_attention", parameters}, {"sliding_attention", other}}))
+                .find("rope_parameters differ between layer types (full_attention and sliding_attention)"),
+            std::string::npos);
+  EXPECT_NE(error_of(folder_with([&](nlohmann::json& c) { c["rope_parameters"] = other; }))
+                .find("rope_parameters ({\"factor\""), std::string::npos)
+      << "rope_theta 10000 at the top, 1000000 in rope_parameters";
+  EXPECT_EQ(error_of(folder_with([&](nlohmann::json& c) { c["rope_parameters"] = parameters; })), "accepted")
+      << "both forms, saying the same";
+  auto partial = parameters;
+  partial["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(error_of(transformers_5(partial)).find("partial_rotary_factor 0.5: loco rotates every dimension"), std::string::npos);
+  auto yarn = parameters;
+  yarn["rope_type"] = "yarn";
+  EXPECT_NE(error_of(transformers_5(yarn)).find("rotary scaling 'yarn' is not supported"), std::string::npos);
+}
+
+// Every field of config.json is read, checked, or one that changes nothing loco computes; any
+// other is refused by name (before, a field loco does not model was ignored without a word).
+TEST(HuggingFace, FieldsLocoDoesNotModelAreRefusedByName) {
+  const auto fixture = testing_util::source_dir() / "tests" / "golden" / "fixtures" / "hf_qwen2";
+  model::ModelOptions base;
+  base.context = 8;
+  testing_util::TempDir dir;
+  int folders = 0;
+  auto error_with = [&](const std::string& key, const nlohmann::json& value) {
+    const auto folder = dir.path() / std::to_string(folders++);
+    fs::copy(fixture, folder);
+    auto config = nlohmann::json::parse(read_file(folder / "config.json", "test"));
+    config[key] = value;
+    write_file_atomic(folder / "config.json", config.dump(2), "test");
+    try {
+      runtime::read_hugging_face_config(folder, base);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_with("final_logit_softcapping", 30.0).find("loco does not model this field (final_logit_softcapping)"),
+            std::string::npos);
+  EXPECT_NE(error_with("attention_dropout", 0.1).find("attention_dropout 0.1: loco's attention has no dropout"),
+            std::string::npos);
+  EXPECT_NE(error_with("layer_types", {"full_attention", "sliding_attention"})
+                .find("sees 4 tokens back (sliding_window), less than model.context 8"),
+            std::string::npos)
+      << "a sliding layer named by layer_types, with use_sliding_window false";
+  EXPECT_NE(error_with("layer_types", {"full_attention", "linear_attention"}).find("layer type \"linear_attention\""),
+            std::string::npos);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"transformers_version", "5.0.0"}, {"bos_token_id", 1}, {"attention_dropout", 0.0}, {"pretraining_tp", 1},
+           {"layer_types", {"full_attention", "full_attention"}}, {"use_cache", true}}) {
+    EXPECT_EQ(error_with(key, value), "accepted") << key;
+  }
+}
+
 // train.init_from = a Hugging Face folder: a run whose [model] describes another model is refused,
 // naming the option and the flag that fixes it, rotary settings and the norm's epsilon included
 // (before they were compared, a checkpoint's rope_theta or rms_norm_eps was silently replaced).
@@ -305,6 +415,39 @@ TEST(HuggingFace, AnExportedModelReadsBackTheSame) {
       runtime::load_model_weights(back, runtime::load_hugging_face_parameters(out, read), out.string());
       torch::NoGradGuard no_grad;
       EXPECT_TRUE(torch::equal(model->forward(tokens), back->forward(tokens))) << out;
+    }
+  }
+  // In bf16 and in shards of at most 2 kB of parameters: the index names each tensor's shard, no
+  // shard holds more, and every parameter reads back as the original rounded to bf16.
+  {
+    model::Transformer model(o, 6);
+    const auto out = dir.path() / "bf16-shards";
+    runtime::save_hugging_face_folder(model, out, {}, {torch::kBFloat16, 2048});
+    ASSERT_TRUE(runtime::is_hugging_face_folder(out));
+    EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+    const auto index = nlohmann::json::parse(read_file(out / "model.safetensors.index.json", "test"));
+    std::map<std::string, int64_t> shard_bytes;
+    int64_t total = 0;
+    for (const auto& [name, file] : index.at("weight_map").items()) {
+      const auto shard = runtime::load_safetensors(out / file.get<std::string>());
+      for (const auto& [tensor, value] : shard.tensors) {
+        if (tensor != name) continue;
+        EXPECT_EQ(value.scalar_type(), torch::kBFloat16) << name;
+        shard_bytes[file] += value.nbytes();
+        total += value.nbytes();
+      }
+    }
+    EXPECT_EQ(index.at("metadata").at("total_size").get<int64_t>(), total);
+    EXPECT_GT(shard_bytes.size(), 3u);
+    for (const auto& [file, bytes] : shard_bytes) {
+      EXPECT_LE(bytes, 2048) << file;
+    }
+    EXPECT_EQ(nlohmann::json::parse(read_file(out / "config.json", "test")).at("torch_dtype"), "bfloat16");
+    const auto read = runtime::read_hugging_face_config(out, o);
+    std::map<std::string, torch::Tensor> original;
+    for (const auto& item : model->named_parameters()) original.emplace(item.key(), item.value().detach());
+    for (const auto& [name, value] : runtime::load_hugging_face_parameters(out, read)) {
+      EXPECT_TRUE(torch::equal(value, original.at(name).to(torch::kBFloat16).to(torch::kFloat32))) << name;
     }
   }
   // Rotary scaling and the norm's epsilon are written into config.json and read back.

@@ -159,36 +159,63 @@ void sync_directory(const fs::path& dir, std::string_view module) {
   ::close(fd);
 }
 
-void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module, Readers readers) {
-  fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+AtomicFile::AtomicFile(fs::path path, std::string_view module, Readers readers) : path_(std::move(path)), module_(module) {
+  const fs::path parent = path_.parent_path().empty() ? fs::path(".") : path_.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
-  if (ec) throw Error(module, fmt::format("{}: cannot create folder: {}", parent.string(), ec.message()));
+  if (ec) throw Error(module_, fmt::format("{}: cannot create folder: {}", parent.string(), ec.message()));
   // Named by host, process and a random number: writers on several machines may share the folder
   // (DiPaCo's run folder), and nobody can plant a link at a name they cannot guess; created anew
   // (O_EXCL), never through a link (O_NOFOLLOW), with the mode `readers` says.
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  fs::path tmp = path;
-  tmp += fmt::format(".tmp.{}.{}.{:016x}", host, ::getpid(), random_u64());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                  readers == Readers::kOwner ? 0600 : 0644);
-  if (fd < 0) throw Error(module, fmt::format("{}: cannot create: {}", tmp.string(), reason(errno)));
-  try {
-    write_all(fd, bytes, tmp, module);
-    if (::fsync(fd) != 0) throw Error(module, fmt::format("{}: fsync failed: {}", tmp.string(), reason(errno)));
-  } catch (...) {
-    ::close(fd);
-    fs::remove(tmp, ec);
-    throw;
+  tmp_ = path_;
+  tmp_ += fmt::format(".tmp.{}.{}.{:016x}", host, ::getpid(), random_u64());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, readers == Readers::kOwner ? 0600 : 0644);
+  if (fd_ < 0) throw Error(module_, fmt::format("{}: cannot create: {}", tmp_.string(), reason(errno)));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+}
+
+void AtomicFile::write(std::string_view bytes) {
+  LOCO_CHECK(fd_ >= 0, "write to a committed AtomicFile");
+  write_all(fd_, bytes, tmp_, module_);
+  size_ += bytes.size();
+}
+
+void AtomicFile::overwrite(uint64_t offset, std::string_view bytes) {
+  LOCO_CHECK(fd_ >= 0 && offset + bytes.size() <= size_, "overwrite past what was written");
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(module_, fmt::format("{}: write failed: {}", tmp_.string(), reason(errno)));
+    done += static_cast<size_t>(n);
   }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    fs::remove(tmp, ec);
-    throw Error(module, fmt::format("{}: rename failed: {}", path.string(), reason(err)));
+}
+
+void AtomicFile::commit() {
+  LOCO_CHECK(fd_ >= 0, "commit of a committed AtomicFile");
+  if (::fsync(fd_) != 0) throw Error(module_, fmt::format("{}: fsync failed: {}", tmp_.string(), reason(errno)));
+  ::close(fd_);
+  fd_ = -1;
+  std::error_code ec;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    fs::remove(tmp_, ec);
+    throw Error(module_, fmt::format("{}: rename failed: {}", path_.string(), reason(err)));
   }
-  sync_directory(parent, module);
+  sync_directory(path_.parent_path().empty() ? fs::path(".") : path_.parent_path(), module_);
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module, Readers readers) {
+  AtomicFile file(path, module, readers);
+  file.write(bytes);
+  file.commit();
 }
 
 LineAppender::LineAppender(const fs::path& path, std::string_view module) : path_(path), module_(module) {

@@ -39,6 +39,29 @@ enum class Readers { kEveryone, kOwner };
 void write_file_atomic(const fs::path& path, std::string_view bytes, std::string_view module,
                        Readers readers = Readers::kEveryone);
 
+// The same for a file written piece by piece (one larger than memory should hold at once): the
+// pieces go to a new file beside `path`, which commit() makes `path` (fsync, rename, the folder's
+// fsync); destroyed uncommitted, the new file is removed and `path` is untouched. Throws Error
+// naming the file.
+class AtomicFile {
+ public:
+  AtomicFile(fs::path path, std::string_view module, Readers readers = Readers::kEveryone);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+  void write(std::string_view bytes);
+  // Replaces bytes already written (a header whose checksum is known only at the end).
+  void overwrite(uint64_t offset, std::string_view bytes);
+  uint64_t size() const { return size_; }
+  void commit();
+
+ private:
+  fs::path path_, tmp_;
+  std::string module_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
 // Whether `name` is one plain file name: 1 to 255 letters, digits, '.', '_' and '-', neither "."
 // nor "..". Names that come from outside (a module's, the files a DiPaCo registry names) must be.
 bool plain_file_name(std::string_view name);

@@ -1,12 +1,16 @@
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "loco/core/error.h"
+#include "loco/core/files.h"
 #include "loco/runtime/store/safetensors.h"
 #include "test_util.h"
 
 namespace loco::runtime {
 namespace {
 
+namespace fs = std::filesystem;
 using testing_util::expect_error;
 
 NamedTensors sample() {
@@ -58,6 +62,49 @@ TEST(Safetensors, CorruptionIsDetected) {
   auto not_json = good;
   not_json[8] = '!';
   expect_error<DataError>([&] { decode_safetensors(not_json, "f"); }, "not valid JSON");
+}
+
+// A file written one tensor at a time is byte for byte the one encode_safetensors makes.
+TEST(Safetensors, AStreamedFileIsTheEncodedOne) {
+  testing_util::TempDir dir;
+  std::vector<TensorSource> sources;
+  for (const auto& [name, t] : sample()) sources.push_back({name, t.scalar_type(), t.sizes().vec(), [t = t] { return t; }});
+  const auto size = save_safetensors_streamed(dir.path() / "s.safetensors", sources, {{"format", "pt"}});
+  const auto bytes = read_file(dir.path() / "s.safetensors", "test");
+  EXPECT_EQ(bytes, encode_safetensors(sample(), {{"format", "pt"}}));
+  EXPECT_EQ(size, bytes.size());
+  // A tensor that is not what its header says is a bug, and leaves no file behind.
+  sources[0].make = [] { return torch::zeros({3, 4}, torch::kFloat64); };
+  EXPECT_THROW(save_safetensors_streamed(dir.path() / "t.safetensors", sources), InternalError);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+// A file that another writer rewrote with its tensors in bf16, keeping loco's metadata (as
+// Python's safetensors does), is read: its loco.xxh3 is of the float32 bytes, and its entries no
+// longer hash to its loco.layout. A file whose entries are loco's still has its data checked.
+TEST(Safetensors, AFileRewrittenInAnotherDtypeKeepingLocosMetadataIsRead) {
+  const NamedTensors original = {{"w", torch::randn({4, 3})}, {"b", torch::randn({3})}};
+  const auto metadata = decode_safetensors(encode_safetensors(original), "original").metadata;
+  ASSERT_EQ(metadata.count("loco.layout"), 1u);
+  // What another writer makes: the same names in bf16, the metadata as it was.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::string data;
+  for (const auto& [name, t] : original) {
+    const auto half = t.to(torch::kBFloat16).contiguous();
+    header[name] = {{"dtype", "BF16"}, {"shape", half.sizes().vec()}, {"data_offsets", {data.size(), data.size() + half.nbytes()}}};
+    data.append(static_cast<const char*>(half.data_ptr()), half.nbytes());
+  }
+  header["__metadata__"] = metadata;
+  const std::string json = header.dump();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  bytes += json + data;
+  const auto read = decode_safetensors(bytes, "rewritten");
+  ASSERT_EQ(read.tensors.size(), 2u);
+  EXPECT_TRUE(torch::equal(read.tensors[0].second, original[0].second.to(torch::kBFloat16)));
+  auto flipped = encode_safetensors(original);
+  flipped[flipped.size() - 1] ^= 0x40;
+  expect_error<DataError>([&] { decode_safetensors(flipped, "f"); }, "checksum mismatch");
 }
 
 TEST(Safetensors, HostileHeadersAreRejected) {

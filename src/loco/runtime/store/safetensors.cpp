@@ -1,5 +1,7 @@
 #include "loco/runtime/store/safetensors.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -32,42 +34,122 @@ std::string dtype_name(torch::ScalarType type) {
   return {};
 }
 
-}  // namespace
+// One tensor's entry in a header.
+struct Entry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
 
-std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
+// XXH3-64 of the header's tensor entries (names, dtypes, shapes, offsets; in name order), written
+// as "loco.layout" beside "loco.xxh3": a file whose entries no longer hash to it was rewritten by
+// another writer that kept loco's metadata (converted to bf16, say), and its data checksum is of
+// other bytes than these.
+std::string layout_hash(std::vector<Entry> entries) {
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.name < b.name; });
+  std::string text;
+  for (const auto& e : entries) text += fmt::format("{} {} [{}] {} {}\n", e.name, e.dtype, fmt::join(e.shape, ","), e.begin, e.end);
+  return hex64(hash64(text));
+}
+
+// The 8-byte length and the JSON header (padded to 8 bytes) for `entries`, with `metadata` and a
+// loco.xxh3 of `checksum`.
+std::string encode_header(const std::vector<Entry>& entries, std::map<std::string, std::string> metadata,
+                          const std::string& checksum) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   std::set<std::string> names;
-  std::vector<torch::Tensor> contiguous;
-  uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    LOCO_CHECK(names.insert(name).second, "duplicate tensor name '{}'", name);
-    LOCO_CHECK(name != "__metadata__", "reserved tensor name");
-    auto cpu = tensor.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(cpu.numel()) * cpu.element_size();
-    header[name] = {{"dtype", dtype_name(cpu.scalar_type())},
-                    {"shape", cpu.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    contiguous.push_back(std::move(cpu));
+  for (const auto& e : entries) {
+    LOCO_CHECK(names.insert(e.name).second, "duplicate tensor name '{}'", e.name);
+    LOCO_CHECK(e.name != "__metadata__", "reserved tensor name");
+    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
-  std::string data;
-  data.reserve(offset);
-  for (const auto& t : contiguous) data.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-  metadata["loco.xxh3"] = hex64(hash64(data));
+  metadata["loco.layout"] = layout_hash(entries);
+  metadata["loco.xxh3"] = checksum;
   header["__metadata__"] = metadata;
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // align the data section to 8 bytes
   std::string out(8, '\0');
-  uint64_t n = json.size();
+  const uint64_t n = json.size();
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-  out += json;
-  out += data;
-  return out;
+  return out + json;
+}
+
+// Entries for tensors of these dtypes and shapes, laid out one after another.
+std::vector<Entry> lay_out(const std::vector<std::tuple<std::string, torch::ScalarType, std::vector<int64_t>>>& tensors) {
+  std::vector<Entry> entries;
+  uint64_t offset = 0;
+  for (const auto& [name, dtype, shape] : tensors) {
+    uint64_t bytes = c10::elementSize(dtype);
+    for (const int64_t d : shape) bytes *= static_cast<uint64_t>(d);
+    entries.push_back({name, dtype_name(dtype), shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  return entries;
+}
+
+}  // namespace
+
+std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
+  std::vector<torch::Tensor> contiguous;
+  std::vector<std::tuple<std::string, torch::ScalarType, std::vector<int64_t>>> described;
+  for (const auto& [name, tensor] : tensors) {
+    contiguous.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    described.emplace_back(name, contiguous.back().scalar_type(), contiguous.back().sizes().vec());
+  }
+  const auto entries = lay_out(described);
+  std::string data;
+  data.reserve(entries.empty() ? 0 : entries.back().end);
+  for (const auto& t : contiguous) data.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  return encode_header(entries, std::move(metadata), hex64(hash64(data))) + data;
 }
 
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
   write_file_atomic(path, encode_safetensors(tensors, std::move(metadata)), "checkpoint", Readers::kOwner);
 }
+
+uint64_t save_safetensors_streamed(const std::filesystem::path& path, const std::vector<TensorSource>& tensors,
+                                   std::map<std::string, std::string> metadata, Readers readers) {
+  std::vector<std::tuple<std::string, torch::ScalarType, std::vector<int64_t>>> described;
+  for (const auto& t : tensors) described.emplace_back(t.name, t.dtype, t.shape);
+  const auto entries = lay_out(described);
+  // The checksum is known once every tensor is written: the header holds a placeholder of its
+  // width until then.
+  const std::string placeholder(16, '0');
+  const std::string header = encode_header(entries, std::move(metadata), placeholder);
+  const auto at = header.rfind(fmt::format("\"loco.xxh3\":\"{}\"", placeholder));
+  LOCO_CHECK(at != std::string::npos, "no checksum placeholder in a safetensors header");
+  AtomicFile file(path, "checkpoint", readers);
+  file.write(header);
+  Hasher hasher;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto tensor = tensors[i].make().detach().to(torch::kCPU).contiguous();
+    LOCO_CHECK(tensor.scalar_type() == tensors[i].dtype && tensor.sizes().vec() == tensors[i].shape,
+               "tensor '{}' is not the {} [{}] its header says", tensors[i].name, dtype_name(tensors[i].dtype),
+               fmt::join(tensors[i].shape, ", "));
+    const std::string_view bytes(static_cast<const char*>(tensor.data_ptr()), entries[i].end - entries[i].begin);
+    hasher.update(bytes.data(), bytes.size());
+    file.write(bytes);
+  }
+  file.overwrite(at + std::string("\"loco.xxh3\":\"").size(), hex64(hasher.digest()));
+  file.commit();
+  return file.size();
+}
+
+namespace {
+
+// Whether a file's metadata has a loco.layout its tensor entries do not hash to: rewritten by
+// another writer that kept loco's metadata, so that loco.xxh3 is of other bytes.
+bool rewritten(const std::map<std::string, std::string>& metadata,
+               const std::vector<std::tuple<uint64_t, uint64_t, std::string, torch::ScalarType, std::vector<int64_t>>>& found) {
+  const auto layout = metadata.find("loco.layout");
+  if (layout == metadata.end()) return false;
+  std::vector<Entry> entries;
+  for (const auto& [begin, end, name, dtype, shape] : found) entries.push_back({name, dtype_name(dtype), shape, begin, end});
+  return layout_hash(entries) != layout->second;
+}
+
+}  // namespace
 
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& where) {
   auto fail = [&](const std::string& what) { return DataError("checkpoint", fmt::format("{}: {}", where, what)); };
@@ -139,7 +221,7 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
     covered = end;
   }
   if (covered != data.size()) throw fail(fmt::format("{} data bytes but the tensors cover {}", data.size(), covered));
-  if (auto it = file.metadata.find("loco.xxh3"); it != file.metadata.end()) {
+  if (auto it = file.metadata.find("loco.xxh3"); it != file.metadata.end() && !rewritten(file.metadata, entries)) {
     const uint64_t expected = parse_hex64(it->second, "checkpoint", where + ": loco.xxh3");
     if (hash64(data.data(), data.size()) != expected) throw fail("checksum mismatch: the tensor data is corrupted");
   }

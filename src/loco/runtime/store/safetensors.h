@@ -1,17 +1,23 @@
 // safetensors files (https://github.com/huggingface/safetensors): 8-byte little-endian header
 // length N, N bytes of JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}},
 // then the raw little-endian tensor bytes. Python's `safetensors.torch.load_file` reads what this
-// writes. loco adds "loco.xxh3" to the metadata (XXH3-64 of the data bytes) and verifies it on load.
+// writes. loco adds "loco.xxh3" to the metadata (XXH3-64 of the data bytes) and verifies it on load,
+// and "loco.layout" (XXH3-64 of the tensor entries): a file another writer rewrote keeping loco's
+// metadata (its tensors converted to bf16, say) no longer matches its layout, and its data is not
+// checked against a checksum of other bytes.
 #pragma once
 
 #include <torch/types.h>
 #include <torch/utils.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "loco/core/files.h"
 
 namespace loco::runtime {
 
@@ -28,6 +34,21 @@ std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string
 // Writes atomically. Throws Error naming the file (a full disk included).
 void save_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                       std::map<std::string, std::string> metadata = {});
+
+// One tensor of a file written by save_safetensors_streamed: its name, dtype and shape, and how to
+// make it (called once, when its bytes are due).
+struct TensorSource {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  std::function<torch::Tensor()> make;
+};
+
+// Writes a file of `tensors` made one at a time, so that at most one of them is in memory beyond
+// what `make` reads (a model's shard larger than memory should hold twice); atomically, with the
+// same checksum as save_safetensors. Returns the file's size. Throws Error naming the file.
+uint64_t save_safetensors_streamed(const std::filesystem::path& path, const std::vector<TensorSource>& tensors,
+                                   std::map<std::string, std::string> metadata = {}, Readers readers = Readers::kOwner);
 
 // Decodes and verifies: header bounds, JSON, dtypes, shapes against byte ranges, ranges inside the
 // file and not overlapping, and the loco.xxh3 checksum when present. `where` names the source in

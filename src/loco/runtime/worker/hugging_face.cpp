@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -52,6 +53,7 @@ class Fields {
     if (!json_[key].is_string()) fail(key, "a string");
     return json_[key].get<std::string>();
   }
+  const std::string& where() const { return where_; }
   [[noreturn]] void refuse(const std::string& why) const { throw ConfigError("hugging face", fmt::format("{}: {}", where_, why)); }
 
  private:
@@ -62,22 +64,118 @@ class Fields {
   std::string where_;
 };
 
-// config.json's rope_scaling into `o`: linear or llama3 (others are refused, naming them).
-void read_rope_scaling(const nlohmann::json& json, const Fields& f, model::ModelOptions& o) {
-  if (!f.has("rope_scaling")) return;
-  if (!json["rope_scaling"].is_object()) f.refuse("'rope_scaling' must be an object");
-  const Fields scaling(json["rope_scaling"], "its rope_scaling");
-  const std::string type = scaling.text("rope_type", scaling.text("type", ""));
-  if (type == "default") return;
-  if (type != "linear" && type != "llama3") {
-    f.refuse(fmt::format("rotary scaling '{}' is not supported (loco reads linear and llama3)", type));
+// One object of rotary settings (rope_scaling, or transformers 5's rope_parameters) into `o`:
+// default, linear or llama3 (others are refused, naming them); rope_theta and
+// partial_rotary_factor where the object holds them (rope_parameters does).
+void read_rotary_object(const nlohmann::json& json, const Fields& f, const char* key, model::ModelOptions& o) {
+  if (!json.is_object()) f.refuse(fmt::format("'{}' must be an object", key));
+  const Fields rotary(json, fmt::format("{}'s {}", f.where(), key));
+  const std::string type = rotary.text("rope_type", rotary.text("type", "default"));
+  if (type != "default" && type != "linear" && type != "llama3") {
+    f.refuse(fmt::format("{}: rotary scaling '{}' is not supported (loco reads default, linear and llama3)", key, type));
   }
-  o.rope_scaling = type == "linear" ? model::RopeScaling::kLinear : model::RopeScaling::kLlama3;
-  o.rope_factor = scaling.number("factor", 1.0);
+  if (rotary.number("partial_rotary_factor", 1.0) != 1.0) {
+    f.refuse(fmt::format("{}: partial_rotary_factor {}: loco rotates every dimension of a head", key,
+                         rotary.number("partial_rotary_factor", 1.0)));
+  }
+  o.rope_base = rotary.number("rope_theta", o.rope_base);
+  o.rope_scaling = type == "default"  ? model::RopeScaling::kNone
+                   : type == "linear" ? model::RopeScaling::kLinear
+                                      : model::RopeScaling::kLlama3;
+  if (type == "default") return;
+  o.rope_factor = rotary.number("factor", 1.0);
   if (o.rope_scaling == model::RopeScaling::kLlama3) {
-    o.rope_low_freq_factor = scaling.number("low_freq_factor", 1.0);
-    o.rope_high_freq_factor = scaling.number("high_freq_factor", 4.0);
-    o.rope_original_context = scaling.integer("original_max_position_embeddings", 8192);
+    o.rope_low_freq_factor = rotary.number("low_freq_factor", 1.0);
+    o.rope_high_freq_factor = rotary.number("high_freq_factor", 4.0);
+    o.rope_original_context = rotary.integer("original_max_position_embeddings", 8192);
+  }
+}
+
+bool same_rotary(const model::ModelOptions& a, const model::ModelOptions& b) {
+  return a.rope_base == b.rope_base && a.rope_scaling == b.rope_scaling &&
+         (a.rope_scaling == model::RopeScaling::kNone ||
+          (a.rope_factor == b.rope_factor && a.rope_low_freq_factor == b.rope_low_freq_factor &&
+           a.rope_high_freq_factor == b.rope_high_freq_factor && a.rope_original_context == b.rope_original_context));
+}
+
+// The rotary settings into `o`, as any writer puts them: rope_theta and rope_scaling at the top
+// (transformers 4), or rope_parameters (transformers 5), which holds rope_theta and the scaling
+// together, once or per layer type ({"full_attention": {...}, "sliding_attention": {...}}). Where
+// a file holds both forms they must agree; settings that differ between layer types are refused
+// (loco's layers share one rotary embedding).
+void read_rotary(const nlohmann::json& json, const Fields& f, model::ModelOptions& o) {
+  o.rope_base = f.number("rope_theta", 10000.0);
+  o.rope_scaling = model::RopeScaling::kNone;
+  if (f.number("partial_rotary_factor", 1.0) != 1.0) {
+    f.refuse(fmt::format("partial_rotary_factor {}: loco rotates every dimension of a head", f.number("partial_rotary_factor", 1.0)));
+  }
+  if (f.has("rope_scaling")) read_rotary_object(json["rope_scaling"], f, "rope_scaling", o);
+  if (!f.has("rope_parameters")) return;
+  const auto& parameters = json["rope_parameters"];
+  if (!parameters.is_object()) f.refuse("'rope_parameters' must be an object");
+  const nlohmann::json* settings = &parameters;
+  if (!parameters.empty() && std::all_of(parameters.begin(), parameters.end(), [](const auto& v) { return v.is_object(); })) {
+    settings = &parameters.begin().value();  // one object per layer type: they must all be the same
+    for (const auto& [layer_type, each] : parameters.items()) {
+      if (each != *settings) {
+        f.refuse(fmt::format("rope_parameters differ between layer types ({} and {}): loco's layers share one rotary "
+                             "embedding", parameters.begin().key(), layer_type));
+      }
+    }
+  }
+  model::ModelOptions from_parameters = o;
+  from_parameters.rope_scaling = model::RopeScaling::kNone;
+  read_rotary_object(*settings, f, "rope_parameters", from_parameters);
+  if ((f.has("rope_scaling") || f.has("rope_theta")) && !same_rotary(o, from_parameters)) {
+    f.refuse(fmt::format("rope_parameters ({}) and the top-level rope_theta/rope_scaling say different things: "
+                         "which one the model was trained with is unclear", settings->dump()));
+  }
+  o = from_parameters;
+}
+
+// config.json's fields that loco neither reads nor may ignore, refused by name: every key of the
+// file is one loco reads (read_hugging_face_config), describes what the model computes in a way
+// loco checks, or is one of Hugging Face's bookkeeping, generation or token-id keys that do not
+// change what the model computes.
+void refuse_unknown_fields(const nlohmann::json& json, const Fields& f) {
+  static const std::set<std::string> kKnown = {
+      // read
+      "architectures", "hidden_act", "mlp_bias", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+      "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+      "rms_norm_eps", "tie_word_embeddings", "attention_bias", "head_dim", "max_position_embeddings", "sliding_window",
+      "use_sliding_window", "max_window_layers", "layer_types", "attention_dropout", "pretraining_tp",
+      // what the model computes is the same whatever they say
+      "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "initializer_range", "use_cache",
+      "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "tokenizer_class",
+      "return_dict", "output_attentions", "output_hidden_states", "torchscript", "use_bfloat16", "is_encoder_decoder",
+      "is_decoder", "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
+      "problem_type", "finetuning_task", "task_specific_params", "prefix", "cross_attention_hidden_size",
+      // generation settings older writers kept in config.json
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+      "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss", "pruned_heads"};
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : json.items()) {
+    if (kKnown.count(key) == 0) unknown.push_back(key);
+  }
+  if (!unknown.empty()) {
+    f.refuse(fmt::format("loco does not model {} ({}): it cannot tell what they change; hint: if they change nothing "
+                         "the model computes, remove them from config.json",
+                         unknown.size() == 1 ? "this field" : "these fields", fmt::join(unknown, ", ")));
+  }
+  if (f.number("attention_dropout", 0.0) != 0.0) {
+    f.refuse(fmt::format("attention_dropout {}: loco's attention has no dropout", f.number("attention_dropout", 0.0)));
+  }
+  if (f.has("layer_types")) {
+    if (!json["layer_types"].is_array()) f.refuse("'layer_types' must be a list");
+    for (const auto& type : json["layer_types"]) {
+      // A sliding layer is checked by its window (read_hugging_face_config refuses one shorter than the context).
+      if (type != "full_attention" && type != "sliding_attention") {
+        f.refuse(fmt::format("layer type {}: loco's layers are attention layers (full_attention, sliding_attention)", type.dump()));
+      }
+    }
   }
 }
 
@@ -129,6 +227,35 @@ std::map<std::string, torch::Tensor> read_tensors(const fs::path& folder) {
   return tensors;
 }
 
+// `tensors` into `out`: model.safetensors when they fit `shard_bytes`, else shards of at most that
+// (a tensor larger than it alone in its shard), model-0000i-of-0000n.safetensors, and
+// model.safetensors.index.json mapping each tensor to its shard, as transformers writes them.
+void write_shards(const fs::path& out, const std::vector<TensorSource>& tensors, uint64_t shard_bytes) {
+  std::vector<std::vector<TensorSource>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const auto& t : tensors) {
+    uint64_t bytes = c10::elementSize(t.dtype);
+    for (const int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    if (in_shard > 0 && in_shard + bytes > shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(t);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    save_safetensors_streamed(out / "model.safetensors", shards[0], metadata, Readers::kEveryone);
+    return;
+  }
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto file = fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, shards.size());
+    save_safetensors_streamed(out / file, shards[i], metadata, Readers::kEveryone);
+    for (const auto& t : shards[i]) weight_map[t.name] = file;
+  }
+  const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_file_atomic(out / "model.safetensors.index.json", index.dump(2) + "\n", "hugging face");
+}
+
 }  // namespace
 
 bool is_hugging_face_folder(const fs::path& folder) {
@@ -151,9 +278,9 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   }
   if (f.text("hidden_act", "silu") != "silu") f.refuse(fmt::format("activation '{}': loco's SwiGLU uses silu", f.text("hidden_act", "")));
   if (f.boolean("mlp_bias", false)) f.refuse("biases in the MLP (mlp_bias) are not supported");
+  refuse_unknown_fields(json, f);
   model::ModelOptions o = base;
-  o.rope_scaling = model::RopeScaling::kNone;
-  read_rope_scaling(json, f, o);
+  read_rotary(json, f, o);
   o.vocab_size = f.integer("vocab_size");
   o.width = f.integer("hidden_size");
   o.layers = f.integer("num_hidden_layers");
@@ -162,7 +289,6 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   o.kv_heads = kv_heads == o.heads ? 0 : kv_heads;
   o.mlp_hidden_size = f.integer("intermediate_size");
   o.norm_eps = f.number("rms_norm_eps", 1e-6);
-  o.rope_base = f.number("rope_theta", 10000.0);
   o.tie_embeddings = f.boolean("tie_word_embeddings", false);
   // Qwen2's projections of queries, keys and values have biases; Llama's attention_bias would put
   // one on the output projection too, which loco's model has not.
@@ -179,7 +305,11 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   if (o.context > positions) {
     f.refuse(fmt::format("model.context {} is longer than the model's max_position_embeddings {}", o.context, positions));
   }
-  if (f.has("sliding_window") && f.boolean("use_sliding_window", architecture != "Qwen2ForCausalLM") &&
+  // Some layers attend through a window where use_sliding_window says so (Mistral's default) or
+  // layer_types names sliding layers (transformers 5).
+  const bool sliding_layers = f.has("layer_types") && std::any_of(json["layer_types"].begin(), json["layer_types"].end(),
+                                                                  [](const auto& type) { return type == "sliding_attention"; });
+  if (f.has("sliding_window") && (f.boolean("use_sliding_window", architecture != "Qwen2ForCausalLM") || sliding_layers) &&
       f.integer("sliding_window") < o.context) {
     f.refuse(fmt::format("its attention sees {} tokens back (sliding_window), less than model.context {}",
                          f.integer("sliding_window"), o.context));
@@ -192,7 +322,11 @@ model::ModelOptions read_hugging_face_config(const fs::path& folder, const model
   return o;
 }
 
-void save_hugging_face_folder(const model::Transformer& model, const fs::path& out, SpecialTokenIds tokens) {
+void save_hugging_face_folder(const model::Transformer& model, const fs::path& out, SpecialTokenIds tokens,
+                              const ExportOptions& options) {
+  if (options.dtype != torch::kFloat32 && options.dtype != torch::kBFloat16) {
+    throw ConfigError("hugging face", "export writes float32 or bfloat16 parameters");
+  }
   const auto& o = model->options();
   if (o.norm != model::NormKind::kRMSNorm || o.position != model::PositionKind::kRope || o.mlp != model::MlpKind::kSwiGlu ||
       o.qk_norm) {
@@ -211,29 +345,41 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
   if (error) throw Error("hugging face", fmt::format("cannot create {}: {}", out.string(), error.message()));
   const int64_t C = o.width, hd = o.head_dim(), q_rows = o.heads * hd, kv_rows = o.key_value_heads() * hd;
   std::map<std::string, torch::Tensor> loco;
-  for (const auto& item : model->named_parameters()) loco.emplace(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat32));
-  NamedTensors hf = {{"model.embed_tokens.weight", loco.at("tok_emb.weight")}, {"model.norm.weight", loco.at("final_norm.rms.weight")}};
-  if (!o.tie_embeddings) hf.emplace_back("lm_head.weight", loco.at("lm_head.weight"));
+  for (const auto& item : model->named_parameters()) loco.emplace(item.key(), item.value().detach());
+  // Each tensor made when its shard is written (a slice of the fused q/k/v, in the export's dtype):
+  // beyond the model, memory holds one tensor at a time.
+  std::vector<TensorSource> hf;
+  auto add = [&](std::string name, const std::string& of, int64_t first_row = 0, int64_t rows = -1) {
+    const auto& whole = loco.at(of);
+    auto shape = whole.sizes().vec();
+    if (rows >= 0) shape[0] = rows;
+    const auto dtype = options.dtype;
+    hf.push_back({std::move(name), dtype, shape, [&whole, first_row, rows, dtype] {
+                    auto t = rows >= 0 ? whole.narrow(0, first_row, rows) : whole;
+                    return t.to(torch::kCPU, dtype).contiguous();
+                  }});
+  };
+  add("model.embed_tokens.weight", "tok_emb.weight");
   for (int64_t i = 0; i < o.layers; ++i) {
     const auto h = fmt::format("model.layers.{}.", i), b = fmt::format("blocks.{}.", i);
-    const auto& qkv = loco.at(b + "attn.qkv.weight");
-    hf.emplace_back(h + "self_attn.q_proj.weight", qkv.narrow(0, 0, q_rows).contiguous());
-    hf.emplace_back(h + "self_attn.k_proj.weight", qkv.narrow(0, q_rows, kv_rows).contiguous());
-    hf.emplace_back(h + "self_attn.v_proj.weight", qkv.narrow(0, q_rows + kv_rows, kv_rows).contiguous());
+    add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", 0, q_rows);
+    add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", q_rows, kv_rows);
+    add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", q_rows + kv_rows, kv_rows);
     if (o.attention_bias) {
-      const auto& bias = loco.at(b + "attn.qkv.bias");
-      hf.emplace_back(h + "self_attn.q_proj.bias", bias.narrow(0, 0, q_rows).contiguous());
-      hf.emplace_back(h + "self_attn.k_proj.bias", bias.narrow(0, q_rows, kv_rows).contiguous());
-      hf.emplace_back(h + "self_attn.v_proj.bias", bias.narrow(0, q_rows + kv_rows, kv_rows).contiguous());
+      add(h + "self_attn.q_proj.bias", b + "attn.qkv.bias", 0, q_rows);
+      add(h + "self_attn.k_proj.bias", b + "attn.qkv.bias", q_rows, kv_rows);
+      add(h + "self_attn.v_proj.bias", b + "attn.qkv.bias", q_rows + kv_rows, kv_rows);
     }
-    hf.emplace_back(h + "self_attn.o_proj.weight", loco.at(b + "attn.proj.weight"));
-    hf.emplace_back(h + "input_layernorm.weight", loco.at(b + "norm1.rms.weight"));
-    hf.emplace_back(h + "post_attention_layernorm.weight", loco.at(b + "norm2.rms.weight"));
-    hf.emplace_back(h + "mlp.gate_proj.weight", loco.at(b + "mlp.gate.weight"));
-    hf.emplace_back(h + "mlp.up_proj.weight", loco.at(b + "mlp.up.weight"));
-    hf.emplace_back(h + "mlp.down_proj.weight", loco.at(b + "mlp.down.weight"));
+    add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
+    add(h + "input_layernorm.weight", b + "norm1.rms.weight");
+    add(h + "post_attention_layernorm.weight", b + "norm2.rms.weight");
+    add(h + "mlp.gate_proj.weight", b + "mlp.gate.weight");
+    add(h + "mlp.up_proj.weight", b + "mlp.up.weight");
+    add(h + "mlp.down_proj.weight", b + "mlp.down.weight");
   }
-  save_safetensors(out / "model.safetensors", hf, {{"format", "pt"}});
+  add("model.norm.weight", "final_norm.rms.weight");
+  if (!o.tie_embeddings) add("lm_head.weight", "lm_head.weight");
+  write_shards(out, hf, options.shard_bytes);
   const bool qwen2 = o.attention_bias;  // q/k/v biases: Qwen2's layout; else Llama's
   const nlohmann::json config = {
       {"architectures", nlohmann::json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})}, {"model_type", qwen2 ? "qwen2" : "llama"},
@@ -241,7 +387,8 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
       {"num_attention_heads", o.heads}, {"num_key_value_heads", o.key_value_heads()}, {"head_dim", hd},
       {"intermediate_size", o.mlp_hidden()}, {"hidden_act", "silu"}, {"rms_norm_eps", o.norm_eps},
       {"rope_theta", o.rope_base}, {"max_position_embeddings", o.context}, {"tie_word_embeddings", o.tie_embeddings},
-      {"attention_bias", false}, {"use_sliding_window", false}, {"torch_dtype", "float32"}};
+      {"attention_bias", false}, {"use_sliding_window", false},
+      {"torch_dtype", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"}};
   nlohmann::json with_tokens = config;
   if (o.rope_scaling == model::RopeScaling::kLinear) {
     with_tokens["rope_scaling"] = {{"rope_type", "linear"}, {"factor", o.rope_factor}};

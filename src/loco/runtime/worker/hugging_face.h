@@ -19,10 +19,12 @@ namespace loco::runtime {
 bool is_hugging_face_folder(const std::filesystem::path& folder);
 
 // The model options config.json describes; `context` (loco's sequence length, at most the model's
-// max_position_embeddings) and the defaults of the rest come from `base`. Throws ConfigError naming
-// the file and the field: a missing folder or file, an architecture other than the Llama kind, an
-// activation other than SiLU, rotary scaling (not supported yet), or a sliding window shorter
-// than the context.
+// max_position_embeddings) and the defaults of the rest come from `base`. The rotary settings are
+// read from rope_theta and rope_scaling or from transformers 5's rope_parameters. Throws
+// ConfigError naming the file and the field: a missing folder or file, an architecture other than
+// the Llama kind, an activation other than SiLU, rotary scaling other than linear and llama3 (or
+// settings that differ between layer types or between the two forms), a sliding window shorter
+// than the context, or a field loco neither reads nor knows to change nothing it computes.
 model::ModelOptions read_hugging_face_config(const std::filesystem::path& folder, const model::ModelOptions& base);
 
 // The parameters of the folder's model under loco's names (the query, key and value projections
@@ -36,11 +38,21 @@ struct SpecialTokenIds {
   int bos = -1;
 };
 
+// How save_hugging_face_folder writes the parameters.
+struct ExportOptions {
+  torch::ScalarType dtype = torch::kFloat32;  // or torch::kBFloat16
+  // A file holds at most this many bytes of parameters (transformers' default max_shard_size, 5 GB);
+  // past it the folder has shards and model.safetensors.index.json.
+  uint64_t shard_bytes = 5'000'000'000;
+};
+
 // Writes `model` as a Hugging Face folder `out` (created; it must not hold anything yet):
 // config.json, LlamaForCausalLM (Qwen2ForCausalLM when it has q/k/v biases), and its parameters
-// in model.safetensors, in float32. Throws ConfigError when the model is not of the Llama kind
-// (rmsnorm, rope, swiglu, no qk_norm), naming what differs.
+// in `options.dtype`, in model.safetensors or in shards of at most `options.shard_bytes` with
+// their index; written one tensor at a time, so that memory beyond the model holds one tensor.
+// Throws ConfigError when the model is not of the Llama kind (rmsnorm, rope, swiglu, no qk_norm),
+// naming what differs.
 void save_hugging_face_folder(const model::Transformer& model, const std::filesystem::path& out,
-                              SpecialTokenIds tokens = {});
+                              SpecialTokenIds tokens = {}, const ExportOptions& options = {});
 
 }  // namespace loco::runtime
