@@ -303,6 +303,12 @@ TEST(HuggingFace, RotaryParametersOfTransformersFiveAreRead) {
       << "rope_theta 10000 at the top, 1000000 in rope_parameters";
   EXPECT_EQ(error_of(folder_with([&](nlohmann::json& c) { c["rope_parameters"] = parameters; })), "accepted")
       << "both forms, saying the same";
+  EXPECT_EQ(error_of(folder_with([&](nlohmann::json& c) {
+              c.erase("rope_scaling");
+              c["rope_parameters"] = parameters;
+            })),
+            "accepted")
+      << "the top-level rope_theta agrees; the scaling is in rope_parameters only";
   auto partial = parameters;
   partial["partial_rotary_factor"] = 0.5;
   EXPECT_NE(error_of(transformers_5(partial)).find("partial_rotary_factor 0.5: loco rotates every dimension"), std::string::npos);
@@ -336,6 +342,8 @@ TEST(HuggingFace, FieldsLocoDoesNotModelAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_with("attention_dropout", 0.1).find("attention_dropout 0.1: loco's attention has no dropout"),
             std::string::npos);
+  EXPECT_NE(error_with("use_mrope", true).find("use_mrope"), std::string::npos);
+  EXPECT_NE(error_with("rope_interleaved", true).find("rope_interleaved"), std::string::npos);
   EXPECT_NE(error_with("layer_types", {"full_attention", "sliding_attention"})
                 .find("sees 4 tokens back (sliding_window), less than model.context 8"),
             std::string::npos)
@@ -344,7 +352,8 @@ TEST(HuggingFace, FieldsLocoDoesNotModelAreRefusedByName) {
             std::string::npos);
   for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
            {"transformers_version", "5.0.0"}, {"bos_token_id", 1}, {"attention_dropout", 0.0}, {"pretraining_tp", 1},
-           {"layer_types", {"full_attention", "full_attention"}}, {"use_cache", true}}) {
+           {"layer_types", {"full_attention", "full_attention"}}, {"use_cache", true}, {"use_mrope", false},
+           {"is_llama_config", true}, {"rope_interleaved", false}, {"_attn_implementation_autoset", true}}) {
     EXPECT_EQ(error_with(key, value), "accepted") << key;
   }
 }
@@ -446,7 +455,9 @@ TEST(HuggingFace, AnExportedModelReadsBackTheSame) {
     const auto read = runtime::read_hugging_face_config(out, o);
     std::map<std::string, torch::Tensor> original;
     for (const auto& item : model->named_parameters()) original.emplace(item.key(), item.value().detach());
-    for (const auto& [name, value] : runtime::load_hugging_face_parameters(out, read)) {
+    const auto loaded = runtime::load_hugging_face_parameters(out, read);
+    ASSERT_EQ(loaded.size(), original.size());
+    for (const auto& [name, value] : loaded) {
       EXPECT_TRUE(torch::equal(value, original.at(name).to(torch::kBFloat16).to(torch::kFloat32))) << name;
     }
   }

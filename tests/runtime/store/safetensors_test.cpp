@@ -100,6 +100,10 @@ TEST(Safetensors, AFileRewrittenInAnotherDtypeKeepingLocosMetadataIsRead) {
   for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
   bytes += json + data;
   const auto read = decode_safetensors(bytes, "rewritten");
+  EXPECT_FALSE(read.verified);
+  // Where a file must be loco's own (a checkpoint, a DiPaCo module), such a file is refused.
+  expect_error<DataError>([&] { require_verified(read, "rewritten"); }, "do not match its loco.layout");
+  EXPECT_TRUE(decode_safetensors(encode_safetensors(original), "original").verified);
   ASSERT_EQ(read.tensors.size(), 2u);
   EXPECT_TRUE(torch::equal(read.tensors[0].second, original[0].second.to(torch::kBFloat16)));
   auto flipped = encode_safetensors(original);

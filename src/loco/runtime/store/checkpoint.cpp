@@ -232,7 +232,7 @@ std::string encode_checkpoint(const Checkpoint& checkpoint) {
 
 Checkpoint decode_checkpoint(const std::string& bytes, const std::string& where) {
   auto file = decode_safetensors(bytes, where);
-  if (!file.metadata.contains("loco.xxh3")) throw DataError("checkpoint", fmt::format("{}: carries no checksum", where));
+  require_verified(file, where);
   const auto state = file.metadata.find("state");
   if (state == file.metadata.end()) throw DataError("checkpoint", fmt::format("{}: holds no training state", where));
   Checkpoint ckpt;

@@ -224,6 +224,7 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
   if (auto it = file.metadata.find("loco.xxh3"); it != file.metadata.end() && !rewritten(file.metadata, entries)) {
     const uint64_t expected = parse_hex64(it->second, "checkpoint", where + ": loco.xxh3");
     if (hash64(data.data(), data.size()) != expected) throw fail("checksum mismatch: the tensor data is corrupted");
+    file.verified = true;
   }
   for (const auto& [begin, end, name, dtype, shape] : entries) {
     auto tensor = torch::empty(shape, torch::TensorOptions().dtype(dtype));
@@ -241,11 +242,19 @@ SafetensorsFile load_checksummed_safetensors(const std::filesystem::path& root, 
                                              uint64_t max_bytes) {
   const auto path = root / relative;
   auto file = decode_safetensors(read_file_beneath(root, relative, "checkpoint", max_bytes), path.string());
+  require_verified(file, path.string());
+  return file;
+}
+
+void require_verified(const SafetensorsFile& file, const std::string& where) {
   if (!file.metadata.contains("loco.xxh3")) {
     throw DataError("checkpoint", fmt::format("{}: no loco.xxh3 checksum in its metadata; every file loco saves has one, "
-                                              "so this one was not written by a loco run", path.string()));
+                                              "so this one was not written by a loco run", where));
   }
-  return file;
+  if (!file.verified) {
+    throw DataError("checkpoint", fmt::format("{}: its tensor entries do not match its loco.layout: rewritten by another "
+                                              "writer or damaged, so its checksum cannot be checked", where));
+  }
 }
 
 }  // namespace loco::runtime

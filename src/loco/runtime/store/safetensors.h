@@ -26,7 +26,14 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 struct SafetensorsFile {
   NamedTensors tensors;                         // in file order (sorted by data offset)
   std::map<std::string, std::string> metadata;  // "__metadata__", loco.xxh3 included
+  // Whether loco.xxh3 was checked against the data: false for a file without one, or one whose
+  // entries no longer hash to its loco.layout (rewritten by another writer, or damaged).
+  bool verified = false;
 };
+
+// Throws DataError naming `where` unless `file` is as loco wrote it: its checksum present and
+// verified. For loco's own files (checkpoints, DiPaCo's shared files), which no other writer makes.
+void require_verified(const SafetensorsFile& file, const std::string& where);
 
 // Encodes `tensors` (any device; copied to CPU) into safetensors bytes. Supported dtypes: F64, F32,
 // BF16, F16, I64, I32, I16, I8, U8, BOOL. Names must be unique (InternalError otherwise).
@@ -51,7 +58,8 @@ uint64_t save_safetensors_streamed(const std::filesystem::path& path, const std:
                                    std::map<std::string, std::string> metadata = {}, Readers readers = Readers::kOwner);
 
 // Decodes and verifies: header bounds, JSON, dtypes, shapes against byte ranges, ranges inside the
-// file and not overlapping, and the loco.xxh3 checksum when present. `where` names the source in
+// file and not overlapping, and the loco.xxh3 checksum when present and the entries still hash to
+// loco.layout (`verified` says whether it was checked). `where` names the source in
 // DataError messages.
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& where);
 SafetensorsFile load_safetensors(const std::filesystem::path& path);

@@ -126,7 +126,13 @@ void read_rotary(const nlohmann::json& json, const Fields& f, model::ModelOption
   model::ModelOptions from_parameters = o;
   from_parameters.rope_scaling = model::RopeScaling::kNone;
   read_rotary_object(*settings, f, "rope_parameters", from_parameters);
-  if ((f.has("rope_scaling") || f.has("rope_theta")) && !same_rotary(o, from_parameters)) {
+  const bool theta_differs = f.has("rope_theta") && o.rope_base != from_parameters.rope_base;
+  auto scaling_of = [](model::ModelOptions options) {
+    options.rope_base = 0;
+    return options;
+  };
+  const bool scaling_differs = f.has("rope_scaling") && !same_rotary(scaling_of(o), scaling_of(from_parameters));
+  if (theta_differs || scaling_differs) {
     f.refuse(fmt::format("rope_parameters ({}) and the top-level rope_theta/rope_scaling say different things: "
                          "which one the model was trained with is unclear", settings->dump()));
   }
@@ -143,13 +149,15 @@ void refuse_unknown_fields(const nlohmann::json& json, const Fields& f) {
       "architectures", "hidden_act", "mlp_bias", "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
       "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
       "rms_norm_eps", "tie_word_embeddings", "attention_bias", "head_dim", "max_position_embeddings", "sliding_window",
-      "use_sliding_window", "max_window_layers", "layer_types", "attention_dropout", "pretraining_tp",
+      "use_sliding_window", "max_window_layers", "layer_types", "attention_dropout", "pretraining_tp", "use_mrope",
+      "rope_interleaved",
       // what the model computes is the same whatever they say
       "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "initializer_range", "use_cache",
       "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "tokenizer_class",
       "return_dict", "output_attentions", "output_hidden_states", "torchscript", "use_bfloat16", "is_encoder_decoder",
       "is_decoder", "add_cross_attention", "tie_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id",
       "problem_type", "finetuning_task", "task_specific_params", "prefix", "cross_attention_hidden_size",
+      "is_llama_config", "transformers.js_config", "_attn_implementation_autoset", "unsloth_version", "unsloth_fixed",
       // generation settings older writers kept in config.json
       "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
       "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
@@ -164,6 +172,10 @@ void refuse_unknown_fields(const nlohmann::json& json, const Fields& f) {
     f.refuse(fmt::format("loco does not model {} ({}): it cannot tell what they change; hint: if they change nothing "
                          "the model computes, remove them from config.json",
                          unknown.size() == 1 ? "this field" : "these fields", fmt::join(unknown, ", ")));
+  }
+  if (f.boolean("use_mrope", false)) f.refuse("use_mrope: loco's rotary embedding has one set of positions, not Qwen2-VL's three");
+  if (f.boolean("rope_interleaved", false)) {
+    f.refuse("rope_interleaved: loco rotates a head's two halves against each other, not interleaved pairs");
   }
   if (f.number("attention_dropout", 0.0) != 0.0) {
     f.refuse(fmt::format("attention_dropout {}: loco's attention has no dropout", f.number("attention_dropout", 0.0)));
@@ -236,7 +248,10 @@ void write_shards(const fs::path& out, const std::vector<TensorSource>& tensors,
   for (const auto& t : tensors) {
     uint64_t bytes = c10::elementSize(t.dtype);
     for (const int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
-    if (in_shard > 0 && in_shard + bytes > shard_bytes) shards.emplace_back(), in_shard = 0;
+    if (in_shard > 0 && in_shard + bytes > shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
     shards.back().push_back(t);
     in_shard += bytes;
     total += bytes;
@@ -379,7 +394,13 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
   }
   add("model.norm.weight", "final_norm.rms.weight");
   if (!o.tie_embeddings) add("lm_head.weight", "lm_head.weight");
-  write_shards(out, hf, options.shard_bytes);
+  try {
+    write_shards(out, hf, options.shard_bytes);
+  } catch (...) {
+    // The folder was empty: what this call wrote goes, so that the export can be run again.
+    for (const auto& entry : fs::directory_iterator(out, error)) fs::remove(entry.path(), error);
+    throw;
+  }
   const bool qwen2 = o.attention_bias;  // q/k/v biases: Qwen2's layout; else Llama's
   const nlohmann::json config = {
       {"architectures", nlohmann::json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})}, {"model_type", qwen2 ? "qwen2" : "llama"},

@@ -113,9 +113,13 @@ void check_folder_tokenizer(const RunConfig& config, uint64_t dataset_tokenizer)
   for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
     std::error_code error;
     if (!std::filesystem::is_regular_file(folder / name, error)) continue;
-    const uint64_t hash = data::Tokenizer::load(folder / name).hash();
-    if (hash == dataset_tokenizer) return;
-    theirs.push_back(fmt::format("{} {}", name, hex64(hash)));
+    try {
+      const uint64_t hash = data::Tokenizer::load(folder / name).hash();
+      if (hash == dataset_tokenizer) return;
+      theirs.push_back(fmt::format("{} {}", name, hex64(hash)));
+    } catch (const DataError& e) {  // one loco cannot read; the other may be the dataset's
+      theirs.push_back(fmt::format("{} unreadable: {}", name, e.what()));
+    }
   }
   if (theirs.empty()) return;
   throw DataError("train", fmt::format("train.init_from = {}: the dataset {} was tokenized by tokenizer {}, not by the "
