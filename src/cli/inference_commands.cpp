@@ -129,13 +129,12 @@ class Generate : public InferenceCommand {
     const auto tokenizer_file = fs::path(loaded.config.data.dir) / tokenizer.file_name();
     runtime::check_same_tokenizer(tokenizer.hash(), tokenizer_file.string(), loaded.checkpoint);
     runtime::configure_threads(0);
-    auto ids = tokenizer.encode(prompt_);
-    if (ids.empty()) ids.push_back(tokenizer.eos_id());  // an empty prompt starts a new document
+    auto ids = tokenizer.encode_prompt(prompt_);
     sample_.stop_token = tokenizer.eos_id();
     auto out = model::generate(loaded.model, ids, sample_);
     if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
     ids.insert(ids.end(), out.begin(), out.end());
-    fmt::print("{}\n", tokenizer.decode(ids));
+    fmt::print("{}\n", tokenizer.decode_text(ids));
     return 0;
   }
 
@@ -145,8 +144,7 @@ class Generate : public InferenceCommand {
   int run_dipaco(const runtime::RunConfig& config) {
     const auto tokenizer = data::Dataset::open_tokenizer(config.data.dir);
     runtime::configure_threads(0);
-    auto ids = tokenizer.encode(prompt_);
-    if (ids.empty()) ids.push_back(tokenizer.eos_id());
+    auto ids = tokenizer.encode_prompt(prompt_);
     sample_.stop_token = tokenizer.eos_id();
     runtime::PathInference paths(config);
     const auto made = paths.generate(ids, sample_, reroute_every_, model::resolve_device("auto"));
@@ -158,7 +156,7 @@ class Generate : public InferenceCommand {
         fmt::print(stderr, "after {} tokens the router sends the text to path {}\n", after, path);
       }
     }
-    fmt::print("{}\n", tokenizer.decode(made.tokens));
+    fmt::print("{}\n", tokenizer.decode_text(made.tokens));
     return 0;
   }
   int64_t reroute_every_ = 0;
@@ -219,6 +217,7 @@ class Export : public InferenceCommand {
     }
     auto options = export_;
     options.dtype = dtype_ == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    if (checkpoint) options.max_positions = checkpoint->state.max_positions;
     runtime::save_hugging_face_folder(model, out_,
                                       tokenizer ? runtime::SpecialTokenIds{tokenizer->eos_id(), tokenizer->bos_id()}
                                                 : runtime::SpecialTokenIds{},

@@ -346,7 +346,16 @@ TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
     EXPECT_TRUE(fs::exists(dir / "base-hf" / name)) << name;
   }
   EXPECT_EQ(read_file(dir / "base-hf" / "tokenizer.json", "test"), read_file(fixture / "tokenizer.json", "test"));
+  // Its tokenizer_config.json as the model's was (padding token, class and all), not three keys of loco's.
+  const auto settings = nlohmann::json::parse(read_file(fixture / "tokenizer_config.json", "test"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "base-hf" / "tokenizer_config.json", "test")), settings);
   EXPECT_EQ(nlohmann::json::parse(read_file(dir / "base-hf" / "config.json", "test"))["eos_token_id"], 856);
+
+  // A model made for more positions than the run's context: the export gives the folder's back.
+  auto base_config = nlohmann::json::parse(read_file(dir / "base-hf" / "config.json", "test"));
+  EXPECT_EQ(base_config["max_position_embeddings"], 32);
+  base_config["max_position_embeddings"] = 4096;
+  write_file_atomic(dir / "base-hf" / "config.json", base_config.dump(2), "test");
 
   // The user's side: their corpus in the model's tokens, then the example's config from the folder.
   ASSERT_TRUE(command({testing_util::loco_binary(), "prepare", "--corpus", (dir_->path() / "corpus").string(), "--tokenizer",
@@ -379,6 +388,9 @@ TEST_F(CliTest, TheLlamaExampleContinuesAHuggingFaceModelWithStreamingDiLoCo) {
   ASSERT_TRUE(command({testing_util::loco_binary(), "export", "--checkpoint", (dir / "run").string(), "--hf", (dir / "out").string()},
                       "export"));
   EXPECT_TRUE(fs::exists(dir / "out" / "tokenizer.json"));
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "out" / "tokenizer_config.json", "test")), settings);
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "out" / "config.json", "test"))["max_position_embeddings"], 4096)
+      << "the folder's, not model.context (32)";
   // It started from the model, not from scratch: its first loss is the base's last, not a random model's.
   const auto base = losses("llama/base"), continued = losses("llama/run");
   ASSERT_FALSE(base.empty());

@@ -456,6 +456,64 @@ TEST(PrepareDataset, AModelsOwnTokenizerIsUsedAsItIs) {
   EXPECT_TRUE(throws_with<DataError>([&] { prepare_dataset(o); }, {"neither a tokenizer.model nor a tokenizer.json"}));
 }
 
+// A tokenizer that adds a beginning-of-text token to every text (a post-processor's template, as
+// Llama 3's, or tokenizer_config.json's add_bos_token) gets it at the start of every document;
+// add_bos_token false overrides the template; the same tokenizer without either adds none.
+TEST(PrepareDataset, ABosTheModelsTokenizerAddsStartsEveryDocument) {
+  TempDir tmp;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 20; ++i) lines.push_back(fmt::format(R"({{"text": "Document {} begins somewhere."}})", i));
+  write_text(tmp / "corpus.jsonl", fmt::format("{}\n", fmt::join(lines, "\n")));
+  const fs::path fixture = testing_util::source_dir() / "tests/data/fixtures/qwen2_tokenizer";
+  auto file = nlohmann::json::parse(read_text(fixture / "tokenizer.json"));
+  const int start = 857;  // <|im_start|>, an added token of the fixture
+  ASSERT_EQ(file["added_tokens"][1]["content"], "<|im_start|>");
+  ASSERT_EQ(file["added_tokens"][1]["id"], start);
+  // Llama 3's kind: ByteLevel, then a template that puts a special token before every text.
+  file["post_processor"] = nlohmann::json::parse(R"({"type": "Sequence", "processors": [
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+      {"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+       "pair": [],
+       "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [857], "tokens": ["<|im_start|>"]}}}]})");
+  auto prepared = [&](const std::string& name, const std::string& settings) {
+    fs::create_directories(tmp / name);
+    write_text(tmp / name / "tokenizer.json", file.dump());
+    write_text(tmp / name / "tokenizer_config.json", settings);
+    auto o = options_for(tmp / "corpus.jsonl", tmp / ("ds-" + name));
+    o.tokenizer = tmp / name;
+    prepare_dataset(o);
+    return Dataset::open(tmp / ("ds-" + name));
+  };
+  const auto with_template = prepared("template", R"({"eos_token": "<|endoftext|>"})");
+  EXPECT_TRUE(with_template.tokenizer().bos_per_document());
+  EXPECT_EQ(with_template.tokenizer().bos_id(), start) << "the template's token, where tokenizer_config.json names none";
+  size_t documents = 0;
+  for (const auto* split : {&with_template.train(), &with_template.val()}) {
+    for (const auto& d : split->documents) {
+      EXPECT_EQ(split->tokens[d.offset], start);
+      EXPECT_EQ(split->tokens[d.offset + d.length - 1], 856) << "and ends with eos";
+      ++documents;
+    }
+  }
+  EXPECT_EQ(documents, lines.size());
+  // A prompt starts as a document does; its text comes back without the bos.
+  const auto prompt = with_template.tokenizer().encode_prompt("Document 3");
+  ASSERT_FALSE(prompt.empty());
+  EXPECT_EQ(prompt.front(), start);
+  EXPECT_EQ(with_template.tokenizer().decode_text(prompt), "Document 3");
+  const auto turned_off = prepared("off", R"({"eos_token": "<|endoftext|>", "add_bos_token": false})");
+  EXPECT_FALSE(turned_off.tokenizer().bos_per_document());
+  EXPECT_NE(turned_off.train().tokens[turned_off.train().documents[0].offset], start);
+  file.erase("post_processor");
+  const auto named = prepared("named", R"({"eos_token": "<|endoftext|>", "bos_token": "<|im_end|>", "add_bos_token": true})");
+  EXPECT_TRUE(named.tokenizer().bos_per_document());
+  EXPECT_EQ(named.train().tokens[named.train().documents[0].offset], 858) << "<|im_end|>, the bos tokenizer_config.json names";
+  const auto plain = prepared("plain", R"({"eos_token": "<|endoftext|>"})");
+  EXPECT_FALSE(plain.tokenizer().bos_per_document());
+  EXPECT_EQ(plain.tokenizer().encode_prompt(""), std::vector<int32_t>{856}) << "an empty prompt starts a new document";
+}
+
 TEST(PrepareDataset, InputErrors) {
   TempDir tmp;
   write_text(tmp / "one" / "only.txt", "a single document");

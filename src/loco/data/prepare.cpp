@@ -110,16 +110,18 @@ Split build_split(const Tokenizer& tokenizer, const std::vector<const Document*>
   std::vector<std::vector<int32_t>> encoded = encode_all(tokenizer, docs);
   Split split;
   size_t total = 0;
-  for (const auto& e : encoded) total += e.size() + 1;
+  const bool bos = tokenizer.bos_per_document();
+  for (const auto& e : encoded) total += e.size() + 1 + (bos ? 1 : 0);
   split.tokens.reserve(total);
   for (size_t i = 0; i < docs.size(); ++i) {
-    const uint64_t length = encoded[i].size() + 1;  // + eos
+    const uint64_t length = encoded[i].size() + 1 + (bos ? 1 : 0);  // (bos) + text + eos
     if (length > UINT32_MAX) {
       throw DataError(kModule, fmt::format("document {} has {} tokens, more than the index can hold ({})",
                                            docs[i]->name, length, UINT32_MAX));
     }
     split.documents.push_back(
         DocumentEntry{split.tokens.size(), static_cast<uint32_t>(length), label_index.at(docs[i]->label)});
+    if (bos) split.tokens.push_back(tokenizer.bos_id());
     split.tokens.insert(split.tokens.end(), encoded[i].begin(), encoded[i].end());
     split.tokens.push_back(tokenizer.eos_id());
   }
@@ -231,7 +233,13 @@ Manifest prepare_dataset(const PrepareOptions& options) {
       fmt::format("split by document (seed {}): {} train, {} val", options.seed, train_docs.size(), val_docs.size()));
 
   Tokenizer tokenizer = options.tokenizer.empty() ? train_tokenizer(options, train_docs) : Tokenizer::load_model_tokenizer(options.tokenizer);
-  if (!options.tokenizer.empty()) progress(fmt::format("tokenizer: {} (vocab {})", options.tokenizer.string(), tokenizer.vocab_size()));
+  if (!options.tokenizer.empty()) {
+    progress(fmt::format("tokenizer: {} (vocab {}){}", options.tokenizer.string(), tokenizer.vocab_size(),
+                         tokenizer.bos_per_document()
+                             ? fmt::format("; each document starts with its bos token ({}), as the model's tokenizer adds it",
+                                           tokenizer.bos_id())
+                             : ""));
+  }
 
   Split train = build_split(tokenizer, train_docs, label_index);
   Split val = build_split(tokenizer, val_docs, label_index);

@@ -1,6 +1,7 @@
 #include "loco/data/tokenizer.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -196,9 +197,85 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& texts, const Tok
   return from_serialized(std::string(model.data, model_size), "trained tokenizer");
 }
 
+namespace {
+
+// The tokenizer_config.json beside a tokenizer file, as it is (empty when there is none): carried
+// through datasets and exports unchanged (its chat template, padding token and the rest).
+std::string settings_beside(const fs::path& model_file) {
+  const fs::path file = model_file.parent_path() / "tokenizer_config.json";
+  std::error_code error;
+  if (!fs::is_regular_file(file, error)) return {};
+  std::string text = read_file(file, kModule);
+  try {
+    if (!nlohmann::json::parse(text).is_object()) throw DataError(kModule, fmt::format("{}: not a JSON object", file.string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(kModule, fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
+  }
+  return text;
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::load(const fs::path& model_file) {
-  if (model_file.extension() == ".json") return load_byte_level(model_file);
-  return from_serialized(read_file(model_file, kModule), model_file.string());
+  auto tokenizer = model_file.extension() == ".json" ? load_byte_level(model_file)
+                                                     : from_serialized(read_file(model_file, kModule), model_file.string());
+  tokenizer.settings_ = settings_beside(model_file);
+  tokenizer.read_bos_rule(model_file.string());
+  return tokenizer;
+}
+
+namespace {
+
+// The special token a tokenizer.json's post-processor puts before every text: a TemplateProcessing
+// (alone or in a Sequence of processors) whose "single" template starts with a SpecialToken. Its
+// id (the template's special_tokens entry), or -1 when it puts none.
+int template_prefix(const nlohmann::json& post, const ByteLevelBpe& bpe) {
+  if (!post.is_object()) return -1;
+  const std::string type = post.value("type", "");
+  if (type == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+    for (const auto& each : post["processors"]) {
+      if (const int id = template_prefix(each, bpe); id >= 0) return id;
+    }
+    return -1;
+  }
+  if (type != "TemplateProcessing" || !post.contains("single") || !post["single"].is_array() || post["single"].empty() ||
+      !post["single"][0].contains("SpecialToken")) {
+    return -1;
+  }
+  const std::string name = post["single"][0]["SpecialToken"].at("id").get<std::string>();
+  const auto special = post.value("special_tokens", nlohmann::json::object());
+  if (special.contains(name) && special[name].contains("ids") && special[name]["ids"].size() == 1) {
+    return special[name]["ids"][0].get<int>();
+  }
+  const auto id = bpe.id_of(name);
+  if (!id) throw DataError(kModule, fmt::format("its post-processor starts every text with \"{}\", not a token of it", name));
+  return *id;
+}
+
+}  // namespace
+
+void Tokenizer::read_bos_rule(std::string_view where) {
+  std::optional<bool> add_bos;
+  if (!settings_.empty()) {
+    const auto settings = nlohmann::json::parse(settings_);
+    if (settings.contains("add_bos_token") && settings["add_bos_token"].is_boolean()) add_bos = settings["add_bos_token"].get<bool>();
+  }
+  int template_bos = -1;
+  if (bpe_) {
+    try {
+      const auto file = nlohmann::json::parse(serialized_);
+      if (file.contains("post_processor")) template_bos = template_prefix(file["post_processor"], *bpe_);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(kModule, fmt::format("{}: a malformed post_processor: {}", where, e.what()));
+    } catch (const DataError& e) {
+      throw DataError(kModule, fmt::format("{}: {}", where, e.what()));
+    }
+  }
+  bos_per_document_ = add_bos.value_or(template_bos >= 0);
+  if (bos_per_document_ && bos_id_ < 0) bos_id_ = template_bos;
+  if (bos_per_document_ && bos_id_ < 0) {
+    throw DataError(kModule, fmt::format("{}: add_bos_token is set but no bos token is named", where));
+  }
 }
 
 Tokenizer Tokenizer::load_model_tokenizer(const fs::path& path) {
@@ -266,15 +343,17 @@ Tokenizer Tokenizer::from_serialized(std::string serialized_model, std::string_v
 
 void Tokenizer::save(const fs::path& model_file) const {
   write_file_atomic(model_file, serialized_, kModule);
+  const fs::path settings = model_file.parent_path() / "tokenizer_config.json";
+  if (!settings_.empty()) return write_file_atomic(settings, settings_, kModule);
   if (!bpe_) return;
   nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"eos_token", eos_token_}};
   config["bos_token"] = bos_token_.empty() ? nlohmann::json() : nlohmann::json(bos_token_);
-  write_file_atomic(model_file.parent_path() / "tokenizer_config.json", config.dump(2) + "\n", kModule);
+  write_file_atomic(settings, config.dump(2) + "\n", kModule);
 }
 
 void Tokenizer::save_hugging_face(const fs::path& folder) const {
   save(folder / file_name());
-  if (bpe_) return;  // save() wrote its tokenizer_config.json
+  if (bpe_ || !settings_.empty()) return;  // save() wrote its tokenizer_config.json
   const nlohmann::json config = {{"tokenizer_class", "LlamaTokenizer"}, {"unk_token", "<unk>"}, {"bos_token", "<s>"},
                                  {"eos_token", "</s>"}, {"add_bos_token", false}, {"add_eos_token", false}};
   write_file_atomic(folder / "tokenizer_config.json", config.dump(2) + "\n", kModule);
@@ -289,6 +368,21 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     throw Error(kModule, fmt::format("tokenizer encode failed: {}", take_error(error)));
   }
   return std::vector<int32_t>(ids.data, ids.data + count);
+}
+
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
+  auto ids = encode(text);
+  if (bos_per_document_) {
+    ids.insert(ids.begin(), bos_id_);
+  } else if (ids.empty()) {
+    ids.push_back(eos_id_);
+  }
+  return ids;
+}
+
+std::string Tokenizer::decode_text(const std::vector<int32_t>& ids) const {
+  if (bos_per_document_ && !ids.empty() && ids.front() == bos_id_) return decode({ids.begin() + 1, ids.end()});
+  return decode(ids);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

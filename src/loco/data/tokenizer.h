@@ -49,8 +49,9 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // Writes the model to `model_file` (atomically); a byte-level BPE also writes a
-  // tokenizer_config.json beside it naming its eos and bos tokens.
+  // Writes the model to `model_file` (atomically), and the tokenizer_config.json it was read with
+  // beside it, unchanged (its chat template, padding token and the rest); a byte-level BPE read
+  // without one gets one naming its eos and bos tokens.
   void save(const fs::path& model_file) const;
   // Writes the tokenizer into a Hugging Face model folder: tokenizer.json or tokenizer.model, and a
   // tokenizer_config.json naming its special tokens (for SentencePiece, LlamaTokenizer's <s>, </s>
@@ -60,10 +61,20 @@ class Tokenizer {
   const char* file_name() const { return is_byte_level() ? "tokenizer.json" : "tokenizer.model"; }
   const char* type_name() const { return is_byte_level() ? "byte-level-bpe" : "sentencepiece-bpe"; }
   std::vector<int32_t> encode(std::string_view text) const;
+  // A prompt as the start of a document, as training saw documents start: after the bos token
+  // where documents start with one (bos_per_document); an empty prompt without one is the eos
+  // that ended the document before.
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
+  // The text of generated ids, a leading bos left out.
+  std::string decode_text(const std::vector<int32_t>& ids) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   int vocab_size() const;
   int eos_id() const { return eos_id_; }
   int bos_id() const { return bos_id_; }  // -1: none
+  // Whether a document starts with the bos token, as the model's tokenizer adds it to every text:
+  // tokenizer_config.json's add_bos_token, else a tokenizer.json's post-processor whose template
+  // starts with a special token (Llama 3's <|begin_of_text|>). False for the tokenizers loco trains.
+  bool bos_per_document() const { return bos_per_document_; }
   // XXH3-64 of the serialized model (and of a byte-level BPE's eos and bos): identifies the
   // tokenizer in shards, manifests and checkpoints.
   uint64_t hash() const { return hash_; }
@@ -76,6 +87,9 @@ class Tokenizer {
   std::unique_ptr<Processor> processor_;
   std::unique_ptr<ByteLevelBpe> bpe_;  // instead of processor_
   std::string eos_token_, bos_token_;  // a byte-level BPE's, as written in tokenizer_config.json
+  std::string settings_;               // the tokenizer_config.json read beside it, written back as it was
+  bool bos_per_document_ = false;
+  void read_bos_rule(std::string_view where);
   int eos_id_ = 2, bos_id_ = 1;
   std::string serialized_;
   uint64_t hash_ = 0;

@@ -265,8 +265,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
     write_file_atomic(RunFolder(config.run.dir).dipaco_evaluation(), to_json(result.evaluation).dump(1) + "\n", "launch");
     // A sample from the one path the router picks for a prompt: inference runs a single path.
     const auto tokenizer = data::Dataset::open_tokenizer(config.data.dir);
-    auto ids = tokenizer.encode(options.sample_prompt);
-    if (ids.empty()) ids.push_back(tokenizer.eos_id());
+    auto ids = tokenizer.encode_prompt(options.sample_prompt);
     PathInference inference(config);
     result.sample_path = inference.route(ids);
     model::SampleOptions sample;
@@ -278,7 +277,7 @@ DipacoLaunchResult launch_dipaco(const RunConfig& config, const LaunchOptions& o
     auto out = model::generate(inference.model(result.sample_path, model::resolve_device(config.train.device)), ids, sample);
     if (!out.empty() && out.back() == tokenizer.eos_id()) out.pop_back();
     ids.insert(ids.end(), out.begin(), out.end());
-    result.sample = tokenizer.decode(ids);
+    result.sample = tokenizer.decode_text(ids);
   }
   result.wall_s = std::chrono::duration<double>(Clock::now() - started).count();
   return result;

@@ -34,6 +34,7 @@ nlohmann::ordered_json state_json(const TrainingState& state) {
       {"config", state.config_toml},
   };
   if (state.copied_from) json["copied_from"] = *state.copied_from;
+  if (state.max_positions > 0) json["max_positions"] = state.max_positions;
   if (state.run) {
     nlohmann::ordered_json shards = nlohmann::ordered_json::array();
     for (const auto& p : state.run->shards) shards.push_back({{"epoch", p.epoch}, {"cursor", p.cursor}});
@@ -60,6 +61,8 @@ TrainingState parse_state(const nlohmann::json& json, const std::string& where) 
     if (json.contains("global_hash")) s.global_hash = parse_hex64(json.at("global_hash").get<std::string>(), "checkpoint", where);
     s.config_toml = json.at("config").get<std::string>();
     if (json.contains("copied_from")) s.copied_from = json.at("copied_from").get<int64_t>();
+    s.max_positions = json.value("max_positions", int64_t{0});
+    if (s.max_positions < 0) throw DataError("checkpoint", fmt::format("{}: max_positions is negative", where));
     if (json.contains("run")) {
       RunProgress run;
       run.rounds = json.at("run").at("rounds").get<int64_t>();

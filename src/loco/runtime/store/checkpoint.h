@@ -49,6 +49,9 @@ struct TrainingState {
   // A fixed run's worker that held no checkpoint on resume got this copy of another's (that rank):
   // its data position is then not the one saved, but its own shard's at `step`.
   std::optional<int64_t> copied_from;
+  // The positions the model was made for, where it came from a Hugging Face folder or a checkpoint
+  // that says (its max_position_embeddings), written back by an export; 0: none said.
+  int64_t max_positions = 0;
 };
 
 struct Checkpoint {

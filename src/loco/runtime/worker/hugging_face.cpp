@@ -407,7 +407,8 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
       {"vocab_size", o.vocab_size}, {"hidden_size", C}, {"num_hidden_layers", o.layers},
       {"num_attention_heads", o.heads}, {"num_key_value_heads", o.key_value_heads()}, {"head_dim", hd},
       {"intermediate_size", o.mlp_hidden()}, {"hidden_act", "silu"}, {"rms_norm_eps", o.norm_eps},
-      {"rope_theta", o.rope_base}, {"max_position_embeddings", o.context}, {"tie_word_embeddings", o.tie_embeddings},
+      {"rope_theta", o.rope_base}, {"max_position_embeddings", std::max(o.context, options.max_positions)},
+      {"tie_word_embeddings", o.tie_embeddings},
       {"attention_bias", false}, {"use_sliding_window", false},
       {"torch_dtype", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"}};
   nlohmann::json with_tokens = config;
@@ -421,6 +422,12 @@ void save_hugging_face_folder(const model::Transformer& model, const fs::path& o
   if (tokens.eos >= 0) with_tokens["eos_token_id"] = tokens.eos;
   if (tokens.bos >= 0) with_tokens["bos_token_id"] = tokens.bos;
   write_file_atomic(out / "config.json", with_tokens.dump(2) + "\n", "hugging face");
+}
+
+int64_t hugging_face_positions(const fs::path& folder) {
+  const auto path = folder / "config.json";
+  const Fields f(read_json(path), path.string());
+  return f.integer("max_position_embeddings", 0);
 }
 
 NamedTensors load_hugging_face_parameters(const fs::path& folder, const model::ModelOptions& o) {

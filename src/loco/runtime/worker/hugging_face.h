@@ -27,6 +27,10 @@ bool is_hugging_face_folder(const std::filesystem::path& folder);
 // than the context, or a field loco neither reads nor knows to change nothing it computes.
 model::ModelOptions read_hugging_face_config(const std::filesystem::path& folder, const model::ModelOptions& base);
 
+// config.json's max_position_embeddings: the positions the folder's model was made for (0 when
+// it says none), which an export of a model continued from it writes back.
+int64_t hugging_face_positions(const std::filesystem::path& folder);
+
 // The parameters of the folder's model under loco's names (the query, key and value projections
 // fused into attn.qkv), in float32, each checked against `options`' shapes. Throws DataError naming
 // the first missing shard, missing or unexpected tensor, or shape that differs.
@@ -44,6 +48,9 @@ struct ExportOptions {
   // A file holds at most this many bytes of parameters (transformers' default max_shard_size, 5 GB);
   // past it the folder has shards and model.safetensors.index.json.
   uint64_t shard_bytes = 5'000'000'000;
+  // config.json's max_position_embeddings: the positions the model was made for where it came
+  // from a folder or checkpoint that says (0: the model's context).
+  int64_t max_positions = 0;
 };
 
 // Writes `model` as a Hugging Face folder `out` (created; it must not hold anything yet):

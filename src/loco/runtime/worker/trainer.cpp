@@ -126,6 +126,7 @@ class TrainingLoop {
   int64_t step_ = 0, tokens_ = 0, round_step_ = 0;
   double wall_before_ = 0;
   uint64_t global_hash_ = 0;
+  int64_t max_positions_ = 0;  // the positions the model was made for (TrainingState::max_positions)
   bool own_position_ = false;  // elastic: the slot's own saved position, exact (Streaming DiLoCo: τ steps past the plan's)
   TrainSummary summary_;
   EvalResult last_eval_{NAN, NAN, 0};
@@ -191,8 +192,9 @@ void TrainingLoop::build_parts() {
   model_ = build_model(config_);
   if (resumed_) {
     load_model_weights(model_, resumed_->model, resumed_->dir.string());
+    max_positions_ = resumed_->state.max_positions;
   } else if (!config_.train.init_from.empty()) {
-    load_initial_weights(model_, config_, dataset_->manifest().tokenizer_hash);
+    max_positions_ = load_initial_weights(model_, config_, dataset_->manifest().tokenizer_hash);
   }
   model_->to(device_);
   model_->train();
@@ -522,6 +524,7 @@ TrainingState TrainingLoop::training_state() const {
   state.config_toml = to_toml(config_);
   state.wall_s = wall_s();
   state.global_hash = global_hash_;
+  state.max_positions = max_positions_;
   if (link_ != nullptr) state.run = link_->run_progress();
   return state;
 }

@@ -171,10 +171,11 @@ void load_hugging_face_weights(model::Transformer& model, const RunConfig& confi
   load_model_weights(model, load_hugging_face_parameters(folder, described), folder);
 }
 
-void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
+int64_t load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash) {
   if (is_hugging_face_folder(config.train.init_from)) {
     check_folder_tokenizer(config, tokenizer_hash);
-    return load_hugging_face_weights(model, config);
+    load_hugging_face_weights(model, config);
+    return hugging_face_positions(config.train.init_from);
   }
   auto source = load_checkpoint(config.train.init_from);
   if (source.state.tokenizer_hash != tokenizer_hash) {
@@ -183,6 +184,7 @@ void load_initial_weights(model::Transformer& model, const RunConfig& config, ui
                                          config.data.dir, hex64(tokenizer_hash)));
   }
   load_model_weights(model, inference_weights(source), source.dir.string());
+  return source.state.max_positions;
 }
 
 InferenceModel load_for_inference(const std::string& checkpoint, const std::string& data_dir, const torch::Device& device) {

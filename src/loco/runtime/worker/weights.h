@@ -31,8 +31,10 @@ EvalResult evaluate_parameters(model::Transformer& model, const std::vector<torc
                                const std::vector<data::Batch>& batches, const torch::Device& device);
 
 // Loads the parameters of `train.init_from` (a checkpoint or run folder; its global parameters
-// when it has them) into `model`. Throws DataError when the shapes or the tokenizer differ.
-void load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash);
+// when it has them) into `model`. Returns the positions the model was made for, to be carried to
+// an export (a Hugging Face folder's max_position_embeddings, a checkpoint's max_positions; 0:
+// none said). Throws DataError when the shapes or the tokenizer differ.
+int64_t load_initial_weights(model::Transformer& model, const RunConfig& config, uint64_t tokenizer_hash);
 
 // The model described by `config` (vocab_size already resolved), initialized from train.seed.
 model::Transformer build_model(const RunConfig& config);
