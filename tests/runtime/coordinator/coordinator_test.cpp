@@ -846,6 +846,10 @@ TEST(Coordinator, ACompletedRunIsFinishedThoughALateMemberStopped) {
   auto result = running.coordinator.wait_for(5s);
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->outcome, RunOutcome::kFinished);
+  // One that comes back once the run is finished (its link cut through the last round) is told so
+  // too, not refused (the soak saw one exit 1 with "the run is finished").
+  request.name = "back";
+  expect_error<RunComplete>([&] { client.join(request); }, "the run is finished");
 }
 
 // A state file that is not one is named, and nothing is overwritten.
