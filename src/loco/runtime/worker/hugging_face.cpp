@@ -91,8 +91,9 @@ void read_rotary_object(const nlohmann::json& json, const Fields& f, const char*
   }
 }
 
-bool same_rotary(const model::ModelOptions& a, const model::ModelOptions& b) {
-  return a.rope_base == b.rope_base && a.rope_scaling == b.rope_scaling &&
+// Whether two models' rotary scaling is the same (their rope_theta aside).
+bool same_scaling(const model::ModelOptions& a, const model::ModelOptions& b) {
+  return a.rope_scaling == b.rope_scaling &&
          (a.rope_scaling == model::RopeScaling::kNone ||
           (a.rope_factor == b.rope_factor && a.rope_low_freq_factor == b.rope_low_freq_factor &&
            a.rope_high_freq_factor == b.rope_high_freq_factor && a.rope_original_context == b.rope_original_context));
@@ -127,11 +128,7 @@ void read_rotary(const nlohmann::json& json, const Fields& f, model::ModelOption
   from_parameters.rope_scaling = model::RopeScaling::kNone;
   read_rotary_object(*settings, f, "rope_parameters", from_parameters);
   const bool theta_differs = f.has("rope_theta") && o.rope_base != from_parameters.rope_base;
-  auto scaling_of = [](model::ModelOptions options) {
-    options.rope_base = 0;
-    return options;
-  };
-  const bool scaling_differs = f.has("rope_scaling") && !same_rotary(scaling_of(o), scaling_of(from_parameters));
+  const bool scaling_differs = f.has("rope_scaling") && !same_scaling(o, from_parameters);
   if (theta_differs || scaling_differs) {
     f.refuse(fmt::format("rope_parameters ({}) and the top-level rope_theta/rope_scaling say different things: "
                          "which one the model was trained with is unclear", settings->dump()));
