@@ -26,6 +26,8 @@ packages=(
   libgtest-dev                 # tests
   libclang-rt-14-dev           # libFuzzer, for the fuzz smoke (scripts/fuzz.sh)
   iproute2 util-linux          # `loco launch --link`: ip and tc for the emulated islands; setpriv in its tests
+  slurmctld slurmd slurm-client munge  # scripts/loco.sbatch's test runs it on a throwaway Slurm cluster
+  python3-torch                # torchrun, for the test of workers it starts
   gnuplot-nox                  # `loco report --svg`: the charts of finished runs
   chromium                     # the status page's and the report's browser tests (headless, driven by playwright-core)
   python3-prometheus-client    # its tests parse /metrics back with the Prometheus project's parser

@@ -254,7 +254,7 @@ class Worker : public Command {
  public:
   explicit Worker(CLI::App& app) {
     cmd = app.add_subcommand("worker", "One worker of a run: joins a coordinator and trains its shard");
-    cmd->add_option("--coordinator", coordinator_, "HOST:PORT of `loco coordinator` (default: $MASTER_ADDR:$MASTER_PORT)");
+    cmd->add_option("--coordinator", coordinator_, "HOST:PORT of `loco coordinator` (default: $LOCO_COORDINATOR)");
     cmd->add_option("--config", config_file_, "TOML run config (the coordinator's, up to paths and devices)")->required();
     cmd->add_option("--rank", rank_, "this worker's rank (default: $RANK, $SLURM_PROCID, or the coordinator's choice)")
         ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
@@ -267,10 +267,11 @@ class Worker : public Command {
   int run() override {
     const auto env = read_environment();
     if (coordinator_.empty()) {
-      if (!env.master_addr || !env.master_port) {
-        throw ConfigError("cli", "worker: no coordinator; pass --coordinator HOST:PORT or set MASTER_ADDR and MASTER_PORT");
+      if (!env.coordinator) {
+        throw ConfigError("cli", "worker: no coordinator; pass --coordinator HOST:PORT or set LOCO_COORDINATOR=HOST:PORT "
+                                 "(torchrun's MASTER_ADDR:MASTER_PORT is its own rendezvous store, not loco's coordinator)");
       }
-      coordinator_ = fmt::format("{}:{}", *env.master_addr, *env.master_port);
+      coordinator_ = *env.coordinator;
     }
     const auto config = load_config_with(config_file_, cmd);
     runtime::check_trainable(config);

@@ -59,20 +59,47 @@ TEST(Environment, MalformedProcessCountIsNamed) {
   }
 }
 
-TEST(Environment, TorchrunAndSlurmVariablesGiveRankAndCoordinator) {
+TEST(Environment, TorchrunAndSlurmVariablesGiveRankAndLocosOwnTheCoordinator) {
   ScopedEnv a("RANK", nullptr), b("SLURM_PROCID", "3"), c("WORLD_SIZE", nullptr), d("SLURM_NTASKS", "8"),
-      e("MASTER_ADDR", "node17"), f("MASTER_PORT", "29400");
+      e("MASTER_ADDR", "node17"), f("MASTER_PORT", "29400"), g("LOCO_COORDINATOR", nullptr);
   auto env = read_environment();
   EXPECT_EQ(env.rank, 3) << "Slurm's when torchrun's is absent";
   EXPECT_EQ(env.world_size, 8);
-  EXPECT_EQ(env.master_addr, "node17");
-  EXPECT_EQ(env.master_port, 29400);
-  ScopedEnv g("RANK", "1"), h("WORLD_SIZE", "2");
+  EXPECT_FALSE(env.coordinator.has_value()) << "MASTER_PORT is torchrun's rendezvous store, not loco's coordinator";
+  ScopedEnv h("RANK", "1"), i("WORLD_SIZE", "2"), j("LOCO_COORDINATOR", "node17:29500");
   env = read_environment();
   EXPECT_EQ(env.rank, 1) << "torchrun's RANK wins over SLURM_PROCID";
   EXPECT_EQ(env.world_size, 2);
-  ScopedEnv i("MASTER_PORT", "http");
-  testing_util::expect_error<ConfigError>([] { read_environment(); }, "MASTER_PORT must be an integer >= 1, got 'http'");
+  EXPECT_EQ(env.coordinator, "node17:29500");
+  ScopedEnv k("RANK", "first");
+  testing_util::expect_error<ConfigError>([] { read_environment(); }, "RANK must be an integer >= 0, got 'first'");
+}
+
+// Slurm says how many tasks of a step run on each node in a compressed list; srun's tasks on one
+// node split its cores by their count there (not the job's total), and SLURM_CPUS_PER_TASK, when the
+// job asked for it, is what each task was given.
+TEST(Environment, SlurmsTasksPerNodeListGivesTheTasksOnThisNode) {
+  EXPECT_EQ(slurm_tasks_on_node("4", 0, "V"), 4);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0, "V"), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2, "V"), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3, "V"), 1);
+  EXPECT_EQ(slurm_tasks_on_node("1,3(x2)", 2, "V"), 3);
+  testing_util::expect_error<ConfigError>([] { slurm_tasks_on_node("2(x3),1", 4, "V"); }, "V='2(x3),1' has no node 4");
+  for (const char* bad : {"", "x", "2(x0)", "2(3)", "2(x3", "0", "2,,1", "2(x3)1"}) {
+    testing_util::expect_error<ConfigError>([&] { slurm_tasks_on_node(bad, 0, "SLURM_STEP_TASKS_PER_NODE"); },
+                                            "SLURM_STEP_TASKS_PER_NODE='" + std::string(bad) + "'");
+  }
+
+  ScopedEnv a("LOCO_LOCAL_PROCESSES", nullptr), b("LOCAL_WORLD_SIZE", nullptr), c("SLURM_NTASKS_PER_NODE", nullptr),
+      d("SLURM_STEP_TASKS_PER_NODE", "3,1"), e("SLURM_NODEID", "1"), f("SLURM_CPUS_PER_TASK", nullptr);
+  auto env = read_environment();
+  EXPECT_EQ(env.local_processes, 1) << "node 1 of the step runs one task";
+  EXPECT_FALSE(env.cpus_per_task.has_value());
+  ScopedEnv g("SLURM_NODEID", "0"), h("SLURM_CPUS_PER_TASK", "16");
+  env = read_environment();
+  EXPECT_EQ(env.local_processes, 3);
+  EXPECT_EQ(env.cpus_per_task, 16);
+  EXPECT_GE(usable_cores(), 1);
 }
 
 TEST(Environment, AFileAVariableNamesToRunIsTrustedOnlyIfNoOtherUserCouldChangeIt) {

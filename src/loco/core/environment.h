@@ -13,19 +13,31 @@ struct Environment {
   std::optional<std::filesystem::path> cache_dir;    // LOCO_CACHE: npm downloads of `loco prepare`
   std::optional<std::filesystem::path> home;         // HOME: default cache under ~/.cache/loco
   // Loco processes sharing this host's cores (each takes cores / this many threads):
-  // LOCO_LOCAL_PROCESSES, else torchrun's LOCAL_WORLD_SIZE, else Slurm's SLURM_NTASKS_PER_NODE, else 1.
+  // LOCO_LOCAL_PROCESSES, else torchrun's LOCAL_WORLD_SIZE, else the tasks of this Slurm step on
+  // this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), else SLURM_NTASKS_PER_NODE, else 1.
   int64_t local_processes = 1;
+  // SLURM_CPUS_PER_TASK: the cores Slurm gave each task, used as its threads when set.
+  std::optional<int64_t> cpus_per_task;
   std::optional<std::filesystem::path> spm_library;  // LOCO_SPM_LIBRARY: path of libloco_spm.so
   bool check_only = false;  // LOCO_CHECK_ONLY (any non-empty value): commands parse and load their config, then exit
   // LOCO_WORKER_EXECUTABLE: the `loco` binary `loco launch` starts its workers with (default: its
   // own), e.g. plain workers under a launcher built with ThreadSanitizer (scripts/tsan.sh).
   std::optional<std::filesystem::path> worker_executable;
-  // Set by torchrun / Slurm, read by `loco worker` when its flags do not say:
+  // Read by `loco worker` when its flags do not say; the first two as torchrun / Slurm set them:
   std::optional<int64_t> rank;               // RANK, else SLURM_PROCID
   std::optional<int64_t> world_size;         // WORLD_SIZE, else SLURM_NTASKS
-  std::optional<std::string> master_addr;    // MASTER_ADDR: the coordinator's host
-  std::optional<int64_t> master_port;        // MASTER_PORT: the coordinator's port
+  // LOCO_COORDINATOR: HOST:PORT of `loco coordinator`. Not torchrun's MASTER_ADDR:MASTER_PORT,
+  // where torchrun's own rendezvous store listens.
+  std::optional<std::string> coordinator;
 };
+
+// The tasks on node `node` in Slurm's compressed per-node list ("2(x3),1": two on each of the first
+// three nodes, one on the fourth); ConfigError naming `variable` when the text is malformed or has
+// no such node.
+int64_t slurm_tasks_on_node(std::string_view list, int64_t node, std::string_view variable);
+
+// The cores this process may run on (its CPU affinity: a cgroup, taskset or Slurm's binding), at least 1.
+int64_t usable_cores();
 
 // Reads the variables now. A malformed number (LOCO_LOCAL_PROCESSES not an integer >= 1, RANK not
 // an integer >= 0, ...) throws ConfigError naming the variable.

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <thread>
 #include <tuple>
 
 #include "loco/core/environment.h"
@@ -22,9 +21,8 @@ namespace loco::runtime {
 
 int64_t configure_threads(int64_t threads) {
   if (threads <= 0) {
-    const int64_t processes = read_environment().local_processes;
-    const int64_t cores = std::max<unsigned>(1, std::thread::hardware_concurrency());
-    threads = std::max<int64_t>(1, cores / processes);
+    const auto env = read_environment();
+    threads = env.cpus_per_task.value_or(std::max<int64_t>(1, usable_cores() / env.local_processes));
   }
   // With the OpenMP build of OpenBLAS (scripts/setup.sh), BLAS calls share libtorch's OpenMP
   // threads, so this one setting governs both (docs/footguns.md).
