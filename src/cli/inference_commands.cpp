@@ -191,7 +191,7 @@ class Export : public InferenceCommand {
       }
       runtime::PathInference inference(*config);
       write(inference.model(path_, torch::kCPU), config->data.dir, std::nullopt,
-            fmt::format("path {} of the DiPaCo run {}", path_, config->run.dir));
+            fmt::format("path {} of the DiPaCo run {}", path_, config->run.dir), layout->max_positions);
       return 0;
     }
     if (path_ >= 0) throw ConfigError("cli", "--path names a path of a DiPaCo run: pass --config");
@@ -204,9 +204,10 @@ class Export : public InferenceCommand {
 
  private:
   // Writes `model` and, when the dataset in `data_dir` is still there, its tokenizer (checked
-  // against `checkpoint`'s when there is one).
+  // against `checkpoint`'s when there is one). max_position_embeddings: the checkpoint's
+  // positions, else `max_positions`, else (0) the model's context.
   void write(const model::Transformer& model, const std::string& data_dir,
-             const std::optional<runtime::Checkpoint>& checkpoint, const std::string& what) const {
+             const std::optional<runtime::Checkpoint>& checkpoint, const std::string& what, int64_t max_positions = 0) const {
     std::optional<data::Tokenizer> tokenizer;
     std::error_code error;
     if (fs::exists(fs::path(data_dir) / "manifest.json", error)) {
@@ -217,7 +218,7 @@ class Export : public InferenceCommand {
     }
     auto options = export_;
     options.dtype = dtype_ == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    if (checkpoint) options.max_positions = checkpoint->state.max_positions;
+    options.max_positions = checkpoint ? checkpoint->state.max_positions : max_positions;
     runtime::save_hugging_face_folder(model, out_,
                                       tokenizer ? runtime::SpecialTokenIds{tokenizer->eos_id(), tokenizer->bos_id()}
                                                 : runtime::SpecialTokenIds{},

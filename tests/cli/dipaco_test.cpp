@@ -563,7 +563,13 @@ TEST_F(DipacoRunTest, TheLlamaArchitectureTrainsAsPaths) {
   EXPECT_NE(refused.output.find("--path 9: the DiPaCo run"), std::string::npos) << refused.output;
 
   // DiPaCo forked from a Hugging Face folder (the exported path): routed by its features, every
-  // path starts from it, so the first phase's losses start where the trained path left off.
+  // path starts from it, so the first phase's losses start where the trained path left off. The
+  // folder's positions (made 4,096 here, beyond the context) are what its paths' exports say.
+  const auto folder_config = dir_->path() / "llama-path-2" / "config.json";
+  auto described = nlohmann::json::parse(read_file(folder_config, "test"));
+  EXPECT_EQ(described["max_position_embeddings"], c.model.context) << "a run from scratch: its context";
+  described["max_position_embeddings"] = 4096;
+  std::ofstream(folder_config) << described.dump(2);
   auto from_folder = llama;
   from_folder.push_back("train.init_from=" + (dir_->path() / "llama-path-2").string());
   const auto forked = config("llama-forked", from_folder);
@@ -574,6 +580,13 @@ TEST_F(DipacoRunTest, TheLlamaArchitectureTrainsAsPaths) {
     if (event["phase"] == 0) forked_first += event["loss"].get<double>() / 4;
   }
   EXPECT_LT(forked_first, loss_by_phase.begin()->second - 0.2);
+  auto forked_export = command("export", "llama-forked", from_folder);
+  for (const char* more : {"--path", "1", "--hf"}) forked_export.push_back(more);
+  forked_export.push_back((dir_->path() / "llama-forked-path-1").string());
+  const auto forked_written = run_command(forked_export, log("llama-forked-export"));
+  ASSERT_EQ(forked_written.status, 0) << forked_written.output;
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir_->path() / "llama-forked-path-1" / "config.json", "test"))["max_position_embeddings"],
+            4096);
 }
 
 // Early stopping (dipaco.keep_every = 2, dipaco.early_stopping): the modules keep versions 0, 2

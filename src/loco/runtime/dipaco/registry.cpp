@@ -2,7 +2,7 @@
 //   loco_schema(version)                                   1 row: the schema's version
 //   modules(module, version, file)                         primary key (module, version)
 //   reports(module, phase, path, weight, file)             primary key (module, phase, path)
-//   run_layout(key, value)                                 "plan", "phases"
+//   run_layout(key, value)                                 "plan", "phases", "reroute_phase", "max_positions"
 //   path_modules(path, module)                             the plan: which modules each path has
 //   tasks(...)                                             the task queue's (tasks/sql_queue.h)
 #include "loco/runtime/dipaco/registry.h"
@@ -181,6 +181,9 @@ void Registry::start(const RunLayout& layout) {
     db_->query("INSERT INTO run_layout (key, value) VALUES ('plan', $1)", {layout.plan});
     db_->query("INSERT INTO run_layout (key, value) VALUES ('phases', $1)", {std::to_string(layout.phases)});
     db_->query("INSERT INTO run_layout (key, value) VALUES ('reroute_phase', $1)", {std::to_string(layout.reroute_phase)});
+    if (layout.max_positions > 0) {
+      db_->query("INSERT INTO run_layout (key, value) VALUES ('max_positions', $1)", {std::to_string(layout.max_positions)});
+    }
     for (size_t p = 0; p < layout.path_modules.size(); ++p) queue_.issue({TaskScope::kPath, static_cast<int64_t>(p), "", 0});
   });
 }
@@ -193,6 +196,7 @@ std::optional<RunLayout> Registry::layout() {
     if (rows.text(i, 0) == "plan") layout.plan = rows.text(i, 1);
     if (rows.text(i, 0) == "phases") layout.phases = rows.integer(i, 1);
     if (rows.text(i, 0) == "reroute_phase") layout.reroute_phase = rows.integer(i, 1);
+    if (rows.text(i, 0) == "max_positions") layout.max_positions = rows.integer(i, 1);
   }
   auto modules = db_->query("SELECT path, module FROM path_modules ORDER BY path, module");
   for (size_t i = 0; i < modules.size(); ++i) {

@@ -48,6 +48,9 @@ struct RunLayout {
   int64_t phases = 0;                                 // outer steps of every module
   std::vector<std::vector<std::string>> path_modules; // per path, its modules
   int64_t reroute_phase = 0;                          // > 0: a route task runs before this phase's path tasks
+  // The positions of the model train.init_from named (its max_position_embeddings), which an
+  // exported path keeps; 0: none said (the path's context).
+  int64_t max_positions = 0;
 };
 
 class Registry {

@@ -86,7 +86,7 @@ RunLayout prepare_dipaco_run(const RunConfig& config, std::FILE* out) {
   // Version 0 of every module, from the initial model (every path starts from the same one).
   auto initial = build_model(run.config());
   if (!run.config().train.init_from.empty()) {
-    load_initial_weights(initial, run.config(), run.dataset().manifest().tokenizer_hash);
+    layout.max_positions = load_initial_weights(initial, run.config(), run.dataset().manifest().tokenizer_hash);
   }
   for (const auto& module : run.plan().modules()) {
     if (registry->latest_version(module.name)) continue;
