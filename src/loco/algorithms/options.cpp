@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <cmath>
+#include <limits>
+
 #include "loco/core/error.h"
 
 namespace loco::algorithms {
@@ -29,6 +33,14 @@ void StreamingOptions::validate() const {
     throw ConfigError("algorithms", "eager outer updates (sync.eager) overlap a whole round by themselves: they need "
                                     "sync.overlap_steps = 0, fixed rounds (sync.round_seconds = 0) and no dropped outer "
                                     "gradients (sync.drop_probability = 0)");
+  }
+  if (!(screening.reject_ratio == 0 || screening.reject_ratio > 1) || !(screening.clip_norm >= 0)) {
+    throw ConfigError("algorithms", fmt::format("sync.reject_ratio must be 0 (off) or > 1, got {}; sync.clip_norm must be "
+                                                ">= 0 (0 = off), got {}", screening.reject_ratio, screening.clip_norm));
+  }
+  if (eager && (screening.reject_ratio > 0 || screening.clip_norm > 0)) {
+    throw ConfigError("algorithms", "sync.reject_ratio and sync.clip_norm are not yet available with eager outer updates "
+                                    "(sync.eager)");
   }
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
@@ -61,7 +73,33 @@ StreamingOptions DiLoCoOptions::as_streaming() const {
   o.drop_seed = drop_seed;
   o.piece_bytes = piece_bytes;
   o.eager = eager;
+  o.screening = screening;
+  o.poison = poison;
   return o;
+}
+
+Poison parse_poison(std::string_view text) {
+  Poison poison;
+  if (text.empty()) return poison;
+  const auto bad = [&] {
+    return ConfigError("algorithms", fmt::format("sync.poison = '{}': expected WORKER:xSCALE or WORKER:nan, each with an "
+                                                 "optional @ROUND (e.g. '1:x100', '2:nan@3')", text));
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string_view::npos) throw bad();
+  const auto at = text.find('@', colon);
+  const auto number = [&](std::string_view part, auto& out) {
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), out);
+    if (ec != std::errc() || end != part.data() + part.size()) throw bad();
+  };
+  number(text.substr(0, colon), poison.worker);
+  const auto what = text.substr(colon + 1, at == std::string_view::npos ? std::string_view::npos : at - colon - 1);
+  if (what == "nan") poison.scale = std::numeric_limits<double>::quiet_NaN();
+  else if (what.size() > 1 && what[0] == 'x') number(what.substr(1), poison.scale);
+  else throw bad();
+  if (at != std::string_view::npos) number(text.substr(at + 1), poison.round);
+  if (poison.worker < 0 || poison.round < 0 || (!std::isnan(poison.scale) && !std::isfinite(poison.scale))) throw bad();
+  return poison;
 }
 
 }  // namespace loco::algorithms

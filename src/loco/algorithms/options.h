@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "loco/comm/wire_format.h"
 #include "loco/optim/options.h"
@@ -14,6 +15,31 @@ enum class FragmentPattern { kStrided, kSequential };
 // How the workers' outer gradients are weighted: by the tokens each trained on this round, by the
 // size of each worker's shard (DiLoCo §6.1 and DiPaCo, for shards of unequal size), or 1/M.
 enum class Weighting { kTokens, kShard, kUniform };
+
+// Screening of the workers' outer gradients Δ_m before they are averaged (docs/failure-model.md,
+// "A worker that sends harm"). A Δ_m with a value that is not finite is always left out; with
+// reject_ratio > 0, so is one whose norm exceeds reject_ratio times the median norm of the other
+// counted workers' finite ones; with clip_norm > 0, each Δ_m kept enters the average as
+// Δ_m·min(1, clip_norm / ‖Δ_m‖). A worker left out counts as a dropped one for that sync (the
+// others' weights renormalize), and the sync reports it. Every worker decides alike, from the
+// norms that ride with the exchange (comm::Tally): each worker states its own.
+struct Screening {
+  double reject_ratio = 0;  // 0 = off
+  double clip_norm = 0;     // 0 = off
+};
+
+// A fault to inject, for the tests and benchmarks of screening: worker `worker`'s outer gradient
+// goes out as Δ·scale (scale NaN: one value of it NaN) at every sync, or only at its sync number
+// `round` (1-based, per fragment) when that is > 0.
+struct Poison {
+  int64_t worker = -1;  // -1: none
+  double scale = 1;
+  int64_t round = 0;
+  bool hits(int64_t rank, int64_t sync) const { return worker >= 0 && rank == worker && (round == 0 || round == sync); }
+};
+// "WORKER:xSCALE" or "WORKER:nan", each optionally "@ROUND" (e.g. "1:x100", "2:nan@3"); "" = none.
+// ConfigError naming sync.poison otherwise.
+Poison parse_poison(std::string_view text);
 
 struct StreamingOptions {
   int64_t inner_steps = 50;   // H: inner steps between two syncs of one fragment
@@ -37,6 +63,8 @@ struct StreamingOptions {
   uint64_t drop_seed = 0;
   int64_t piece_bytes = 1 << 20;  // fp32 bytes per message of an exchange
   bool eager = false;               // eager outer updates (above)
+  Screening screening;
+  Poison poison;
   void validate() const;            // ConfigError naming the bad option
 };
 
@@ -52,6 +80,8 @@ struct DiLoCoOptions {
   uint64_t drop_seed = 0;
   int64_t piece_bytes = 1 << 20;  // outer-gradient bytes per message of the all-reduce
   bool eager = false;               // eager outer updates (streaming.h): a round's exchange overlaps the next
+  Screening screening;
+  Poison poison;
   void validate() const;            // ConfigError
 
   // The Streaming DiLoCo options that are this DiLoCo: one fragment, τ = 0, α = 0, fp32.

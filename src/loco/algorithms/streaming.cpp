@@ -6,6 +6,7 @@
 #include <chrono>
 #include <utility>
 
+#include "loco/algorithms/screening.h"
 #include "loco/core/error.h"
 #include "loco/core/hash.h"
 #include "loco/model/transformer.h"
@@ -243,29 +244,6 @@ void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   f.reduction = submit(f, plan_ && plan_->has_joiners());
 }
 
-namespace {
-
-// What each worker sends with a sync's data: (s_m, counted_m, kept_m), and the weights they give,
-// w_m = s_m / Σ s (or 1/K over the K kept workers when every s is 0; 0 for a dropped worker or a
-// joiner), computed alike on every worker from every worker's numbers.
-comm::Tally sync_tally(double size, double counted, double kept) {
-  comm::Tally tally;
-  tally.mine = {size, counted, kept};
-  tally.weights = [](const std::vector<std::vector<double>>& all) {
-    double total = 0, kept_total = 0;
-    for (const auto& row : all) {
-      total += row[0];
-      kept_total += row[2];
-    }
-    std::vector<double> weights;
-    for (const auto& row : all) weights.push_back(row[2] == 0 ? 0.0 : total > 0 ? row[0] / total : 1.0 / kept_total);
-    return weights;
-  };
-  return tally;
-}
-
-}  // namespace
-
 bool StreamingDiLoCo::dropped(size_t index) {
   if (options_.drop_probability <= 0) return false;
   const uint64_t key[4] = {options_.drop_seed, index, static_cast<uint64_t>(fragments_[index].round),
@@ -292,7 +270,6 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
                   : options_.weighting == Weighting::kUniform ? 1.0
                                                               : static_cast<double>(f.pending_tokens);
     if (drop) size = 0;
-    comm::Tally tally = sync_tally(size, 1.0, drop ? 0.0 : 1.0);
     auto& result = f.result->views();
     if (!f.sent) {
       // `result` holds θ_{m,p} (stage()): fp32 sends it as it is, an encoded exchange
@@ -309,13 +286,28 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
       // only when this fragment's result is applied, after this task.
       for (size_t i = 0; i < result.size(); ++i) torch::sub_out(result[i], f.global[i], f.sent->views()[i]);
     }
+    // fp32 without eager sends θ_m (Σ w_m θ_m is the average), everything else Δ_m.
+    const bool sends_theta = options_.exchange == comm::Encoding::kFp32 && !options_.eager;
+    if (options_.poison.hits(elastic_.group().rank(), f.round + 1)) apply_poison(result, f.global, sends_theta, options_.poison.scale);
+    const double squared_norm = drop ? 0.0 : squared_outer_norm(result, f.global, sends_theta);
+    comm::Tally tally = sync_tally(size, 1.0, drop ? 0.0 : 1.0, squared_norm, options_.screening);
     comm::CommStats stats = f.result->all_reduce_sum(elastic_.group(), options_.exchange, &tally);
+    const auto screened = screen(tally.all, options_.screening);
+    if (screened.kept == 0 && screened.not_finite > 0 && screened.not_finite == screened.rejected) {
+      throw DataError("algorithms", fmt::format("every outer gradient of this sync has a value that is not finite ({}): "
+                                                "training diverged; hint: lower optim.lr or outer.lr", screened.why));
+    }
+    double applied = 0;
+    for (const double w : tally.applied) applied += w;
+    if (sends_theta && screened.kept > 0 && applied < 1 - 1e-12) {
+      // Clipped: Σ w_m θ_m with Σ w_m < 1; θ − Σ w_m Δ_m needs the rest of θ.
+      for (size_t i = 0; i < result.size(); ++i) result[i].add_(f.global[i], 1 - applied);
+    }
     const int64_t participants = std::llround(tally.sum(1));
-    const int64_t kept = std::llround(tally.sum(2));
     const double weight = tally.applied[static_cast<size_t>(elastic_.group().rank())];
     stats += told;
     stats.participants = participants;
-    return Reduced{stats, participants, weight, kept == 0};
+    return Reduced{stats, participants, weight, screened.kept == 0, screened.rejected, screened.why};
   });
 }
 
@@ -379,6 +371,8 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   report.stall_seconds = f.stall;
   report.weight = reduced.weight;
   report.tokens = f.pending_tokens;
+  report.rejected = reduced.rejected;
+  report.screening = reduced.screening;
   if (elastic_.elastic()) {
     elastic_.end(*plan_, std::max(f.started, plan_->step), report.params_hash);
     if (plan_->has_joiners()) {
@@ -452,7 +446,7 @@ SyncReport StreamingDiLoCo::join_round() {
     const int64_t index = which.item<int64_t>();
     LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
     auto& f = fragments_[static_cast<size_t>(index)];
-    comm::Tally tally = sync_tally(0, 0, 0);  // as submit() sends it: nothing, not counted
+    comm::Tally tally = sync_tally(0, 0, 0, 0, options_.screening);  // as submit() sends it: nothing, not counted
     f.result->flat().zero_();
     stats += f.result->all_reduce_sum(group, options_.exchange, &tally);
     stats += transfer_state(group, step_);

@@ -117,6 +117,8 @@ class StreamingDiLoCo : public SyncStrategy {
     int64_t participants = 0;
     double weight = -1;  // this worker's w_m (-1: not known, e.g. restored from a checkpoint)
     bool empty = false;  // every worker's outer gradient was dropped: θ stays
+    int64_t rejected = 0;   // contributions screening left out
+    std::string screening;  // who was left out or clipped, and why
   };
   struct Fragment {
     std::vector<FragmentSlice> slices;

@@ -44,6 +44,8 @@ struct SyncReport {
   int64_t attempts = 1;       // elastic runs: tries it took (a failed collective is tried again)
   double weight = -1;         // DiLoCo: this worker's weight in the average (-1: not a weighted average)
   int64_t tokens = -1;        // DiLoCo: the tokens it trained on this round (-1: not counted)
+  int64_t rejected = 0;       // DiLoCo: outer gradients screening left out (Screening)
+  std::string screening;      // ... who was left out or clipped, and why ("" when none)
 };
 using SyncReports = std::vector<SyncReport>;
 

@@ -95,6 +95,16 @@ std::vector<torch::Tensor> pieces_of(const torch::Tensor& values, int64_t piece)
   return out;
 }
 
+// The values that are not finite in the ranks' contributions to a sum (each row's first number),
+// counting only ranks whose weight is not 0: a rank weighted 0 is left out, whatever it holds.
+int64_t not_finite_in_sum(const std::vector<std::vector<double>>& rows, const std::vector<double>& weights) {
+  int64_t total = 0;
+  for (size_t q = 0; q < rows.size(); ++q) {
+    if (weights[q] != 0) total += static_cast<int64_t>(rows[q].at(0));
+  }
+  return total;
+}
+
 // The weights a tally gives, or ones.
 std::vector<double> weights_of(Tally* tally, int64_t size) {
   if (tally == nullptr || !tally->weights) return std::vector<double>(static_cast<size_t>(size), 1.0);
@@ -232,13 +242,14 @@ class Group::Exchange {
     for (int64_t q = 0; q < m_; ++q) {
       for (size_t p = 0; p < targets.size(); ++p) {
         auto target = targets[p];
+        const double weight = weights_[static_cast<size_t>(q)];
         if (q == r_) {
-          wire_.add(own_[p], weights_[static_cast<size_t>(q)], target);
+          if (weight != 0) wire_.add(own_[p], weight, target);
           continue;
         }
         auto& in = incoming_[static_cast<size_t>(q)][p];
         finish(in.posted);
-        wire_.add(in.bytes, weights_[static_cast<size_t>(q)], target);
+        if (weight != 0) wire_.add(in.bytes, weight, target);
       }
     }
     finish_all(sending_);
@@ -295,12 +306,12 @@ class Group::Exchange {
       for (int64_t q = 0; q < m_; ++q) {
         const double weight = weights_[static_cast<size_t>(q)];
         if (q == r_) {
-          if (not_finite_ == 0) sum.add_(weight == 1.0 ? own[p] : own[p] * weight);
+          if (not_finite_ == 0 && weight != 0) sum.add_(weight == 1.0 ? own[p] : own[p] * weight);
           continue;
         }
         auto& in = incoming_[static_cast<size_t>(q)][p];
         finish(in.posted);
-        wire_.add(in.bytes, weight, sum);
+        if (weight != 0) wire_.add(in.bytes, weight, sum);
       }
       auto bytes = wire_.raw() ? sum : wire_.encode_piece(sum, total_not_finite_ > 0);
       for (int64_t k = 1; k < m_; ++k) sending_.push_back(impl_.post_send(bytes, (r_ + k) % m_, kSecondPhase + static_cast<int64_t>(p)));
@@ -333,7 +344,6 @@ class Group::Exchange {
   void take_header(const std::vector<std::vector<double>>& rows) {
     double least_bps = 0;
     for (const auto& row : rows) {
-      total_not_finite_ += static_cast<int64_t>(row.at(0));
       if (row.at(1) > 0) least_bps = least_bps > 0 ? std::min(least_bps, row.at(1)) : row.at(1);
     }
     if (least_bps > 0) group_.counters_->link.goodput_bps = least_bps;
@@ -343,6 +353,7 @@ class Group::Exchange {
     }
     weights_ = weights_of(tally_, m_);
     if (tally_) tally_->applied = weights_;
+    total_not_finite_ = not_finite_in_sum(rows, weights_);
   }
 
   Group& group_;
@@ -403,7 +414,15 @@ CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& opti
   auto flat = staged.staged.view({-1});
   CommStats stats;
   if (size() == 1) {
-    if (options.encoding != Encoding::kFp32) {
+    double weight = 1.0;
+    if (tally) {
+      tally->all = {tally->mine};
+      tally->applied = weights_of(tally, 1);
+      weight = tally->applied[0];
+    }
+    if (weight == 0) {
+      flat.zero_();  // left out, whatever it holds
+    } else if (options.encoding != Encoding::kFp32) {
       const int64_t not_finite = kernels::count_not_finite(flat.data_ptr<float>(), flat.numel());
       if (not_finite > 0) {
         throw DataError("comm", fmt::format("all-reduce in {}: {} value(s) are NaN or Inf; they have no encoding (an outer "
@@ -412,11 +431,7 @@ CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& opti
       }
       flat.copy_(decode(encode(flat, options.encoding), options.encoding, flat.numel()));
     }
-    if (tally) {
-      tally->all = {tally->mine};
-      tally->applied = weights_of(tally, 1);
-      if (tally->applied[0] != 1.0) flat.mul_(tally->applied[0]);
-    }
+    if (weight != 1.0 && weight != 0) flat.mul_(weight);
     stats.participants = 1;
   } else {
     // Scatter and ring need a whole block per chunk; a tensor of fewer blocks than ranks is gathered.
@@ -473,19 +488,21 @@ CommStats Group::reduce_ring(torch::Tensor& flat, Encoding encoding, Tally* tall
   PostedValues values(*impl_, header, kTallyTag);
   const auto rows = values.rows(stats);
   values.finish(stats);
-  int64_t total = 0;
-  for (const auto& row : rows) total += static_cast<int64_t>(row.at(0));
+  auto work = flat.clone();
+  std::vector<double> weights(static_cast<size_t>(m), 1.0);
+  if (tally) {
+    tally->all.clear();
+    for (const auto& row : rows) tally->all.emplace_back(row.begin() + 1, row.end());
+    tally->applied = weights = weights_of(tally, m);
+    const double mine = weights[static_cast<size_t>(r)];
+    if (mine == 0) work.zero_();
+    else if (mine != 1.0) work.mul_(mine);
+  }
+  const int64_t total = not_finite_in_sum(rows, weights);
   if (total > 0) {
     throw DataError("comm", fmt::format("all-reduce in {}: {} value(s) are NaN or Inf across the group ({} on this rank); "
                                         "they have no encoding (an outer gradient that is not finite means training "
                                         "diverged; hint: lower optim.lr or outer.lr)", to_string(encoding), total, not_finite));
-  }
-  auto work = flat.clone();
-  if (tally) {
-    tally->all.clear();
-    for (const auto& row : rows) tally->all.emplace_back(row.begin() + 1, row.end());
-    tally->applied = weights_of(tally, m);
-    if (tally->applied[static_cast<size_t>(r)] != 1.0) work.mul_(tally->applied[static_cast<size_t>(r)]);
   }
   const Chunks chunk{work, m};
   const int64_t next = (r + 1) % m, previous = (r + m - 1) % m;

@@ -125,8 +125,10 @@ struct ReduceOptions {
 // says who took part): each rank brings `mine` (the same count on every rank) and learns every
 // rank's. With `weights`, rank r's tensor enters the sum multiplied by weights(all)[r] (in fp32,
 // as x·w; rank order as always); the function runs on every rank with the same input, so it must
-// be a pure function of it. What a Streaming DiLoCo sync needs besides its data (the tokens each
-// worker trained, who is counted) rides here instead of costing a collective of its own.
+// be a pure function of it. A rank weighted 0 is left out: its values are not added at all (one
+// that is not finite is then no error, and does not reach the sum). What a Streaming DiLoCo sync
+// needs besides its data (the tokens each worker trained, who is counted, its outer gradient's
+// norm) rides here instead of costing a collective of its own.
 struct Tally {
   std::vector<double> mine;  // in
   std::function<std::vector<double>(const std::vector<std::vector<double>>& all)> weights;  // in, optional

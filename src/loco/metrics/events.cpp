@@ -108,6 +108,8 @@ json fields(const SyncEvent& e) {
   if (e.weight >= 0) j["weight"] = e.weight;
   if (e.tokens >= 0) j["tokens"] = e.tokens;
   if (e.round_trip_s > 0) j["round_trip_s"] = e.round_trip_s;
+  if (e.rejected > 0) j["rejected"] = e.rejected;
+  if (!e.screening.empty()) j["screening"] = e.screening;
   return j;
 }
 json fields(const EvalEvent& e) {
@@ -275,7 +277,8 @@ Event parse(const std::string& kind, const json& j) {
     return SyncEvent{worker, integer(j, "round"), integer(j, "step"), integer(j, "world_size", 1), integer(j, "bytes_sent"),
                      integer(j, "bytes_received"), number(j, "seconds", 0), number(j, "stall_s", NAN),
                      text(j, "params_hash"), integer(j, "fragment", -1), text(j, "route"), integer(j, "attempts", 1),
-                     number(j, "weight", -1), integer(j, "tokens", -1), number(j, "round_trip_s", 0)};
+                     number(j, "weight", -1), integer(j, "tokens", -1), number(j, "round_trip_s", 0),
+                     integer(j, "rejected", 0), text(j, "screening")};
   }
   if (kind == "eval") {
     return EvalEvent{worker, integer(j, "step"), number(j, "val_loss", NAN), number(j, "val_ppl", NAN), integer(j, "tokens")};

@@ -101,6 +101,8 @@ struct SyncEvent {
   double weight = -1;     // this worker's weight in the average (-1: not recorded)
   int64_t tokens = -1;
   double round_trip_s = 0;  // the group's measured round trip (comm::CommStats); 0 = not measured
+  int64_t rejected = 0;     // outer gradients screening left out (algorithms::Screening)
+  std::string screening;    // ... who was left out or clipped, and why
 };
 
 struct EvalEvent {

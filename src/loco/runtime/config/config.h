@@ -80,6 +80,9 @@ struct SyncSection {
   double round_grace_s = 5;          // ... and leaves out a worker this late at the round's end
   WeightingChoice weighting = WeightingChoice::kAuto;
   double drop_probability = 0;       // an experiment: each outer gradient left out with this probability
+  double reject_ratio = 0;           // screening (algorithms::Screening): a norm this many times the others' median is left out
+  double clip_norm = 0;              // ... each outer gradient clipped to this norm
+  std::string poison;                // a fault to inject (algorithms::Poison): "WORKER:x100", "WORKER:nan@ROUND"
   bool eager = false;                // eager outer updates: a whole round's exchange overlapped (streaming.h)
   double bucket_mb = 1;              // megabytes per message (piece) of an exchange's all-reduce
   // Streaming DiLoCo

@@ -421,7 +421,12 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
   log_->write(metrics::SyncEvent{me(), report.round, report.step, report.world_size, report.stats.bytes_sent,
                                  report.stats.bytes_received, report.stats.seconds, report.stall_seconds,
                                  hex64(report.params_hash), report.fragment, report.stats.route, report.attempts,
-                                 report.weight, report.tokens, report.stats.round_trip_s});
+                                 report.weight, report.tokens, report.stats.round_trip_s, report.rejected,
+                                 report.screening});
+  if (!report.screening.empty()) {
+    progress_->message(fmt::format("{}sync {} at step {}: {} outer gradient(s) left out: {}", who_, report.round, report.step,
+                                   report.rejected, report.screening));
+  }
   progress_->set_sync_totals(report.round, summary_.bytes_sent);
 }
 

@@ -1,0 +1,162 @@
+// Screening of outer gradients (options.h, Screening): ranks as threads over Gloo, each "inner step"
+// a known move, FedAvg as the outer step (sgd, lr 1), so that θ after a sync is the weighted average
+// of what was kept, in closed form. One rank's outer gradient is poisoned (sync.poison): times 100,
+// or one value NaN.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "algorithms/algorithms_util.h"
+#include "loco/algorithms/screening.h"
+#include "loco/algorithms/streaming.h"
+#include "loco/core/error.h"
+#include "test_util.h"
+
+namespace loco::algorithms {
+namespace {
+
+using testing_util::run_ranks;
+
+TEST(Screening, TheWeightsLeaveOutWhatIsNotFiniteOrFarFromTheOthersAndClip) {
+  const double nan = std::nan("");
+  // (s_m, counted_m, kept_m, ‖Δ_m‖²)
+  auto out = screen({{1, 1, 1, 4}, {1, 1, 1, 9}, {1, 1, 1, nan}, {1, 1, 1, 4e6}}, Screening{10, 0});
+  EXPECT_EQ(out.weights, (std::vector<double>{0.5, 0.5, 0, 0}));
+  EXPECT_EQ(out.kept, 2);
+  EXPECT_EQ(out.rejected, 2);
+  EXPECT_EQ(out.not_finite, 1);
+  EXPECT_EQ(out.why, "rank 2: not finite; rank 3: norm 2000 is 800x the others' median 2.5");
+
+  out = screen({{1, 1, 1, 4}, {3, 1, 1, 16}, {0, 0, 0, 0}}, Screening{0, 2});  // a joiner (not kept) and a clip
+  EXPECT_EQ(out.weights, (std::vector<double>{0.25, 0.75 * 0.5, 0}));
+  EXPECT_EQ(out.rejected, 0);
+  EXPECT_EQ(out.why, "rank 1: norm 4 clipped to 2");
+
+  out = screen({{1, 1, 1, 4}, {1, 1, 1, 400}}, Screening{});  // off: only the not finite go
+  EXPECT_EQ(out.weights, (std::vector<double>{0.5, 0.5}));
+  EXPECT_TRUE(out.why.empty());
+}
+
+TEST(Screening, PoisonSpecsAreParsedOrRefusedByName) {
+  auto p = parse_poison("1:x100");
+  EXPECT_EQ(p.worker, 1);
+  EXPECT_EQ(p.scale, 100);
+  EXPECT_TRUE(p.hits(1, 7));
+  EXPECT_FALSE(p.hits(0, 7));
+  p = parse_poison("2:nan@3");
+  EXPECT_TRUE(std::isnan(p.scale));
+  EXPECT_TRUE(p.hits(2, 3));
+  EXPECT_FALSE(p.hits(2, 4));
+  EXPECT_EQ(parse_poison("").worker, -1);
+  for (const char* bad : {"1", "x:x2", "1:y2", "1:x", "1:nan@", "-1:x2", "1:xinf"}) {
+    testing_util::expect_error<ConfigError>([&] { parse_poison(bad); }, "sync.poison = '" + std::string(bad) + "'");
+  }
+}
+
+struct Synced {
+  SyncReport report;
+  std::vector<torch::Tensor> theta;  // the model after the run: θ
+  std::vector<torch::Tensor> start;
+};
+
+// Four ranks, H = 2 and two steps: rank r moves every parameter by 0.01·(r + 1) a step, so its
+// outer gradient is Δ_r = −0.02·(r + 1) everywhere; one sync at the end.
+std::vector<Synced> one_sync(comm::Encoding exchange, const Screening& screening, const std::string& poison,
+                             const std::string& prefix) {
+  constexpr int64_t kSize = 4;
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto results = run_ranks<Synced>(kSize, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    StreamingOptions o;
+    o.inner_steps = 2;
+    o.total_steps = 2;
+    o.fragments = 1;
+    o.overlap_steps = 0;
+    o.merge_alpha = 0;
+    o.exchange = exchange;
+    o.outer = optim::default_outer_options(optim::OuterKind::kSgd);
+    o.screening = screening;
+    o.poison = parse_poison(poison);
+    StreamingDiLoCo sync(connect(store, rank, kSize, prefix), o);
+    sync.on_start(model, 0);
+    Synced out;
+    out.start = snapshot(model);
+    for (int64_t step = 0; step < 2; ++step) {
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(0.01 * static_cast<double>(rank + 1));
+      }
+      StepContext context{step, 32, &model};
+      for (const auto& report : sync.after_step(context)) out.report = report;
+    }
+    out.theta = snapshot(model);
+    return out;
+  });
+  std::vector<Synced> out;
+  for (auto& r : results) {
+    EXPECT_FALSE(r.error) << r.message();
+    if (r.value) out.push_back(*r.value);
+  }
+  return out;
+}
+
+// θ − start, the same everywhere (checked), on rank 0.
+double moved(const Synced& s, double tolerance) {
+  const double by = (s.theta[0] - s.start[0]).view({-1})[0].item<double>();
+  for (size_t i = 0; i < s.theta.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(s.theta[i] - s.start[i], torch::full_like(s.start[i], by), 0, tolerance)) << i;
+  }
+  return by;
+}
+
+TEST(Screening, AnOuterGradientTimesAHundredIsLeftOutOrMovesEveryone) {
+  // Without screening, rank 3's 100x share moves θ by (0.02 + 0.04 + 0.06 + 8) / 4.
+  auto harmed = one_sync(comm::Encoding::kFp32, Screening{}, "3:x100", "harm");
+  ASSERT_EQ(harmed.size(), 4u);
+  EXPECT_NEAR(moved(harmed[0], 1e-5), (0.02 + 0.04 + 0.06 + 8.0) / 4, 1e-5);
+  EXPECT_EQ(harmed[0].report.rejected, 0);
+
+  for (const auto exchange : {comm::Encoding::kFp32, comm::Encoding::kBf16}) {
+    const auto what = to_string(exchange);
+    auto kept = one_sync(exchange, Screening{10, 0}, "3:x100", std::string("reject-") + what);
+    ASSERT_EQ(kept.size(), 4u);
+    EXPECT_NEAR(moved(kept[0], 1e-4), 0.04, 1e-4) << what << ": the mean of the other three";
+    for (const auto& rank : kept) {
+      EXPECT_EQ(rank.report.rejected, 1);
+      EXPECT_EQ(rank.report.world_size, 4);
+      EXPECT_EQ(rank.report.params_hash, kept[0].report.params_hash);
+      EXPECT_NE(rank.report.screening.find("rank 3: norm"), std::string::npos) << rank.report.screening;
+    }
+    EXPECT_EQ(kept[3].report.weight, 0.0);
+  }
+}
+
+TEST(Screening, ANotFiniteOuterGradientIsAlwaysLeftOut) {
+  for (const auto exchange : {comm::Encoding::kFp32, comm::Encoding::kE3M0}) {
+    const auto what = to_string(exchange);
+    auto kept = one_sync(exchange, Screening{}, "1:nan", std::string("nan-") + what);
+    ASSERT_EQ(kept.size(), 4u);
+    const double by = moved(kept[0], exchange == comm::Encoding::kFp32 ? 1e-6 : 0.02);
+    EXPECT_TRUE(std::isfinite(by));
+    if (exchange == comm::Encoding::kFp32) EXPECT_NEAR(by, (0.02 + 0.06 + 0.08) / 3, 1e-6);
+    EXPECT_EQ(kept[2].report.rejected, 1);
+    EXPECT_EQ(kept[2].report.screening, "rank 1: not finite");
+  }
+}
+
+TEST(Screening, ClippingBoundsEveryOuterGradientsNorm) {
+  // Clipped to rank 0's norm, every Δ_r becomes Δ_0: θ moves by 0.02, sent as θ_m (fp32) or Δ_m (bf16).
+  int64_t values = 0;
+  for (const auto& p : model::Transformer(tiny_model(), 5)->parameters()) values += p.numel();
+  const double norm0 = 0.02 * std::sqrt(static_cast<double>(values));
+  for (const auto exchange : {comm::Encoding::kFp32, comm::Encoding::kBf16}) {
+    auto clipped = one_sync(exchange, Screening{0, norm0 * 1.000001}, "", std::string("clip-") + to_string(exchange));
+    ASSERT_EQ(clipped.size(), 4u);
+    EXPECT_NEAR(moved(clipped[0], 1e-4), 0.02, 2e-4) << to_string(exchange);
+    EXPECT_EQ(clipped[0].report.rejected, 0);
+    EXPECT_NE(clipped[0].report.screening.find("rank 3: norm"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace loco::algorithms
