@@ -34,10 +34,7 @@ void StreamingOptions::validate() const {
                                     "sync.overlap_steps = 0, fixed rounds (sync.round_seconds = 0) and no dropped outer "
                                     "gradients (sync.drop_probability = 0)");
   }
-  if (!(screening.reject_ratio == 0 || screening.reject_ratio > 1) || !(screening.clip_norm >= 0)) {
-    throw ConfigError("algorithms", fmt::format("sync.reject_ratio must be 0 (off) or > 1, got {}; sync.clip_norm must be "
-                                                ">= 0 (0 = off), got {}", screening.reject_ratio, screening.clip_norm));
-  }
+  screening.validate();
   if (eager && (screening.reject_ratio > 0 || screening.clip_norm > 0)) {
     throw ConfigError("algorithms", "sync.reject_ratio and sync.clip_norm are not yet available with eager outer updates "
                                     "(sync.eager)");
@@ -48,11 +45,19 @@ void StreamingOptions::validate() const {
   outer.validate();
 }
 
+void Screening::validate() const {
+  if (!(reject_ratio == 0 || reject_ratio > 1)) {
+    throw ConfigError("algorithms", fmt::format("sync.reject_ratio must be 0 (off) or > 1, got {}", reject_ratio));
+  }
+  if (!(clip_norm >= 0)) throw ConfigError("algorithms", fmt::format("sync.clip_norm must be >= 0 (0 = off), got {}", clip_norm));
+}
+
 void DiLoCoOptions::validate() const {
   if (inner_steps < 1) throw ConfigError("algorithms", fmt::format("sync.inner_steps must be >= 1, got {}", inner_steps));
   if (total_steps < 1) throw ConfigError("algorithms", fmt::format("the run must have >= 1 step, got {}", total_steps));
   if (piece_bytes < 4) throw ConfigError("algorithms", "sync.bucket_mb is too small");
   if (round_seconds < 0) throw ConfigError("algorithms", fmt::format("sync.round_seconds must be >= 0, got {}", round_seconds));
+  screening.validate();
   outer.validate();
 }
 

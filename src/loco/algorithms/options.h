@@ -26,6 +26,7 @@ enum class Weighting { kTokens, kShard, kUniform };
 struct Screening {
   double reject_ratio = 0;  // 0 = off
   double clip_norm = 0;     // 0 = off
+  void validate() const;    // ConfigError naming the bad key
 };
 
 // A fault to inject, for the tests and benchmarks of screening: worker `worker`'s outer gradient

@@ -290,9 +290,7 @@ void validate(const RunConfig& c) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
                                 "checkpoint in the making, and the others must still hold the one before");
   }
-  if (c.sync.reject_ratio > 0 && c.sync.reject_ratio <= 1) {
-    throw ConfigError("config", fmt::format("sync.reject_ratio must be 0 (off) or > 1, got {}", c.sync.reject_ratio));
-  }
+  algorithms::Screening{c.sync.reject_ratio, c.sync.clip_norm}.validate();
   algorithms::parse_poison(c.sync.poison);  // ConfigError when malformed
   if (c.sync.eager) {
     if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {
