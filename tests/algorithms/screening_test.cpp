@@ -131,6 +131,18 @@ TEST(Screening, AnOuterGradientTimesAHundredIsLeftOutOrMovesEveryone) {
   }
 }
 
+// A robust mean needs no norm: the median of 0.02, 0.04, 0.06 and 8 is 0.05, whatever rank 3 states.
+TEST(Screening, AMedianOfTheOuterGradientsHoldsAgainstOneFarOff) {
+  for (const auto exchange : {comm::Encoding::kFp32, comm::Encoding::kE3M0}) {
+    const auto what = to_string(exchange);
+    auto kept = one_sync(exchange, Screening{0, 0, comm::Combine::kMedian, 1}, "3:x100", std::string("median-") + what);
+    ASSERT_EQ(kept.size(), 4u);
+    EXPECT_NEAR(moved(kept[0], exchange == comm::Encoding::kFp32 ? 1e-6 : 0.02), 0.05, exchange == comm::Encoding::kFp32 ? 1e-6 : 0.02)
+        << what;
+    EXPECT_EQ(kept[0].report.rejected, 0);
+  }
+}
+
 TEST(Screening, ANotFiniteOuterGradientIsAlwaysLeftOut) {
   for (const auto exchange : {comm::Encoding::kFp32, comm::Encoding::kE3M0}) {
     const auto what = to_string(exchange);

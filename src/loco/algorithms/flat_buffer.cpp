@@ -19,9 +19,12 @@ FlatBuffer::FlatBuffer(const std::vector<torch::Tensor>& like, int64_t piece_byt
   }
 }
 
-comm::CommStats FlatBuffer::all_reduce_sum(comm::Group& group, comm::Encoding encoding, comm::Tally* tally) {
+comm::CommStats FlatBuffer::all_reduce_sum(comm::Group& group, comm::Encoding encoding, comm::Tally* tally,
+                                           comm::Combine combine, int64_t trim) {
   comm::ReduceOptions options;
   options.encoding = encoding;
+  options.combine = combine;
+  options.trim = trim;
   options.piece_bytes = piece_bytes_;
   return group.all_reduce_sum(flat_, options, tally);
 }

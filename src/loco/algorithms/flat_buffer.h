@@ -20,10 +20,10 @@ class FlatBuffer {
   FlatBuffer(const std::vector<torch::Tensor>& like, int64_t piece_bytes);
   std::vector<torch::Tensor>& views() { return views_; }
   torch::Tensor& flat() { return flat_; }
-  // Sums the buffer across the group, with `encoding` on the wire and `tally` carried along (see
-  // Group::all_reduce_sum). Throws PeerError on a peer's failure.
+  // Sums the buffer across the group (or combines it robustly), with `encoding` on the wire and
+  // `tally` carried along (see Group::all_reduce_sum). Throws PeerError on a peer's failure.
   comm::CommStats all_reduce_sum(comm::Group& group, comm::Encoding encoding = comm::Encoding::kFp32,
-                                 comm::Tally* tally = nullptr);
+                                 comm::Tally* tally = nullptr, comm::Combine combine = comm::Combine::kSum, int64_t trim = 1);
 
  private:
   torch::Tensor flat_;

@@ -35,9 +35,9 @@ void StreamingOptions::validate() const {
                                     "gradients (sync.drop_probability = 0)");
   }
   screening.validate();
-  if (eager && (screening.reject_ratio > 0 || screening.clip_norm > 0)) {
-    throw ConfigError("algorithms", "sync.reject_ratio and sync.clip_norm are not yet available with eager outer updates "
-                                    "(sync.eager)");
+  if (eager && (screening.reject_ratio > 0 || screening.clip_norm > 0 || screening.combine != comm::Combine::kSum)) {
+    throw ConfigError("algorithms", "sync.reject_ratio, sync.clip_norm and sync.robust_mean are not yet available with "
+                                    "eager outer updates (sync.eager)");
   }
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");
@@ -50,6 +50,11 @@ void Screening::validate() const {
     throw ConfigError("algorithms", fmt::format("sync.reject_ratio must be 0 (off) or > 1, got {}", reject_ratio));
   }
   if (!(clip_norm >= 0)) throw ConfigError("algorithms", fmt::format("sync.clip_norm must be >= 0 (0 = off), got {}", clip_norm));
+  if (combine != comm::Combine::kSum && clip_norm > 0) {
+    throw ConfigError("algorithms", "sync.robust_mean and sync.clip_norm do not go together (a robust mean of clipped "
+                                    "outer gradients is not made yet): choose one");
+  }
+  if (trim < 1) throw ConfigError("algorithms", fmt::format("sync.trim must be >= 1, got {}", trim));
 }
 
 void DiLoCoOptions::validate() const {

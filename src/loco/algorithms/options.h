@@ -22,10 +22,14 @@ enum class Weighting { kTokens, kShard, kUniform };
 // counted workers' finite ones; with clip_norm > 0, each Δ_m kept enters the average as
 // Δ_m·min(1, clip_norm / ‖Δ_m‖). A worker left out counts as a dropped one for that sync (the
 // others' weights renormalize), and the sync reports it. Every worker decides alike, from the
-// norms that ride with the exchange (comm::Tally): each worker states its own.
+// norms that ride with the exchange (comm::Tally): each worker states its own. With `combine`
+// median or trimmed mean, the contributions kept are combined value by value robustly instead of
+// averaged (comm::Combine): a worker that lies about its norm still moves θ by little.
 struct Screening {
   double reject_ratio = 0;  // 0 = off
   double clip_norm = 0;     // 0 = off
+  comm::Combine combine = comm::Combine::kSum;
+  int64_t trim = 1;         // kTrimmedMean: contributions left out at each end, value by value
   void validate() const;    // ConfigError naming the bad key
 };
 

@@ -291,7 +291,8 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     if (options_.poison.hits(elastic_.group().rank(), f.round + 1)) apply_poison(result, f.global, sends_theta, options_.poison.scale);
     const double squared_norm = drop ? 0.0 : squared_outer_norm(result, f.global, sends_theta);
     comm::Tally tally = sync_tally(size, 1.0, drop ? 0.0 : 1.0, squared_norm, options_.screening);
-    comm::CommStats stats = f.result->all_reduce_sum(elastic_.group(), options_.exchange, &tally);
+    comm::CommStats stats = f.result->all_reduce_sum(elastic_.group(), options_.exchange, &tally, options_.screening.combine,
+                                                     options_.screening.trim);
     const auto screened = screen(tally.all, options_.screening);
     if (screened.kept == 0 && screened.not_finite > 0 && screened.not_finite == screened.rejected) {
       throw DataError("algorithms", fmt::format("every outer gradient of this sync has a value that is not finite ({}): "

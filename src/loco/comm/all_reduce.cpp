@@ -26,6 +26,15 @@ const char* to_string(ReduceAlgorithm algorithm) {
   return "?";
 }
 
+const char* to_string(Combine combine) {
+  switch (combine) {
+    case Combine::kSum: return "sum";
+    case Combine::kMedian: return "median";
+    case Combine::kTrimmedMean: return "trimmed mean";
+  }
+  return "?";
+}
+
 double Tally::sum(size_t i) const {
   double total = 0;
   for (const auto& row : all) total += row.at(i);
@@ -163,7 +172,8 @@ class Group::Exchange {
  public:
   Exchange(Group& group, torch::Tensor flat, const ReduceOptions& options, Tally* tally, bool scatter)
       : group_(group), impl_(*group.impl_), flat_(std::move(flat)), wire_{options.encoding}, tally_(tally),
-        scatter_(scatter), m_(group.size()), r_(group.rank()), chunk_{flat_, m_} {
+        scatter_(scatter), combine_(options.combine), trim_(options.trim), m_(group.size()), r_(group.rank()),
+        chunk_{flat_, m_} {
     const int64_t piece = std::max(kEncodingBlock, options.piece_bytes / 4 / kEncodingBlock * kEncodingBlock);
     LOCO_CHECK((flat_.numel() + piece - 1) / piece < kSecondPhase, "an all-reduce of {} values in pieces of {}", flat_.numel(), piece);
     piece_ = piece;
@@ -237,6 +247,7 @@ class Group::Exchange {
   // Σ_q w_q·decode(x_q) in rank order, this rank's own term decoded from the bytes it sent, so that
   // every rank adds the very same numbers.
   void sum_everything() {
+    if (combine_ != Combine::kSum) return combine_everything();
     result_.zero_();
     const auto targets = pieces_of(result_, piece_);
     for (int64_t q = 0; q < m_; ++q) {
@@ -253,6 +264,48 @@ class Group::Exchange {
       }
     }
     finish_all(sending_);
+  }
+
+  // kGather with a robust combine: piece by piece, every counted rank's decoded term (this rank's
+  // own decoded from the bytes it sent, as in the sum), combined value by value.
+  void combine_everything() {
+    const auto targets = pieces_of(result_, piece_);
+    for (size_t p = 0; p < targets.size(); ++p) {
+      auto terms = term_rows(targets[p].numel());
+      for (int64_t q = 0, k = 0; q < m_; ++q) {
+        const bool counted = weights_[static_cast<size_t>(q)] != 0;
+        if (q == r_) {
+          if (counted) decode_term(own_[p], terms, k++);
+          continue;
+        }
+        auto& in = incoming_[static_cast<size_t>(q)][p];
+        finish(in.posted);
+        if (counted) decode_term(in.bytes, terms, k++);
+      }
+      combine_terms(terms, targets[p]);
+    }
+    finish_all(sending_);
+  }
+  void decode_term(const torch::Tensor& bytes, const torch::Tensor& terms, int64_t k) {
+    auto row = terms[k];
+    wire_.add(bytes, 1.0, row);
+  }
+  // One zeroed row of `values` per rank whose weight is not 0.
+  torch::Tensor term_rows(int64_t values) const {
+    const auto counted = std::count_if(weights_.begin(), weights_.end(), [](double w) { return w != 0; });
+    return torch::zeros({counted, values}, torch::kFloat32);
+  }
+  // The median or trimmed mean of `terms`' rows, value by value, times the counted weights' sum.
+  void combine_terms(const torch::Tensor& terms, torch::Tensor target) const {
+    const int64_t k = terms.size(0);
+    if (k == 0) return target.zero_(), void();
+    double total = 0;
+    for (const double w : weights_) total += w;
+    const auto sorted = std::get<0>(terms.sort(0));
+    const int64_t cut = combine_ == Combine::kTrimmedMean && k > 2 * trim_ ? trim_ : (k - 1) / 2;
+    const int64_t keep = combine_ == Combine::kTrimmedMean && k > 2 * trim_ ? k - 2 * trim_ : 2 - k % 2;
+    target.copy_(sorted.narrow(0, cut, keep).mean(0));
+    if (total != 1.0) target.mul_(total);
   }
 
   // kScatter: the pieces of this rank's chunk from every other rank, and every other chunk's
@@ -303,7 +356,21 @@ class Group::Exchange {
     for (size_t p = 0; p < own.size(); ++p) {
       auto sum = sums[p];
       sum.zero_();
-      for (int64_t q = 0; q < m_; ++q) {
+      if (combine_ != Combine::kSum) {
+        auto terms = term_rows(sum.numel());
+        for (int64_t q = 0, k = 0; q < m_; ++q) {
+          const bool counted = weights_[static_cast<size_t>(q)] != 0;
+          if (q == r_) {
+            if (counted) terms[k++].copy_(own[p]);
+            continue;
+          }
+          auto& in = incoming_[static_cast<size_t>(q)][p];
+          finish(in.posted);
+          if (counted) decode_term(in.bytes, terms, k++);
+        }
+        combine_terms(terms, sum);
+      }
+      for (int64_t q = 0; q < m_ && combine_ == Combine::kSum; ++q) {
         const double weight = weights_[static_cast<size_t>(q)];
         if (q == r_) {
           if (not_finite_ == 0 && weight != 0) sum.add_(weight == 1.0 ? own[p] : own[p] * weight);
@@ -362,6 +429,8 @@ class Group::Exchange {
   Wire wire_;
   Tally* tally_;
   bool scatter_;
+  Combine combine_;
+  int64_t trim_;
   int64_t m_, r_, piece_ = 0;
   Chunks chunk_;
   int64_t not_finite_ = 0, total_not_finite_ = 0;
@@ -438,7 +507,9 @@ CommStats Group::all_reduce_sum(torch::Tensor& tensor, const ReduceOptions& opti
     const bool chunks_fit = (flat.numel() + kEncodingBlock - 1) / kEncodingBlock >= size();
     auto algorithm = options.algorithm;
     if (algorithm == ReduceAlgorithm::kAuto) algorithm = choose(encoded_bytes(options.encoding, flat.numel()), options.encoding);
-    if (algorithm == ReduceAlgorithm::kRing && options.encoding == Encoding::kFp32) algorithm = ReduceAlgorithm::kScatter;
+    if (algorithm == ReduceAlgorithm::kRing && (options.encoding == Encoding::kFp32 || options.combine != Combine::kSum)) {
+      algorithm = ReduceAlgorithm::kScatter;
+    }
     if (!chunks_fit) algorithm = ReduceAlgorithm::kGather;
     if (algorithm == ReduceAlgorithm::kRing) {
       stats = reduce_ring(flat, options.encoding, tally);

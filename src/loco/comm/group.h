@@ -119,6 +119,8 @@ struct ReduceOptions {
   Encoding encoding = Encoding::kFp32;
   ReduceAlgorithm algorithm = ReduceAlgorithm::kAuto;
   int64_t piece_bytes = 1 << 20;  // fp32 bytes per message (rounded down to whole blocks, at least one)
+  Combine combine = Combine::kSum;  // wire_format.h
+  int64_t trim = 1;               // kTrimmedMean: terms left out at each end
 };
 
 // A few numbers that travel with an all-reduce at no extra round trip (PCCL's lesson: the result

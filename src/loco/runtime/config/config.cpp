@@ -290,7 +290,7 @@ void validate(const RunConfig& c) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
                                 "checkpoint in the making, and the others must still hold the one before");
   }
-  algorithms::Screening{c.sync.reject_ratio, c.sync.clip_norm}.validate();
+  algorithms::Screening{c.sync.reject_ratio, c.sync.clip_norm, c.sync.robust_mean, c.sync.trim}.validate();
   algorithms::parse_poison(c.sync.poison);  // ConfigError when malformed
   if (c.sync.eager) {
     if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {

@@ -82,6 +82,8 @@ struct SyncSection {
   double drop_probability = 0;       // an experiment: each outer gradient left out with this probability
   double reject_ratio = 0;           // screening (algorithms::Screening): a norm this many times the others' median is left out
   double clip_norm = 0;              // ... each outer gradient clipped to this norm
+  comm::Combine robust_mean = comm::Combine::kSum;  // ... the kept ones combined by median or trimmed mean instead
+  int64_t trim = 1;                  // ... the trimmed mean's contributions left out at each end
   std::string poison;                // a fault to inject (algorithms::Poison): "WORKER:x100", "WORKER:nan@ROUND"
   bool eager = false;                // eager outer updates: a whole round's exchange overlapped (streaming.h)
   double bucket_mb = 1;              // megabytes per message (piece) of an exchange's all-reduce
