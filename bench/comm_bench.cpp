@@ -2,7 +2,7 @@
 // (Group::all_reduce_sum with an encoding) against Gloo's own fp32 all-reduce of the same tensor.
 //
 //   build/loco-bench-comm [--values 4194304] [--ranks 4 [8 16...]] [--rounds 5] [--threads 1] [--json]
-//                         [--data-plane open|authenticated|encrypted]
+//                         [--data-plane open|authenticated|encrypted] [--combine sum|median|trimmed]
 //
 // 1. encode and decode throughput of each format, in GB/s of fp32 input, on one thread (the
 //    vector target Highway chose is named), and the round trip's relative L2 error;
@@ -15,6 +15,8 @@
 // Loopback moves bytes at memory speed; the last column says where fp32 stops winning.
 // --data-plane seals every message of the all-reduces (comm::DataPlane, a random secret): run it
 // once with each and compare the times, for what sealing costs a sync (docs/benchmarks.md).
+// --combine takes every all-reduce's terms by their median or trimmed mean (comm::Combine, the
+// outer gradients' robust means) instead of summing them: run it with each and compare the times.
 // --json prints one JSON line per measurement instead of the tables.
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>
@@ -107,7 +109,8 @@ const char* algorithm_name(ReduceAlgorithm algorithm, Encoding encoding, int64_t
   return loco::comm::to_string(algorithm);
 }
 
-void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json, loco::comm::DataPlane plane) {
+void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json, loco::comm::DataPlane plane,
+                      loco::comm::Combine combine) {
   std::vector<Variant> variants;
   for (auto encoding : kEncodings) variants.push_back({encoding, ReduceAlgorithm::kAuto});
   for (auto algorithm : {ReduceAlgorithm::kGather, ReduceAlgorithm::kScatter, ReduceAlgorithm::kRing}) {
@@ -143,7 +146,9 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json, loco
             auto t = input.clone();
             sync.arrive_and_wait();
             auto start = Clock::now();
-            auto stats = group.all_reduce_sum(t, loco::comm::ReduceOptions{variants[v].encoding, variants[v].algorithm});
+            loco::comm::ReduceOptions reduce{variants[v].encoding, variants[v].algorithm};
+            reduce.combine = combine;
+            auto stats = group.all_reduce_sum(t, reduce);
             const double elapsed = seconds_since(start);
             if (rank == 0 && r > 0) times[v].push_back(elapsed), bytes[v] = stats.bytes_sent, results[v] = t;
           }
@@ -162,8 +167,9 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json, loco
   for (int64_t rank = 0; rank < ranks; ++rank) exact += input_of(rank, values).to(torch::kFloat64);
 
   if (!json) {
-    fmt::print("\nall-reduce of {} fp32 values ({:.0f} MB) across {} ranks on 127.0.0.1, data plane {}, median of {} rounds\n\n",
-               values, static_cast<double>(values) * 4 / 1e6, ranks, loco::comm::to_string(plane), rounds);
+    fmt::print("\nall-reduce of {} fp32 values ({:.0f} MB) across {} ranks on 127.0.0.1, data plane {}, combine {}, median of {} "
+               "rounds\n\n", values, static_cast<double>(values) * 4 / 1e6, ranks, loco::comm::to_string(plane),
+               loco::comm::to_string(combine), rounds);
     fmt::print("| format | algorithm | ms | MB sent per rank | vs fp32 time | error vs fp32 sum | wins below (MB/s per rank) |\n");
     fmt::print("|---|---|---|---|---|---|---|\n");
   }
@@ -178,7 +184,7 @@ void bench_all_reduce(int64_t values, int64_t ranks, int rounds, bool json, loco
       nlohmann::json line{{"kind", "all_reduce"}, {"format", loco::comm::to_string(variants[v].encoding)},
                           {"algorithm", algorithm}, {"ranks", ranks}, {"values", values}, {"ms", t * 1e3},
                           {"bytes_per_rank", bytes[v]}, {"relative_error", error},
-                          {"data_plane", loco::comm::to_string(plane)}};
+                          {"data_plane", loco::comm::to_string(plane)}, {"combine", loco::comm::to_string(combine)}};
       if (v > 0) line["break_even_mb_per_s"] = extra_seconds <= 0 ? nlohmann::json("always") : nlohmann::json(saved_bytes / extra_seconds / 1e6);
       fmt::print("{}\n", line.dump());
       continue;
@@ -199,7 +205,7 @@ int main(int argc, char** argv) {
   int rounds = 5;
   int threads = 1;
   bool json = false;
-  std::string plane = "open";
+  std::string plane = "open", combine = "sum";
   app.add_option("--values", values, "fp32 values per tensor")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--ranks", ranks, "ranks of the all-reduce (threads of this process); several: one table each")
       ->check(CLI::Range(2, 64));
@@ -208,12 +214,17 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "one JSON line per measurement instead of the tables");
   app.add_option("--data-plane", plane, "seal the all-reduces' messages: open, authenticated or encrypted")
       ->check(CLI::IsMember({"open", "authenticated", "encrypted"}));
+  app.add_option("--combine", combine, "how the terms become the result: sum, median or trimmed (mean, one left out at each end)")
+      ->check(CLI::IsMember({"sum", "median", "trimmed"}));
   CLI11_PARSE(app, argc, argv);
   try {
     torch::set_num_threads(threads);
     torch::manual_seed(0);
     bench_codecs(values, rounds, json);
-    for (int64_t m : ranks) bench_all_reduce(values, m, rounds, json, loco::comm::parse_data_plane(plane));
+    const auto combined = combine == "median"    ? loco::comm::Combine::kMedian
+                          : combine == "trimmed" ? loco::comm::Combine::kTrimmedMean
+                                                 : loco::comm::Combine::kSum;
+    for (int64_t m : ranks) bench_all_reduce(values, m, rounds, json, loco::comm::parse_data_plane(plane), combined);
   } catch (const std::exception& e) {
     fmt::print(stderr, "loco-bench-comm: {}\n", e.what());
     return 1;

@@ -143,7 +143,7 @@ TEST(Screening, AMedianOfTheOuterGradientsHoldsAgainstOneFarOff) {
   }
 }
 
-TEST(Screening, ANotFiniteOuterGradientIsAlwaysLeftOut) {
+TEST(Screening, ANotFiniteOuterGradientIsLeftOut) {
   for (const auto exchange : {comm::Encoding::kFp32, comm::Encoding::kE3M0}) {
     const auto what = to_string(exchange);
     auto kept = one_sync(exchange, Screening{}, "1:nan", std::string("nan-") + what);
@@ -154,6 +154,11 @@ TEST(Screening, ANotFiniteOuterGradientIsAlwaysLeftOut) {
     EXPECT_EQ(kept[2].report.rejected, 1);
     EXPECT_EQ(kept[2].report.screening, "rank 1: not finite");
   }
+  Screening off;
+  off.reject_not_finite = false;  // what it prevents: θ takes the NaN
+  auto harmed = one_sync(comm::Encoding::kFp32, off, "1:nan", "nan-kept");
+  ASSERT_EQ(harmed.size(), 4u);
+  EXPECT_TRUE(std::isnan(harmed[0].theta[0].view({-1})[0].item<double>()));
 }
 
 TEST(Screening, ClippingBoundsEveryOuterGradientsNorm) {

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "comm/rank_threads.h"
+#include "loco/comm/codec_kernels.h"
 #include "loco/comm/group.h"
 
 namespace loco::comm {
@@ -50,6 +51,24 @@ std::vector<torch::Tensor> combined(Combine combine, ReduceAlgorithm algorithm, 
     if (r.value) out.push_back(*r.value);
   }
   return out;
+}
+
+// The kernel (a sorting network over whole vectors, a scalar sort for the last columns) against
+// torch's sort, for every count of terms up to 17 and a column count that is no multiple of a vector.
+TEST(Combine, TheKernelIsTheMeanOfTheMiddleOfTheSortedTerms) {
+  torch::manual_seed(3);
+  for (int64_t k = 1; k <= 17; ++k) {
+    const auto terms = torch::randn({k, 1'003});
+    const auto sorted = std::get<0>(terms.sort(0));
+    for (int64_t cut = 0; cut < k; ++cut) {
+      for (const int64_t keep : {int64_t{1}, k - 2 * cut}) {
+        if (keep < 1 || cut + keep > k) continue;
+        auto out = torch::empty({1'003});
+        kernels::combine_sorted(terms.data_ptr<float>(), k, 1'003, cut, keep, out.data_ptr<float>());
+        EXPECT_TRUE(torch::allclose(out, sorted.narrow(0, cut, keep).mean(0), 1e-6, 1e-6)) << k << " " << cut << " " << keep;
+      }
+    }
+  }
 }
 
 TEST(Combine, MedianAndTrimmedMeanLeaveTheFarRankOut) {

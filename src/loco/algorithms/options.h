@@ -17,7 +17,8 @@ enum class FragmentPattern { kStrided, kSequential };
 enum class Weighting { kTokens, kShard, kUniform };
 
 // Screening of the workers' outer gradients Δ_m before they are averaged (docs/failure-model.md,
-// "A worker that sends harm"). A Δ_m with a value that is not finite is always left out; with
+// "A worker that sends harm"). A Δ_m with a value that is not finite is left out (unless
+// reject_not_finite is false, to show the harm it does: θ becomes NaN); with
 // reject_ratio > 0, so is one whose norm exceeds reject_ratio times the median norm of the other
 // counted workers' finite ones; with clip_norm > 0, each Δ_m kept enters the average as
 // Δ_m·min(1, clip_norm / ‖Δ_m‖). A worker left out counts as a dropped one for that sync (the
@@ -30,6 +31,7 @@ struct Screening {
   double clip_norm = 0;     // 0 = off
   comm::Combine combine = comm::Combine::kSum;
   int64_t trim = 1;         // kTrimmedMean: contributions left out at each end, value by value
+  bool reject_not_finite = true;
   void validate() const;    // ConfigError naming the bad key
 };
 

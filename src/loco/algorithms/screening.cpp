@@ -33,7 +33,7 @@ ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screenin
   std::vector<double> clip(m, 1.0);
   for (size_t q = 0; q < m; ++q) {
     if (!kept[q]) continue;
-    if (!finite[q]) {
+    if (!finite[q] && screening.reject_not_finite) {
       kept[q] = false;
       out.rejected += 1;
       out.not_finite += 1;

@@ -301,10 +301,13 @@ class Group::Exchange {
     if (k == 0) return target.zero_(), void();
     double total = 0;
     for (const double w : weights_) total += w;
-    const auto sorted = std::get<0>(terms.sort(0));
-    const int64_t cut = combine_ == Combine::kTrimmedMean && k > 2 * trim_ ? trim_ : (k - 1) / 2;
-    const int64_t keep = combine_ == Combine::kTrimmedMean && k > 2 * trim_ ? k - 2 * trim_ : 2 - k % 2;
-    target.copy_(sorted.narrow(0, cut, keep).mean(0));
+    const bool trimmed = combine_ == Combine::kTrimmedMean && k > 2 * trim_;
+    const int64_t cut = trimmed ? trim_ : (k - 1) / 2, keep = trimmed ? k - 2 * trim_ : 2 - k % 2;
+    if (k <= kernels::kMaxSortedTerms && target.is_contiguous()) {
+      kernels::combine_sorted(terms.data_ptr<float>(), k, terms.size(1), cut, keep, target.data_ptr<float>());
+    } else {
+      target.copy_(std::get<0>(terms.sort(0)).narrow(0, cut, keep).mean(0));
+    }
     if (total != 1.0) target.mul_(total);
   }
 

@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "loco/comm/codec_kernels.h"
+#include "loco/core/error.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace loco::comm::kernels {
@@ -213,6 +215,31 @@ int64_t CountNotFinite(const float* HWY_RESTRICT in, int64_t count) {
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
+// A lane-wide odd-even transposition sort of `k` rows (k passes of compare-exchanges, each a Min
+// and a Max over whole vectors), then the mean of sorted rows [cut, cut + keep), for every whole
+// vector of columns; returns the columns done.
+int64_t CombineSorted(const float* HWY_RESTRICT terms, int64_t k, int64_t n, int64_t cut, int64_t keep, float* HWY_RESTRICT out) {
+  const Df df;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(df));
+  HWY_ALIGN float rows[kMaxSortedTerms * hn::MaxLanes(df)];
+  const auto scale = hn::Set(df, 1.0f / static_cast<float>(keep));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (int64_t j = 0; j < k; ++j) hn::Store(hn::LoadU(df, terms + j * n + i), df, rows + j * lanes);
+    for (int64_t pass = 0; pass < k; ++pass) {
+      for (int64_t j = pass % 2; j + 1 < k; j += 2) {
+        const auto a = hn::Load(df, rows + j * lanes), b = hn::Load(df, rows + (j + 1) * lanes);
+        hn::Store(hn::Min(a, b), df, rows + j * lanes);
+        hn::Store(hn::Max(a, b), df, rows + (j + 1) * lanes);
+      }
+    }
+    auto sum = hn::Zero(df);
+    for (int64_t j = cut; j < cut + keep; ++j) sum = hn::Add(sum, hn::Load(df, rows + j * lanes));
+    hn::StoreU(hn::Mul(sum, scale), df, out + i);
+  }
+  return i;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace loco::comm::kernels
 HWY_AFTER_NAMESPACE();
@@ -224,6 +251,7 @@ HWY_EXPORT(EncodeBlocks);
 HWY_EXPORT(DecodeAddBlocks);
 HWY_EXPORT(CountNotFinite);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(CombineSorted);
 
 ScaledFormat::ScaledFormat(std::vector<float> levels_in, int bits_in, Guess guess_in)
     : levels(std::move(levels_in)), bits(bits_in), guess(guess_in) {
@@ -313,6 +341,19 @@ void decode_add_blocks(const ScaledFormat& format, const uint8_t* scales, const 
 }
 
 int64_t count_not_finite(const float* in, int64_t count) { return HWY_DYNAMIC_DISPATCH(CountNotFinite)(in, count); }
+
+void combine_sorted(const float* terms, int64_t k, int64_t n, int64_t cut, int64_t keep, float* out) {
+  LOCO_CHECK(k >= 1 && k <= kMaxSortedTerms && cut >= 0 && keep >= 1 && cut + keep <= k, "combine_sorted of {} terms", k);
+  int64_t i = HWY_DYNAMIC_DISPATCH(CombineSorted)(terms, k, n, cut, keep, out);
+  std::vector<float> column(static_cast<size_t>(k));
+  for (; i < n; ++i) {
+    for (int64_t j = 0; j < k; ++j) column[static_cast<size_t>(j)] = terms[j * n + i];
+    std::sort(column.begin(), column.end());
+    float sum = 0;
+    for (int64_t j = cut; j < cut + keep; ++j) sum += column[static_cast<size_t>(j)];
+    out[i] = sum * (1.0f / static_cast<float>(keep));
+  }
+}
 
 const char* vector_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 

@@ -75,6 +75,13 @@ void decode_add_blocks(const ScaledFormat& format, const uint8_t* scales, const 
 // How many of the `count` values at `in` are NaN or Inf: one vector pass, no temporaries.
 int64_t count_not_finite(const float* in, int64_t count);
 
+// The robust combines' kernel (Combine, wire_format.h): `terms` holds k rows of n values, row-major;
+// out[i] is the mean of column i's sorted values [cut, cut + keep) (finite values: the order of a
+// NaN is not defined). k at most kMaxSortedTerms; a sorting network over whole vectors, then a
+// scalar sort for the last columns.
+inline constexpr int64_t kMaxSortedTerms = 64;
+void combine_sorted(const float* terms, int64_t k, int64_t n, int64_t cut, int64_t keep, float* out);
+
 // The name of the vector target kBest runs on this CPU ("AVX3", "AVX2", ...), for benchmarks.
 const char* vector_target();
 

@@ -97,6 +97,27 @@ TEST(Dashboard, AppliesABatchOnceKeepsValidTextAndTellsAStopFromAnEnd) {
   EXPECT_EQ(state_of(board.status(kFixedRun, 6), 8), "stopped");
 }
 
+// A sync whose screening left a worker's outer gradient out: every worker reports it, the timeline
+// and the count show it once (docs/failure-model.md, "A worker that sends harm").
+TEST(Dashboard, AnOuterGradientLeftOutIsCountedOnceAndOnTheTimeline) {
+  Dashboard board;
+  const nlohmann::json sync = {{"event", "sync"}, {"time", 1}, {"round", 3}, {"bytes_sent", 10}, {"rejected", 1},
+                               {"screening", "rank 2: norm 2000 is 98x the others' median 20.4"}};
+  board.report(report(0, 7, "training", 1, nlohmann::json::array({sync})), 1);
+  board.report(report(1, 8, "training", 1, nlohmann::json::array({sync})), 1);
+  const auto status = board.status(kFixedRun, 2);
+  EXPECT_EQ(status["rejected"], 1);
+  int shown = 0;
+  for (const auto& e : status["events"]) {
+    if (e["text"] == "sync 3: 1 outer gradient(s) left out (rank 2: norm 2000 is 98x the others' median 20.4)") {
+      ++shown;
+      EXPECT_TRUE(e["failure"].get<bool>());
+    }
+  }
+  EXPECT_EQ(shown, 1);
+  EXPECT_NE(board.prometheus(kFixedRun, 2).find("loco_outer_gradients_rejected_total 1"), std::string::npos);
+}
+
 TEST(Dashboard, ItsTableOfProcessesIsBounded) {
   Dashboard board({.max_workers = 3});
   for (int pid = 1; pid <= 3; ++pid) board.report(report(0, pid, "training", 1), 1);

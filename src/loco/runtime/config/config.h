@@ -84,6 +84,7 @@ struct SyncSection {
   double clip_norm = 0;              // ... each outer gradient clipped to this norm
   comm::Combine robust_mean = comm::Combine::kSum;  // ... the kept ones combined by median or trimmed mean instead
   int64_t trim = 1;                  // ... the trimmed mean's contributions left out at each end
+  bool reject_not_finite = true;     // ... an outer gradient that is not finite left out (false: to show the harm)
   std::string poison;                // a fault to inject (algorithms::Poison): "WORKER:x100", "WORKER:nan@ROUND"
   bool eager = false;                // eager outer updates: a whole round's exchange overlapped (streaming.h)
   double bucket_mb = 1;              // megabytes per message (piece) of an exchange's all-reduce

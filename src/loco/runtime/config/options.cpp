@@ -105,7 +105,8 @@ Options outer_round_options(const RunConfig& config, int64_t shard_tokens) {
   o.exchange = config.sync.exchange;
   o.piece_bytes = static_cast<int64_t>(config.sync.bucket_mb * 1e6);
   o.eager = config.sync.eager;
-  o.screening = {config.sync.reject_ratio, config.sync.clip_norm, config.sync.robust_mean, config.sync.trim};
+  o.screening = {config.sync.reject_ratio, config.sync.clip_norm, config.sync.robust_mean, config.sync.trim,
+                 config.sync.reject_not_finite};
   o.poison = algorithms::parse_poison(config.sync.poison);
   return o;
 }

@@ -240,7 +240,16 @@ void Dashboard::apply(Worker& w, const metrics::TimedEvent& event) {
             if (std::isfinite(e.utilization)) w.utilization = e.utilization;
             add_loss_point(e.step, e.tokens, e.loss);
           },
-          [&](const metrics::SyncEvent& e) { add_round_bytes(e.round, e.bytes_sent); },
+          [&](const metrics::SyncEvent& e) {
+            add_round_bytes(e.round, e.bytes_sent);
+            auto& r = rounds_[e.round];  // every worker reports a sync's screening alike: counted once
+            if (e.rejected > 0 && r.rejected == 0) {
+              r.rejected = e.rejected;
+              rejected_ += e.rejected;
+              add_event(time, who, fmt::format("sync {}: {} outer gradient(s) left out ({})", e.round, e.rejected,
+                                               clipped(e.screening, 256)), true);
+            }
+          },
           [&](const metrics::EvalEvent& e) {
             int64_t sent = 0;
             for (const auto& other : workers_) sent += other.bytes_sent;
@@ -388,7 +397,7 @@ nlohmann::json Dashboard::status(const nlohmann::json& run, double now) const {
   for (const auto& p : val_) val.push_back({p[0], p[1], p[2], finite_or_null(p[3]), p[4]});
   for (const auto& [round, r] : rounds_) rounds.push_back({round, r.time, r.bytes});
   status.update({{"run", run}, {"time", now}, {"started", created_}, {"loss", std::move(losses)}, {"val", std::move(val)},
-                 {"rounds", std::move(rounds)}, {"events", nlohmann::json(events_)}});
+                 {"rounds", std::move(rounds)}, {"events", nlohmann::json(events_)}, {"rejected", rejected_}});
   return status;
 }
 
@@ -397,9 +406,11 @@ std::string Dashboard::prometheus(const nlohmann::json& run, double now) const {
   nlohmann::json status;
   double val_loss = NAN;
   bool evaluated = false;
+  int64_t rejected = 0;
   {
     std::lock_guard lock(mutex_);
     status = rows_locked(run, now);
+    rejected = rejected_;
     if (!val_.empty()) evaluated = true, val_loss = val_.back()[3];
   }
   Exposition out;
@@ -415,6 +426,8 @@ std::string Dashboard::prometheus(const nlohmann::json& run, double now) const {
   double rounds = 0;
   for (const auto& w : status["workers"]) rounds += w["rounds"].get<double>();
   out.sample({}, rounds);
+  out.family("loco_outer_gradients_rejected_total", "counter", "Outer gradients that screening left out of a sync (docs/failure-model.md).");
+  out.sample({}, static_cast<double>(rejected));
   out.family("loco_telemetry_dropped_events_total", "counter", "Worker events lost while the coordinator could not be reached.");
   out.sample({}, status["telemetry_dropped"].get<double>());
   if (evaluated) {

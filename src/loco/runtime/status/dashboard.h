@@ -77,6 +77,7 @@ class Dashboard {
   struct Round {
     double time = 0;
     int64_t bytes = 0, reports = 0;
+    int64_t rejected = 0;  // outer gradients screening left out of it
   };
 
   // The row of a process, added when new; nullptr when the table is full of live processes.
@@ -96,6 +97,7 @@ class Dashboard {
   std::map<int64_t, Round> rounds_;    // by round number: bytes sent by all workers
   std::deque<nlohmann::json> events_;  // the timeline
   int64_t dropped_ = 0;                // telemetry events lost by workers whose coordinator was unreachable
+  int64_t rejected_ = 0;               // outer gradients screening left out, over the run
 };
 
 }  // namespace loco::runtime
