@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -66,6 +67,30 @@ TEST(BenchResults, TheTokenRichDiPaCoResultsHoldEveryComparisonWithItsInterval) 
   const double low = c.at("low"), difference = c.at("difference"), high = c.at("high");
   EXPECT_TRUE(std::isfinite(low) && low <= difference && difference <= high) << c;
   EXPECT_EQ(c.at("documents").get<size_t>(), shared.at("documents").size()) << c;
+}
+
+// bench/results/poison.json, as bench/poison.sh writes it (docs/failure-model.md, "A worker that
+// sends harm"): for DiLoCo and Streaming DiLoCo, every screened run within 0.05 nat of the clean
+// one, and the unscreened ones harmed (a far worse loss, or a run that stopped).
+TEST(BenchResults, ThePoisonResultsShowScreeningHoldingAndItsAbsenceHarming) {
+  const auto results = nlohmann::json::parse(read_file(testing_util::source_dir() / "bench" / "results" / "poison.json", "test"));
+  EXPECT_EQ(results.at("workers"), 4);
+  for (const std::string method : {"diloco", "streaming"}) {
+    std::map<std::string, nlohmann::json> runs;
+    for (const auto& r : results.at("runs")) {
+      if (r.at("method") == method) runs[r.at("run").get<std::string>().substr(method.size() + 1)] = r;
+    }
+    ASSERT_EQ(runs.size(), 7u) << method;
+    const double clean = runs.at("clean").at("val_loss").get<double>();
+    for (const char* screened : {"x100-reject", "x100-median", "x100-trimmed", "nan"}) {
+      const auto& r = runs.at(screened);
+      ASSERT_EQ(r.at("status"), 0) << method << " " << screened;
+      EXPECT_LT(std::abs(r.at("val_loss").get<double>() - clean), 0.05) << method << " " << screened;
+    }
+    EXPECT_GT(runs.at("x100-reject").at("rejected").get<int64_t>(), 0);
+    EXPECT_GT(runs.at("x100").at("val_loss").get<double>(), clean + 1) << method << ": x100 unscreened";
+    EXPECT_NE(runs.at("nan-kept").at("status"), 0) << method << ": a NaN let through stops the run";
+  }
 }
 
 }  // namespace
