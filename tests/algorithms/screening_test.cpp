@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "algorithms/algorithms_util.h"
 #include "loco/algorithms/screening.h"
@@ -35,6 +36,15 @@ TEST(Screening, TheWeightsLeaveOutWhatIsNotFiniteOrFarFromTheOthersAndClip) {
   out = screen({{1, 1, 1, 4}, {1, 1, 1, 400}}, Screening{});  // off: only the not finite go
   EXPECT_EQ(out.weights, (std::vector<double>{0.5, 0.5}));
   EXPECT_TRUE(out.why.empty());
+
+  // A stated size that no honest worker sends cannot take the others' weights; a robust mean
+  // weighs every kept contribution alike, whatever its size.
+  const double inf = std::numeric_limits<double>::infinity();
+  out = screen({{1, 1, 1, 4}, {inf, 1, 1, 4}, {-5, 1, 1, 4}, {3, 1, 1, 4}}, Screening{});
+  EXPECT_EQ(out.weights, (std::vector<double>{0.25, 0, 0, 0.75}));
+  EXPECT_EQ(out.why, "rank 1: malformed numbers; rank 2: malformed numbers");
+  out = screen({{1, 1, 1, 4}, {3, 1, 1, 4}}, Screening{0, 0, comm::Combine::kMedian, 1});
+  EXPECT_EQ(out.weights, (std::vector<double>{0.5, 0.5}));
 }
 
 TEST(Screening, PoisonSpecsAreParsedOrRefusedByName) {

@@ -73,6 +73,7 @@ TEST_F(ClusterTest, SlurmRunsTheDocumentedBatchScript) {
   EXPECT_NE(read_text(testing_util::source_dir() / "docs" / "distributed.md").find(read_text(script)), std::string::npos)
       << "docs/distributed.md does not show scripts/loco.sbatch as it is";
 
+  if (::geteuid() != 0) GTEST_SKIP() << "slurmd launches a job's steps as root (CI runs as root)";
   testing_util::SlurmCluster cluster;
   ASSERT_TRUE(cluster.ok());
   const auto job = run_command(
@@ -96,8 +97,10 @@ TEST_F(ClusterTest, TorchrunStartsTheWorkersOfACoordinator) {
                      "--run.dir=" + run().string(), "--port", std::to_string(port), "--bind", "127.0.0.1", "--workers", "2"},
                     log("coordinator"));
   // Debian 12's torchrun (1.13 on Python 3.11) fails on its default --redirects 0 (an enum that
-  // Python 3.11 iterates differently); redirecting stdout (1), teed back (-t 1), avoids it.
-  const auto workers = run_command({"/usr/bin/env", "LOCO_COORDINATOR=127.0.0.1:" + std::to_string(port), torchrun, "--standalone",
+  // Python 3.11 iterates differently); redirecting stdout (1), teed back (-t 1), avoids it. Its
+  // rendezvous on a free port (--standalone's is always 29400).
+  const auto workers = run_command({"/usr/bin/env", "LOCO_COORDINATOR=127.0.0.1:" + std::to_string(port), torchrun, "--nnodes=1",
+                                    "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(testing_util::free_port()),
                                     "--nproc_per_node=2", "-r", "1", "-t", "1", "--no_python", testing_util::loco_binary(), "worker",
                                     "--config", config().string(), "--data.dir=" + data().string(), "--run.dir=" + run().string()},
                                    log("torchrun"), 240s);
@@ -112,6 +115,32 @@ TEST_F(ClusterTest, TorchrunStartsTheWorkersOfACoordinator) {
   EXPECT_NE(lost.output.find("set LOCO_COORDINATOR=HOST:PORT (torchrun's MASTER_ADDR:MASTER_PORT is its own rendezvous store"),
             std::string::npos)
       << lost.output;
+}
+
+// Two workers started by hand on one host, with no variable saying how many share it (issue #50:
+// each took every core): the coordinator tells each how many of the run's workers named this host,
+// and they split its cores.
+TEST_F(ClusterTest, WorkersStartedByHandOnOneHostSplitItsCores) {
+  const int port = testing_util::free_port();
+  Child coordinator({testing_util::loco_binary(), "coordinator", "--config", config().string(), "--data.dir=" + data().string(),
+                     "--run.dir=" + run().string(), "--port", std::to_string(port), "--bind", "127.0.0.1", "--workers", "2"},
+                    log("coordinator"));
+  std::vector<std::unique_ptr<Child>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.push_back(std::make_unique<Child>(
+        std::vector<std::string>{"/usr/bin/env", "-u", "LOCO_LOCAL_PROCESSES", "-u", "LOCAL_WORLD_SIZE", "-u", "SLURM_NTASKS_PER_NODE",
+                                 "-u", "SLURM_STEP_TASKS_PER_NODE", "-u", "SLURM_CPUS_PER_TASK", testing_util::loco_binary(), "worker",
+                                 "--coordinator", "127.0.0.1:" + std::to_string(port), "--config", config().string(),
+                                 "--data.dir=" + data().string(), "--run.dir=" + run().string()},
+        log("worker-" + std::to_string(rank))));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(workers[static_cast<size_t>(rank)]->wait(240s), 0) << read_text(log("worker-" + std::to_string(rank)));
+  }
+  EXPECT_EQ(coordinator.wait(30s), 0) << read_text(log("coordinator"));
+  expect_two_workers_finished_together(run());
+  EXPECT_NE(read_text(log("worker-0")).find("2 workers of this run on this host: each takes"), std::string::npos)
+      << read_text(log("worker-0"));
 }
 
 }  // namespace

@@ -119,6 +119,9 @@ class SlurmCluster {
       fs::remove_all(folder.path(), ec);
     }
   }
+  // Job ids of this cluster start anywhere in [1000, 101000): a job's id picks its coordinator's
+  // port in scripts/loco.sbatch, and two clusters of concurrent tests must not pick the same.
+  static int64_t first_job_id() { return 1000 + static_cast<int64_t>(std::random_device{}() % 100000); }
   static std::string user() {
     const passwd* entry = ::getpwuid(::geteuid());
     return entry != nullptr ? entry->pw_name : "root";
@@ -170,7 +173,7 @@ class SlurmCluster {
         << "ProctrackType=proctrack/pgid\nTaskPlugin=task/none\nJobAcctGatherType=jobacct_gather/none\n"
         << "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\nMpiDefault=none\n"
         << "SwitchType=switch/none\nSchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
-        << "SlurmdParameters=config_overrides\nReturnToService=2\nNodeName=" << node_
+        << "SlurmdParameters=config_overrides\nReturnToService=2\nFirstJobId=" << first_job_id() << "\nNodeName=" << node_
         << " NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN\nPartitionName=loco Nodes=" << node_
         << " Default=YES MaxTime=10 State=UP OverSubscribe=YES\n";
     slurmctld_ = daemon({"/usr/sbin/slurmctld", "-D", "-i"}, "slurmctld");

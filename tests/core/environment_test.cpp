@@ -99,6 +99,9 @@ TEST(Environment, SlurmsTasksPerNodeListGivesTheTasksOnThisNode) {
   env = read_environment();
   EXPECT_EQ(env.local_processes, 3);
   EXPECT_EQ(env.cpus_per_task, 16);
+  EXPECT_FALSE(env.local_processes_from_launcher) << "Slurm's count splits the node; SLURM_CPUS_PER_TASK is each task's";
+  ScopedEnv i("LOCAL_WORLD_SIZE", "4");  // torchrun inside one Slurm task: its workers split the task's 16
+  EXPECT_TRUE(read_environment().local_processes_from_launcher);
   EXPECT_GE(usable_cores(), 1);
 }
 

@@ -54,7 +54,7 @@ void Screening::validate() const {
     throw ConfigError("algorithms", "sync.robust_mean and sync.clip_norm do not go together (a robust mean of clipped "
                                     "outer gradients is not made yet): choose one");
   }
-  if (trim < 1) throw ConfigError("algorithms", fmt::format("sync.trim must be >= 1, got {}", trim));
+  if (trim < 1 || trim > 4096) throw ConfigError("algorithms", fmt::format("sync.trim must be in [1, 4096], got {}", trim));
 }
 
 void DiLoCoOptions::validate() const {

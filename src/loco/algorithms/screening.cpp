@@ -24,12 +24,20 @@ ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screenin
   const size_t m = rows.size();
   std::vector<double> norm(m, 0);
   std::vector<bool> finite(m, false), kept(m, false);
+  ScreenedSync out;
   for (size_t q = 0; q < m; ++q) {
     norm[q] = std::sqrt(rows[q].at(kSquaredNorm));
     finite[q] = std::isfinite(norm[q]);
     kept[q] = rows[q].at(kKept) != 0;
+    // A row no honest worker sends (a size that is not a finite number >= 0, flags other than 0 or
+    // 1): its worker is left out, so that no stated number can take the others' weights.
+    const double size = rows[q].at(kSize), counted = rows[q].at(1), flag = rows[q].at(kKept);
+    if (kept[q] && !(std::isfinite(size) && size >= 0 && size <= 1e18 && (counted == 0 || counted == 1) && flag == 1)) {
+      kept[q] = false;
+      out.rejected += 1;
+      out.why += fmt::format("{}rank {}: malformed numbers", out.why.empty() ? "" : "; ", q);
+    }
   }
-  ScreenedSync out;
   std::vector<double> clip(m, 1.0);
   for (size_t q = 0; q < m; ++q) {
     if (!kept[q]) continue;
@@ -63,8 +71,11 @@ ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screenin
   for (size_t q = 0; q < m; ++q) {
     if (kept[q]) total += rows[q].at(kSize), out.kept += 1;
   }
+  // A robust mean weighs every kept contribution alike (what a worker states of its size moves
+  // nothing); the average weighs by size.
+  const bool uniform = total <= 0 || screening.combine != comm::Combine::kSum;
   for (size_t q = 0; q < m; ++q) {
-    const double share = total > 0 ? rows[q].at(kSize) / total : 1.0 / static_cast<double>(std::max<int64_t>(1, out.kept));
+    const double share = uniform ? 1.0 / static_cast<double>(std::max<int64_t>(1, out.kept)) : rows[q].at(kSize) / total;
     out.weights.push_back(kept[q] ? share * clip[q] : 0.0);
   }
   return out;
@@ -78,10 +89,16 @@ comm::Tally sync_tally(double size, double counted, double kept, double squared_
 }
 
 double squared_outer_norm(const std::vector<torch::Tensor>& sent, const std::vector<torch::Tensor>& global, bool sends_theta) {
+  constexpr int64_t kChunk = 1 << 20;  // values at a time: the temporaries stay small, whatever the tensor
   double total = 0;
   for (size_t i = 0; i < sent.size(); ++i) {
-    const auto delta = sends_theta ? global[i] - sent[i] : sent[i];
-    total += delta.square().sum(torch::kFloat64).item<double>();
+    const auto values = sent[i].reshape({-1}), reference = global[i].reshape({-1});
+    for (int64_t begin = 0; begin < values.numel(); begin += kChunk) {
+      const int64_t n = std::min(kChunk, values.numel() - begin);
+      auto delta = values.narrow(0, begin, n).to(torch::kFloat64);
+      if (sends_theta) delta = reference.narrow(0, begin, n).to(torch::kFloat64) - delta;
+      total += delta.dot(delta).item<double>();
+    }
   }
   return total;
 }

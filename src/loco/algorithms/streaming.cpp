@@ -449,7 +449,7 @@ SyncReport StreamingDiLoCo::join_round() {
     auto& f = fragments_[static_cast<size_t>(index)];
     comm::Tally tally = sync_tally(0, 0, 0, 0, options_.screening);  // as submit() sends it: nothing, not counted
     f.result->flat().zero_();
-    stats += f.result->all_reduce_sum(group, options_.exchange, &tally);
+    stats += f.result->all_reduce_sum(group, options_.exchange, &tally, options_.screening.combine, options_.screening.trim);
     stats += transfer_state(group, step_);
     SyncReport report;
     report.round = rounds_;

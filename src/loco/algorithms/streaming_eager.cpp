@@ -26,7 +26,8 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   }
   const double own_weight = previous ? previous->weight : 1.0 / static_cast<double>(group.size());
   auto& g = f.step_by->flat();
-  if (previous) torch::sub_out(g, f.result->flat(), f.sent->flat() * own_weight);  // the others' stale share
+  if (previous && own_weight != 0) torch::sub_out(g, f.result->flat(), f.sent->flat() * own_weight);  // the others' stale share
+  else if (previous) g.copy_(f.result->flat());  // left out by screening: none of its own, whatever it holds
   else g.zero_();
   // What every worker shares this sync (the replicas' θ differ): the all-reduced sum, with the
   // sync's place in the schedule (a first sync's sum is zeros for every fragment).
@@ -47,7 +48,7 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
     f.final_phase = 1;
     return eager_finish(index, step, stats, participants, own_weight);
   }
-  g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
+  if (own_weight != 0) g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
   f.outer->step(f.step_by->views());
   return eager_report(index, step, options_.merge_alpha, stats, participants, own_weight, shared_hash);
 }

@@ -5,6 +5,7 @@
 #define HWY_TARGET_INCLUDE "loco/comm/codec_kernels.cpp"
 #include <hwy/foreach_target.h>  // must come before highway.h
 #include <hwy/highway.h>
+#include <hwy/aligned_allocator.h>
 
 #include <algorithm>
 #include <bit>
@@ -221,7 +222,8 @@ const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 int64_t CombineSorted(const float* HWY_RESTRICT terms, int64_t k, int64_t n, int64_t cut, int64_t keep, float* HWY_RESTRICT out) {
   const Df df;
   const auto lanes = static_cast<int64_t>(hn::Lanes(df));
-  HWY_ALIGN float rows[kMaxSortedTerms * hn::MaxLanes(df)];
+  auto buffer = hwy::AllocateAligned<float>(static_cast<size_t>(k * lanes));  // on the heap: vectors may be wide
+  float* HWY_RESTRICT rows = buffer.get();
   const auto scale = hn::Set(df, 1.0f / static_cast<float>(keep));
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {

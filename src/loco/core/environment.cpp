@@ -93,9 +93,11 @@ Environment read_environment() {
   env.worker_executable = path_variable("LOCO_WORKER_EXECUTABLE");
   auto local = integer_variable("LOCO_LOCAL_PROCESSES", 1);
   if (!local) local = integer_variable("LOCAL_WORLD_SIZE", 1);  // torchrun
+  env.local_processes_from_launcher = local.has_value();
   if (!local) local = slurm_step_tasks_here();
   if (!local) local = integer_variable("SLURM_NTASKS_PER_NODE", 1);
   env.local_processes = local.value_or(1);
+  env.local_processes_set = local.has_value();
   env.cpus_per_task = integer_variable("SLURM_CPUS_PER_TASK", 1);
   env.rank = integer_variable("RANK", 0);
   if (!env.rank) env.rank = integer_variable("SLURM_PROCID", 0);

@@ -16,6 +16,8 @@ struct Environment {
   // LOCO_LOCAL_PROCESSES, else torchrun's LOCAL_WORLD_SIZE, else the tasks of this Slurm step on
   // this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), else SLURM_NTASKS_PER_NODE, else 1.
   int64_t local_processes = 1;
+  bool local_processes_set = false;       // one of those variables said it
+  bool local_processes_from_launcher = false;  // ... LOCO_LOCAL_PROCESSES or LOCAL_WORLD_SIZE (not Slurm's)
   // SLURM_CPUS_PER_TASK: the cores Slurm gave each task, used as its threads when set.
   std::optional<int64_t> cpus_per_task;
   std::optional<std::filesystem::path> spm_library;  // LOCO_SPM_LIBRARY: path of libloco_spm.so

@@ -62,6 +62,9 @@ TEST(ProtocolMessages, IntegerFieldsTakeOnlyIntegersOfTheirRange) {
   auto start = protocol::StartReply{}.to_json();
   start["missing"] = {1, 2.5e300};
   expect_error<protocol::ProtocolError>([&] { protocol::StartReply::from_json(start); }, "field 'missing' is not an integer");
+  start = protocol::StartReply{}.to_json();
+  start["host_workers"] = -2;
+  expect_error<protocol::ProtocolError>([&] { protocol::StartReply::from_json(start); }, "field 'host_workers'");
   auto position = protocol::RoundRequest{}.to_json();
   position["position"]["cursor"] = -3;
   expect_error<protocol::ProtocolError>([&] { protocol::RoundRequest::from_json(position); }, "field 'cursor' is out of range");

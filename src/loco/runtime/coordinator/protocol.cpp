@@ -321,6 +321,7 @@ nlohmann::json StartReply::to_json() const {
   j["resume_step"] = resume_step ? nlohmann::json(*resume_step) : nlohmann::json();
   if (task) j["task"] = task->to_json();
   if (copy) j["copy"] = {{"from", copy->from}, {"to", copy->to}};
+  if (host_workers > 0) j["host_workers"] = host_workers;
   return j;
 }
 
@@ -336,6 +337,7 @@ StartReply StartReply::from_json(const nlohmann::json& json) {
     const auto& c = json.at("copy");
     r.copy = CheckpointCopy{nonnegative(c, "from"), field<std::vector<int64_t>>(c, "to")};
   }
+  if (json.contains("host_workers")) r.host_workers = nonnegative(json, "host_workers");
   return r;
 }
 

@@ -159,6 +159,9 @@ struct StartReply {
   std::string error;                   // why the run failed
   std::optional<Task> task;            // fixed runs, once running: this worker's task (the whole run)
   std::optional<CheckpointCopy> copy;  // fixed runs: checkpoints to copy first (every worker is told)
+  // Fixed runs: the run's workers whose name gives the same host as this one's (itself included;
+  // 0: not said), so that workers started by hand on one host can split its cores.
+  int64_t host_workers = 0;
 
   nlohmann::json to_json() const;
   static StartReply from_json(const nlohmann::json& json);

@@ -242,9 +242,9 @@ void Dashboard::apply(Worker& w, const metrics::TimedEvent& event) {
           },
           [&](const metrics::SyncEvent& e) {
             add_round_bytes(e.round, e.bytes_sent);
-            auto& r = rounds_[e.round];  // every worker reports a sync's screening alike: counted once
-            if (e.rejected > 0 && r.rejected == 0) {
-              r.rejected = e.rejected;
+            auto r = rounds_.find(e.round);  // every worker reports a sync's screening alike: counted once
+            if (e.rejected > 0 && r != rounds_.end() && r->second.rejected == 0) {
+              r->second.rejected = e.rejected;
               rejected_ += e.rejected;
               add_event(time, who, fmt::format("sync {}: {} outer gradient(s) left out ({})", e.round, e.rejected,
                                                clipped(e.screening, 256)), true);

@@ -424,8 +424,9 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
                                  report.weight, report.tokens, report.stats.round_trip_s, report.rejected,
                                  report.screening});
   if (!report.screening.empty()) {
-    progress_->message(fmt::format("{}sync {} at step {}: {} outer gradient(s) left out: {}", who_, report.round, report.step,
-                                   report.rejected, report.screening));
+    progress_->message(fmt::format("{}sync {} at step {}: {}{}", who_, report.round, report.step,
+                                   report.rejected > 0 ? fmt::format("{} outer gradient(s) left out: ", report.rejected) : "screening: ",
+                                   report.screening));
   }
   progress_->set_sync_totals(report.round, summary_.bytes_sent);
 }

@@ -21,8 +21,13 @@ namespace loco::runtime {
 
 int64_t configure_threads(int64_t threads) {
   if (threads <= 0) {
+    // loco's or torchrun's count of processes splits the cores this task has (Slurm's, when it
+    // gave some: e.g. torchrun started inside one Slurm task); Slurm's own count splits the node's.
     const auto env = read_environment();
-    threads = env.cpus_per_task.value_or(std::max<int64_t>(1, usable_cores() / env.local_processes));
+    if (env.local_processes_from_launcher) threads = env.cpus_per_task.value_or(usable_cores()) / env.local_processes;
+    else if (env.cpus_per_task) threads = *env.cpus_per_task;
+    else threads = usable_cores() / env.local_processes;
+    threads = std::max<int64_t>(1, threads);
   }
   // With the OpenMP build of OpenBLAS (scripts/setup.sh), BLAS calls share libtorch's OpenMP
   // threads, so this one setting governs both (docs/footguns.md).

@@ -10,6 +10,7 @@
 #include "loco/algorithms/ddp.h"
 #include "loco/algorithms/diloco.h"
 #include "loco/algorithms/streaming.h"
+#include "loco/core/environment.h"
 #include "loco/core/files.h"
 #include "loco/core/hash.h"
 #include "loco/core/run_folder.h"
@@ -421,6 +422,16 @@ void copy_checkpoint(comm::Group& group, const protocol::CheckpointCopy& copy, c
   }
 }
 
+// Workers started by hand on one host, with no launcher's variable saying how many share it, split
+// its cores by the coordinator's count of the run's workers there (each took every core before).
+void share_host_cores(RunConfig& config, int64_t host_workers, const Say& say) {
+  if (config.train.threads > 0 || host_workers <= 1 || read_environment().local_processes_set) return;
+  const int64_t cores = usable_cores();
+  config.train.threads = std::max<int64_t>(1, cores / host_workers);
+  say(fmt::format("{} workers of this run on this host: each takes {} of its {} cores (train.threads or "
+                  "LOCO_LOCAL_PROCESSES choose otherwise)", host_workers, config.train.threads, cores));
+}
+
 // A fixed run's task: the whole run on the task's shard, in the run's one group.
 TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& options, CoordinatorClient& client,
                             const data::Dataset& dataset, const protocol::StartReply& start, int64_t rank, const Say& say) {
@@ -480,6 +491,7 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
   say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, joined.world_size, client.address(),
                   joined.run_id));
   const auto start = client.wait_for_start(rank, options.stop);
+  share_host_cores(config, start.host_workers, say);
   TrainSummary summary;
   auto report_done = [&](protocol::EndStatus status, const std::string& error) {
     try {
