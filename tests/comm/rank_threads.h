@@ -2,6 +2,7 @@
 // exception is collected and asserted on the main thread, never inside a rank.
 #pragma once
 
+#include <csignal>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -9,6 +10,14 @@
 #include <vector>
 
 namespace loco::testing_util {
+
+// loco's binaries ignore SIGPIPE (cli/command.h, ignore_broken_pipes): a rank that writes to a peer
+// which failed and closed its connections must get EPIPE, as a worker does, not end the test's
+// process (SealedGroupTest's rank 2 failing while rank 1 still sent once did, with status 141).
+inline const bool kBrokenPipesIgnored = [] {
+  std::signal(SIGPIPE, SIG_IGN);
+  return true;
+}();
 
 template <class T>
 struct RankResult {
