@@ -242,6 +242,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
   const std::string name = process_name(::getpid(), address);
   int64_t wanted_slot = options.rank;
   std::optional<protocol::JoinReply> restarted;  // still a member, now to continue from the checkpoint
+  int gone_checkpoints = 0;  // restores whose checkpoint a newer one had replaced by then
   for (;;) {
     protocol::JoinRequest request;
     request.name = name;
@@ -251,6 +252,7 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     request.resume = options.resume;  // the coordinator decides: it resumes the run or not
     request.shards_hash = assignment_hash(assignment);
     protocol::JoinReply joined;
+    const bool restoring = restarted.has_value();
     try {
       joined = restarted ? *std::exchange(restarted, std::nullopt)
                          : client.join(request, seconds(config.cluster.join_timeout_s), say);
@@ -260,6 +262,18 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     }
     const int64_t slot = joined.rank;
     const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
+    // The coordinator picked the newest global checkpoint when every member holding the run's state
+    // had failed; a member it had given up on may since have saved newer ones and pruned that one
+    // (the chaos soak, seed 3385470866). Then this worker joins again, as a new member, and is given
+    // the state anew, rather than failing the restore.
+    if (restoring && joined.resume_step &&
+        !std::filesystem::exists(CheckpointStore(RunFolder(config.run.dir).checkpoints(), 1).at(*joined.resume_step)) &&
+        gone_checkpoints++ < 3) {
+      say(fmt::format("{}: the global checkpoint of step {} it was to continue from is gone (a newer one replaced it); "
+                      "joining again as a new member", who, *joined.resume_step));
+      wanted_slot = slot;
+      continue;
+    }
     say(fmt::format("{}: {} the coordinator at {} (run {}){}", who, joined.resume_step ? "resuming with" : "joined",
                     client.address(), joined.run_id, joined.joiner ? "; it receives the run's state at the next round" : ""));
     TrainSummary summary;
