@@ -99,6 +99,19 @@ std::vector<Field> dipaco_fields(DipacoSection& d) {
 
 }  // namespace
 
+// Screening of the outer gradients before they are averaged (algorithms::Screening).
+std::vector<Field> screening_fields(SyncSection& s) {
+  return {
+      at_least(0, {"sync.reject_ratio", "diloco and streaming: screening: a worker whose outer gradient's norm is more than this many times the median of the other workers' is left out of the sync (counted as a dropped one, logged, and in the sync event); an outer gradient that is not finite is always left out; 0 = off (docs/failure-model.md)", &s.reject_ratio}),
+      at_least(0, {"sync.clip_norm", "diloco and streaming: screening: each worker's outer gradient enters the average clipped to this norm; 0 = off", &s.clip_norm}),
+      {"sync.robust_mean", "diloco and streaming: screening: none (the weighted average), median or trimmed (the trimmed mean: sync.trim contributions left out at each end), value by value over the outer gradients kept, so that a worker far off moves theta by little whatever it states; the same bytes on the wire",
+       enum_field(s.robust_mean, {{comm::Combine::kSum, "none"}, {comm::Combine::kMedian, "median"}, {comm::Combine::kTrimmedMean, "trimmed"}})},
+      at_least(1, {"sync.trim", "sync.robust_mean = trimmed: outer gradients left out at each end, value by value (the median when fewer than 2 trim + 1 are kept)", &s.trim}),
+      {"sync.reject_not_finite", "diloco and streaming: screening: an outer gradient with a value that is not finite is left out of the sync (the others' weights renormalized); false lets it reach the average (theta becomes NaN and the run stops), only to show what screening prevents", &s.reject_not_finite},
+      {"sync.poison", "a fault to inject, for tests and benchmarks of screening: WORKER:xSCALE sends that worker's outer gradient times SCALE at every sync, WORKER:nan sends one value of it as NaN; @ROUND limits it to that sync (e.g. 1:x100, 2:nan@3); \"\" = none", &s.poison},
+  };
+}
+
 // (a data table)
 std::vector<Field> table(RunConfig& c) {
   std::vector<Field> fields = {
@@ -145,13 +158,6 @@ std::vector<Field> table(RunConfig& c) {
        enum_field(c.sync.weighting, {{WeightingChoice::kAuto, "auto"}, {WeightingChoice::kTokens, "tokens"},
                                      {WeightingChoice::kShard, "shard"}, {WeightingChoice::kUniform, "uniform"}})},
       between(0, 0.99, {"sync.drop_probability", "an experiment (DiLoCo paper, dropped outer gradients): each worker's outer gradient is left out of each sync with this probability, the others' weights renormalized; 0 = off", &c.sync.drop_probability}),
-      at_least(0, {"sync.reject_ratio", "diloco and streaming: screening: a worker whose outer gradient's norm is more than this many times the median of the other workers' is left out of the sync (counted as a dropped one, logged, and in the sync event); an outer gradient that is not finite is always left out; 0 = off (docs/failure-model.md)", &c.sync.reject_ratio}),
-      at_least(0, {"sync.clip_norm", "diloco and streaming: screening: each worker's outer gradient enters the average clipped to this norm; 0 = off", &c.sync.clip_norm}),
-      {"sync.robust_mean", "diloco and streaming: screening: none (the weighted average), median or trimmed (the trimmed mean: sync.trim contributions left out at each end), value by value over the outer gradients kept, so that a worker far off moves theta by little whatever it states; the same bytes on the wire",
-       enum_field(c.sync.robust_mean, {{comm::Combine::kSum, "none"}, {comm::Combine::kMedian, "median"}, {comm::Combine::kTrimmedMean, "trimmed"}})},
-      at_least(1, {"sync.trim", "sync.robust_mean = trimmed: outer gradients left out at each end, value by value (the median when fewer than 2 trim + 1 are kept)", &c.sync.trim}),
-      {"sync.reject_not_finite", "diloco and streaming: screening: an outer gradient with a value that is not finite is left out of the sync (the others' weights renormalized); false lets it reach the average (theta becomes NaN and the run stops), only to show what screening prevents", &c.sync.reject_not_finite},
-      {"sync.poison", "a fault to inject, for tests and benchmarks of screening: WORKER:xSCALE sends that worker's outer gradient times SCALE at every sync, WORKER:nan sends one value of it as NaN; @ROUND limits it to that sync (e.g. 1:x100, 2:nan@3); \"\" = none", &c.sync.poison},
       positive({"sync.bucket_mb", "megabytes per message of an all-reduce of gradients (ddp) or outer gradients: each exchange is one operation whose pieces travel pipelined, spread over cluster.connections", &c.sync.bucket_mb}),
       at_least(1, {"sync.fragments", "streaming: fragments P, synchronized in turn every sync.inner_steps / P steps (at most the model's blocks)", &c.sync.fragments}),
       {"sync.fragment_pattern", "streaming: strided (block i in fragment i mod P) or sequential (runs of consecutive blocks)",
@@ -189,6 +195,8 @@ std::vector<Field> table(RunConfig& c) {
        enum_field(c.cluster.data_plane, {{std::string("auto"), "auto"}, {std::string("authenticated"), "authenticated"}, {std::string("encrypted"), "encrypted"}, {std::string("open"), "open"}})},
       {"cluster.tls_ca", "worker: reach the coordinator over HTTPS and verify its certificate against this CA (PEM); \"\" = cluster.tls_cert if set (self-signed), else plain HTTP", &c.cluster.tls_ca},
   };
+  auto screening = screening_fields(c.sync);
+  fields.insert(fields.end(), std::make_move_iterator(screening.begin()), std::make_move_iterator(screening.end()));
   fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
   auto dipaco = dipaco_fields(c.dipaco);
   fields.insert(fields.end(), std::make_move_iterator(dipaco.begin()), std::make_move_iterator(dipaco.end()));

@@ -227,6 +227,17 @@ std::unique_ptr<algorithms::SyncStrategy> make_strategy(const RunConfig& config,
 
 namespace {
 
+// The coordinator picked the newest global checkpoint for `joined` to continue from when every
+// member holding the run's state had failed; a member it had given up on may since have saved
+// newer ones and pruned that one (the chaos soak, seed 3385470866). Says so when it is gone.
+bool restore_checkpoint_gone(const RunConfig& config, const protocol::JoinReply& joined, const std::string& who, const std::function<void(const std::string&)>& say) {
+  if (!joined.resume_step) return false;
+  if (std::filesystem::exists(CheckpointStore(RunFolder(config.run.dir).checkpoints(), 1).at(*joined.resume_step))) return false;
+  say(fmt::format("{}: the global checkpoint of step {} it was to continue from is gone (a newer one replaced it); "
+                  "joining again as a new member", who, *joined.resume_step));
+  return true;
+}
+
 // An elastic worker (cluster.elastic): joins as a member holding a slot (a shard of the data),
 // trains with DiLoCo over the groups the coordinator convenes, and joins again as a new member if
 // it is ever dropped (frozen past cluster.dead_after_s, or its round completed without it).
@@ -262,18 +273,8 @@ TrainSummary run_elastic_worker(const RunConfig& config, const WorkerOptions& op
     }
     const int64_t slot = joined.rank;
     const std::string who = fmt::format("worker {} (slot {})", joined.member, slot);
-    // The coordinator picked the newest global checkpoint when every member holding the run's state
-    // had failed; a member it had given up on may since have saved newer ones and pruned that one
-    // (the chaos soak, seed 3385470866). Then this worker joins again, as a new member, and is given
-    // the state anew, rather than failing the restore.
-    if (restoring && joined.resume_step &&
-        !std::filesystem::exists(CheckpointStore(RunFolder(config.run.dir).checkpoints(), 1).at(*joined.resume_step)) &&
-        gone_checkpoints++ < 3) {
-      say(fmt::format("{}: the global checkpoint of step {} it was to continue from is gone (a newer one replaced it); "
-                      "joining again as a new member", who, *joined.resume_step));
-      wanted_slot = slot;
-      continue;
-    }
+    // Its checkpoint gone: it joins again, as a new member, and is given the state anew.
+    if (restoring && restore_checkpoint_gone(config, joined, who, say) && gone_checkpoints++ < 3) { wanted_slot = slot; continue; }
     say(fmt::format("{}: {} the coordinator at {} (run {}){}", who, joined.resume_step ? "resuming with" : "joined",
                     client.address(), joined.run_id, joined.joiner ? "; it receives the run's state at the next round" : ""));
     TrainSummary summary;
