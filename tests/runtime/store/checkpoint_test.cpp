@@ -64,6 +64,21 @@ TEST(Checkpoint, KeepsOnlyTheNewestAndNoTemporaries) {
   EXPECT_EQ(load_checkpoint(dir.path()).state.step, 4);
 }
 
+// The checkpoint an elastic run's coordinator told its members to continue from survives the saves
+// of a member it had given up on (the chaos soak, seed 3385470866), until it is unpinned.
+TEST(Checkpoint, APinnedCheckpointIsNotPruned) {
+  TempDir dir;
+  CheckpointStore store(dir.path() / "checkpoints", 1);
+  store.save(state_at(2), weights(2), {}, {});
+  store.pin(2);
+  for (int64_t step : {3, 4}) store.save(state_at(step), weights(static_cast<float>(step)), {}, {});
+  EXPECT_EQ(store.steps(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(load_checkpoint(store.at(2)).state.step, 2);
+  store.unpin();
+  store.save(state_at(5), weights(5), {}, {});
+  EXPECT_EQ(store.steps(), (std::vector<int64_t>{5}));
+}
+
 TEST(Checkpoint, TheRunSectionRoundTripsAndIsOptional) {
   TempDir dir;
   CheckpointStore store(dir.path() / "checkpoints", 3);

@@ -171,6 +171,14 @@ void ElasticRun::restart_orphans() {
       log("every worker that held the run's state failed before the first round: the waiting workers start it afresh");
     } else {
       const auto [round, positions] = read_global_checkpoint(steps.back());
+      // A member given up on may still save newer checkpoints and prune: this one must stay until
+      // every restarting member has loaded it (kept until another restart or the run's end).
+      try {
+        CheckpointStore(checkpoints, 1).pin(steps.back());
+      } catch (const Error& e) {
+        log(fmt::format("cannot pin the checkpoint against pruning (a member that loads it late may join again "
+                        "instead): {}", e.what()));
+      }
       table_.restart_from(round, steps.back(), positions, Clock::now());
       log(fmt::format("every worker that held the run's state failed: the waiting workers continue from the global "
                       "checkpoint of step {} (round {})", steps.back(), round));
@@ -355,6 +363,7 @@ void ElasticRun::check_end(Clock::time_point now) {
     }
   }
   events_.write(metrics::SlotsSummaryEvent{{}, table_.rounds_completed(), missed});
+  CheckpointStore(RunFolder(options_.config.run.dir).checkpoints(), 1).unpin();
   status_.enter(Phase::kFinished);
   persist();
 }

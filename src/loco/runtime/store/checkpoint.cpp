@@ -135,10 +135,33 @@ fs::path CheckpointStore::save(const TrainingState& state, const NamedTensors& m
     if (entry.is_directory() && n.starts_with("step-")) existing.push_back(entry.path());
   }
   std::sort(existing.begin(), existing.end());
+  const std::string pinned = pinned_name();
   for (size_t i = 0; i + static_cast<size_t>(keep_) < existing.size(); ++i) {
-    if (existing[i] != final_dir) fs::remove_all(existing[i], ec);
+    if (existing[i] != final_dir && existing[i].filename() != pinned) fs::remove_all(existing[i], ec);
   }
   return final_dir;
+}
+
+void CheckpointStore::pin(int64_t step) const {
+  write_file_atomic(root_ / "pinned", checkpoint_name(step) + "\n", "checkpoint", Readers::kOwner);
+}
+
+void CheckpointStore::unpin() const {
+  std::error_code ec;
+  fs::remove(root_ / "pinned", ec);
+}
+
+// The checkpoint folder `pinned` names, or "" (none, or unreadable: then nothing is spared).
+std::string CheckpointStore::pinned_name() const {
+  std::error_code ec;
+  if (!fs::exists(root_ / "pinned", ec)) return "";
+  try {
+    std::string name = read_file_beneath(root_, "pinned", "checkpoint", kMaxRunTextBytes);
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    return name;
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 std::optional<fs::path> CheckpointStore::latest() const {

@@ -78,9 +78,16 @@ class CheckpointStore {
   std::vector<int64_t> steps() const;
   // The folder of the checkpoint of `step` (which may not exist).
   fs::path at(int64_t step) const;
+  // Keeps the checkpoint of `step` from being pruned (the one an elastic run's coordinator told its
+  // members to continue from: a member it had given up on may still save and prune), until
+  // another is pinned or `unpin`. The pin is a file, `pinned`, beside `latest`.
+  void pin(int64_t step) const;
+  void unpin() const;
   const fs::path& root() const { return root_; }
 
  private:
+  std::string pinned_name() const;
+
   fs::path root_;
   int64_t keep_;
 };
