@@ -112,4 +112,14 @@ Poison parse_poison(std::string_view text) {
   return poison;
 }
 
+void AsyncOptions::validate() const {
+  auto bad = [](const char* key, const std::string& why) { throw ConfigError("config", fmt::format("sync.{}: {}", key, why)); };
+  if (workers < 1) bad("async", "needs at least one worker");
+  if (inner_steps < 1) bad("inner_steps", "must be >= 1");
+  if (delay < 0) bad("async_delay", fmt::format("must be >= 0 (0: the number of workers), got {}", delay));
+  if (max_staleness < 0) bad("async_max_staleness", fmt::format("must be >= 0 (0: 4 x workers), got {}", max_staleness));
+  if (reject_ratio < 0 || clip_norm < 0) bad("reject_ratio", "screening thresholds must be >= 0");
+  if (!(grace >= 0)) bad("async_grace", fmt::format("must be >= 0, got {}", grace));
+}
+
 }  // namespace loco::algorithms

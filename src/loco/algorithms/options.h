@@ -95,4 +95,29 @@ struct DiLoCoOptions {
   StreamingOptions as_streaming() const;
 };
 
+// Asynchronous DiLoCo's outer state (async_outer.h).
+struct AsyncOptions {
+  int64_t workers = 1;          // M
+  int64_t inner_steps = 50;     // H: the fastest worker's inner steps per cycle
+  int64_t total_steps = 0;      // train.steps: the run takes total_steps × workers inner steps in all
+  int64_t delay = 0;            // N, arrivals per momentum update (0: M)
+  bool dynamic_steps = true;    // H_w by speed (false: H for every worker)
+  int64_t max_staleness = 0;    // an outer gradient more versions behind θ than this is left out (0: 4M)
+  double lr = 0.7, momentum = 0.9;
+  double reject_ratio = 0;      // > 0: left out when ‖Δ‖ > ratio × the median of the last M kept norms
+  double clip_norm = 0;         // > 0: Δ · min(1, clip_norm / ‖Δ‖)
+  bool reject_not_finite = true;
+  // Outer gradients that arrive together are applied together: the first opens a batch that
+  // waits up to grace × its cycle's time for the other workers' (closing as soon as every worker
+  // with a cycle under way is in), and all of them continue from the θ after the batch. 0: each
+  // is applied alone as it arrives.
+  double grace = 0;
+  // A worker silent this long past what its cycle should take (at least `silence_s`) is gone: its
+  // unfinished share of the steps goes back to the others.
+  double silence_s = 60;
+  void validate() const;        // ConfigError naming the sync.async_* key
+  int64_t delay_or_default() const { return delay > 0 ? delay : workers; }
+  int64_t staleness_or_default() const { return max_staleness > 0 ? max_staleness : 4 * workers; }
+};
+
 }  // namespace loco::algorithms

@@ -46,6 +46,7 @@ struct SyncReport {
   int64_t tokens = -1;        // DiLoCo: the tokens it trained on this round (-1: not counted)
   int64_t rejected = 0;       // DiLoCo: outer gradients screening left out (Screening)
   std::string screening;      // ... who was left out or clipped, and why ("" when none)
+  int64_t staleness = -1;     // asynchronous DiLoCo: versions of θ applied since this worker's Δ began (-1: not async)
 };
 using SyncReports = std::vector<SyncReport>;
 
@@ -87,6 +88,15 @@ class SyncStrategy {
   // The global parameters θ (in the model's parameter order) for evaluation to score at any step,
   // when the strategy offers them; nullptr: evaluation waits until in_sync().
   virtual const std::vector<torch::Tensor>* evaluation_parameters() const { return nullptr; }
+  // Asynchronous DiLoCo shares the run's inner steps among its workers by speed: whether this
+  // worker's part is done (nullopt: it ends after train.steps, as with every other strategy) ...
+  virtual std::optional<bool> part_done() const { return std::nullopt; }
+  // ... and where the learning-rate schedule stands at this worker's inner step `step` (nullopt:
+  // at `step`).
+  virtual std::optional<double> schedule_step(int64_t step) const {
+    (void)step;
+    return std::nullopt;
+  }
   // Payload bytes sent so far, updated as each collective completes, even in the background; the
   // loop samples it every step to find the busiest step.
   virtual int64_t bytes_sent() const { return 0; }

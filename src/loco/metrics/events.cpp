@@ -110,6 +110,7 @@ json fields(const SyncEvent& e) {
   if (e.round_trip_s > 0) j["round_trip_s"] = e.round_trip_s;
   if (e.rejected > 0) j["rejected"] = e.rejected;
   if (!e.screening.empty()) j["screening"] = e.screening;
+  if (e.staleness >= 0) j["staleness"] = e.staleness;
   return j;
 }
 json fields(const EvalEvent& e) {
@@ -278,7 +279,8 @@ Event parse(const std::string& kind, const json& j) {
                      integer(j, "bytes_received"), number(j, "seconds", 0), number(j, "stall_s", NAN),
                      text(j, "params_hash"), integer(j, "fragment", -1), text(j, "route"), integer(j, "attempts", 1),
                      number(j, "weight", -1), integer(j, "tokens", -1), number(j, "round_trip_s", 0),
-                     integer(j, "rejected", 0), text(j, "screening")};
+                     integer(j, "rejected", 0), text(j, "screening"),
+                     integer(j, "staleness", -1)};
   }
   if (kind == "eval") {
     return EvalEvent{worker, integer(j, "step"), number(j, "val_loss", NAN), number(j, "val_ppl", NAN), integer(j, "tokens")};

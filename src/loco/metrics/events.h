@@ -103,6 +103,7 @@ struct SyncEvent {
   double round_trip_s = 0;  // the group's measured round trip (comm::CommStats); 0 = not measured
   int64_t rejected = 0;     // outer gradients screening left out (algorithms::Screening)
   std::string screening;    // ... who was left out or clipped, and why
+  int64_t staleness = -1;   // asynchronous DiLoCo: versions of θ applied since this worker's Δ began (-1: not async)
 };
 
 struct EvalEvent {

@@ -245,6 +245,23 @@ void apply_override(RunConfig& config, const std::string& assignment) {
   set_from_text(field, assignment.substr(eq + 1));
 }
 
+namespace {
+
+// sync.async: what asynchronous DiLoCo offers so far (docs/async.md), the rest refused by name.
+void check_async(const RunConfig& c) {
+  auto refuse = [](const std::string& why) { throw ConfigError("config", "sync.async (asynchronous DiLoCo) " + why); };
+  if (c.sync.algorithm != Algorithm::kDiLoCo) refuse(fmt::format("is for sync.algorithm = \"diloco\", got \"{}\"", to_string(c.sync.algorithm)));
+  if (c.cluster.elastic) refuse("needs a fixed membership for now: set cluster.elastic = false");
+  if (c.sync.eager) refuse("and sync.eager are two ways of not waiting: choose one");
+  if (c.sync.round_seconds > 0) refuse("shares the steps by speed itself: set sync.round_seconds = 0");
+  if (c.sync.robust_mean != comm::Combine::kSum) refuse("applies each outer gradient alone: there is no mean to make robust (sync.robust_mean = \"none\")");
+  if (c.sync.exchange != comm::Encoding::kFp32) refuse("sends fp32 outer gradients for now: set sync.exchange = \"fp32\"");
+  if (c.sync.drop_probability > 0) refuse("does not run the dropped-gradient experiment: set sync.drop_probability = 0");
+  if (c.outer.optimizer != optim::OuterKind::kNesterov) refuse("steps with delayed Nesterov: set outer.optimizer = \"nesterov\"");
+}
+
+}  // namespace
+
 void validate(const RunConfig& c) {
   auto fields = keys::table(const_cast<RunConfig&>(c));
   for (const auto& f : fields) {
@@ -300,6 +317,7 @@ void validate(const RunConfig& c) {
     if (c.cluster.elastic) throw ConfigError("config", "sync.eager (eager outer updates) needs a fixed membership: set cluster.elastic = false");
     if (c.sync.algorithm == Algorithm::kDiLoCo) diloco_options(c).as_streaming().validate();
   }
+  if (c.sync.async) check_async(c);
   if (c.train.emulated_step_s > 0) {
     if (c.cluster.elastic) {
       throw ConfigError("config", "train.emulated_step_s (emulated compute) is for fixed runs: set cluster.elastic = false "

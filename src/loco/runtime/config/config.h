@@ -87,6 +87,12 @@ struct SyncSection {
   bool reject_not_finite = true;     // ... an outer gradient that is not finite left out (false: to show the harm)
   std::string poison;                // a fault to inject (algorithms::Poison): "WORKER:x100", "WORKER:nan@ROUND"
   bool eager = false;                // eager outer updates: a whole round's exchange overlapped (streaming.h)
+  // Asynchronous DiLoCo (algorithms/async_outer.h): outer gradients applied as they arrive
+  bool async = false;
+  int64_t async_delay = 0;           // N: arrivals per momentum update (0: the workers)
+  bool async_dynamic_steps = true;   // each worker's inner steps per cycle by its speed
+  int64_t async_max_staleness = 0;   // versions an outer gradient may lag θ (0: 4 x the workers)
+  double async_grace = 0.2;          // outer gradients arriving within this share of a cycle are applied together
   double bucket_mb = 1;              // megabytes per message (piece) of an exchange's all-reduce
   // Streaming DiLoCo
   int64_t fragments = 4;             // P
@@ -210,6 +216,8 @@ algorithms::Weighting weighting(const RunConfig& config);
 // `shard_tokens` tokens (needed when weighting by shard size).
 algorithms::DiLoCoOptions diloco_options(const RunConfig& config, int64_t shard_tokens = 0);
 algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t shard_tokens = 0);
+// Asynchronous DiLoCo's (sync.async): what the coordinator's outer state runs with.
+algorithms::AsyncOptions async_options(const RunConfig& config);
 
 // DiPaCo's levels, modules and paths as the config sets them (levels empty: a dense model).
 model::PathOptions path_options(const RunConfig& config);

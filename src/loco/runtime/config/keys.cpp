@@ -112,6 +112,16 @@ std::vector<Field> screening_fields(SyncSection& s) {
   };
 }
 
+std::vector<Field> async_fields(SyncSection& s) {
+  return {
+      {"sync.async", "diloco: asynchronous outer updates (Liu et al. 2024; docs/async.md): each worker sends its outer gradient to the coordinator when its inner steps are done, which applies it at once (delayed Nesterov), and continues from the theta that comes back without waiting for the others; the run's train.steps x cluster.workers inner steps are shared out by speed. Fixed membership; screening by sync.reject_ratio, sync.clip_norm, sync.reject_not_finite", &s.async},
+      at_least(0, {"sync.async_delay", "sync.async: outer gradients per momentum update N (delayed Nesterov; 1 = Nesterov on each); 0 = cluster.workers", &s.async_delay}),
+      {"sync.async_dynamic_steps", "sync.async: each worker's inner steps per cycle follow its speed, sync.inner_steps for the fastest (dynamic local updates), so that unequal workers arrive at the same pace; false = sync.inner_steps for every worker", &s.async_dynamic_steps},
+      between(0, 10, {"sync.async_grace", "sync.async: outer gradients that arrive together are applied together: the first waits at most this share of its cycle's time for the other workers' (no longer once every worker with a cycle under way is in), and they all continue from the same theta; 0 = each applied alone the moment it arrives", &s.async_grace}),
+      at_least(0, {"sync.async_max_staleness", "sync.async: an outer gradient that began more than this many outer updates before it arrives is left out (logged and counted); 0 = 4 x cluster.workers", &s.async_max_staleness}),
+  };
+}
+
 // (a data table)
 std::vector<Field> table(RunConfig& c) {
   std::vector<Field> fields = {
@@ -197,6 +207,8 @@ std::vector<Field> table(RunConfig& c) {
   };
   auto screening = screening_fields(c.sync);
   fields.insert(fields.end(), std::make_move_iterator(screening.begin()), std::make_move_iterator(screening.end()));
+  auto async = async_fields(c.sync);
+  fields.insert(fields.end(), std::make_move_iterator(async.begin()), std::make_move_iterator(async.end()));
   fields.insert(fields.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
   auto dipaco = dipaco_fields(c.dipaco);
   fields.insert(fields.end(), std::make_move_iterator(dipaco.begin()), std::make_move_iterator(dipaco.end()));

@@ -128,6 +128,24 @@ algorithms::StreamingOptions streaming_options(const RunConfig& config, int64_t 
   return o;
 }
 
+algorithms::AsyncOptions async_options(const RunConfig& config) {
+  algorithms::AsyncOptions o;
+  o.workers = config.cluster.workers;
+  o.inner_steps = config.sync.inner_steps;
+  o.total_steps = config.train.steps;
+  o.delay = config.sync.async_delay;
+  o.dynamic_steps = config.sync.async_dynamic_steps;
+  o.max_staleness = config.sync.async_max_staleness;
+  o.grace = config.sync.async_grace;
+  const auto outer = outer_options(config);
+  o.lr = outer.lr;
+  o.momentum = outer.momentum;
+  o.reject_ratio = config.sync.reject_ratio;
+  o.clip_norm = config.sync.clip_norm;
+  o.reject_not_finite = config.sync.reject_not_finite;
+  return o;
+}
+
 std::string join_token(const ClusterSection& cluster) {
   if (!cluster.join_token.empty()) return cluster.join_token;
   const char* env = std::getenv("LOCO_JOIN_TOKEN");

@@ -17,6 +17,7 @@
 #include "loco/runtime/coordinator/elastic_run.h"
 #include "loco/runtime/net/http_server.h"
 #include "loco/runtime/coordinator/fixed_run.h"
+#include "loco/runtime/coordinator/outer_wire.h"
 #include "loco/runtime/coordinator/run.h"
 #include "loco/runtime/status/status_routes.h"
 
@@ -101,6 +102,7 @@ struct Coordinator::Impl {
     } else {
       run = std::make_unique<FixedRun>(options, status, identity);
     }
+    if (options.config.sync.async) outer = std::make_unique<algorithms::AsyncOuterServer>(async_options(options.config));
   }
 
   CoordinatorOptions options;
@@ -110,6 +112,7 @@ struct Coordinator::Impl {
   std::unique_ptr<HttpServer> server;
   comm::MemoryKeyValueStore store;
   std::optional<auth::Verifier> verifier;  // when the run has a token
+  std::unique_ptr<algorithms::AsyncOuterServer> outer;  // asynchronous DiLoCo's outer state (sync.async)
 
   // Refused requests are logged at most once per address every 10 s, with a count of the others,
   // so that a flood of them cannot flood the log.
@@ -261,6 +264,7 @@ struct Coordinator::Impl {
     install_run_routes();
     install_elastic_routes();
     install_store_routes();
+    install_outer_route();
     install_status_routes();
   }
 
@@ -322,6 +326,23 @@ struct Coordinator::Impl {
       run->done(body);
       changed.notify_all();
       reply_json(response, {{"ok", true}});
+    }));
+  }
+
+  // Asynchronous DiLoCo (sync.async): each worker's outer gradient applied as it comes, θ back.
+  void install_outer_route() {
+    if (!outer) return;
+    server->route("POST", "/v1/outer", guard([this](const auto& request, auto& response) {
+      const auto push = protocol::decode_outer_push(request.body);
+      algorithms::AsyncReply reply;
+      try {
+        reply = outer->exchange(push, Clock::now());
+      } catch (const Error& e) {
+        throw ProtocolError(e.what());
+      }
+      for (const auto& note : outer->take_notes()) log(note);
+      response.status = 200;
+      response.set_content(protocol::encode_outer_reply(reply), "application/octet-stream");
     }));
   }
 
@@ -428,6 +449,7 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
   http.tls_cert = o.tls_cert;
   http.tls_key = o.tls_key;
   http.handler_threads = static_cast<size_t>(std::max<int64_t>(8, 2 * impl_->run->workers() + 4));
+  if (impl_->outer) protocol::widen_for_outer_exchanges(http, o.config, o.dataset ? o.dataset->vocab_size : 0);
   impl_->server = std::make_unique<HttpServer>(http);
   if (!o.token.empty()) impl_->verifier.emplace(o.token);
   // Requests without a well-formed, fresh signature are refused before their bodies are read.

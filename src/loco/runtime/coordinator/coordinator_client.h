@@ -81,6 +81,8 @@ class CoordinatorClient {
   // doubling to 5 s). Default 3 s; elastic workers wait cluster.coordinator_timeout_s, so that a
   // restarted coordinator finds them still there.
   void set_patience(std::chrono::milliseconds patience) { http_.set_patience(patience); }
+  // The largest answer it reads (asynchronous DiLoCo's carry the model: outer_wire.h).
+  void set_max_answer_bytes(size_t bytes) { http_.set_max_answer_bytes(bytes); }
 
   // Low level, for the key-value store: one request, signed when there is a token, retried (signed
   // anew) on connection errors for the patience. Returns (HTTP status, body); throws

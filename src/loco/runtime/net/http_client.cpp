@@ -41,6 +41,7 @@ struct Answer {
   size_t header_bytes = 0, header_lines = 0;
   std::string body;
   std::string over;
+  size_t max_body = auth::kMaxAnswerBytes;
 
   const std::string* header(std::string_view name) const {
     const auto it = headers.find(lower(name));
@@ -74,7 +75,7 @@ struct Answer {
   static size_t on_body(char* data, size_t size, size_t count, void* user) {
     auto& a = *static_cast<Answer*>(user);
     const size_t n = size * count;
-    if (a.body.size() + n > auth::kMaxAnswerBytes) {
+    if (a.body.size() + n > a.max_body) {
       a.over = "body";
       return 0;
     }
@@ -199,6 +200,7 @@ std::optional<HttpClient::Reply> HttpClient::send_once(const std::string& method
   const auto url = fmt::format("{}://{}:{}{}", security_.tls ? "https" : "http", bracketed, port_, path);
   char message[CURL_ERROR_SIZE] = {};
   Answer answer;
+  answer.max_body = max_answer_bytes_;
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());  // paths are encoded already, and signed as sent
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_PROXY, "");  // straight to the peer: no http_proxy from the environment
@@ -226,7 +228,7 @@ std::optional<HttpClient::Reply> HttpClient::send_once(const std::string& method
   }
   const CURLcode result = curl_easy_perform(curl);
   if (answer.over == "body") {
-    error = fmt::format("the answer to {} is over {} MiB (not the {}'s)", path, auth::kMaxAnswerBytes >> 20, peer_);
+    error = fmt::format("the answer to {} is over {} MiB (not the {}'s)", path, max_answer_bytes_ >> 20, peer_);
     return std::nullopt;
   }
   if (answer.over == "headers") {

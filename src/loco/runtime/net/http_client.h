@@ -66,6 +66,8 @@ class HttpClient {
   // How long request() keeps retrying a peer that does not answer (backoff from 0.2 s, doubling to
   // 5 s). Default 3 s.
   void set_patience(std::chrono::milliseconds patience) { patience_ = patience; }
+  // The largest answer it reads (default auth::kMaxAnswerBytes); a longer one is cut off and refused.
+  void set_max_answer_bytes(size_t bytes) { max_answer_bytes_ = bytes; }
 
   // One request, signed when there is a token, retried (signed anew) on connection errors for the
   // patience. Returns (HTTP status, body); throws PeerUnreachable when it stays unreachable.
@@ -103,6 +105,7 @@ class HttpClient {
   std::optional<auth::Key> key_;
   std::string instance_;  // the peer instance requests are signed for; "" until a refusal tells it
   std::chrono::milliseconds patience_{3000};
+  size_t max_answer_bytes_ = auth::kMaxAnswerBytes;
   std::chrono::milliseconds read_timeout_{30000};  // of the attempt under way
   std::mutex mutex_;
   void* curl_ = nullptr;  // libcurl's easy handle (CURL*): it keeps the connection between requests

@@ -50,7 +50,7 @@ class TrainingLoop {
   // The strategy's start (a round left pending by a stop is synchronized now; a joiner receives
   // the run's state), then where this worker's data starts.
   void start();
-  bool running() const { return step_ < config_.train.steps && !ended_; }
+  bool running() const { return !part_over() && !ended_; }
   // One inner step and what follows it: synchronization, logging, evaluation, checkpoints.
   void step();
   // Saves what a stop or a failure leaves unsaved, evaluates, and writes the summary. Throws
@@ -64,6 +64,9 @@ class TrainingLoop {
   void restore();
   void announce();
   void take_joined_state(int64_t joined_step);
+  // Whether this worker's part of the run is done: train.steps taken, or (asynchronous DiLoCo,
+  // whose workers share the run's steps by speed) as its strategy says.
+  bool part_over() const { return sync_.part_done().value_or(step_ >= config_.train.steps); }
   std::string rewarm_note() const;
 
   // Runs a sync hook, timing it; a PeerError is kept (peer_failure_) and reported as false.
@@ -340,7 +343,7 @@ void TrainingLoop::step() {
   }
   data::WindowSampler& source = shards_->next();
   const data::SamplerPosition position = source.position();
-  const double lr = inner_->learning_rate(step_);
+  const double lr = inner_->learning_rate(std::llround(sync_.schedule_step(step_).value_or(static_cast<double>(step_))));
   torch::Tensor loss;  // none when the compute is emulated
   if (emulated_) {
     emulated_->forward_backward();
@@ -376,12 +379,12 @@ void TrainingLoop::step() {
   // What moved during this step, in the background too. The last step is left out of the peak:
   // Streaming DiLoCo synchronizes every fragment there, so that training ends on one θ.
   const int64_t bytes_now = sync_.bytes_sent();
-  if (step_ < config_.train.steps) summary_.peak_step_bytes = std::max(summary_.peak_step_bytes, bytes_now - bytes_before_);
+  if (!part_over()) summary_.peak_step_bytes = std::max(summary_.peak_step_bytes, bytes_now - bytes_before_);
   bytes_before_ = bytes_now;
 
   stopped_ = options_.stop != nullptr && options_.stop->load();
   if (!inner_->defers_reads() || step_ / config_.train.log_every > step_before / config_.train.log_every ||
-      step_ >= config_.train.steps || stopped_ || peer_failure_) {
+      part_over() || stopped_ || peer_failure_) {
     read_steps();
   }
   if (peer_failure_) {
@@ -422,7 +425,7 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
                                  report.stats.bytes_received, report.stats.seconds, report.stall_seconds,
                                  hex64(report.params_hash), report.fragment, report.stats.route, report.attempts,
                                  report.weight, report.tokens, report.stats.round_trip_s, report.rejected,
-                                 report.screening});
+                                 report.screening, report.staleness});
   if (!report.screening.empty()) {
     progress_->message(fmt::format("{}sync {} at step {}: {}{}", who_, report.round, report.step,
                                    report.rejected > 0 ? fmt::format("{} outer gradient(s) left out: ", report.rejected) : "screening: ",
@@ -467,7 +470,7 @@ void TrainingLoop::log_step(int64_t step_before, int64_t step_after, double lr, 
   interval_loss_ += loss;
   ++interval_steps_;
   const bool log_now = step_after / config_.train.log_every > step_before / config_.train.log_every ||
-                       (last && (step_after == config_.train.steps || stopped_ || peer_failure_));
+                       (last && (part_over() || stopped_ || peer_failure_));
   const double interval_s = seconds_since(interval_start_);
   const double tokens_per_s = interval_s > 0 ? static_cast<double>(interval_tokens_) / interval_s : 0;
   progress_->update(step_after, interval_loss_ / static_cast<double>(interval_steps_), tokens_per_s, log_now);
@@ -484,7 +487,7 @@ void TrainingLoop::log_step(int64_t step_before, int64_t step_after, double lr, 
 // them.
 void TrainingLoop::evaluate_when_due(int64_t step_before) {
   if (emulated_) return;
-  eval_due_ = eval_due_ || step_ / config_.eval.every > step_before / config_.eval.every || step_ == config_.train.steps;
+  eval_due_ = eval_due_ || step_ / config_.eval.every > step_before / config_.eval.every || part_over();
   if (!eval_due_ || !can_score()) return;
   eval_due_ = false;
   if (!worker_.evaluates || !sync_.leads()) return;
@@ -509,7 +512,7 @@ void TrainingLoop::checkpoint_when_due(bool synced_now) {
   const bool round_end = synced_now && sync_.at_boundary();
   const bool due = worker_.elastic ? round_end && sync_.leads()
                                    : (config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) ||
-                                         step_ == config_.train.steps;
+                                         part_over();
   if (due || (slot_store_ && round_end)) read_steps();  // no state is saved past a step not known to be sound
   if (due) {
     save_checkpoint(/*prune=*/true);
@@ -559,7 +562,7 @@ TrainSummary TrainingLoop::finish() {
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure_->what(), step_,
                                          store_->root().string()));
   }
-  summary_.interrupted = (stopped_ || (peer_failure_ && !run_completed_)) && step_ < config_.train.steps;
+  summary_.interrupted = (stopped_ || (peer_failure_ && !run_completed_)) && !part_over();
   if (std::isnan(last_eval_.loss) && worker_.evaluates && sync_.leads() && can_score() && !emulated_) last_eval_ = score();
   summary_.compute_utilization = compute_share();
   summary_.compute_s = std::max(0.0, steps_s_ - hooks_s_);

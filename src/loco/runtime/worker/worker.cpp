@@ -18,6 +18,7 @@
 #include "loco/runtime/store/checkpoint.h"
 #include "loco/runtime/coordinator/coordinator_client.h"
 #include "loco/runtime/worker/elastic.h"
+#include "loco/runtime/worker/outer_link.h"
 #include "loco/runtime/worker/telemetry.h"
 
 namespace loco::runtime {
@@ -461,13 +462,14 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
   const auto tokens = data::shard_tokens(dataset.train(), assignment.documents[static_cast<size_t>(task.shard)]);
 
   const bool communicates = config.sync.algorithm != Algorithm::kLocal && config.sync.algorithm != Algorithm::kNone;
-  std::optional<comm::Group> group;
-  if (communicates) group = group_factory(config, client).make(start.epoch, rank, world);
+  std::optional<comm::Group> group;  // none for asynchronous DiLoCo: its workers talk only to the coordinator
+  if (communicates && !config.sync.async) group = group_factory(config, client).make(start.epoch, rank, world);
   if (start.copy) {
     if (!group) throw PeerError("worker", "the coordinator asked for a checkpoint copy in a run whose workers share no group");
     copy_checkpoint(*group, *start.copy, config, dataset, rank, start.resume_step, say);
   }
-  auto strategy = make_strategy(config, group ? *group : comm::Group::single(), std::ssize(tokens));
+  auto strategy = config.sync.async ? make_async_strategy(config, client, rank)
+                                    : make_strategy(config, group ? *group : comm::Group::single(), std::ssize(tokens));
   FixedLink link(client, options.stop);
   auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);
   train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once

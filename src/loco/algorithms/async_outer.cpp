@@ -1,0 +1,335 @@
+#include "loco/algorithms/async_outer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <thread>
+
+#include "loco/algorithms/flat_buffer.h"
+#include "loco/core/error.h"
+#include "loco/model/transformer.h"
+
+namespace loco::algorithms {
+
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+AsyncOuterServer::AsyncOuterServer(AsyncOptions options) : options_(options) {
+  options_.validate();
+  members_.resize(static_cast<size_t>(options_.workers));
+}
+
+void AsyncOuterServer::check(const AsyncPush& push) const {
+  if (push.worker < 0 || push.worker >= options_.workers) {
+    throw Error("async", fmt::format("worker {} is not one of the run's {}", push.worker, options_.workers));
+  }
+  if (push.values.defined() && (push.values.dim() != 1 || push.values.scalar_type() != torch::kFloat32)) {
+    throw Error("async", "the values sent must be one flat fp32 tensor");
+  }
+  if (theta_.defined() && push.values.defined() && push.values.numel() != theta_.numel()) {
+    throw Error("async", fmt::format("worker {} sent {} values; the model has {}", push.worker, push.values.numel(), theta_.numel()));
+  }
+  if (push.steps < 0 || !std::isfinite(push.seconds) || push.seconds < 0) {
+    throw Error("async", fmt::format("worker {} stated {} steps in {} s", push.worker, push.steps, push.seconds));
+  }
+  if (push.base_version >= 0 && !theta_.defined()) {
+    throw Error("async", fmt::format("worker {} sent an outer gradient of version {}, but this run's outer state has none "
+                                     "(it started anew: a restarted coordinator does not keep it)", push.worker, push.base_version));
+  }
+  if (push.base_version > version_) {
+    throw Error("async", fmt::format("worker {} sent an outer gradient of version {}, ahead of θ's {}", push.worker, push.base_version, version_));
+  }
+  if (push.base_version < 0 && !theta_.defined() && !push.values.defined()) {
+    throw Error("async", "the first worker to arrive must send its initial parameters");
+  }
+}
+
+AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point now) {
+  std::unique_lock lock(mutex_);
+  check(push);
+  release_silent(now);
+  auto& me = members_[static_cast<size_t>(push.worker)];
+  AsyncReply reply;
+  if (push.base_version < 0 && !theta_.defined()) {  // the first contact starts the run from its θ
+    theta_ = push.values.clone();
+    outer_.emplace(theta_, options_.lr, options_.momentum, options_.delay_or_default());
+  } else if (push.base_version >= 0 && push.steps > 0) {
+    reply.staleness = version_ - push.base_version;
+    steps_done_ += push.steps;
+    if (push.seconds > 0) me.speed = static_cast<double>(push.steps) / push.seconds;
+    double scale = 1;
+    if (!push.values.defined()) {
+      reply.rejected = "no outer gradient came with its steps";
+    } else if (reply.staleness > options_.staleness_or_default()) {
+      reply.rejected = fmt::format("{} versions stale (sync.async_max_staleness {})", reply.staleness, options_.staleness_or_default());
+    } else {
+      reply.rejected = screen(push.values, scale);
+    }
+    me.assigned = 0;
+    if (reply.rejected.empty()) {
+      reply.staleness = apply_in_batch(lock, push, scale);
+      reply.applied = true;
+    } else {
+      ++rejected_;
+      notes_.push_back(fmt::format("worker {}'s outer gradient left out: {}", push.worker, reply.rejected));
+    }
+  }
+  me.assigned = 0;
+  me.gone = false;
+  reply.steps_next = next_share(push.worker, now);
+  reply.version = version_;
+  reply.schedule_step = progress(now);
+  reply.schedule_rate = schedule_rate(me);
+  reply.finished = finished_locked();
+  reply.theta = theta_.clone();
+  if (open_) batch_closed_.notify_all();  // a batch may have been waiting for this worker
+  return reply;
+}
+
+// Δ joins the open batch (or opens one); the batch is applied, arrival by arrival, once every
+// worker whose cycle should end by then has arrived or `grace` of this cycle's time has passed
+// since the batch opened, so that workers that arrive together continue from the same θ. Returns
+// the staleness Δ was applied at.
+int64_t AsyncOuterServer::apply_in_batch(std::unique_lock<std::mutex>& lock, const AsyncPush& push, double scale) {
+  if (!open_) {
+    open_ = std::make_shared<Batch>();
+    open_->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(options_.grace * push.seconds * 1e6));
+  }
+  const auto batch = open_;
+  const size_t index = batch->entries.size();
+  batch->entries.push_back({push.worker, push.base_version, scale == 1 ? push.values : push.values * scale, 0});
+  // Awaited: the workers with a cycle under way that should end before the deadline (or whose
+  // speed is not known yet). Once none is left, the batch closes.
+  const auto awaited = [&] {
+    return std::any_of(members_.begin(), members_.end(), [&](const Member& m) {
+      if (m.gone || m.assigned == 0) return false;
+      if (m.speed <= 0) return true;
+      const auto ends = m.since + std::chrono::microseconds(static_cast<int64_t>(static_cast<double>(m.assigned) / m.speed * 1e6));
+      return ends <= batch->deadline;
+    });
+  };
+  if (awaited()) batch_closed_.wait_until(lock, batch->deadline, [&] { return batch->closed || !awaited(); });
+  if (!batch->closed) {
+    for (auto& entry : batch->entries) {
+      entry.staleness = version_ - entry.base_version;
+      outer_->step(entry.delta);
+      ++version_;
+      ++applied_;
+    }
+    batch->closed = true;
+    open_.reset();
+    batch_closed_.notify_all();
+  }
+  return batch->entries[index].staleness;
+}
+
+double AsyncOuterServer::schedule_rate(const Member& me) const {
+  double total_speed = 0;
+  int64_t known = 0;
+  for (const auto& m : members_) {
+    if (!m.gone && m.speed > 0) total_speed += m.speed, ++known;
+  }
+  // With every worker at its speed, the run's progress per inner step of this one.
+  return me.speed > 0 && known > 0 ? total_speed / static_cast<double>(known) / me.speed : 1.0;
+}
+
+// Why Δ is left out ("" when kept); `scale` < 1 when it is clipped.
+std::string AsyncOuterServer::screen(const torch::Tensor& delta, double& scale) {
+  const double norm = std::sqrt(delta.to(torch::kFloat64).square().sum().item<double>());
+  if (!std::isfinite(norm)) {
+    if (options_.reject_not_finite) return "a value that is not finite";
+    return "";
+  }
+  if (options_.reject_ratio > 0 && kept_norms_.size() >= 2) {
+    const double reference = median({kept_norms_.begin(), kept_norms_.end()});
+    if (norm > options_.reject_ratio * reference) {
+      return fmt::format("norm {:.4g} over {:g} x the median {:.4g} of the last kept", norm, options_.reject_ratio, reference);
+    }
+  }
+  kept_norms_.push_back(norm);
+  if (std::ssize(kept_norms_) > options_.workers) kept_norms_.pop_front();
+  if (options_.clip_norm > 0 && norm > options_.clip_norm) scale = options_.clip_norm / norm;
+  return "";
+}
+
+// A worker silent well past its cycle's time is gone: its share goes back to the others.
+void AsyncOuterServer::release_silent(Clock::time_point now) {
+  for (size_t w = 0; w < members_.size(); ++w) {
+    auto& m = members_[w];
+    if (m.gone || m.assigned == 0) continue;
+    const double expected = m.speed > 0 ? static_cast<double>(m.assigned) / m.speed : 0;
+    if (seconds_between(m.since, now) > std::max(options_.silence_s, 4 * expected)) {
+      notes_.push_back(fmt::format("worker {} silent for {:.0f} s in a cycle of {} steps: gone; its steps go to the others", w,
+                                   seconds_between(m.since, now), m.assigned));
+      m.assigned = 0;
+      m.gone = true;
+    }
+  }
+}
+
+// The steps of `worker`'s next cycle: H scaled by its speed against the fastest (dynamic local
+// updates), at most what is left of the run's budget once every cycle under way is counted.
+int64_t AsyncOuterServer::next_share(int64_t worker, Clock::time_point now) {
+  const int64_t budget = options_.total_steps * options_.workers;
+  int64_t under_way = 0;
+  double fastest = 0;
+  for (const auto& m : members_) {
+    under_way += m.assigned;
+    if (!m.gone) fastest = std::max(fastest, m.speed);
+  }
+  auto& me = members_[static_cast<size_t>(worker)];
+  int64_t share = options_.inner_steps;
+  if (options_.dynamic_steps && me.speed > 0 && fastest > 0) {
+    share = std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(options_.inner_steps) * me.speed / fastest)), 1,
+                                options_.inner_steps);
+  }
+  share = std::max<int64_t>(0, std::min(share, budget - steps_done_ - under_way));
+  me.assigned = share;
+  me.since = now;
+  return share;
+}
+
+// The run's inner steps per worker so far, counting each cycle under way at its worker's speed.
+double AsyncOuterServer::progress(Clock::time_point now) const {
+  double steps = static_cast<double>(steps_done_);
+  for (const auto& m : members_) {
+    if (m.assigned > 0 && m.speed > 0) steps += std::min<double>(static_cast<double>(m.assigned), seconds_between(m.since, now) * m.speed);
+  }
+  return steps / static_cast<double>(options_.workers);
+}
+
+bool AsyncOuterServer::finished_locked() const {
+  return theta_.defined() && steps_done_ >= options_.total_steps * options_.workers;
+}
+
+AsyncOuterServer::Totals AsyncOuterServer::totals() const {
+  std::lock_guard lock(mutex_);
+  return {version_, applied_, rejected_, steps_done_, options_.total_steps * options_.workers, finished_locked()};
+}
+
+std::vector<std::string> AsyncOuterServer::take_notes() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(notes_, {});
+}
+
+torch::Tensor flat_parameters(model::Transformer& model) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> pieces;
+  for (const auto& group : model->parameter_groups()) {
+    for (const auto& p : group.parameters) pieces.push_back(p.detach().to(torch::kCPU, torch::kFloat32).reshape({-1}));
+  }
+  return torch::cat(pieces);
+}
+
+void load_flat_parameters(model::Transformer& model, const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  int64_t at = 0;
+  for (const auto& group : model->parameter_groups()) {
+    for (const auto& p : group.parameters) {
+      const int64_t n = p.numel();
+      LOCO_CHECK(at + n <= flat.numel(), "the global parameters have {} values, fewer than the model's", flat.numel());
+      p.copy_(flat.narrow(0, at, n).view(p.sizes()));
+      at += n;
+    }
+  }
+  LOCO_CHECK(at == flat.numel(), "the global parameters have {} values, the model {}", flat.numel(), at);
+}
+
+AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison)
+    : link_(std::move(link)), worker_(worker), poison_(poison) {}
+
+SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
+  AsyncPush hello;
+  hello.worker = worker_;
+  hello.values = flat_parameters(model);
+  adopt(exchange(std::move(hello), model), model, step);
+  done_ = steps_next_ == 0;
+  return {};
+}
+
+AsyncReply AsyncDiLoCo::exchange(AsyncPush push, model::Transformer& model) {
+  (void)model;
+  if (push.values.defined()) bytes_sent_ += push.values.numel() * 4;
+  return link_->exchange(push);
+}
+
+// Continues from the reply's θ: the base of its next cycle.
+void AsyncDiLoCo::adopt(const AsyncReply& reply, model::Transformer& model, int64_t step) {
+  load_flat_parameters(model, reply.theta);
+  base_ = reply.theta;
+  base_version_ = reply.version;
+  steps_next_ = reply.steps_next;
+  schedule_base_ = reply.schedule_step;
+  schedule_rate_ = reply.schedule_rate;
+  cycle_steps_ = 0;
+  cycle_start_step_ = step;
+  cycle_start_ = std::chrono::steady_clock::now();
+}
+
+std::optional<double> AsyncDiLoCo::schedule_step(int64_t step) const {
+  return schedule_base_ + static_cast<double>(step - cycle_start_step_) * schedule_rate_;
+}
+
+SyncReports AsyncDiLoCo::after_step(StepContext& context) {
+  ++cycle_steps_;
+  if (cycle_steps_ < steps_next_) return {};
+  auto& model = *context.model;
+  const int64_t step = context.step + 1;
+  const auto start = std::chrono::steady_clock::now();
+  AsyncPush push;
+  push.worker = worker_;
+  push.base_version = base_version_;
+  push.steps = cycle_steps_;
+  push.seconds = seconds_between(cycle_start_, start);
+  push.values = base_ - flat_parameters(model);
+  ++cycles_;
+  if (poison_.hits(worker_, cycles_)) {
+    if (std::isnan(poison_.scale)) {
+      push.values[0] = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      push.values.mul_(poison_.scale);
+    }
+  }
+  const int64_t sent = push.values.numel() * 4;
+  AsyncReply reply = exchange(std::move(push), model);
+  // Its share done: it waits for the others' last outer gradients, and ends on the run's final θ
+  // (or takes up a share a worker that went silent left).
+  while (reply.steps_next == 0 && !reply.finished) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    AsyncPush ask;
+    ask.worker = worker_;
+    ask.base_version = reply.version;
+    reply = exchange(std::move(ask), model);
+  }
+  adopt(reply, model, step);
+  done_ = reply.steps_next == 0;
+  SyncReport report;
+  report.round = cycles_;
+  report.step = step;
+  report.world_size = 1;
+  report.stats.bytes_sent = sent;
+  report.stats.bytes_received = reply.theta.numel() * 4;
+  report.stats.seconds = seconds_between(start, std::chrono::steady_clock::now());
+  report.stall_seconds = report.stats.seconds;
+  report.params_hash = hash_tensors({reply.theta});
+  report.staleness = reply.staleness;
+  report.rejected = reply.applied || reply.rejected.empty() ? 0 : 1;
+  report.screening = reply.rejected;
+  return {report};
+}
+
+}  // namespace loco::algorithms

@@ -1,0 +1,149 @@
+// Asynchronous DiLoCo (Liu et al. 2024, arXiv 2401.09135; docs/async.md): no worker waits for
+// another. A worker that finishes its inner steps sends its outer gradient Δ = θ_base − θ_local to
+// the run's outer state, which applies it at once with delayed Nesterov (optim/delayed_nesterov.h),
+// and continues from the θ that comes back. The run's inner steps (train.steps × workers) are
+// shared out as they are asked for, and each worker's share of a cycle follows its speed (dynamic
+// local updates: H_w = H · v_w / max v, at least 1), so that unequal workers arrive at the same
+// pace and the slow one's outer gradients are no staler than the others'.
+//
+// AsyncOuterServer is the outer state (the coordinator holds one); AsyncDiLoCo is a worker's side,
+// reaching it through an OuterServerLink (runtime: the coordinator's /v1/outer).
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loco/algorithms/options.h"
+#include "loco/algorithms/sync.h"
+#include "loco/optim/delayed_nesterov.h"
+
+namespace loco::algorithms {
+
+// One exchange, from a worker.
+struct AsyncPush {
+  int64_t worker = 0;
+  int64_t base_version = -1;  // the version of θ its cycle started from; -1: its first contact
+  int64_t steps = 0;          // inner steps its Δ covers (0: none sent, it asks for θ)
+  double seconds = 0;         // their wall time, for its speed
+  torch::Tensor values;       // flat fp32: Δ; at first contact its initial θ (adopted when the state has none)
+};
+
+// The answer.
+struct AsyncReply {
+  int64_t version = 0;        // θ's: outer gradients applied so far
+  int64_t steps_next = 0;     // inner steps of its next cycle; 0: its share is done
+  double schedule_step = 0;   // the run's progress in inner steps per worker: where the learning-rate schedule stands
+  double schedule_rate = 1;   // schedule steps per inner step of its next cycle
+  bool applied = false;       // its Δ was applied
+  int64_t staleness = 0;      // versions applied since its base
+  std::string rejected;       // why its Δ was left out ("" when applied or none)
+  bool finished = false;      // every share is in: θ is the run's final θ
+  torch::Tensor theta;        // flat fp32
+};
+
+class AsyncOuterServer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit AsyncOuterServer(AsyncOptions options);
+
+  // Thread-safe. Throws ProtocolError-free: a malformed push (wrong size, unknown worker) throws
+  // Error naming what is wrong, and changes nothing.
+  AsyncReply exchange(const AsyncPush& push, Clock::time_point now);
+
+  struct Totals {
+    int64_t version = 0, applied = 0, rejected = 0, steps_done = 0, budget = 0;
+    bool finished = false;
+  };
+  Totals totals() const;
+  // Lines for the coordinator's log since the last call (rejections, workers gone).
+  std::vector<std::string> take_notes();
+
+ private:
+  struct Member {
+    int64_t assigned = 0;               // steps of its cycle under way (0: none)
+    double speed = 0;                   // inner steps per second, last measured (0: not yet)
+    Clock::time_point since{};          // when its cycle was assigned
+    bool gone = false;
+  };
+  struct Batch {
+    struct Entry {
+      int64_t worker, base_version;
+      torch::Tensor delta;
+      int64_t staleness;
+    };
+    std::vector<Entry> entries;
+    Clock::time_point deadline;
+    bool closed = false;
+  };
+  void check(const AsyncPush& push) const;
+  int64_t apply_in_batch(std::unique_lock<std::mutex>& lock, const AsyncPush& push, double scale);
+  double schedule_rate(const Member& me) const;
+  std::string screen(const torch::Tensor& delta, double& scale);
+  void release_silent(Clock::time_point now);
+  int64_t next_share(int64_t worker, Clock::time_point now);
+  double progress(Clock::time_point now) const;
+  bool finished_locked() const;
+
+  AsyncOptions options_;
+  mutable std::mutex mutex_;
+  torch::Tensor theta_;
+  std::optional<optim::DelayedNesterov> outer_;
+  std::vector<Member> members_;
+  std::deque<double> kept_norms_;
+  std::shared_ptr<Batch> open_;  // outer gradients waiting for the others of their batch
+  std::condition_variable batch_closed_;
+  int64_t version_ = 0, applied_ = 0, rejected_ = 0, steps_done_ = 0;
+  std::vector<std::string> notes_;
+};
+
+// How a worker reaches the outer state.
+class OuterServerLink {
+ public:
+  virtual ~OuterServerLink() = default;
+  virtual AsyncReply exchange(const AsyncPush& push) = 0;
+};
+
+// A worker's side: its model continues from the θ of each reply; its inner steps per cycle and its
+// learning rate's place in the schedule come from the reply too. Fixed membership; no resume.
+class AsyncDiLoCo final : public SyncStrategy {
+ public:
+  AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison = {});
+  std::string name() const override { return "diloco-async"; }
+  SyncReports on_start(model::Transformer& model, int64_t step) override;
+  SyncReports after_step(StepContext& context) override;
+  bool in_sync() const override { return cycle_steps_ == 0; }
+  std::optional<bool> part_done() const override { return done_; }
+  std::optional<double> schedule_step(int64_t step) const override;
+  int64_t bytes_sent() const override { return bytes_sent_; }
+
+ private:
+  AsyncReply exchange(AsyncPush push, model::Transformer& model);
+  void adopt(const AsyncReply& reply, model::Transformer& model, int64_t step);
+
+  std::shared_ptr<OuterServerLink> link_;
+  int64_t worker_;
+  Poison poison_;
+  torch::Tensor base_;          // θ its cycle started from (flat fp32)
+  int64_t base_version_ = -1;
+  int64_t steps_next_ = 0, cycle_steps_ = 0, cycle_start_step_ = 0, cycles_ = 0;
+  double schedule_base_ = 0, schedule_rate_ = 1;
+  std::chrono::steady_clock::time_point cycle_start_{};
+  bool done_ = false;
+  int64_t bytes_sent_ = 0;
+};
+
+// θ as one flat fp32 tensor, and back into the model's parameters.
+torch::Tensor flat_parameters(model::Transformer& model);
+void load_flat_parameters(model::Transformer& model, const torch::Tensor& flat);
+
+}  // namespace loco::algorithms

@@ -1,0 +1,291 @@
+// Asynchronous DiLoCo's outer state (algorithms/async_outer.h) on a toy problem against a
+// reference written from the paper, and its bounds: staleness, screening, the shared budget.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "algorithms_util.h"
+#include "loco/algorithms/async_outer.h"
+#include "loco/algorithms/flat_buffer.h"
+#include "loco/core/error.h"
+
+namespace loco::algorithms {
+namespace {
+
+using Clock = AsyncOuterServer::Clock;
+Clock::time_point at(double s) { return Clock::time_point{} + std::chrono::microseconds(static_cast<int64_t>(s * 1e6)); }
+
+AsyncOptions toy_options(int64_t workers, int64_t h, int64_t total) {
+  AsyncOptions o;
+  o.workers = workers;
+  o.inner_steps = h;
+  o.total_steps = total;
+  o.silence_s = 1e9;
+  return o;
+}
+
+// A worker of the toy problem: f_w(θ) = ½‖θ − c_w‖², inner steps of SGD at rate 0.1, so that k
+// steps from θ0 end at c_w + (θ0 − c_w)·0.9^k, at `speed` steps a second.
+struct ToyWorker {
+  std::vector<double> target;
+  double speed;
+  std::vector<double> inner(const std::vector<double>& from, int64_t k) const {
+    std::vector<double> out(from.size());
+    for (size_t i = 0; i < from.size(); ++i) out[i] = target[i] + (from[i] - target[i]) * std::pow(0.9, static_cast<double>(k));
+    return out;
+  }
+};
+
+torch::Tensor as_tensor(const std::vector<double>& v) {
+  return torch::tensor(std::vector<float>(v.begin(), v.end()));
+}
+std::vector<double> as_vector(const torch::Tensor& t) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < t.numel(); ++i) v.push_back(t[i].item<double>());
+  return v;
+}
+
+// The paper's asynchronous Local-SGD with delayed Nesterov and dynamic local updates, written out
+// in doubles for the toy workers, every worker's cycles in the order they end (ties by worker):
+// H_w = ⌊H · v_w / max v⌋ (at least 1; H before any speed is known), at most the steps left.
+struct Reference {
+  std::vector<double> theta, m, pending;
+  int64_t n, t = 0;
+  double lr = 0.7, beta = 0.9;
+  void apply(const std::vector<double>& g) {
+    ++t;
+    for (size_t i = 0; i < theta.size(); ++i) {
+      pending[i] += g[i];
+      if (t % n == 0) {
+        m[i] = beta * m[i] + pending[i] / static_cast<double>(n);
+        theta[i] -= lr * (g[i] / static_cast<double>(n) + beta * m[i]);
+        pending[i] = 0;
+      } else {
+        theta[i] -= lr * g[i] / static_cast<double>(n);
+      }
+    }
+  }
+};
+
+TEST(AsyncOuter, UnequalWorkersFollowThePapersUpdateOnAToyProblem) {
+  const int64_t h = 8, total = 40;
+  const std::vector<ToyWorker> workers = {{{1, 0, -1}, 2.0}, {{0, 2, 1}, 2.0}, {{-1, 1, 3}, 1.0}};
+  const int64_t m = std::ssize(workers);
+  AsyncOuterServer server(toy_options(m, h, total));
+  const std::vector<double> theta0 = {0.5, -0.5, 0.0};
+  Reference ref{theta0, std::vector<double>(3), std::vector<double>(3), m};
+
+  struct Cycle {
+    std::vector<double> base;
+    int64_t version = 0, steps = 0;
+    double start = 0;
+    bool done = false;
+  };
+  std::vector<Cycle> cycles(static_cast<size_t>(m)), mirror(static_cast<size_t>(m));
+  for (int64_t w = 0; w < m; ++w) {
+    AsyncPush hello{w, -1, 0, 0, as_tensor(theta0)};
+    const auto reply = server.exchange(hello, at(0));
+    EXPECT_EQ(reply.steps_next, h);
+    cycles[w] = {as_vector(reply.theta), reply.version, reply.steps_next, 0};
+    mirror[w] = {theta0, 0, h, 0};
+  }
+  std::vector<double> speed_known(static_cast<size_t>(m), 0);
+  int64_t steps_done = 0, max_staleness = 0, slow_shares = 0;
+  for (;;) {
+    int64_t next = -1;
+    double end = 0;
+    for (int64_t w = 0; w < m; ++w) {
+      if (cycles[w].done) continue;
+      const double e = cycles[w].start + static_cast<double>(cycles[w].steps) / workers[w].speed;
+      if (next < 0 || e < end) next = w, end = e;
+    }
+    if (next < 0) break;
+    auto& c = cycles[next];
+    const auto local = workers[next].inner(c.base, c.steps);
+    std::vector<double> delta(3);
+    for (int i = 0; i < 3; ++i) delta[i] = c.base[i] - local[i];
+    const double seconds = static_cast<double>(c.steps) / workers[next].speed;
+    const auto reply = server.exchange({next, c.version, c.steps, seconds, as_tensor(delta)}, at(end));
+    ASSERT_TRUE(reply.applied) << reply.rejected;
+    // Once every speed is known, cycles end together: only the others' arrivals come between.
+    if (c.version > 0 && c.start >= 8) max_staleness = std::max(max_staleness, reply.staleness);
+    if (next == 2 && c.start == 0) EXPECT_EQ(reply.staleness, 4) << "its first cycle, at H, took two of the others'";
+    // The reference: the same cycle from its own θ, its next share by the paper's rule.
+    auto& r = mirror[next];
+    const auto ref_local = workers[next].inner(r.base, r.steps);
+    std::vector<double> ref_delta(3);
+    for (int i = 0; i < 3; ++i) ref_delta[i] = r.base[i] - ref_local[i];
+    ref.apply(ref_delta);
+    steps_done += r.steps;
+    speed_known[next] = workers[next].speed;
+    const double fastest = *std::max_element(speed_known.begin(), speed_known.end());
+    int64_t share = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(h) * workers[next].speed / fastest)));
+    int64_t under_way = 0;
+    for (int64_t w = 0; w < m; ++w) {
+      if (w != next && !mirror[w].done) under_way += mirror[w].steps;
+    }
+    share = std::max<int64_t>(0, std::min(share, total * m - steps_done - under_way));
+    EXPECT_EQ(reply.steps_next, share) << "worker " << next << " at " << end << " s";
+    if (next == 2 && share > 0) slow_shares += share == h / 2;
+    r = {ref.theta, 0, share, end, share == 0};
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(reply.theta[i].item<double>(), ref.theta[i], 1e-4);
+    c = {as_vector(reply.theta), reply.version, reply.steps_next, end, reply.steps_next == 0};
+  }
+  const auto totals = server.totals();
+  EXPECT_EQ(totals.steps_done, total * m);
+  EXPECT_TRUE(totals.finished);
+  EXPECT_EQ(totals.applied, totals.version);
+  EXPECT_GE(slow_shares, 3) << "the worker at half speed takes half the steps a cycle";
+  EXPECT_EQ(max_staleness, m - 1);
+}
+
+AsyncReply hello(AsyncOuterServer& server, int64_t worker, const torch::Tensor& theta, double time = 0) {
+  return server.exchange({worker, -1, 0, 0, theta}, at(time));
+}
+
+// With a grace, outer gradients that arrive together are applied together: the first waits for the
+// other (whose cycle is under way), and both continue from the θ with both applied.
+TEST(AsyncOuter, OuterGradientsArrivingTogetherContinueFromTheSameTheta) {
+  auto options = toy_options(2, 4, 100);
+  options.grace = 1.0;
+  options.dynamic_steps = false;
+  AsyncOuterServer server(options);
+  server.exchange({0, -1, 0, 0, torch::zeros({2})}, Clock::now());
+  server.exchange({1, -1, 0, 0, torch::zeros({2})}, Clock::now());
+  const auto start = Clock::now();
+  AsyncReply first;
+  std::thread early([&] { first = server.exchange({0, 0, 4, 2.0, torch::full({2}, 0.1f)}, Clock::now()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto second = server.exchange({1, 0, 4, 2.2, torch::full({2}, 0.3f)}, Clock::now());
+  early.join();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 1.5) << "the batch closed when both were in";
+  EXPECT_TRUE(first.applied && second.applied);
+  EXPECT_EQ(first.version, 2);
+  EXPECT_EQ(second.version, 2);
+  EXPECT_TRUE(torch::equal(first.theta, second.theta));
+  EXPECT_EQ(first.staleness, 0);
+  EXPECT_EQ(second.staleness, 1);
+  // Alone (the other's cycle just began and ends long after the grace), it is applied at once.
+  const auto alone = server.exchange({0, 2, 4, 0.01, torch::full({2}, 0.1f)}, Clock::now());
+  EXPECT_EQ(alone.version, 3);
+}
+
+TEST(AsyncOuter, AnOuterGradientStalerThanTheBoundIsLeftOutAndCounted) {
+  auto options = toy_options(2, 4, 100);
+  options.max_staleness = 2;
+  options.dynamic_steps = false;
+  AsyncOuterServer server(options);
+  const auto theta0 = torch::zeros({3});
+  hello(server, 0, theta0);
+  hello(server, 1, theta0);
+  for (int i = 0; i < 3; ++i) server.exchange({0, i, 4, 1, torch::full({3}, 0.1f)}, at(1 + i));  // versions 1, 2, 3
+  const auto before = server.exchange({0, 3, 0, 0, {}}, at(4)).theta;
+  const auto late = server.exchange({1, 0, 4, 4, torch::full({3}, 0.1f)}, at(4));
+  EXPECT_FALSE(late.applied);
+  EXPECT_EQ(late.staleness, 3);
+  EXPECT_NE(late.rejected.find("stale"), std::string::npos) << late.rejected;
+  EXPECT_TRUE(torch::equal(late.theta, before));
+  EXPECT_EQ(late.steps_next, 4) << "it goes on from the current θ";
+  EXPECT_EQ(server.totals().rejected, 1);
+  const auto on_time = server.exchange({1, 2, 4, 4, torch::full({3}, 0.1f)}, at(5));  // 1 behind: kept
+  EXPECT_TRUE(on_time.applied);
+  EXPECT_EQ(server.take_notes().size(), 1u);
+}
+
+TEST(AsyncOuter, APoisonedOuterGradientIsLeftOutAndCounted) {
+  auto options = toy_options(3, 4, 100);
+  options.reject_ratio = 10;
+  AsyncOuterServer server(options);
+  hello(server, 0, torch::zeros({4}));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(server.exchange({i % 3, i, 4, 1, torch::full({4}, 0.1f)}, at(1)).applied);
+  const auto version = server.totals().version;
+  auto nan = torch::full({4}, 0.1f);
+  nan[2] = std::nanf("");
+  const auto a = server.exchange({1, version, 4, 1, nan}, at(2));
+  EXPECT_FALSE(a.applied);
+  EXPECT_NE(a.rejected.find("not finite"), std::string::npos);
+  EXPECT_TRUE(torch::isfinite(a.theta).all().item<bool>());
+  const auto b = server.exchange({2, version, 4, 1, torch::full({4}, 10.0f)}, at(2));  // x100
+  EXPECT_FALSE(b.applied);
+  EXPECT_NE(b.rejected.find("median"), std::string::npos) << b.rejected;
+  EXPECT_EQ(server.totals().rejected, 2);
+  EXPECT_EQ(server.totals().version, version);
+}
+
+TEST(AsyncOuter, TheBudgetIsSharedAndASilentWorkersShareGoesToTheOthers) {
+  auto options = toy_options(2, 4, 6);  // 12 steps in all
+  options.dynamic_steps = false;
+  options.silence_s = 10;
+  AsyncOuterServer server(options);
+  EXPECT_EQ(hello(server, 0, torch::zeros({2})).steps_next, 4);
+  EXPECT_EQ(hello(server, 1, torch::zeros({2})).steps_next, 4);
+  auto r = server.exchange({0, 0, 4, 1, torch::full({2}, 0.1f)}, at(1));
+  EXPECT_EQ(r.steps_next, 4);  // 12 - 4 done - 4 under way by worker 1
+  r = server.exchange({0, r.version, 4, 1, torch::full({2}, 0.1f)}, at(2));
+  EXPECT_EQ(r.steps_next, 0) << "the rest is worker 1's";
+  EXPECT_FALSE(r.finished);
+  // Worker 1 goes silent: after the silence its 4 steps go back to the pool, and to worker 0.
+  r = server.exchange({0, r.version, 0, 0, {}}, at(5));
+  EXPECT_EQ(r.steps_next, 0);
+  r = server.exchange({0, r.version, 0, 0, {}}, at(20));
+  EXPECT_EQ(r.steps_next, 4);
+  r = server.exchange({0, r.version, 4, 1, torch::full({2}, 0.1f)}, at(21));
+  EXPECT_TRUE(r.finished);
+  EXPECT_EQ(r.steps_next, 0);
+  const auto notes = server.take_notes();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("worker 1 silent"), std::string::npos) << notes[0];
+}
+
+TEST(AsyncOuter, MalformedExchangesAreRefusedAndChangeNothing) {
+  AsyncOuterServer server(toy_options(2, 4, 10));
+  EXPECT_THROW(server.exchange({0, 0, 4, 1, torch::zeros({3})}, at(0)), Error);  // no state yet
+  EXPECT_THROW(server.exchange({0, -1, 0, 0, {}}, at(0)), Error);             // first contact without θ
+  hello(server, 0, torch::zeros({3}));
+  EXPECT_THROW(server.exchange({5, 0, 4, 1, torch::zeros({3})}, at(1)), Error);   // no such worker
+  EXPECT_THROW(server.exchange({0, 0, 4, 1, torch::zeros({4})}, at(1)), Error);   // wrong size
+  EXPECT_THROW(server.exchange({0, 3, 4, 1, torch::zeros({3})}, at(1)), Error);   // a version from the future
+  EXPECT_THROW(server.exchange({0, 0, 4, -1, torch::zeros({3})}, at(1)), Error);  // negative time
+  EXPECT_EQ(server.totals().version, 0);
+  EXPECT_EQ(server.totals().steps_done, 0);
+}
+
+// A worker's side over an in-process link: its model continues from the state's θ, and it ends
+// on the run's final θ once its share is done.
+class DirectLink final : public OuterServerLink {
+ public:
+  explicit DirectLink(AsyncOuterServer& server) : server_(server) {}
+  AsyncReply exchange(const AsyncPush& push) override { return server_.exchange(push, Clock::now()); }
+
+ private:
+  AsyncOuterServer& server_;
+};
+
+TEST(AsyncOuter, AWorkerEndsOnTheRunsFinalTheta) {
+  AsyncOuterServer server(toy_options(1, 3, 6));
+  auto model = model::Transformer(tiny_model(), 1);
+  AsyncDiLoCo strategy(std::make_shared<DirectLink>(server), 0);
+  strategy.on_start(model, 0);
+  auto adamw = make_adamw(model);
+  int64_t step = 0, syncs = 0;
+  while (!strategy.part_done().value()) {
+    train_step(model, adamw, batch(step, 2));
+    adamw.step(1e-2);
+    StepContext context{step++, 16, &model};
+    for (const auto& report : strategy.after_step(context)) {
+      ++syncs;
+      EXPECT_EQ(report.staleness, 0);
+      EXPECT_EQ(report.params_hash, hash_tensors({flat_parameters(model)}));
+    }
+  }
+  EXPECT_EQ(step, 6);
+  EXPECT_EQ(syncs, 2);
+  EXPECT_TRUE(server.totals().finished);
+  EXPECT_EQ(server.totals().version, 2);
+}
+
+}  // namespace
+}  // namespace loco::algorithms
