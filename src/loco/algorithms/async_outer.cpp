@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <thread>
 
 #include "loco/algorithms/flat_buffer.h"
+#include "loco/algorithms/membership.h"
 #include "loco/core/error.h"
 #include "loco/model/transformer.h"
 
@@ -67,7 +69,10 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
   if (push.base_version < 0 && !theta_.defined()) {  // the first contact starts the run from its θ
     theta_ = push.values.clone();
     outer_.emplace(theta_, options_.lr, options_.momentum, options_.delay_or_default());
+  } else if (push.base_version >= 0 && push.steps > 0 && push.cycle > 0 && push.cycle <= me.last_cycle) {
+    reply.applied = me.last_applied;  // a retry of a cycle already counted (its answer was lost): not again
   } else if (push.base_version >= 0 && push.steps > 0) {
+    me.last_cycle = push.cycle;
     reply.staleness = version_ - push.base_version;
     steps_done_ += push.steps;
     if (push.seconds > 0) me.speed = static_cast<double>(push.steps) / push.seconds;
@@ -81,12 +86,15 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
     }
     me.assigned = 0;
     if (reply.rejected.empty()) {
+      const auto waited_from = Clock::now();
       reply.staleness = apply_in_batch(lock, push, scale);
       reply.applied = true;
+      now += Clock::now() - waited_from;  // its next cycle begins when the answer goes
     } else {
       ++rejected_;
       notes_.push_back(fmt::format("worker {}'s outer gradient left out: {}", push.worker, reply.rejected));
     }
+    me.last_applied = reply.applied;
   }
   me.assigned = 0;
   me.gone = false;
@@ -149,7 +157,7 @@ double AsyncOuterServer::schedule_rate(const Member& me) const {
 
 // Why Δ is left out ("" when kept); `scale` < 1 when it is clipped.
 std::string AsyncOuterServer::screen(const torch::Tensor& delta, double& scale) {
-  const double norm = std::sqrt(delta.to(torch::kFloat64).square().sum().item<double>());
+  const double norm = delta.norm().item<double>();  // NaN or infinite when a value is
   if (!std::isfinite(norm)) {
     if (options_.reject_not_finite) return "a value that is not finite";
     return "";
@@ -182,25 +190,33 @@ void AsyncOuterServer::release_silent(Clock::time_point now) {
 }
 
 // The steps of `worker`'s next cycle: H scaled by its speed against the fastest (dynamic local
-// updates), at most what is left of the run's budget once every cycle under way is counted.
+// updates; a fifth of H for its first, which measures its speed), at most what is left of the
+// run's budget once every cycle under way is counted. The last steps are shared by speed among
+// the workers about to ask (none under way), so that they end together.
 int64_t AsyncOuterServer::next_share(int64_t worker, Clock::time_point now) {
-  const int64_t budget = options_.total_steps * options_.workers;
+  auto& me = members_[static_cast<size_t>(worker)];
+  me.assigned = 0;
   int64_t under_way = 0;
-  double fastest = 0;
+  double fastest = 0, idle_speed = 0;
   for (const auto& m : members_) {
     under_way += m.assigned;
-    if (!m.gone) fastest = std::max(fastest, m.speed);
+    if (m.gone) continue;
+    fastest = std::max(fastest, m.speed);
+    if (m.assigned == 0) idle_speed += m.speed;
   }
-  auto& me = members_[static_cast<size_t>(worker)];
-  int64_t share = options_.inner_steps;
-  if (options_.dynamic_steps && me.speed > 0 && fastest > 0) {
-    share = std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(options_.inner_steps) * me.speed / fastest)), 1,
-                                options_.inner_steps);
+  const int64_t left = std::max<int64_t>(0, options_.total_steps * options_.workers - steps_done_ - under_way);
+  const int64_t h = options_.inner_steps;
+  int64_t share = h;
+  if (options_.dynamic_steps) {
+    share = me.speed > 0 ? std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(h) * me.speed / fastest)), 1, h)
+                         : std::max<int64_t>(1, h / 5);
   }
-  share = std::max<int64_t>(0, std::min(share, budget - steps_done_ - under_way));
-  me.assigned = share;
+  if (me.speed > 0 && idle_speed > 0) {
+    share = std::min<int64_t>(share, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(left) * me.speed / idle_speed))));
+  }
+  me.assigned = std::min(share, left);
   me.since = now;
-  return share;
+  return me.assigned;
 }
 
 // The run's inner steps per worker so far, counting each cycle under way at its worker's speed.
@@ -219,6 +235,49 @@ bool AsyncOuterServer::finished_locked() const {
 AsyncOuterServer::Totals AsyncOuterServer::totals() const {
   std::lock_guard lock(mutex_);
   return {version_, applied_, rejected_, steps_done_, options_.total_steps * options_.workers, finished_locked()};
+}
+
+NamedTensors AsyncOuterServer::state() const {
+  std::lock_guard lock(mutex_);
+  if (!theta_.defined()) return {};
+  NamedTensors out = {{"theta", theta_.clone()}};
+  for (const auto& [name, tensor] : outer_->state()) out.emplace_back("outer." + name, tensor.clone());
+  out.emplace_back("counters", torch::tensor({version_, applied_, rejected_, steps_done_}, torch::kInt64));
+  auto speeds = torch::zeros({options_.workers}, torch::kFloat64);
+  for (int64_t w = 0; w < options_.workers; ++w) speeds[w] = members_[static_cast<size_t>(w)].speed;
+  out.emplace_back("speeds", speeds);
+  return out;
+}
+
+void AsyncOuterServer::load_state(const NamedTensors& tensors) {
+  std::lock_guard lock(mutex_);
+  std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  const auto take = [&](const std::string& key, torch::ScalarType type) {
+    const auto it = by_name.find(key);
+    if (it == by_name.end() || it->second.scalar_type() != type) {
+      throw DataError("async", fmt::format("the outer state has no {} entry '{}'", c10::toString(type), key));
+    }
+    return it->second;
+  };
+  auto theta = take("theta", torch::kFloat32).flatten().clone();
+  optim::DelayedNesterov outer(theta, options_.lr, options_.momentum, options_.delay_or_default());
+  NamedTensors outer_state;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.starts_with("outer.")) outer_state.emplace_back(name.substr(6), tensor);
+  }
+  outer.load_state(outer_state);
+  const auto counters = take("counters", torch::kInt64);
+  const auto speeds = take("speeds", torch::kFloat64);
+  if (counters.numel() != 4 || speeds.numel() != options_.workers) {
+    throw DataError("async", fmt::format("the outer state's counters or speeds do not fit a run of {} workers", options_.workers));
+  }
+  theta_ = theta;
+  outer_.emplace(std::move(outer));
+  version_ = counters[0].item<int64_t>();
+  applied_ = counters[1].item<int64_t>();
+  rejected_ = counters[2].item<int64_t>();
+  steps_done_ = counters[3].item<int64_t>();
+  for (int64_t w = 0; w < options_.workers; ++w) members_[static_cast<size_t>(w)].speed = speeds[w].item<double>();
 }
 
 std::vector<std::string> AsyncOuterServer::take_notes() {
@@ -249,8 +308,8 @@ void load_flat_parameters(model::Transformer& model, const torch::Tensor& flat) 
   LOCO_CHECK(at == flat.numel(), "the global parameters have {} values, the model {}", flat.numel(), at);
 }
 
-AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison)
-    : link_(std::move(link)), worker_(worker), poison_(poison) {}
+AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison, const std::atomic<bool>* stop)
+    : link_(std::move(link)), worker_(worker), poison_(poison), stop_(stop) {}
 
 SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
   AsyncPush hello;
@@ -296,7 +355,7 @@ SyncReports AsyncDiLoCo::after_step(StepContext& context) {
   push.steps = cycle_steps_;
   push.seconds = seconds_between(cycle_start_, start);
   push.values = base_ - flat_parameters(model);
-  ++cycles_;
+  push.cycle = ++cycles_;
   if (poison_.hits(worker_, cycles_)) {
     if (std::isnan(poison_.scale)) {
       push.values[0] = std::numeric_limits<float>::quiet_NaN();
@@ -309,6 +368,7 @@ SyncReports AsyncDiLoCo::after_step(StepContext& context) {
   // Its share done: it waits for the others' last outer gradients, and ends on the run's final θ
   // (or takes up a share a worker that went silent left).
   while (reply.steps_next == 0 && !reply.finished) {
+    if (stop_ != nullptr && stop_->load()) throw RunStopping("the run is stopping; this worker's share of its steps was done");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     AsyncPush ask;
     ask.worker = worker_;

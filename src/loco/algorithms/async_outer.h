@@ -12,6 +12,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -36,6 +37,7 @@ struct AsyncPush {
   int64_t steps = 0;          // inner steps its Δ covers (0: none sent, it asks for θ)
   double seconds = 0;         // their wall time, for its speed
   torch::Tensor values;       // flat fp32: Δ; at first contact its initial θ (adopted when the state has none)
+  int64_t cycle = 0;          // the worker's count of its cycles (1 for its first Δ): a retried exchange is not applied twice
 };
 
 // The answer.
@@ -68,12 +70,20 @@ class AsyncOuterServer {
   // Lines for the coordinator's log since the last call (rejections, workers gone).
   std::vector<std::string> take_notes();
 
+  // What a resumed run continues from: θ, delayed Nesterov's state, the counters and the workers'
+  // speeds (empty before the first worker arrived). load_state takes what state() returned, before
+  // any exchange; DataError names what does not fit.
+  NamedTensors state() const;
+  void load_state(const NamedTensors& tensors);
+
  private:
   struct Member {
     int64_t assigned = 0;               // steps of its cycle under way (0: none)
     double speed = 0;                   // inner steps per second, last measured (0: not yet)
     Clock::time_point since{};          // when its cycle was assigned
     bool gone = false;
+    int64_t last_cycle = 0;             // the last cycle it sent a Δ for
+    bool last_applied = false;          // ... and whether it was applied
   };
   struct Batch {
     struct Entry {
@@ -117,7 +127,9 @@ class OuterServerLink {
 // learning rate's place in the schedule come from the reply too. Fixed membership; no resume.
 class AsyncDiLoCo final : public SyncStrategy {
  public:
-  AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison = {});
+  // `stop` (may be null): set when the run is stopping; a worker waiting for the others' last
+  // outer gradients then stops waiting (RunStopping).
+  AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison = {}, const std::atomic<bool>* stop = nullptr);
   std::string name() const override { return "diloco-async"; }
   SyncReports on_start(model::Transformer& model, int64_t step) override;
   SyncReports after_step(StepContext& context) override;
@@ -133,6 +145,7 @@ class AsyncDiLoCo final : public SyncStrategy {
   std::shared_ptr<OuterServerLink> link_;
   int64_t worker_;
   Poison poison_;
+  const std::atomic<bool>* stop_;
   torch::Tensor base_;          // θ its cycle started from (flat fp32)
   int64_t base_version_ = -1;
   int64_t steps_next_ = 0, cycle_steps_ = 0, cycle_start_step_ = 0, cycles_ = 0;

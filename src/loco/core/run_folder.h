@@ -7,6 +7,7 @@
 //   metrics.jsonl          every process's events (metrics/events.h)
 //   join_token             the generated secret workers join with (runtime/net/auth.h)
 //   coordinator.json       an elastic coordinator's membership table
+//   outer.safetensors      an asynchronous DiLoCo run's outer state, the coordinator's
 //   shards.json            which documents each worker reads (a fixed run's rank 0)
 //   checkpoints/           the run's checkpoints: one process's, or an elastic run's global ones
 //   workers/<rank>/checkpoints/   each worker's own, in a fixed distributed run
@@ -45,6 +46,7 @@ class RunFolder {
   std::filesystem::path metrics() const { return dir_ / "metrics.jsonl"; }
   std::filesystem::path join_token() const { return dir_ / "join_token"; }
   std::filesystem::path coordinator_state() const { return dir_ / "coordinator.json"; }
+  std::filesystem::path outer_state() const { return dir_ / "outer.safetensors"; }
   std::filesystem::path shards() const { return dir_ / "shards.json"; }
   // `loco launch --link`: each worker's emulated link, for `loco report`.
   std::filesystem::path links() const { return dir_ / "links.json"; }

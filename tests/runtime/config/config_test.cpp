@@ -165,6 +165,43 @@ TEST(Config, ElasticRunsNameWhatTheyCannotDo) {
   expect_error<ConfigError>([&] { validate(c); }, "must be at least twice cluster.heartbeat_s");
 }
 
+// Asynchronous DiLoCo: what it does not offer yet is refused by name, its options reach the outer state.
+TEST(Config, AsynchronousDiLoCoNamesWhatItCannotDo) {
+  RunConfig c;
+  apply_override(c, "cluster.workers=4");
+  apply_override(c, "sync.algorithm=diloco");
+  apply_override(c, "sync.async=true");
+  EXPECT_NO_THROW(validate(c));
+  const std::vector<std::pair<const char*, const char*>> refused = {
+      {"sync.algorithm=streaming", "is for sync.algorithm = \"diloco\""},
+      {"sync.eager=true", "and sync.eager are two ways of not waiting"},
+      {"sync.robust_mean=median", "there is no mean to make robust"},
+      {"sync.exchange=e3m0", "sends fp32 outer gradients for now"},
+      {"outer.optimizer=sgd", "steps with delayed Nesterov"},
+  };
+  for (const auto& [override, why] : refused) {
+    RunConfig bad = c;
+    apply_override(bad, override);
+    expect_error<ConfigError>([&] { validate(bad); }, why);
+  }
+  RunConfig elastic = c;
+  apply_override(elastic, "cluster.elastic=true");
+  expect_error<ConfigError>([&] { validate(elastic); }, "needs a fixed membership for now");
+  apply_override(c, "sync.async_delay=2");
+  apply_override(c, "sync.async_grace=0.5");
+  apply_override(c, "sync.reject_ratio=10");
+  resolve_defaults(c);
+  const auto o = async_options(c);
+  EXPECT_EQ(o.workers, 4);
+  EXPECT_EQ(o.delay_or_default(), 2);
+  EXPECT_EQ(o.staleness_or_default(), 16);
+  EXPECT_DOUBLE_EQ(o.grace, 0.5);
+  EXPECT_DOUBLE_EQ(o.reject_ratio, 10);
+  EXPECT_DOUBLE_EQ(o.lr, 0.7);
+  EXPECT_DOUBLE_EQ(o.momentum, 0.9);
+  expect_error<ConfigError>([] { parse_config("[sync]\nasync_grace = -1.0\n", "f.toml"); }, "sync.async_grace must be in [0, 10]");
+}
+
 // Shards of unequal size by design (label, kmeans) weigh outer gradients by shard size; iid shards
 // and time-budgeted rounds by the tokens of the round; an explicit choice stands.
 TEST(Config, AutoWeightingFollowsTheShardPolicy) {

@@ -13,8 +13,10 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "loco/runtime/net/auth.h"
 #include "loco/runtime/coordinator/coordinator.h"
+#include "loco/runtime/coordinator/outer_wire.h"
 #include "loco/runtime/coordinator/coordinator_client.h"
 #include "loco/runtime/status/status_routes.h"
 #include "test_util.h"
@@ -519,6 +521,50 @@ TEST(Coordinator, RefusesToListenBeyondLoopbackWithoutAToken) {
   EXPECT_TRUE(auth::is_loopback("::1"));
   EXPECT_FALSE(auth::is_loopback("10.0.0.1"));
   EXPECT_FALSE(auth::is_loopback("::"));
+}
+
+// Asynchronous DiLoCo's outer state is the coordinator's (POST /v1/outer, signed both ways): a
+// worker's first exchange starts it, a malformed one is refused; the coordinator saves it as it
+// ends, and a resumed coordinator continues from it.
+TEST(Coordinator, AnAsynchronousRunsOuterStateIsServedSavedAndResumed) {
+  testing_util::TempDir dir;
+  auto config = run_config(2);
+  config.sync.async = true;
+  config.sync.inner_steps = 10;
+  config.run.dir = dir.path().string();
+  auto o = options_for(config);
+  o.token = "tok";
+  torch::Tensor theta;
+  {
+    Running running(o);
+    CoordinatorClient client(running.address(), 5s, {"tok"});
+    algorithms::AsyncPush hello{1, -1, 0, 0, torch::arange(10, torch::kFloat32)};
+    auto [status, body] = client.request("POST", "/v1/outer", protocol::encode_outer_push(hello), 5s);
+    ASSERT_EQ(status, 200) << body;
+    auto reply = protocol::decode_outer_reply(body, 10);
+    EXPECT_EQ(reply.steps_next, 10 / 5) << "a first cycle of H / 5 steps measures the worker's speed";
+    EXPECT_TRUE(torch::equal(reply.theta, hello.values));
+    algorithms::AsyncPush push{1, 0, 2, 1.0, torch::full({10}, 0.5f), 1};
+    reply = protocol::decode_outer_reply(client.request("POST", "/v1/outer", protocol::encode_outer_push(push), 5s).second, 10);
+    EXPECT_TRUE(reply.applied);
+    EXPECT_EQ(reply.version, 1);
+    theta = reply.theta;
+    auto [bad, why] = client.request("POST", "/v1/outer", "{\"worker\": 0}\n123", 5s);
+    EXPECT_EQ(bad, 400);
+    EXPECT_NE(why.find("values"), std::string::npos) << why;
+    algorithms::AsyncPush wrong{0, 0, 7, 1, torch::zeros({11})};
+    EXPECT_EQ(client.request("POST", "/v1/outer", protocol::encode_outer_push(wrong), 5s).first, 400);
+    CoordinatorClient stranger(running.address(), 5s, {"not the token"});
+    EXPECT_THROW(stranger.request("POST", "/v1/outer", protocol::encode_outer_push(hello), 5s), std::exception);
+  }
+  ASSERT_TRUE(fs::exists(RunFolder(dir.path()).outer_state())) << "saved as the coordinator ended";
+  o.resume = true;
+  Running resumed(o);
+  CoordinatorClient client(resumed.address(), 5s, {"tok"});
+  algorithms::AsyncPush hello{0, -1, 0, 0, torch::zeros({10})};
+  const auto reply = protocol::decode_outer_reply(client.request("POST", "/v1/outer", protocol::encode_outer_push(hello), 5s).second, 10);
+  EXPECT_EQ(reply.version, 1);
+  EXPECT_TRUE(torch::equal(reply.theta, theta)) << "the resumed run continues from the saved θ, not the worker's";
 }
 
 // The status page (docs/status-page.md): a browser gets the page, scripts the plain text; the page's

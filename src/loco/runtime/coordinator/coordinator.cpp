@@ -17,6 +17,7 @@
 #include "loco/runtime/coordinator/elastic_run.h"
 #include "loco/runtime/net/http_server.h"
 #include "loco/runtime/coordinator/fixed_run.h"
+#include "loco/runtime/coordinator/outer_service.h"
 #include "loco/runtime/coordinator/outer_wire.h"
 #include "loco/runtime/coordinator/run.h"
 #include "loco/runtime/status/status_routes.h"
@@ -102,7 +103,7 @@ struct Coordinator::Impl {
     } else {
       run = std::make_unique<FixedRun>(options, status, identity);
     }
-    if (options.config.sync.async) outer = std::make_unique<algorithms::AsyncOuterServer>(async_options(options.config));
+    if (options.config.sync.async) outer = std::make_unique<OuterService>(options.config, options.resume, options.log);
   }
 
   CoordinatorOptions options;
@@ -112,7 +113,7 @@ struct Coordinator::Impl {
   std::unique_ptr<HttpServer> server;
   comm::MemoryKeyValueStore store;
   std::optional<auth::Verifier> verifier;  // when the run has a token
-  std::unique_ptr<algorithms::AsyncOuterServer> outer;  // asynchronous DiLoCo's outer state (sync.async)
+  std::unique_ptr<OuterService> outer;  // asynchronous DiLoCo's outer state (sync.async)
 
   // Refused requests are logged at most once per address every 10 s, with a count of the others,
   // so that a flood of them cannot flood the log.
@@ -329,21 +330,9 @@ struct Coordinator::Impl {
     }));
   }
 
-  // Asynchronous DiLoCo (sync.async): each worker's outer gradient applied as it comes, θ back.
+  // Asynchronous DiLoCo (sync.async): POST /v1/outer.
   void install_outer_route() {
-    if (!outer) return;
-    server->route("POST", "/v1/outer", guard([this](const auto& request, auto& response) {
-      const auto push = protocol::decode_outer_push(request.body);
-      algorithms::AsyncReply reply;
-      try {
-        reply = outer->exchange(push, Clock::now());
-      } catch (const Error& e) {
-        throw ProtocolError(e.what());
-      }
-      for (const auto& note : outer->take_notes()) log(note);
-      response.status = 200;
-      response.set_content(protocol::encode_outer_reply(reply), "application/octet-stream");
-    }));
+    if (outer) outer->install(*server, [this](HttpServer::Handler handler) { return guard(std::move(handler)); });
   }
 
   // Heartbeats and rounds: elastic runs (ElasticRun, over the MembershipTable).
@@ -489,7 +478,10 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
   impl_->install_routes();
 }
 
-Coordinator::~Coordinator() { impl_->server->stop(); }
+Coordinator::~Coordinator() {
+  impl_->server->stop();
+  if (impl_->outer) impl_->outer->save(true);  // what the last exchanges brought, for a resume
+}
 
 int64_t Coordinator::port() const { return impl_->server->port(); }
 

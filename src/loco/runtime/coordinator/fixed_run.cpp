@@ -102,6 +102,10 @@ std::string holding_none(const std::vector<int64_t>& ranks) {
 // that holds no checkpoint (it stopped before its first, or lost them) resumes from a copy of the
 // furthest checkpoint of that set, which its holder sends it over the run's group before training.
 void FixedRun::plan_resume() {
+  if (options_.config.sync.async) {
+    plan_async_resume();
+    return;
+  }
   std::map<uint64_t, std::vector<int64_t>> newest;  // global hash -> newest step per rank (-1: none)
   std::vector<int64_t> without;                     // ranks holding no checkpoint
   for (size_t r = 0; r < members_.size(); ++r) {
@@ -150,6 +154,25 @@ void FixedRun::plan_resume() {
   }
   for (size_t r = 0; r < members_.size(); ++r) resume_steps_[static_cast<int64_t>(r)] = steps[r];
   log(fmt::format("resuming: worker steps {} (global parameters {})", fmt::join(steps, ", "), hex64(best->second)));
+}
+
+// Asynchronous DiLoCo: the global parameters are the coordinator's outer state (outer_service.h),
+// so each worker resumes from its own newest checkpoint (its inner state and data position), and
+// one that holds none starts its shard afresh; either way it continues from the outer state's θ.
+void FixedRun::plan_async_resume() {
+  std::vector<std::string> steps;
+  for (size_t r = 0; r < members_.size(); ++r) {
+    const auto& checkpoints = members_[r]->request.checkpoints;
+    if (checkpoints.empty()) {
+      steps.push_back("none");
+      continue;
+    }
+    const auto newest = std::max_element(checkpoints.begin(), checkpoints.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+    resume_steps_[static_cast<int64_t>(r)] = newest->step;
+    steps.push_back(std::to_string(newest->step));
+  }
+  log(fmt::format("resuming asynchronous DiLoCo: each worker from its own newest checkpoint (steps {}), all from the "
+                  "outer state's parameters", fmt::join(steps, ", ")));
 }
 
 // Nothing to resume from: no worker holds a checkpoint, or (independent replicas, which share no

@@ -43,6 +43,7 @@ class FixedRun final : public Run {
   void start();
   std::vector<int64_t> missing() const;
   void plan_resume();
+  void plan_async_resume();
   void no_state_to_resume(const std::vector<int64_t>& without);
   void log(const std::string& line) const;
 

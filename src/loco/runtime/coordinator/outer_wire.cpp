@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "loco/core/files.h"
 #include "loco/model/options.h"
+#include "loco/runtime/store/safetensors.h"
 #include "loco/runtime/coordinator/protocol.h"
 
 namespace loco::runtime::protocol {
@@ -69,7 +71,7 @@ T get(const nlohmann::json& j, const char* key, const char* what) {
 
 std::string encode_outer_push(const algorithms::AsyncPush& p) {
   const int64_t n = p.values.defined() ? p.values.numel() : 0;
-  return frame({{"worker", p.worker}, {"base_version", p.base_version}, {"steps", p.steps}, {"seconds", p.seconds}, {"values", n}},
+  return frame({{"worker", p.worker}, {"base_version", p.base_version}, {"steps", p.steps}, {"seconds", p.seconds}, {"cycle", p.cycle}, {"values", n}},
                p.values);
 }
 
@@ -81,6 +83,7 @@ algorithms::AsyncPush decode_outer_push(const std::string& body) {
   p.base_version = get<int64_t>(header, "base_version", what);
   p.steps = get<int64_t>(header, "steps", what);
   p.seconds = get<double>(header, "seconds", what);
+  p.cycle = get<int64_t>(header, "cycle", what);
   if (!std::isfinite(p.seconds) || p.seconds < 0 || p.steps < 0) throw ProtocolError(fmt::format("{}: negative steps or seconds", what));
   p.values = std::move(values);
   return p;
@@ -114,6 +117,25 @@ algorithms::AsyncReply decode_outer_reply(const std::string& body, int64_t value
   }
   r.theta = std::move(theta);
   return r;
+}
+
+void save_outer_state(const algorithms::AsyncOuterServer& server, const std::filesystem::path& file) {
+  const auto state = server.state();
+  if (state.empty()) return;  // no worker has arrived: nothing to keep
+  write_file_atomic(file, encode_safetensors(state, {{"loco.kind", "async-outer-state"}}), "coordinator", Readers::kOwner);
+}
+
+bool load_outer_state(algorithms::AsyncOuterServer& server, const std::filesystem::path& file) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return false;
+  try {
+    const auto loaded = load_safetensors(file);
+    require_verified(loaded, file.string());
+    server.load_state(loaded.tensors);
+  } catch (const DataError& e) {
+    throw DataError("coordinator", fmt::format("{}: {}", file.string(), e.what()));
+  }
+  return true;
 }
 
 void widen_for_outer_exchanges(HttpServerOptions& http, const RunConfig& config, int64_t dataset_vocab) {

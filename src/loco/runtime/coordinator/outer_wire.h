@@ -3,6 +3,7 @@
 // back). The whole message is signed like every request and answer (auth.h).
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include "loco/algorithms/async_outer.h"
@@ -18,6 +19,13 @@ algorithms::AsyncPush decode_outer_push(const std::string& body);
 std::string encode_outer_reply(const algorithms::AsyncReply& reply);
 // Throws ProtocolError naming what is malformed; `values` is the model's size when known (> 0).
 algorithms::AsyncReply decode_outer_reply(const std::string& body, int64_t values = 0);
+
+// The outer state of an asynchronous run in `file` (RUN/outer.safetensors), written whole or not at
+// all (Error naming the file otherwise) ...
+void save_outer_state(const algorithms::AsyncOuterServer& server, const std::filesystem::path& file);
+// ... and read back into `server` when the file exists (false when it does not; DataError naming
+// the file when it cannot be read or does not fit the run).
+bool load_outer_state(algorithms::AsyncOuterServer& server, const std::filesystem::path& file);
 
 // The coordinator's server for a run with these exchanges: the bodies it takes and holds, and
 // their deadlines, grown to fit every worker's at once (the model's size from its config, with

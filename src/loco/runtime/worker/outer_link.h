@@ -10,7 +10,8 @@
 namespace loco::runtime {
 
 // Asynchronous DiLoCo (sync.async) for worker `rank` of a fixed run whose coordinator `client`
-// reaches.
-std::unique_ptr<algorithms::SyncStrategy> make_async_strategy(const RunConfig& config, const CoordinatorClient& client, int64_t rank);
+// reaches; `stop` (may be null) is the worker's stop flag.
+std::unique_ptr<algorithms::SyncStrategy> make_async_strategy(const RunConfig& config, const CoordinatorClient& client, int64_t rank,
+                                                              const std::atomic<bool>* stop);
 
 }  // namespace loco::runtime

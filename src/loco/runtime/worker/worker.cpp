@@ -468,7 +468,7 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
     if (!group) throw PeerError("worker", "the coordinator asked for a checkpoint copy in a run whose workers share no group");
     copy_checkpoint(*group, *start.copy, config, dataset, rank, start.resume_step, say);
   }
-  auto strategy = config.sync.async ? make_async_strategy(config, client, rank)
+  auto strategy = config.sync.async ? make_async_strategy(config, client, rank, options.stop)
                                     : make_strategy(config, group ? *group : comm::Group::single(), std::ssize(tokens));
   FixedLink link(client, options.stop);
   auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);

@@ -1,0 +1,124 @@
+// Asynchronous DiLoCo end to end (docs/async.md): `loco launch` with sync.async, real worker
+// processes that talk only to the coordinator, one of them sending a NaN once.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cli_util.h"
+#include "loco/core/files.h"
+#include "process_util.h"
+
+namespace loco {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_util::run_command;
+namespace fs = std::filesystem;
+
+std::vector<nlohmann::json> run_events(const fs::path& run, const std::string& kind) {
+  std::ifstream in(run / "metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) {
+    const auto e = nlohmann::json::parse(line, nullptr, false);
+    if (!e.is_discarded() && e.value("event", "") == kind) out.push_back(e);
+  }
+  return out;
+}
+
+class AsyncLaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_.path(), dir_.path() / "data"));
+    std::ofstream(dir_.path() / "tiny.toml") << testing_util::tiny_launch_config(3);
+  }
+  std::vector<std::string> launch(const std::string& name, std::vector<std::string> extra) const {
+    std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--config", (dir_.path() / "tiny.toml").string(),
+                                     "--data.dir=" + (dir_.path() / "data").string(), "--run.dir=" + run(name).string(),
+                                     "--sync.async=true"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  fs::path run(const std::string& name) const { return dir_.path() / name; }
+  std::string log(const std::string& name) const { return (dir_.path() / (name + ".log")).string(); }
+
+  testing_util::TempDir dir_;
+};
+
+// The workers share the run's 3 x 40 inner steps, each outer gradient is applied at the
+// coordinator as it comes (its staleness in the sync event), worker 1's NaN at its 2nd exchange is
+// left out and counted, and every worker ends on the same final θ, which worker 0 scores.
+TEST_F(AsyncLaunchTest, WorkersShareTheStepsAndEndOnOneTheta) {
+  auto result = run_command(launch("async", {"--sync.poison=1:nan@2"}), log("async"), 240s);
+  ASSERT_EQ(result.status, 0) << result.output;
+  EXPECT_NE(result.output.find("worker 1's outer gradient left out: a value that is not finite"), std::string::npos) << result.output;
+  const auto summaries = run_events(run("async"), "summary");
+  ASSERT_EQ(summaries.size(), 3u);
+  int64_t steps = 0;
+  std::set<std::string> hashes;
+  for (const auto& s : summaries) {
+    steps += s["steps"].get<int64_t>();
+    hashes.insert(s["global_hash"].get<std::string>());
+    EXPECT_FALSE(s["interrupted"].get<bool>());
+    EXPECT_GT(s["rounds"].get<int64_t>(), 1);
+  }
+  EXPECT_EQ(steps, 3 * 40) << "the run's inner steps, shared";
+  EXPECT_EQ(hashes.size(), 1u) << "every worker ends on the run's final θ";
+  int64_t rejected = 0;
+  for (const auto& e : run_events(run("async"), "sync")) {
+    ASSERT_TRUE(e.contains("staleness")) << e.dump();
+    EXPECT_GE(e["staleness"].get<int64_t>(), 0);
+    EXPECT_EQ(e["world_size"], 1);
+    if (e.value("rejected", 0) > 0) {
+      ++rejected;
+      EXPECT_EQ(e["worker"], 1);
+      EXPECT_EQ(e["round"], 2);
+      EXPECT_NE(e["screening"].get<std::string>().find("not finite"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(rejected, 1);
+  const auto evals = run_events(run("async"), "eval");
+  ASSERT_FALSE(evals.empty());
+  for (const auto& e : evals) EXPECT_EQ(e["worker"], 0);
+  EXPECT_TRUE(std::isfinite(evals.back()["val_loss"].get<double>()));
+}
+
+// Stopped with Ctrl-C, an asynchronous run keeps its outer state (RUN/outer.safetensors) and each
+// worker its own checkpoint; `loco launch --resume` continues from them and completes the run's
+// steps, every worker ending on one θ.
+TEST_F(AsyncLaunchTest, AStoppedRunResumesFromItsOuterState) {
+  testing_util::Child launcher(launch("stopped", {"--train.steps=200", "--checkpoint.every=20"}), log("stopped"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (run_events(run("stopped"), "sync").size() < 12 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  launcher.signal(SIGINT);
+  ASSERT_EQ(launcher.wait(120s), 130) << read_file(log("stopped"), "test");
+  ASSERT_TRUE(fs::exists(run("stopped") / "outer.safetensors"));
+  int64_t before = 0;
+  for (const auto& s : run_events(run("stopped"), "summary")) before = std::max(before, s["steps"].get<int64_t>());
+
+  auto resumed = run_command({testing_util::loco_binary(), "launch", "--resume", "--run.dir=" + run("stopped").string()},
+                             log("resumed"), 240s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming the asynchronous outer state"), std::string::npos) << resumed.output;
+  const auto summaries = run_events(run("stopped"), "summary");
+  ASSERT_EQ(summaries.size(), 6u) << "three stopped, three finished";
+  std::set<std::string> hashes;
+  int64_t steps = 0;
+  for (size_t i = 3; i < summaries.size(); ++i) {
+    EXPECT_FALSE(summaries[i]["interrupted"].get<bool>());
+    hashes.insert(summaries[i]["global_hash"].get<std::string>());
+    steps += summaries[i]["steps"].get<int64_t>();
+  }
+  EXPECT_EQ(hashes.size(), 1u);
+  EXPECT_GE(steps, 3 * 200) << "the run's steps, and those trained again since each worker's last exchange";
+  EXPECT_GT(before, 0);
+}
+
+}  // namespace
+}  // namespace loco
