@@ -61,7 +61,11 @@ void print_launch_summary(const runtime::RunConfig& config, const runtime::Launc
       std::find_if(summaries.begin(), summaries.end(), [](const auto& s) { return std::isfinite(s.val_loss); });
   const auto& first = evaluated != summaries.end() ? *evaluated : summaries[0];
   int64_t tokens = 0;
-  for (const auto& s : summaries) tokens += s.tokens;
+  std::vector<int64_t> steps;
+  for (const auto& s : summaries) tokens += s.tokens, steps.push_back(s.steps);
+  // Asynchronous DiLoCo shares the run's steps by speed: each worker's own.
+  const std::string steps_text = config.sync.async ? fmt::format("steps {} by worker", fmt::join(steps, ", "))
+                                                   : fmt::format("{} steps each", first.steps);
   std::string loss;
   if (config.sync.algorithm == runtime::Algorithm::kLocal) {
     std::vector<std::string> each;
@@ -85,10 +89,10 @@ void print_launch_summary(const runtime::RunConfig& config, const runtime::Launc
                           format_bytes(static_cast<double>(first.peak_step_bytes)), first.stall_s,
                           100 * first.compute_utilization);
   }
-  fmt::print("{} {} with {} workers: {} steps each ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; each worker "
+  fmt::print("{} {} with {} workers: {} ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; each worker "
              "sent {} and received {} in {} sync rounds ({:.1f} s in collectives){}\n",
              result.outcome == runtime::RunOutcome::kFinished ? "trained" : "stopped",
-             runtime::to_string(config.sync.algorithm), result.summaries.size(), first.steps, tokens, format_duration(result.wall_s),
+             runtime::to_string(config.sync.algorithm), result.summaries.size(), steps_text, tokens, format_duration(result.wall_s),
              loss, first.val_unigram_entropy, format_bytes(static_cast<double>(first.bytes_sent)),
              format_bytes(static_cast<double>(first.bytes_received)), first.rounds, first.sync_s, overlap);
   std::vector<std::string> each;
@@ -133,6 +137,10 @@ class Train : public Command {
     if (config.cluster.workers > 1) {
       throw ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` (or `loco "
                                            "coordinator` and `loco worker`)", config.cluster.workers));
+    }
+    if (config.sync.async) {
+      throw ConfigError("cli", "sync.async: asynchronous DiLoCo's outer state is a coordinator's; `loco train` has none: use "
+                               "`loco launch` (or `loco coordinator` and `loco worker`)");
     }
     install_stop_handler();
     // One process is a group of one: DiLoCo, DDP and local then take the same path as with M workers

@@ -138,9 +138,15 @@ TEST(AsyncOuter, UnequalWorkersFollowThePapersUpdateOnAToyProblem) {
     EXPECT_EQ(reply.steps_next, share) << "worker " << next << " at " << end << " s";
     if (next == 2 && share > 0) slow_shares += share == h / 2;
     r = {ref.theta, 0, share, end, share == 0};
-    for (int i = 0; i < 3; ++i) EXPECT_NEAR(reply.theta[i].item<double>(), ref.theta[i], 1e-4);
-    c = {as_vector(reply.theta), reply.version, reply.steps_next, end, reply.steps_next == 0};
+    ASSERT_EQ(reply.theta.defined(), share > 0 || reply.finished) << "θ only with steps to take, or at the end";
+    if (reply.theta.defined()) {
+      for (int i = 0; i < 3; ++i) EXPECT_NEAR(reply.theta[i].item<double>(), ref.theta[i], 1e-4);
+    }
+    c = {reply.theta.defined() ? as_vector(reply.theta) : c.base, reply.version, reply.steps_next, end, reply.steps_next == 0};
   }
+  const auto last = server.exchange({0, server.totals().version, 0, 0, {}}, at(100));
+  ASSERT_TRUE(last.finished);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(last.theta[i].item<double>(), ref.theta[i], 1e-4) << "the run's final θ";
   const auto totals = server.totals();
   EXPECT_EQ(totals.steps_done, total * m);
   EXPECT_TRUE(totals.finished);
@@ -248,6 +254,40 @@ TEST(AsyncOuter, TheBudgetIsSharedAndASilentWorkersShareGoesToTheOthers) {
   EXPECT_NE(notes[0].find("worker 1 silent"), std::string::npos) << notes[0];
 }
 
+// Once the run's steps are all done, an outer gradient that still comes (a worker given up on that
+// came back) is left out: the θ every worker ended on stays the final one.
+TEST(AsyncOuter, AnOuterGradientAfterTheRunsStepsIsLeftOut) {
+  auto options = toy_options(2, 4, 2);  // 4 steps in all
+  options.dynamic_steps = false;
+  AsyncOuterServer server(options);
+  hello(server, 0, torch::zeros({2}));
+  const auto done = server.exchange({0, 0, 4, 1, torch::full({2}, 0.1f), 1}, at(1));
+  ASSERT_TRUE(done.finished);
+  const auto late = server.exchange({1, 0, 4, 1, torch::full({2}, 0.1f), 1}, at(2));
+  EXPECT_FALSE(late.applied);
+  EXPECT_NE(late.rejected.find("all done"), std::string::npos) << late.rejected;
+  EXPECT_TRUE(torch::equal(late.theta, done.theta));
+}
+
+// As the coordinator ends, a batch waiting for others that will not come is applied at once.
+TEST(AsyncOuter, ClosingAppliesTheWaitingBatch) {
+  auto options = toy_options(2, 4, 100);
+  options.grace = 10;
+  options.dynamic_steps = false;
+  AsyncOuterServer server(options);
+  server.exchange({0, -1, 0, 0, torch::zeros({2})}, Clock::now());
+  server.exchange({1, -1, 0, 0, torch::zeros({2})}, Clock::now());
+  const auto start = Clock::now();
+  AsyncReply reply;
+  std::thread waiting([&] { reply = server.exchange({0, 0, 4, 2.0, torch::full({2}, 0.1f), 1}, Clock::now()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.close();
+  waiting.join();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5) << "not the 20 s grace";
+  EXPECT_TRUE(reply.applied);
+  EXPECT_EQ(server.totals().version, 1);
+}
+
 // A worker's client retries an exchange whose answer it lost: the cycle it names was counted once.
 TEST(AsyncOuter, ARetriedExchangeIsNotAppliedTwice) {
   AsyncOuterServer server(toy_options(2, 4, 100));
@@ -272,7 +312,16 @@ TEST(AsyncOuter, MalformedExchangesAreRefusedAndChangeNothing) {
   EXPECT_THROW(server.exchange({0, 0, 4, 1, torch::zeros({4})}, at(1)), Error);   // wrong size
   EXPECT_THROW(server.exchange({0, 3, 4, 1, torch::zeros({3})}, at(1)), Error);   // a version from the future
   EXPECT_THROW(server.exchange({0, 0, 4, -1, torch::zeros({3})}, at(1)), Error);  // negative time
+  EXPECT_THROW(server.exchange({0, 0, 4, 1e7, torch::zeros({3})}, at(1)), Error);  // a time no cycle takes
+  EXPECT_THROW(server.exchange({0, 0, 5, 1, torch::zeros({3})}, at(1)), Error);   // more steps than H
+  EXPECT_THROW(server.exchange({0, 0, 4, 1, torch::zeros({3}), -1}, at(1)), Error);  // a negative cycle
   EXPECT_EQ(server.totals().version, 0);
+  auto sized = toy_options(2, 4, 10);
+  sized.values = 3;
+  AsyncOuterServer fresh(sized);
+  EXPECT_THROW(hello(fresh, 0, torch::zeros({4})), Error) << "a first θ not of the model's size";
+  EXPECT_THROW(hello(fresh, 0, torch::full({3}, std::nanf(""))), Error) << "a first θ not finite";
+  EXPECT_NO_THROW(hello(fresh, 0, torch::zeros({3})));
   EXPECT_EQ(server.totals().steps_done, 0);
 }
 

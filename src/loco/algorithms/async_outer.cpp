@@ -36,27 +36,25 @@ AsyncOuterServer::AsyncOuterServer(AsyncOptions options) : options_(options) {
 }
 
 void AsyncOuterServer::check(const AsyncPush& push) const {
-  if (push.worker < 0 || push.worker >= options_.workers) {
-    throw Error("async", fmt::format("worker {} is not one of the run's {}", push.worker, options_.workers));
-  }
+  const auto bad = [&](const std::string& why) { throw Error("async", fmt::format("worker {}'s exchange: {}", push.worker, why)); };
+  if (push.worker < 0 || push.worker >= options_.workers) bad(fmt::format("not one of the run's {} workers", options_.workers));
   if (push.values.defined() && (push.values.dim() != 1 || push.values.scalar_type() != torch::kFloat32)) {
-    throw Error("async", "the values sent must be one flat fp32 tensor");
+    bad("the values sent must be one flat fp32 tensor");
   }
-  if (theta_.defined() && push.values.defined() && push.values.numel() != theta_.numel()) {
-    throw Error("async", fmt::format("worker {} sent {} values; the model has {}", push.worker, push.values.numel(), theta_.numel()));
+  const int64_t size = theta_.defined() ? theta_.numel() : options_.values;
+  if (size > 0 && push.values.defined() && push.values.numel() != size) bad(fmt::format("{} values; the model has {}", push.values.numel(), size));
+  if (push.steps < 0 || push.steps > options_.inner_steps || push.cycle < 0) {
+    bad(fmt::format("{} steps in its cycle {}; a cycle has 0 to {}", push.steps, push.cycle, options_.inner_steps));
   }
-  if (push.steps < 0 || !std::isfinite(push.seconds) || push.seconds < 0) {
-    throw Error("async", fmt::format("worker {} stated {} steps in {} s", push.worker, push.steps, push.seconds));
-  }
+  if (!std::isfinite(push.seconds) || push.seconds < 0 || push.seconds > 1e6) bad(fmt::format("{} s for its steps", push.seconds));
   if (push.base_version >= 0 && !theta_.defined()) {
-    throw Error("async", fmt::format("worker {} sent an outer gradient of version {}, but this run's outer state has none "
-                                     "(it started anew: a restarted coordinator does not keep it)", push.worker, push.base_version));
+    bad(fmt::format("an outer gradient of version {}, but this run's outer state has none (it started anew: nothing was "
+                    "saved to resume from)", push.base_version));
   }
-  if (push.base_version > version_) {
-    throw Error("async", fmt::format("worker {} sent an outer gradient of version {}, ahead of θ's {}", push.worker, push.base_version, version_));
-  }
-  if (push.base_version < 0 && !theta_.defined() && !push.values.defined()) {
-    throw Error("async", "the first worker to arrive must send its initial parameters");
+  if (push.base_version > version_) bad(fmt::format("an outer gradient of version {}, ahead of θ's {}", push.base_version, version_));
+  if (push.base_version < 0 && !theta_.defined()) {
+    if (!push.values.defined()) bad("the first worker to arrive must send its initial parameters");
+    if (!torch::isfinite(push.values).all().item<bool>()) bad("its initial parameters are not all finite");
   }
 }
 
@@ -70,20 +68,17 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
     theta_ = push.values.clone();
     outer_.emplace(theta_, options_.lr, options_.momentum, options_.delay_or_default());
   } else if (push.base_version >= 0 && push.steps > 0 && push.cycle > 0 && push.cycle <= me.last_cycle) {
-    reply.applied = me.last_applied;  // a retry of a cycle already counted (its answer was lost): not again
+    // A retry of a cycle already counted (its answer was lost): answered as it was, not applied again.
+    reply.applied = me.last_applied;
+    reply.staleness = me.last_staleness;
+    reply.rejected = me.last_rejected;
   } else if (push.base_version >= 0 && push.steps > 0) {
-    me.last_cycle = push.cycle;
+    me.last_cycle = std::max(me.last_cycle, push.cycle);
     reply.staleness = version_ - push.base_version;
-    steps_done_ += push.steps;
     if (push.seconds > 0) me.speed = static_cast<double>(push.steps) / push.seconds;
     double scale = 1;
-    if (!push.values.defined()) {
-      reply.rejected = "no outer gradient came with its steps";
-    } else if (reply.staleness > options_.staleness_or_default()) {
-      reply.rejected = fmt::format("{} versions stale (sync.async_max_staleness {})", reply.staleness, options_.staleness_or_default());
-    } else {
-      reply.rejected = screen(push.values, scale);
-    }
+    reply.rejected = left_out(push, reply.staleness, scale);
+    if (reply.rejected.empty()) steps_done_ += push.steps;
     me.assigned = 0;
     if (reply.rejected.empty()) {
       const auto waited_from = Clock::now();
@@ -95,54 +90,82 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
       notes_.push_back(fmt::format("worker {}'s outer gradient left out: {}", push.worker, reply.rejected));
     }
     me.last_applied = reply.applied;
+    me.last_staleness = reply.staleness;
+    me.last_rejected = reply.rejected;
   }
-  me.assigned = 0;
   me.gone = false;
   reply.steps_next = next_share(push.worker, now);
   reply.version = version_;
   reply.schedule_step = progress(now);
   reply.schedule_rate = schedule_rate(me);
   reply.finished = finished_locked();
-  reply.theta = theta_.clone();
+  if (reply.steps_next > 0 || reply.finished) reply.theta = theta_.clone();  // a waiting worker needs none
   if (open_) batch_closed_.notify_all();  // a batch may have been waiting for this worker
   return reply;
 }
 
+// Why an outer gradient is left out ("" when kept; `scale` < 1 when it is clipped). The steps of
+// one left out for its staleness or screening count as done; those sent after the run's steps
+// were all done do not.
+std::string AsyncOuterServer::left_out(const AsyncPush& push, int64_t staleness, double& scale) {
+  if (finished_locked()) return "the run's steps were all done";
+  std::string why;
+  if (!push.values.defined()) {
+    why = "no outer gradient came with its steps";
+  } else if (staleness > options_.staleness_or_default()) {
+    why = fmt::format("{} versions stale (sync.async_max_staleness {})", staleness, options_.staleness_or_default());
+  } else {
+    why = screen(push.values, scale);
+  }
+  if (!why.empty()) steps_done_ += push.steps;
+  return why;
+}
+
 // Δ joins the open batch (or opens one); the batch is applied, arrival by arrival, once every
 // worker whose cycle should end by then has arrived or `grace` of this cycle's time has passed
-// since the batch opened, so that workers that arrive together continue from the same θ. Returns
-// the staleness Δ was applied at.
+// since the batch opened (at most max_wait_s), so that workers that arrive together continue from
+// the same θ. Returns the staleness Δ was applied at.
 int64_t AsyncOuterServer::apply_in_batch(std::unique_lock<std::mutex>& lock, const AsyncPush& push, double scale) {
   if (!open_) {
     open_ = std::make_shared<Batch>();
-    open_->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(options_.grace * push.seconds * 1e6));
+    const double wait = closing_ ? 0.0 : std::min(options_.grace * push.seconds, options_.max_wait_s);
+    open_->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(wait * 1e6));
   }
   const auto batch = open_;
   const size_t index = batch->entries.size();
-  batch->entries.push_back({push.worker, push.base_version, scale == 1 ? push.values : push.values * scale, 0});
+  batch->entries.push_back({push.worker, push.base_version, push.steps, scale == 1 ? push.values : push.values * scale, 0});
   // Awaited: the workers with a cycle under way that should end before the deadline (or whose
   // speed is not known yet). Once none is left, the batch closes.
   const auto awaited = [&] {
     return std::any_of(members_.begin(), members_.end(), [&](const Member& m) {
       if (m.gone || m.assigned == 0) return false;
       if (m.speed <= 0) return true;
-      const auto ends = m.since + std::chrono::microseconds(static_cast<int64_t>(static_cast<double>(m.assigned) / m.speed * 1e6));
-      return ends <= batch->deadline;
+      const double seconds = std::min(static_cast<double>(m.assigned) / m.speed, 1e6);
+      return m.since + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)) <= batch->deadline;
     });
   };
-  if (awaited()) batch_closed_.wait_until(lock, batch->deadline, [&] { return batch->closed || !awaited(); });
-  if (!batch->closed) {
-    for (auto& entry : batch->entries) {
-      entry.staleness = version_ - entry.base_version;
-      outer_->step(entry.delta);
-      ++version_;
-      ++applied_;
-    }
-    batch->closed = true;
-    open_.reset();
-    batch_closed_.notify_all();
-  }
+  if (awaited()) batch_closed_.wait_until(lock, batch->deadline, [&] { return batch->closed || closing_ || !awaited(); });
+  if (!batch->closed) apply(*batch);
   return batch->entries[index].staleness;
+}
+
+// A batch's outer gradients, one by one in arrival order (delayed Nesterov).
+void AsyncOuterServer::apply(Batch& batch) {
+  for (auto& entry : batch.entries) {
+    entry.staleness = version_ - entry.base_version;
+    outer_->step(entry.delta);
+    ++version_;
+    ++applied_;
+  }
+  batch.closed = true;
+  if (open_.get() == &batch) open_.reset();
+  batch_closed_.notify_all();
+}
+
+void AsyncOuterServer::close() {
+  std::lock_guard lock(mutex_);
+  closing_ = true;
+  if (open_) apply(*open_);
 }
 
 double AsyncOuterServer::schedule_rate(const Member& me) const {
@@ -228,8 +251,9 @@ double AsyncOuterServer::progress(Clock::time_point now) const {
   return steps / static_cast<double>(options_.workers);
 }
 
+// Every step of the run done and applied (none waiting in a batch).
 bool AsyncOuterServer::finished_locked() const {
-  return theta_.defined() && steps_done_ >= options_.total_steps * options_.workers;
+  return theta_.defined() && !open_ && steps_done_ >= options_.total_steps * options_.workers;
 }
 
 AsyncOuterServer::Totals AsyncOuterServer::totals() const {
@@ -242,7 +266,11 @@ NamedTensors AsyncOuterServer::state() const {
   if (!theta_.defined()) return {};
   NamedTensors out = {{"theta", theta_.clone()}};
   for (const auto& [name, tensor] : outer_->state()) out.emplace_back("outer." + name, tensor.clone());
-  out.emplace_back("counters", torch::tensor({version_, applied_, rejected_, steps_done_}, torch::kInt64));
+  int64_t waiting = 0;  // the steps of outer gradients not applied yet: trained again after a resume
+  if (open_) {
+    for (const auto& entry : open_->entries) waiting += entry.steps;
+  }
+  out.emplace_back("counters", torch::tensor({version_, applied_, rejected_, steps_done_ - waiting}, torch::kInt64));
   auto speeds = torch::zeros({options_.workers}, torch::kFloat64);
   for (int64_t w = 0; w < options_.workers; ++w) speeds[w] = members_[static_cast<size_t>(w)].speed;
   out.emplace_back("speeds", speeds);
@@ -315,9 +343,21 @@ SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
   AsyncPush hello;
   hello.worker = worker_;
   hello.values = flat_parameters(model);
-  adopt(exchange(std::move(hello), model), model, step);
+  adopt(wait_for_share(exchange(std::move(hello), model)), model, step);
   done_ = steps_next_ == 0;
   return {};
+}
+
+AsyncReply AsyncDiLoCo::wait_for_share(AsyncReply reply) {
+  while (reply.steps_next == 0 && !reply.finished) {
+    if (stop_ != nullptr && stop_->load()) throw RunStopping("the run is stopping; this worker's share of its steps was done");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    AsyncPush ask;
+    ask.worker = worker_;
+    ask.base_version = reply.version;
+    reply = link_->exchange(ask);
+  }
+  return reply;
 }
 
 AsyncReply AsyncDiLoCo::exchange(AsyncPush push, model::Transformer& model) {
@@ -364,17 +404,9 @@ SyncReports AsyncDiLoCo::after_step(StepContext& context) {
     }
   }
   const int64_t sent = push.values.numel() * 4;
-  AsyncReply reply = exchange(std::move(push), model);
-  // Its share done: it waits for the others' last outer gradients, and ends on the run's final θ
+  // Its share done, it waits for the others' last outer gradients and ends on the run's final θ
   // (or takes up a share a worker that went silent left).
-  while (reply.steps_next == 0 && !reply.finished) {
-    if (stop_ != nullptr && stop_->load()) throw RunStopping("the run is stopping; this worker's share of its steps was done");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    AsyncPush ask;
-    ask.worker = worker_;
-    ask.base_version = reply.version;
-    reply = exchange(std::move(ask), model);
-  }
+  const AsyncReply reply = wait_for_share(exchange(std::move(push), model));
   adopt(reply, model, step);
   done_ = reply.steps_next == 0;
   SyncReport report;

@@ -50,7 +50,7 @@ struct AsyncReply {
   int64_t staleness = 0;      // versions applied since its base
   std::string rejected;       // why its Δ was left out ("" when applied or none)
   bool finished = false;      // every share is in: θ is the run's final θ
-  torch::Tensor theta;        // flat fp32
+  torch::Tensor theta;        // flat fp32; only with steps to take or once finished (a waiting worker needs none)
 };
 
 class AsyncOuterServer {
@@ -58,9 +58,14 @@ class AsyncOuterServer {
   using Clock = std::chrono::steady_clock;
   explicit AsyncOuterServer(AsyncOptions options);
 
-  // Thread-safe. Throws ProtocolError-free: a malformed push (wrong size, unknown worker) throws
-  // Error naming what is wrong, and changes nothing.
+  // Thread-safe. A malformed push (an unknown worker, a size not the model's, more steps than H,
+  // a version from the future) throws Error naming what is wrong, and changes nothing. An outer
+  // gradient may wait up to the grace for the others of its batch.
   AsyncReply exchange(const AsyncPush& push, Clock::time_point now);
+
+  // Applies the batch waiting for the others, if any, and makes every later one apply at once: the
+  // coordinator's end, so that no request waits on a batch nobody else will complete.
+  void close();
 
   struct Totals {
     int64_t version = 0, applied = 0, rejected = 0, steps_done = 0, budget = 0;
@@ -83,11 +88,13 @@ class AsyncOuterServer {
     Clock::time_point since{};          // when its cycle was assigned
     bool gone = false;
     int64_t last_cycle = 0;             // the last cycle it sent a Δ for
-    bool last_applied = false;          // ... and whether it was applied
+    bool last_applied = false;          // ... whether it was applied
+    int64_t last_staleness = 0;         // ... at which staleness
+    std::string last_rejected;          // ... or why not
   };
   struct Batch {
     struct Entry {
-      int64_t worker, base_version;
+      int64_t worker, base_version, steps;
       torch::Tensor delta;
       int64_t staleness;
     };
@@ -96,6 +103,8 @@ class AsyncOuterServer {
     bool closed = false;
   };
   void check(const AsyncPush& push) const;
+  std::string left_out(const AsyncPush& push, int64_t staleness, double& scale);
+  void apply(Batch& batch);
   int64_t apply_in_batch(std::unique_lock<std::mutex>& lock, const AsyncPush& push, double scale);
   double schedule_rate(const Member& me) const;
   std::string screen(const torch::Tensor& delta, double& scale);
@@ -111,6 +120,7 @@ class AsyncOuterServer {
   std::vector<Member> members_;
   std::deque<double> kept_norms_;
   std::shared_ptr<Batch> open_;  // outer gradients waiting for the others of their batch
+  bool closing_ = false;         // close(): batches no longer wait
   std::condition_variable batch_closed_;
   int64_t version_ = 0, applied_ = 0, rejected_ = 0, steps_done_ = 0;
   std::vector<std::string> notes_;
@@ -140,6 +150,8 @@ class AsyncDiLoCo final : public SyncStrategy {
 
  private:
   AsyncReply exchange(AsyncPush push, model::Transformer& model);
+  // Its share done (steps_next 0): asks again until it gets steps or the run's steps are all done.
+  AsyncReply wait_for_share(AsyncReply reply);
   void adopt(const AsyncReply& reply, model::Transformer& model, int64_t step);
 
   std::shared_ptr<OuterServerLink> link_;

@@ -112,6 +112,8 @@ struct AsyncOptions {
   // with a cycle under way is in), and all of them continue from the θ after the batch. 0: each
   // is applied alone as it arrives.
   double grace = 0;
+  double max_wait_s = 60;       // ... and never longer than this (below the workers' read timeout)
+  int64_t values = 0;           // the model's parameters, when known: a first θ of another size is refused
   // A worker silent this long past what its cycle should take (at least `silence_s`) is gone: its
   // unfinished share of the steps goes back to the others.
   double silence_s = 60;

@@ -103,7 +103,10 @@ struct Coordinator::Impl {
     } else {
       run = std::make_unique<FixedRun>(options, status, identity);
     }
-    if (options.config.sync.async) outer = std::make_unique<OuterService>(options.config, options.resume, options.log);
+    if (options.config.sync.async) {
+      outer = std::make_unique<OuterService>(options.config, options.dataset ? options.dataset->vocab_size : 0, options.resume,
+                                             options.log, [this] { return outer_refusal(); });
+    }
   }
 
   CoordinatorOptions options;
@@ -330,6 +333,13 @@ struct Coordinator::Impl {
     }));
   }
 
+  // Why asynchronous DiLoCo's exchanges are refused: the run is stopping or failed.
+  std::optional<std::string> outer_refusal() const {
+    std::lock_guard lock(mutex);
+    if (!status.stopping() && status.phase() != Phase::kFailed) return std::nullopt;
+    return status.reason().empty() ? std::string("the run is stopping") : "the run is stopping: " + status.reason();
+  }
+
   // Asynchronous DiLoCo (sync.async): POST /v1/outer.
   void install_outer_route() {
     if (outer) outer->install(*server, [this](HttpServer::Handler handler) { return guard(std::move(handler)); });
@@ -479,6 +489,7 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
 }
 
 Coordinator::~Coordinator() {
+  if (impl_->outer) impl_->outer->close();  // no handler waits on a batch nobody will complete
   impl_->server->stop();
   if (impl_->outer) impl_->outer->save(true);  // what the last exchanges brought, for a resume
 }

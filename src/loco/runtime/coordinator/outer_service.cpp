@@ -5,11 +5,23 @@
 #include "loco/core/run_folder.h"
 #include "loco/runtime/coordinator/outer_wire.h"
 #include "loco/runtime/coordinator/protocol.h"
+#include "loco/runtime/coordinator/run.h"
 
 namespace loco::runtime {
 
-OuterService::OuterService(const RunConfig& config, bool resume, Log log)
-    : config_(config), log_(std::move(log)), server_(async_options(config)) {
+namespace {
+
+algorithms::AsyncOptions service_options(const RunConfig& config, int64_t dataset_vocab) {
+  auto o = async_options(config);
+  o.values = protocol::model_values(config, dataset_vocab);
+  o.max_wait_s = config.cluster.timeout_s / 2;  // an answer comes well within the worker's read timeout
+  return o;
+}
+
+}  // namespace
+
+OuterService::OuterService(const RunConfig& config, int64_t dataset_vocab, bool resume, Log log, Stopping stopping)
+    : config_(config), log_(std::move(log)), stopping_(std::move(stopping)), server_(service_options(config, dataset_vocab)) {
   if (!resume) return;
   const auto file = RunFolder(config.run.dir).outer_state();
   if (protocol::load_outer_state(server_, file)) {
@@ -25,6 +37,7 @@ OuterService::OuterService(const RunConfig& config, bool resume, Log log)
 void OuterService::install(HttpServer& server, const std::function<HttpServer::Handler(HttpServer::Handler)>& wrap) {
   server.route("POST", "/v1/outer", wrap([this](const HttpRequest& request, HttpResponse& response) {
     const auto push = protocol::decode_outer_push(request.body);
+    if (auto why = stopping_()) throw Refusal(*why);  // the worker stops (its link: RunStopping)
     algorithms::AsyncReply reply;
     try {
       reply = server_.exchange(push, std::chrono::steady_clock::now());

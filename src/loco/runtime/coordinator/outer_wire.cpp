@@ -109,7 +109,8 @@ algorithms::AsyncReply decode_outer_reply(const std::string& body, int64_t value
   r.staleness = get<int64_t>(header, "staleness", what);
   r.rejected = get<std::string>(header, "rejected", what);
   r.finished = get<bool>(header, "finished", what);
-  if (!theta.defined() || (values > 0 && theta.numel() != values)) {
+  const bool needs_theta = r.steps_next > 0 || r.finished;  // a worker told to wait gets none
+  if (needs_theta != theta.defined() || (theta.defined() && values > 0 && theta.numel() != values)) {
     throw ProtocolError(fmt::format("{}: {} parameters, the model has {}", what, theta.defined() ? theta.numel() : 0, values));
   }
   if (r.steps_next < 0 || !std::isfinite(r.schedule_step) || !std::isfinite(r.schedule_rate) || r.schedule_rate <= 0) {
@@ -138,10 +139,15 @@ bool load_outer_state(algorithms::AsyncOuterServer& server, const std::filesyste
   return true;
 }
 
-void widen_for_outer_exchanges(HttpServerOptions& http, const RunConfig& config, int64_t dataset_vocab) {
+int64_t model_values(const RunConfig& config, int64_t dataset_vocab) {
   auto model = config.model;
   if (model.vocab_size == 0) model.vocab_size = dataset_vocab;
-  const size_t body = model.vocab_size > 0 ? static_cast<size_t>(model::parameter_count(model)) * 4 + (64 << 10) : size_t{1} << 30;
+  return model.vocab_size > 0 ? model::parameter_count(model) : 0;
+}
+
+void widen_for_outer_exchanges(HttpServerOptions& http, const RunConfig& config, int64_t dataset_vocab) {
+  const int64_t values = model_values(config, dataset_vocab);
+  const size_t body = values > 0 ? static_cast<size_t>(values) * 4 + (64 << 10) : size_t{1} << 30;
   const size_t all = body * static_cast<size_t>(config.cluster.workers + 1);
   http.max_body_bytes = std::max(http.max_body_bytes, body);
   http.max_held_body_bytes_per_address = std::max(http.max_held_body_bytes_per_address, all);

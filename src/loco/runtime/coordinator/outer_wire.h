@@ -27,6 +27,10 @@ void save_outer_state(const algorithms::AsyncOuterServer& server, const std::fil
 // the file when it cannot be read or does not fit the run).
 bool load_outer_state(algorithms::AsyncOuterServer& server, const std::filesystem::path& file);
 
+// The model's parameters from its config (model.vocab_size, else `dataset_vocab`); 0 when neither
+// says.
+int64_t model_values(const RunConfig& config, int64_t dataset_vocab);
+
 // The coordinator's server for a run with these exchanges: the bodies it takes and holds, and
 // their deadlines, grown to fit every worker's at once (the model's size from its config, with
 // `dataset_vocab` when model.vocab_size is 0; 1 GiB a body when neither says).

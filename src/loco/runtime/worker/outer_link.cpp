@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "loco/algorithms/membership.h"
 #include "loco/core/error.h"
 #include "loco/runtime/coordinator/outer_wire.h"
 
@@ -25,6 +26,7 @@ class CoordinatorOuterLink final : public algorithms::OuterServerLink {
       client_.set_max_answer_bytes(static_cast<size_t>(values_) * 4 + (64 << 10));
     }
     auto [status, body] = client_.request("POST", "/v1/outer", protocol::encode_outer_push(push), timeout_);
+    if (status == 409) throw algorithms::RunStopping(error_text(body));  // the run is stopping, or failed
     if (status != 200) {
       throw PeerError("worker", fmt::format("the coordinator refused worker {}'s outer exchange ({}): {}", push.worker, status,
                                             error_text(body)));
