@@ -75,7 +75,10 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
   } else if (push.base_version >= 0 && push.steps > 0) {
     me.last_cycle = std::max(me.last_cycle, push.cycle);
     reply.staleness = version_ - push.base_version;
-    if (push.seconds > 0) me.speed = static_cast<double>(push.steps) / push.seconds;
+    if (push.seconds > 0) {  // its speed, smoothed: one cycle's (the first's above all) is noisy
+      const double v = static_cast<double>(push.steps) / push.seconds;
+      me.speed = me.speed > 0 ? 0.5 * (me.speed + v) : v;
+    }
     double scale = 1;
     reply.rejected = left_out(push, reply.staleness, scale);
     if (reply.rejected.empty()) steps_done_ += push.steps;
