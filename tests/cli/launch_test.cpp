@@ -501,7 +501,10 @@ TEST_F(LaunchTest, ASecondDriverOfARunningFolderIsRefused) {
   // Killed outright: the kernel drops its lock at once; the file only names its last holder.
   first.signal(SIGKILL);
   first.wait(30s);
-  const auto gone = std::chrono::steady_clock::now() + 30s;  // its workers follow it (they die with their parent)
+  // Its workers follow it: their parent's death sends them SIGTERM, and each stops as on Ctrl-C,
+  // which can take a collective's timeout (cluster.timeout_s, 20 s) and its report to the gone
+  // coordinator; on a loaded machine 30 s was once not enough (the full suite at -j2).
+  const auto gone = std::chrono::steady_clock::now() + 90s;
   while (!processes_mentioning(run("owned").string()).empty() && std::chrono::steady_clock::now() < gone) {
     std::this_thread::sleep_for(50ms);
   }
