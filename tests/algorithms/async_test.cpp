@@ -211,7 +211,7 @@ TEST(AsyncOuter, AnOuterGradientStalerThanTheBoundIsLeftOutAndCounted) {
 
 TEST(AsyncOuter, APoisonedOuterGradientIsLeftOutAndCounted) {
   auto options = toy_options(3, 4, 100);
-  options.reject_ratio = 10;
+  options.screening.reject_ratio = 10;
   AsyncOuterServer server(options);
   hello(server, 0, torch::zeros({4}));
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(server.exchange({i % 3, i, 4, 1, torch::full({4}, 0.1f)}, at(1)).applied);

@@ -11,6 +11,7 @@
 
 #include "loco/algorithms/flat_buffer.h"
 #include "loco/algorithms/membership.h"
+#include "loco/algorithms/screening.h"
 #include "loco/core/error.h"
 #include "loco/model/transformer.h"
 
@@ -20,12 +21,6 @@ namespace {
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace
@@ -185,18 +180,19 @@ double AsyncOuterServer::schedule_rate(const Member& me) const {
 std::string AsyncOuterServer::screen(const torch::Tensor& delta, double& scale) {
   const double norm = delta.norm().item<double>();  // NaN or infinite when a value is
   if (!std::isfinite(norm)) {
-    if (options_.reject_not_finite) return "a value that is not finite";
+    if (options_.screening.reject_not_finite) return "a value that is not finite";
     return "";
   }
-  if (options_.reject_ratio > 0 && kept_norms_.size() >= 2) {
+  const auto& s = options_.screening;
+  if (s.reject_ratio > 0 && kept_norms_.size() >= 2) {
     const double reference = median({kept_norms_.begin(), kept_norms_.end()});
-    if (norm > options_.reject_ratio * reference) {
-      return fmt::format("norm {:.4g} over {:g} x the median {:.4g} of the last kept", norm, options_.reject_ratio, reference);
+    if (norm > s.reject_ratio * reference) {
+      return fmt::format("norm {:.4g} over {:g} x the median {:.4g} of the last kept", norm, s.reject_ratio, reference);
     }
   }
   kept_norms_.push_back(norm);
   if (std::ssize(kept_norms_) > options_.workers) kept_norms_.pop_front();
-  if (options_.clip_norm > 0 && norm > options_.clip_norm) scale = options_.clip_norm / norm;
+  if (s.clip_norm > 0 && norm > s.clip_norm) scale = s.clip_norm / norm;
   return "";
 }
 
@@ -346,7 +342,7 @@ SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
   AsyncPush hello;
   hello.worker = worker_;
   hello.values = flat_parameters(model);
-  adopt(wait_for_share(exchange(std::move(hello), model)), model, step);
+  adopt(wait_for_share(exchange(std::move(hello))), model, step);
   done_ = steps_next_ == 0;
   return {};
 }
@@ -363,8 +359,7 @@ AsyncReply AsyncDiLoCo::wait_for_share(AsyncReply reply) {
   return reply;
 }
 
-AsyncReply AsyncDiLoCo::exchange(AsyncPush push, model::Transformer& model) {
-  (void)model;
+AsyncReply AsyncDiLoCo::exchange(AsyncPush push) {
   if (push.values.defined()) bytes_sent_ += push.values.numel() * 4;
   return link_->exchange(push);
 }
@@ -409,7 +404,7 @@ SyncReports AsyncDiLoCo::after_step(StepContext& context) {
   const int64_t sent = push.values.numel() * 4;
   // Its share done, it waits for the others' last outer gradients and ends on the run's final θ
   // (or takes up a share a worker that went silent left).
-  const AsyncReply reply = wait_for_share(exchange(std::move(push), model));
+  const AsyncReply reply = wait_for_share(exchange(std::move(push)));
   adopt(reply, model, step);
   done_ = reply.steps_next == 0;
   SyncReport report;

@@ -149,7 +149,7 @@ class AsyncDiLoCo final : public SyncStrategy {
   int64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
-  AsyncReply exchange(AsyncPush push, model::Transformer& model);
+  AsyncReply exchange(AsyncPush push);
   // Its share done (steps_next 0): asks again until it gets steps or the run's steps are all done.
   AsyncReply wait_for_share(AsyncReply reply);
   void adopt(const AsyncReply& reply, model::Transformer& model, int64_t step);

@@ -118,7 +118,7 @@ void AsyncOptions::validate() const {
   if (inner_steps < 1) bad("inner_steps", "must be >= 1");
   if (delay < 0) bad("async_delay", fmt::format("must be >= 0 (0: the number of workers), got {}", delay));
   if (max_staleness < 0) bad("async_max_staleness", fmt::format("must be >= 0 (0: 4 x workers), got {}", max_staleness));
-  if (reject_ratio < 0 || clip_norm < 0) bad("reject_ratio", "screening thresholds must be >= 0");
+  screening.validate();
   if (!(grace >= 0)) bad("async_grace", fmt::format("must be >= 0, got {}", grace));
 }
 

@@ -104,9 +104,10 @@ struct AsyncOptions {
   bool dynamic_steps = true;    // H_w by speed (false: H for every worker)
   int64_t max_staleness = 0;    // an outer gradient more versions behind θ than this is left out (0: 4M)
   double lr = 0.7, momentum = 0.9;
-  double reject_ratio = 0;      // > 0: left out when ‖Δ‖ > ratio × the median of the last M kept norms
-  double clip_norm = 0;         // > 0: Δ · min(1, clip_norm / ‖Δ‖)
-  bool reject_not_finite = true;
+  // Each outer gradient alone, against the recent ones: not finite left out; reject_ratio > 0: left
+  // out when ‖Δ‖ > ratio × the median of the last M kept norms; clip_norm > 0: Δ · min(1, clip/‖Δ‖).
+  // (combine: none; there is no mean to make robust.)
+  Screening screening;
   // Outer gradients that arrive together are applied together: the first opens a batch that
   // waits up to grace × its cycle's time for the other workers' (closing as soon as every worker
   // with a cycle under way is in), and all of them continue from the θ after the batch. 0: each

@@ -12,13 +12,13 @@ namespace {
 // The tally's columns.
 constexpr size_t kSize = 0, kKept = 2, kSquaredNorm = 3;
 
+}  // namespace
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
-
-}  // namespace
 
 ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screening& screening) {
   const size_t m = rows.size();

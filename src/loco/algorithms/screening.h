@@ -23,6 +23,9 @@ struct ScreenedSync {
 };
 ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screening& screening);
 
+// The median of `values` (not empty): the middle one, or the mean of the middle two.
+double median(std::vector<double> values);
+
 // A sync's tally: this worker's (s_m, counted_m, kept_m, ‖Δ_m‖²), weighted by screen().
 comm::Tally sync_tally(double size, double counted, double kept, double squared_norm, const Screening& screening);
 

@@ -196,7 +196,7 @@ TEST(Config, AsynchronousDiLoCoNamesWhatItCannotDo) {
   EXPECT_EQ(o.delay_or_default(), 2);
   EXPECT_EQ(o.staleness_or_default(), 16);
   EXPECT_DOUBLE_EQ(o.grace, 0.5);
-  EXPECT_DOUBLE_EQ(o.reject_ratio, 10);
+  EXPECT_DOUBLE_EQ(o.screening.reject_ratio, 10);
   EXPECT_DOUBLE_EQ(o.lr, 0.7);
   EXPECT_DOUBLE_EQ(o.momentum, 0.9);
   expect_error<ConfigError>([] { parse_config("[sync]\nasync_grace = -1.0\n", "f.toml"); }, "sync.async_grace must be in [0, 10]");

@@ -140,9 +140,7 @@ algorithms::AsyncOptions async_options(const RunConfig& config) {
   const auto outer = outer_options(config);
   o.lr = outer.lr;
   o.momentum = outer.momentum;
-  o.reject_ratio = config.sync.reject_ratio;
-  o.clip_norm = config.sync.clip_norm;
-  o.reject_not_finite = config.sync.reject_not_finite;
+  o.screening = {config.sync.reject_ratio, config.sync.clip_norm, comm::Combine::kSum, 1, config.sync.reject_not_finite};
   return o;
 }
 
