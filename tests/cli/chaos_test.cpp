@@ -104,6 +104,7 @@ connect_timeout_s = 20
   // Elastic runs of either algorithm, end to end (the TEST_Fs below name the algorithm).
   void full_stop_resume(const std::vector<std::string>& algorithm);
   void restart_a_dead_worker(const std::vector<std::string>& algorithm);
+  void retry_a_round_that_lost_a_worker(const std::vector<std::string>& algorithm);
 
   TempDir dir_;
 };
@@ -719,16 +720,27 @@ TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgain) { restart_a_dead_worker({})
 // The same with Streaming DiLoCo: the replacement joins in the middle of the fragments' schedule.
 TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithStreamingDiLoCo) { restart_a_dead_worker(kStreaming); }
 
+// Eager updates with elastic membership (DiLoCo, then Streaming DiLoCo): the killed worker's exchange
+// is most often in flight on the survivors' background thread (it overlaps the next H steps), so
+// its round is convened again without it; the restarted worker joins and takes rank 0's eager
+// state, and every round's sum (the hash eager members report) is one on all its participants.
+TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithEagerUpdates) { restart_a_dead_worker({"--sync.eager=true"}); }
+
+TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithEagerStreamingDiLoCo) {
+  restart_a_dead_worker(
+      {"--sync.algorithm=streaming", "--sync.inner_steps=10", "--sync.fragments=2", "--sync.overlap_steps=0", "--sync.eager=true"});
+}
+
 // Elastic Streaming DiLoCo: a worker killed inside a fragment's collective (frozen once the round
 // was convened with it, before it reported the round done). The survivors' background reduction
 // fails; the round is convened again without it and the same contributions sent again
 // (round_retried); the launcher starts the worker again, and the run completes with one θ per round.
-TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
+void ChaosTest::retry_a_round_that_lost_a_worker(const std::vector<std::string>& algorithm) {
   const int port = testing_util::free_port();
   std::vector<std::string> args = {testing_util::loco_binary(), "launch", "--port", std::to_string(port), "--restarts", "1"};
   for (auto& a : common("streaming")) args.push_back(a);
   for (const char* a : {"--cluster.workers=3", "--train.steps=800"}) args.push_back(a);
-  args.insert(args.end(), kStreaming.begin(), kStreaming.end());
+  args.insert(args.end(), algorithm.begin(), algorithm.end());
   Child launcher(args, log("streaming"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
@@ -781,6 +793,16 @@ TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) {
   const auto completed = events("streaming", "round_complete");
   ASSERT_FALSE(completed.empty());
   EXPECT_EQ(completed.back()["step"], 800);
+}
+
+TEST_F(ChaosTest, StreamingDiLoCoRetriesARoundWhoseCollectiveLostAWorker) { retry_a_round_that_lost_a_worker(kStreaming); }
+
+// Eager updates with elastic membership: the frozen worker's round is an exchange the survivors
+// run in the background while they train; at their next sync they find it failed, and convene it
+// again without the killed worker (sending the same outer gradients).
+TEST_F(ChaosTest, EagerUpdatesRetryARoundWhoseCollectiveLostAWorker) {
+  retry_a_round_that_lost_a_worker(
+      {"--sync.algorithm=streaming", "--sync.inner_steps=10", "--sync.fragments=2", "--sync.overlap_steps=0", "--sync.eager=true"});
 }
 
 // Misbehaving clients on the coordinator's port while an elastic run trains: hundreds of idle

@@ -28,13 +28,16 @@ class ElasticRounds {
   // Blocks until round `round` is convened (see Membership::begin_round) and makes its group the
   // current one. Throws MembershipEnded or RunStopping.
   RoundPlan begin(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure = "");
-  // The round completed here at `step` with θ hashing to `params_hash`.
-  void end(const RoundPlan& plan, int64_t step, uint64_t params_hash) { membership_->end_round(plan, step, params_hash); }
+  // The round completed here at `step` with θ hashing to `params_hash`; `last`: no round follows.
+  void end(const RoundPlan& plan, int64_t step, uint64_t params_hash, bool last) {
+    membership_->end_round(plan, step, params_hash, last);
+  }
 
   // What a joiner's attempt returns: its round's report, and the step it reports the round at.
   struct Joined {
     SyncReport report;
     int64_t round_step = 0;
+    bool last = false;  // the run has no round after this one
   };
   // A joiner's first round: `attempt(plan)` runs the round's collectives adding nothing and
   // receives the run's state; a PeerError convenes the round again with whoever is left.
@@ -47,7 +50,7 @@ class ElasticRounds {
       try {
         Joined joined = attempt(plan);
         joined_step_ = joined.report.step;
-        end(plan, joined.round_step, joined.report.params_hash);
+        end(plan, joined.round_step, joined.report.params_hash, joined.last);
         return joined.report;
       } catch (const PeerError& e) {
         failed_epoch = plan.epoch;

@@ -84,8 +84,9 @@ class Membership {
   // `failure` how (the error, for the run's events). Throws Evicted, CoordinatorLost or
   // RunStopping (PeerErrors).
   virtual RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure) = 0;
-  // The round completed here, with θ hashing to `params_hash` (the coordinator compares).
-  virtual void end_round(const RoundPlan& plan, int64_t step, uint64_t params_hash) = 0;
+  // The round completed here, with θ hashing to `params_hash` (the coordinator compares);
+  // `last`: this worker has no round after it (at the run's last step, the training is complete).
+  virtual void end_round(const RoundPlan& plan, int64_t step, uint64_t params_hash, bool last) = 0;
   // Rank 0 of the last round this worker took part in.
   virtual bool leads() const = 0;
 };

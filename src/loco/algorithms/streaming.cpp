@@ -66,15 +66,26 @@ StreamingDiLoCo::StreamingDiLoCo(comm::Group group, StreamingOptions options, Me
   options_.validate();
   LOCO_CHECK(!elastic_.elastic() || options_.overlap_steps * options_.fragments < options_.inner_steps,
              "elastic Streaming DiLoCo needs one fragment on the wire at a time (config validation checks it)");
-  if (options_.eager && elastic_.elastic()) {
-    throw ConfigError("algorithms", "eager outer updates (sync.eager) need a fixed membership: leave out cluster.elastic");
-  }
   LOCO_CHECK(options_.weighting != Weighting::kShard || options_.shard_tokens > 0,
              "weighting by shard size needs the worker's shard size, got {} tokens", options_.shard_tokens);
 }
 
 bool StreamingDiLoCo::at_boundary() const {
+  // Eager and elastic: an exchange is always in flight, and state() saves it as sent (to send again).
+  if (options_.eager && elastic_.elastic()) return true;
   return std::none_of(fragments_.begin(), fragments_.end(), [](const Fragment& f) { return f.pending; });
+}
+
+bool StreamingDiLoCo::owes_final_sync(const Fragment& f, int64_t step) const {
+  if (options_.eager) return f.final_phase != 0 || f.started < step;
+  return f.pending || (f.started < step && f.exact != step);  // as advance() decides at the last step
+}
+
+bool StreamingDiLoCo::rounds_follow(int64_t step, size_t index) const {
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    if (p != index && owes_final_sync(fragments_[p], step)) return true;
+  }
+  return false;
 }
 
 StreamingDiLoCo::~StreamingDiLoCo() = default;
@@ -169,7 +180,12 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       restored.take_into(key + "sent", f.sent ? f.sent->flat() : f.result->flat());
       stage(f);
       f.pending = true;
-      f.reduction = submit(f);  // its collective failed: every worker sends again
+      if (elastic_.elastic()) {  // eager: the exchange that was in flight, in its round again
+        begin_round(rounds_ + 1, f.started, -1);
+        rounds_ += 1;
+        open_ = static_cast<int64_t>(p);
+      }
+      f.reduction = submit(f, plan_ && plan_->has_joiners());  // its collective failed: every worker sends again
     }
     f.outer->load_state(restored.take_prefix(fmt::format("outer.{}.", p)));
   }
@@ -223,13 +239,13 @@ SyncReports StreamingDiLoCo::advance(int64_t step) {
   return reports;
 }
 
-void StreamingDiLoCo::begin_round(int64_t step, int64_t failed_epoch, const std::string& failure) {
-  plan_ = elastic_.begin(rounds_ + 1, step, failed_epoch, failure);
+void StreamingDiLoCo::begin_round(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure) {
+  plan_ = elastic_.begin(round, step, failed_epoch, failure);
 }
 
 void StreamingDiLoCo::start(Fragment& f, int64_t step) {
   torch::NoGradGuard no_grad;
-  if (elastic_.elastic()) begin_round(step, -1);
+  if (elastic_.elastic()) begin_round(rounds_ + 1, step, -1);
   if (f.sent) {
     auto& sent = f.sent->views();
     for (size_t i = 0; i < sent.size(); ++i) sent[i].copy_(f.local[i]);
@@ -325,7 +341,7 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
       if (elastic_.elastic()) {
         // Nothing changed: the round is convened again with whoever is left, and the same
         // contribution goes out again (the weights renormalize over the survivors).
-        begin_round(f.started, plan_->epoch, e.what());
+        begin_round(plan_->round, f.started, plan_->epoch, e.what());
         stage(f);
         f.reduction = submit(f, plan_->has_joiners());
         continue;
@@ -375,7 +391,7 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   report.rejected = reduced.rejected;
   report.screening = reduced.screening;
   if (elastic_.elastic()) {
-    elastic_.end(*plan_, std::max(f.started, plan_->step), report.params_hash);
+    elastic_.end(*plan_, std::max(f.started, plan_->step), report.params_hash, !rounds_follow(step, index));
     if (plan_->has_joiners()) {
       try {
         report.stats += transfer_state(elastic_.group(), step);
@@ -418,12 +434,27 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
     counters.push_back(f.round);
     counters.push_back(f.started);
   }
+  // Eager updates: rank 0's exchanges too (every one has arrived: rounds come one at a time), so
+  // that the joiner continues as rank 0 would, its Δ_m and weight taken for its own.
+  auto weights = torch::zeros({fragments()}, torch::kFloat64);
+  if (options_.eager) {
+    for (size_t p = 0; p < fragments_.size(); ++p) {
+      auto& f = fragments_[p];
+      parts.insert(parts.end(), {f.result->flat(), f.sent->flat(), f.step_by->flat()});
+      counters.insert(counters.end(), {f.arrived ? 1 : 0, f.arrived ? f.arrived->participants : 0, f.final_phase});
+      if (f.arrived) weights[static_cast<int64_t>(p)] = f.arrived->weight;
+    }
+    parts.push_back(weights);
+    counters.push_back(static_cast<int64_t>(reported_hash_));
+  }
   comm::CommStats stats = broadcast_state(group, counters, parts);
   if (group.rank() == 0) return stats;
   torch::NoGradGuard no_grad;
   rounds_ = counters[0];
   step_ = counters[1];
   round_start_ = Clock::now();
+  const size_t eager_at = 2 + 2 * fragments_.size();
+  if (options_.eager) reported_hash_ = static_cast<uint64_t>(counters.back());
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     f.outer->load_state(outer_states[p]);
@@ -432,40 +463,55 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
     f.exact = step_;
     f.tokens = 0;
     f.pending = false;
+    f.arrived.reset();
+    if (options_.eager) {
+      f.pending = counters[eager_at + 3 * p] != 0;
+      if (f.pending) f.arrived = Reduced{{}, counters[eager_at + 3 * p + 1], weights[static_cast<int64_t>(p)].item<double>()};
+      f.final_phase = counters[eager_at + 3 * p + 2];
+    }
   }
   for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);  // the model takes θ
   return stats;
 }
 
 SyncReport StreamingDiLoCo::join_round() {
-  return elastic_.join(step_, [&](const RoundPlan&) {
+  return elastic_.join(step_, [&](const RoundPlan& plan) {
     torch::NoGradGuard no_grad;
     auto& group = elastic_.group();
-    // Which fragment this round syncs, then that fragment's collectives with nothing added.
+    // Which fragment this round syncs (eager updates: P + p for fragment p's average at the run's
+    // end), then that round's collectives with nothing added.
     auto which = torch::tensor({int64_t{-1}}, torch::kInt64);
     comm::CommStats stats = group.broadcast(which, 0);
-    const int64_t index = which.item<int64_t>();
-    LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", index, fragments());
+    const int64_t named = which.item<int64_t>();
+    const bool average = options_.eager && named >= fragments();
+    const int64_t index = average ? named - fragments() : named;
+    LOCO_CHECK(index >= 0 && index < fragments(), "rank 0 named fragment {} of {}", named, fragments());
     auto& f = fragments_[static_cast<size_t>(index)];
     comm::Tally tally = sync_tally(0, 0, 0, 0, options_.screening);  // as submit() sends it: nothing, not counted
     f.result->flat().zero_();
-    stats += f.result->all_reduce_sum(group, options_.exchange, &tally, options_.screening.combine, options_.screening.trim);
+    if (average) {
+      stats += f.result->all_reduce_sum(group);
+    } else {
+      stats += f.result->all_reduce_sum(group, options_.exchange, &tally, options_.screening.combine, options_.screening.trim);
+    }
     stats += transfer_state(group, step_);
     SyncReport report;
     report.round = rounds_;
     report.step = step_;
-    report.world_size = std::llround(tally.sum(1));
+    report.world_size = average ? plan.contributors : std::llround(tally.sum(1));
     report.stats = stats;
-    report.params_hash = hash_tensors(global_);
+    report.params_hash = options_.eager ? reported_hash_ : hash_tensors(global_);  // eager: rank 0's, sent with the state
     report.fragment = options_.fragments > 1 ? index : -1;
-    return ElasticRounds::Joined{report, f.started};
+    // The contributors report the round first (before they send the state): only they can end the run.
+    return ElasticRounds::Joined{report, f.started, false};
   });
 }
 
 NamedTensors StreamingDiLoCo::state() {
   NamedTensors out;
   for (size_t i = 0; i < names_.size(); ++i) out.emplace_back("global." + names_[i], global_[i]);
-  out.emplace_back("streaming.rounds", scalar(rounds_));
+  // An eager elastic exchange in flight is saved as sent, its round as not completed (as the coordinator has it).
+  out.emplace_back("streaming.rounds", scalar(open_ >= 0 ? rounds_ - 1 : rounds_));
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     const std::string key = fmt::format("streaming.{}.", p);
@@ -481,7 +527,12 @@ NamedTensors StreamingDiLoCo::state() {
     }
     if (!f.pending) continue;
     // A sync in flight: wait for it, so the checkpoint holds either its result or, when the
-    // collective failed, what this worker sent (to send again on resume).
+    // collective failed, what this worker sent (to send again on resume). An eager elastic round
+    // still open is not waited for: on resume it is convened again and sent again.
+    if (static_cast<int64_t>(p) == open_) {
+      out.emplace_back(key + "sent", f.sent->flat());
+      continue;
+    }
     if (!f.arrived && f.reduction.valid()) {
       const auto wait_start = Clock::now();
       try {

@@ -156,8 +156,13 @@ class StreamingDiLoCo : public SyncStrategy {
   std::future<Reduced> submit(Fragment& fragment, bool tell_joiners = false);
   // Whether this worker's outer gradient is dropped from fragment `index`'s current sync.
   bool dropped(size_t index);
-  // Elastic: the round of the sync that starts now, and the group it runs in.
-  void begin_round(int64_t step, int64_t failed_epoch, const std::string& failure = "");
+  // Elastic: round `round` convened for the sync that starts now, and the group it runs in.
+  void begin_round(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure = "");
+  // Whether fragment f still owes the run a sync at its last step (eager: its last exchange or average).
+  bool owes_final_sync(const Fragment& f, int64_t step) const;
+  // Whether a fragment other than `index` still has a round at `step` (the coordinator ends the
+  // training with the round at the last step that has none after it).
+  bool rounds_follow(int64_t step, size_t index) const;
   SyncReport join_round();
   comm::CommStats transfer_state(comm::Group& group, int64_t step);
   SyncReport complete(size_t index, int64_t step, bool last);
@@ -168,6 +173,12 @@ class StreamingDiLoCo : public SyncStrategy {
   // The merge (α), the counters and the report of an eager sync.
   SyncReport eager_report(size_t index, int64_t step, double alpha, const comm::CommStats& stats, int64_t participants,
                           double weight, uint64_t hash);
+  // Eager updates with elastic membership (streaming_eager.cpp): the open round closed (waited
+  // for, reported, its joiners given the state), and a fragment's average at the run's end.
+  comm::CommStats close_round(int64_t step, double& stall);
+  comm::CommStats average_round(size_t index, int64_t step);
+  // An eager report's hash after fragment `index`'s final average (θ_p is then one).
+  uint64_t averaged_hash(size_t index) const;
   // Waits for fragment f's exchange in flight (rethrowing its failure); adds the wait to f.stall.
   void await(Fragment& f, size_t index);
   int64_t apply_step(const Fragment& fragment) const;
@@ -177,6 +188,10 @@ class StreamingDiLoCo : public SyncStrategy {
   std::string name_;
   std::chrono::steady_clock::time_point round_start_;  // time-budgeted rounds: when this one began
   std::optional<RoundPlan> plan_;           // elastic: the round of the fragment in flight
+  int64_t open_ = -1;                       // eager and elastic: the fragment whose round is open
+  // Eager: the hash of this worker's last sync report, shared by every member (their θ differ: it
+  // hashes what they share); an elastic round reports it to the coordinator, and joiners take it.
+  uint64_t reported_hash_ = 0;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the live model's (θ_m)
   std::vector<torch::Tensor> global_;      // θ, fp32 CPU

@@ -12,11 +12,114 @@
 
 namespace loco::algorithms {
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+uint64_t StreamingDiLoCo::averaged_hash(size_t index) const {
+  const auto& f = fragments_[index];
+  std::vector<torch::Tensor> shared(f.global.begin(), f.global.end());
+  shared.push_back(torch::tensor({rounds_ + 1, static_cast<int64_t>(index)}));
+  return hash_tensors(shared);
+}
+
+// Elastic membership: rounds come one at a time, so the exchange's round opened at a sync closes
+// at the next sync of any fragment (or at once, when joiners wait for the state or the run ends):
+// waited for (again with whoever is left when a peer failed, sending the same Δ_m), reported done,
+// and the state sent to its joiners. Returns what closing it sent; `stall` gains its wait.
+comm::CommStats StreamingDiLoCo::close_round(int64_t step, double& stall) {
+  torch::NoGradGuard no_grad;
+  const auto index = static_cast<size_t>(open_);
+  auto& f = fragments_[index];
+  const auto wait_start = std::chrono::steady_clock::now();
+  while (!f.arrived) {
+    try {
+      if (f.failure) std::rethrow_exception(std::exchange(f.failure, nullptr));
+      LOCO_CHECK(f.reduction.valid(), "fragment {} has a round open but nothing to wait for", index);
+      f.arrived = f.reduction.get();
+    } catch (const PeerError& e) {
+      begin_round(plan_->round, f.started, plan_->epoch, e.what());
+      f.reduction = submit(f, plan_->has_joiners());
+    }
+  }
+  stall += seconds_since(wait_start);
+  elastic_.end(*plan_, f.started, reported_hash_, /*last=*/false);
+  open_ = -1;
+  comm::CommStats stats;
+  if (plan_->has_joiners()) {
+    try {
+      stats = transfer_state(elastic_.group(), step);
+    } catch (const PeerError&) {
+      // A joiner failed while receiving: the next round forms a new group (as complete()).
+    }
+  }
+  plan_.reset();
+  return stats;
+}
+
+// Elastic membership, the run's end: fragment f's θ_p averaged in a round of its own (over whoever
+// holds the state; joiners add nothing and receive it), convened again if a peer fails.
+comm::CommStats StreamingDiLoCo::average_round(size_t index, int64_t step) {
+  torch::NoGradGuard no_grad;
+  auto& f = fragments_[index];
+  comm::CommStats stats;
+  int64_t failed_epoch = -1;
+  std::string failure;
+  for (;;) {
+    begin_round(rounds_ + 1, step, failed_epoch, failure);
+    auto& average = f.result->views();
+    for (size_t i = 0; i < average.size(); ++i) average[i].copy_(f.global[i]);
+    const bool tell_joiners = plan_->has_joiners();
+    try {
+      stats += background_.submit([&] {
+        comm::CommStats told;
+        if (tell_joiners) {
+          auto which = torch::tensor({fragments() + static_cast<int64_t>(index)}, torch::kInt64);
+          told = elastic_.group().broadcast(which, 0);
+        }
+        told += f.result->all_reduce_sum(elastic_.group());
+        return told;
+      }).get();
+      break;
+    } catch (const PeerError& e) {
+      failed_epoch = plan_->epoch;
+      failure = e.what();
+    }
+  }
+  rounds_ += 1;
+  f.result->flat().div_(static_cast<double>(plan_->contributors));
+  for (size_t i = 0; i < f.global.size(); ++i) f.global[i].copy_(f.result->views()[i]);
+  f.final_phase = 0;
+  reported_hash_ = averaged_hash(index);  // before the joiners take it with the state
+  elastic_.end(*plan_, step, reported_hash_, !rounds_follow(step, index));
+  if (plan_->has_joiners()) {
+    try {
+      stats += transfer_state(elastic_.group(), step);
+    } catch (const PeerError&) {
+    }
+  }
+  plan_.reset();
+  return stats;
+}
+
 SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   torch::NoGradGuard no_grad;
   auto& f = fragments_[index];
-  auto& group = elastic_.group();
   f.stall = 0;
+  comm::CommStats closing;
+  if (elastic_.elastic()) {
+    // The round before closes, and this exchange's opens, before anything here changes: a stop
+    // in between saves this fragment as it was, and its sync runs again on resume.
+    if (open_ >= 0) closing = close_round(step, f.stall);
+    begin_round(rounds_ + 1, step, -1);
+    rounds_ += 1;
+    open_ = static_cast<int64_t>(index);
+  }
+  auto& group = elastic_.group();
   // The previous exchange (Σ_k w_k·Δ_k^{r−1}, in `result`; this worker's Δ_m^{r−1} still in `sent`).
   std::optional<Reduced> previous;
   if (f.pending) {
@@ -31,7 +134,7 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   else g.zero_();
   // What every worker shares this sync (the replicas' θ differ): the all-reduced sum, with the
   // sync's place in the schedule (a first sync's sum is zeros for every fragment).
-  const uint64_t shared_hash =
+  reported_hash_ =
       hash_tensors({previous ? f.result->flat() : g, torch::tensor({rounds_ + 1, static_cast<int64_t>(index)})});
   // This worker's fresh Δ_m^r = θ_p − θ_{m,p}, and its exchange on the background thread.
   auto& sent = f.sent->views();
@@ -41,8 +144,9 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   f.started = step;
   f.failure = nullptr;
   f.pending = true;
-  f.reduction = submit(f);
-  const comm::CommStats stats = previous ? previous->stats : comm::CommStats{};
+  f.reduction = submit(f, plan_ && plan_->has_joiners());
+  comm::CommStats stats = previous ? previous->stats : comm::CommStats{};
+  stats += closing;
   const int64_t participants = previous ? previous->participants : group.size();
   if (last) {
     f.final_phase = 1;
@@ -50,7 +154,10 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   }
   if (own_weight != 0) g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
   f.outer->step(f.step_by->views());
-  return eager_report(index, step, options_.merge_alpha, stats, participants, own_weight, shared_hash);
+  SyncReport report = eager_report(index, step, options_.merge_alpha, stats, participants, own_weight, reported_hash_);
+  // Joiners wait in the round for the state: it closes now (this once, the exchange is not overlapped).
+  if (plan_ && plan_->has_joiners()) report.stats += close_round(step, report.stall_seconds);
+  return report;
 }
 
 // The run's end, in two phases a failure can stop between and a resume continues from (state()
@@ -63,6 +170,7 @@ SyncReport StreamingDiLoCo::eager_finish(size_t index, int64_t step, comm::CommS
   auto& f = fragments_[index];
   auto& group = elastic_.group();
   if (f.final_phase == 1) {
+    if (open_ >= 0) stats += close_round(step, f.stall);  // elastic: the last exchange's round
     await(f, index);
     const Reduced final_exchange = *std::exchange(f.arrived, std::nullopt);
     f.pending = false;
@@ -72,15 +180,18 @@ SyncReport StreamingDiLoCo::eager_finish(size_t index, int64_t step, comm::CommS
     participants = final_exchange.participants;
     f.final_phase = 2;
   }
-  auto& average = f.result->views();
-  for (size_t i = 0; i < average.size(); ++i) average[i].copy_(f.global[i]);
-  stats += background_.submit([&] { return f.result->all_reduce_sum(group); }).get();
-  f.result->flat().div_(static_cast<double>(group.size()));
-  for (size_t i = 0; i < average.size(); ++i) f.global[i].copy_(average[i]);
-  f.final_phase = 0;
-  std::vector<torch::Tensor> shared(f.global.begin(), f.global.end());
-  shared.push_back(torch::tensor({rounds_ + 1, static_cast<int64_t>(index)}));
-  return eager_report(index, step, 0.0, stats, participants, weight, hash_tensors(shared));
+  if (elastic_.elastic()) {
+    stats += average_round(index, step);
+  } else {
+    auto& average = f.result->views();
+    for (size_t i = 0; i < average.size(); ++i) average[i].copy_(f.global[i]);
+    stats += background_.submit([&] { return f.result->all_reduce_sum(group); }).get();
+    f.result->flat().div_(static_cast<double>(group.size()));
+    for (size_t i = 0; i < average.size(); ++i) f.global[i].copy_(average[i]);
+    f.final_phase = 0;
+  }
+  if (!elastic_.elastic()) reported_hash_ = averaged_hash(index);
+  return eager_report(index, step, 0.0, stats, participants, weight, reported_hash_);
 }
 
 SyncReport StreamingDiLoCo::eager_report(size_t index, int64_t step, double alpha, const comm::CommStats& stats,
@@ -94,7 +205,7 @@ SyncReport StreamingDiLoCo::eager_report(size_t index, int64_t step, double alph
   f.round += 1;
   if (alpha == 0) f.exact = step;
   step_ = std::max(step_, step);
-  rounds_ += 1;
+  if (!elastic_.elastic()) rounds_ += 1;  // elastic: counted as each round opens
   SyncReport report;
   report.round = rounds_;
   report.step = step;

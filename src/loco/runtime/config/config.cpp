@@ -314,7 +314,6 @@ void validate(const RunConfig& c) {
       throw ConfigError("config", fmt::format("sync.eager (eager outer updates) is for sync.algorithm = \"diloco\" or "
                                               "\"streaming\", got \"{}\"", to_string(c.sync.algorithm)));
     }
-    if (c.cluster.elastic) throw ConfigError("config", "sync.eager (eager outer updates) needs a fixed membership: set cluster.elastic = false");
     if (c.sync.algorithm == Algorithm::kDiLoCo) diloco_options(c).as_streaming().validate();
   }
   if (c.sync.async) check_async(c);

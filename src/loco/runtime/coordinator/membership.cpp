@@ -456,7 +456,7 @@ std::optional<std::string> MembershipTable::round_done(const protocol::RoundDone
       failure_noticed_.reset();
     }
     event(std::move(e));
-    if (options_.total_steps > 0 && report.step >= options_.total_steps) complete_ = true;
+    if (options_.total_steps > 0 && report.step >= options_.total_steps && report.last) complete_ = true;
   } else if (report.round == round_ && last_hash_ && *last_hash_ != report.params_hash) {
     error = fmt::format("member {} ({}) ended round {} with parameters {:016x}, the others with {:016x}: the workers' θ "
                         "diverged", report.member, m.name, report.round, report.params_hash, *last_hash_);

@@ -304,7 +304,8 @@ RoundReply RoundReply::from_json(const nlohmann::json& json) {
 }
 
 nlohmann::json RoundDone::to_json() const {
-  return {{"member", member}, {"round", round}, {"epoch", epoch}, {"step", step}, {"params_hash", hex64(params_hash)}};
+  return {{"member", member}, {"round", round}, {"epoch", epoch}, {"step", step}, {"params_hash", hex64(params_hash)},
+          {"last", last}};
 }
 RoundDone RoundDone::from_json(const nlohmann::json& json) {
   RoundDone r;
@@ -313,6 +314,7 @@ RoundDone RoundDone::from_json(const nlohmann::json& json) {
   r.epoch = nonnegative(json, "epoch");
   r.step = nonnegative(json, "step");
   r.params_hash = hex_field(json, "params_hash");
+  r.last = field_or<bool>(json, "last", true);
   return r;
 }
 

@@ -239,6 +239,10 @@ struct RoundReply {
 struct RoundDone {
   int64_t member = 0, round = 0, epoch = 0, step = 0;
   uint64_t params_hash = 0;
+  // Whether the member has no round after this one (its strategy's last sync of the run): a round
+  // at the run's last step completes the training only when it is the last (Streaming DiLoCo syncs
+  // several fragments there, eager updates average θ after their last exchange). Absent: true.
+  bool last = true;
   nlohmann::json to_json() const;
   static RoundDone from_json(const nlohmann::json& json);
 };

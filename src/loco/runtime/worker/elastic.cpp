@@ -165,9 +165,9 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
   }
 }
 
-void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash) {
+void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash, bool last) {
   ask([&] {
-    client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash});
+    client_.round_done({joined_.member, plan.round, plan.epoch, step, params_hash, last});
     return 0;
   });
   if (planned_ && planned_->rounds == plan.round) completed_ = planned_;

@@ -38,7 +38,7 @@ class ElasticSession final : public algorithms::Membership {
 
   bool joining() const override { return joined_.joiner; }
   algorithms::RoundPlan begin_round(int64_t round, int64_t step, int64_t failed_epoch, const std::string& failure) override;
-  void end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash) override;
+  void end_round(const algorithms::RoundPlan& plan, int64_t step, uint64_t params_hash, bool last) override;
   bool leads() const override { return leads_.load(); }
 
   int64_t member() const { return joined_.member; }
