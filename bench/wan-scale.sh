@@ -11,6 +11,11 @@
 #   streaming-t10-e3m0  the same with tau = 10 (not in the default METHODS: run with LINKS=100mbit)
 #   streaming-t12-e3m0  the same with tau = 12, the most that P = 4 fragments of H = 50 allow without two
 #                       in flight at once (not in the default METHODS: run with LINKS=50mbit)
+#   streaming-t5-e3m0-median   the same with the coordinate-wise median of the outer gradients
+#   streaming-t5-e3m0-trimmed  the same with their trimmed mean (sync.trim = 1 at each end): the robust means'
+#                       costs on the wire (not in the default METHODS; docs/failure-model.md):
+#   sudo WORKERS=4 LINKS=300mbit STREAMING_STEPS=100 RESULTS=bench/results/wan-scale-robust-m4.json \
+#     METHODS="streaming-t5-e3m0 streaming-t5-e3m0-median streaming-t5-e3m0-trimmed" bench/wan-scale.sh runs/bench-wan-robust-m4
 # First the relay alone: `loco link-check` with 8 and 16 flows at once at each rate (OUT/relay.txt).
 # Writes every report, with its link and goodput, to bench/results/wan-scale-m8.json (RESULTS=FILE).
 #
@@ -53,7 +58,7 @@ method_steps() {
   case $1 in
     ddp) echo "${DDP_STEPS:-4}" ;;
     diloco-h50) echo "${DILOCO_STEPS:-100}" ;;
-    streaming-t5-e3m0|streaming-t10-e3m0|streaming-t12-e3m0) echo "${STREAMING_STEPS:-300}" ;;
+    streaming-t5-e3m0*|streaming-t10-e3m0|streaming-t12-e3m0) echo "${STREAMING_STEPS:-300}" ;;
     *) echo "bench/wan-scale.sh: unknown method $1" >&2; exit 2 ;;
   esac
 }
@@ -62,6 +67,8 @@ overrides() {
     ddp) echo --sync.algorithm=ddp --optim.warmup_steps=1 --cluster.timeout_s=300 ;;
     diloco-h50) echo --sync.algorithm=diloco --sync.inner_steps=50 --sync.exchange=fp32 ;;
     streaming-t5-e3m0) echo --sync.algorithm=streaming --sync.inner_steps=50 --sync.fragments=4 --sync.overlap_steps=5 --sync.exchange=e3m0 ;;
+    streaming-t5-e3m0-median) echo "$(overrides streaming-t5-e3m0) --sync.robust_mean=median" ;;
+    streaming-t5-e3m0-trimmed) echo "$(overrides streaming-t5-e3m0) --sync.robust_mean=trimmed" ;;
     streaming-t10-e3m0) echo --sync.algorithm=streaming --sync.inner_steps=50 --sync.fragments=4 --sync.overlap_steps=10 --sync.exchange=e3m0 ;;
     streaming-t12-e3m0) echo --sync.algorithm=streaming --sync.inner_steps=50 --sync.fragments=4 --sync.overlap_steps=12 --sync.exchange=e3m0 ;;
   esac
@@ -96,7 +103,8 @@ mkdir -p "$(dirname "$results")"
   echo "{\"workers\": $workers, \"delay\": \"$delay\", \"cpu\": \"$cpu\", \"config\": \"$config\", \"runs\": ["
   first=1
   for rate in $(echo ideal 1gbit 300mbit 100mbit 50mbit $links | tr ' ' '\n' | awk '!seen[$0]++'); do
-    for name in streaming-t5-e3m0 streaming-t10-e3m0 streaming-t12-e3m0 diloco-h50 ddp; do
+    for name in streaming-t5-e3m0 streaming-t5-e3m0-median streaming-t5-e3m0-trimmed streaming-t10-e3m0 streaming-t12-e3m0 \
+                diloco-h50 ddp; do
       [ -d "$out/$rate/$name" ] && finished "$out/$rate/$name" || continue
       [ $first = 1 ] || echo ","
       first=0

@@ -185,5 +185,73 @@ TEST(Screening, ClippingBoundsEveryOuterGradientsNorm) {
   }
 }
 
+// Eager updates (docs/streaming.md): every sync, each worker steps with the others' share of the
+// last sum and its own fresh outer gradient. Three syncs over six steps; `ranks` ranks move as in
+// one_sync. Returns each rank's model at the end and, in report.rejected, the contributions its
+// syncs found left out.
+std::vector<Synced> eager_syncs(int64_t ranks, const Screening& screening, const std::string& poison,
+                                const std::string& prefix) {
+  auto store = std::make_shared<comm::MemoryKeyValueStore>();
+  auto results = run_ranks<Synced>(ranks, [&](int64_t rank) {
+    model::Transformer model(tiny_model(), 5);
+    StreamingOptions o;
+    o.inner_steps = 2;
+    o.total_steps = 6;
+    o.fragments = 1;
+    o.overlap_steps = 0;
+    o.merge_alpha = 0;
+    o.eager = true;
+    o.outer = optim::default_outer_options(optim::OuterKind::kSgd);
+    o.screening = screening;
+    o.poison = parse_poison(poison);
+    StreamingDiLoCo sync(connect(store, rank, ranks, prefix), o);
+    sync.on_start(model, 0);
+    Synced out;
+    out.start = snapshot(model);
+    int64_t rejected = 0;
+    for (int64_t step = 0; step < 6; ++step) {
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(0.01 * static_cast<double>(rank + 1));
+      }
+      StepContext context{step, 32, &model};
+      for (const auto& report : sync.after_step(context)) {
+        out.report = report;
+        rejected += report.rejected;
+      }
+    }
+    out.report.rejected = rejected;
+    out.theta = snapshot(model);
+    return out;
+  });
+  std::vector<Synced> out;
+  for (auto& r : results) {
+    EXPECT_FALSE(r.error) << r.message();
+    if (r.value) out.push_back(*r.value);
+  }
+  return out;
+}
+
+// Rank 3 sends its outer gradient x100 at every sync. Screened by norm, it is left out of every sum,
+// and takes back the fresh share of its own it applied a sync before: with a linear outer step every
+// replica ends exactly as the eager run of the three others alone does. Unscreened, it moves θ by
+// about 100 times as much.
+TEST(Screening, EagerUpdatesLeaveOutAFarOffOuterGradientAsIfItsWorkerWereAbsent) {
+  const auto three = eager_syncs(3, Screening{}, "", "eager-three");
+  ASSERT_EQ(three.size(), 3u);
+  const double clean = moved(three[0], 1e-5);
+  EXPECT_NEAR(clean, 3 * 0.04, 1e-4) << "three syncs of the others' mean move, 0.04 each";
+  const auto screened = eager_syncs(4, Screening{10, 0}, "3:x100", "eager-screened");
+  ASSERT_EQ(screened.size(), 4u);
+  for (const auto& rank : screened) {
+    EXPECT_NEAR(moved(rank, 1e-5), clean, 1e-5) << "every replica, rank 3's too, as without rank 3";
+    EXPECT_EQ(rank.report.rejected, 2) << "the sums of the 2nd and 3rd syncs (the 1st steps with no sum yet)";
+  }
+  const auto harmed = eager_syncs(4, Screening{}, "3:x100", "eager-harmed");
+  ASSERT_EQ(harmed.size(), 4u);
+  EXPECT_GT(std::abs(moved(harmed[0], 1e-4)), 2.0);
+  EXPECT_EQ(harmed[0].report.rejected, 0);
+}
+
 }  // namespace
 }  // namespace loco::algorithms

@@ -435,6 +435,11 @@ TEST(Streaming, EagerOptionsAreValidated) {
   EXPECT_THROW(o.validate(), ConfigError);
   o.drop_probability = 0;
   EXPECT_NO_THROW(o.validate());
+  o.screening.reject_ratio = 10;  // screening by norm and clipping weigh a worker's share: eager steps with it
+  o.screening.clip_norm = 1;
+  EXPECT_NO_THROW(o.validate());
+  o.screening.combine = comm::Combine::kMedian;  // a median has no share of one worker to take back
+  EXPECT_THROW(o.validate(), ConfigError);
 }
 
 }  // namespace

@@ -219,6 +219,49 @@ TEST_F(LaunchTest, StreamingWorkersAgreeAndResumeMidFlight) {
   EXPECT_EQ(final_hash("streaming-stopped"), final_hash("streaming-straight"));
 }
 
+// Eager updates with elastic membership (docs/streaming.md): without failures the coordinator's
+// rounds (one exchange in flight, closed at the next sync; the final averages in rounds of their
+// own) change nothing in the arithmetic, and the run ends bit-identical to the fixed one. Stopped
+// mid-run (the leader's checkpoint holds the exchange in flight as sent), it resumes to the end.
+TEST_F(LaunchTest, ElasticEagerUpdatesEndAsTheFixedRunAndResume) {
+  std::vector<std::string> eager = {"--sync.algorithm=streaming", "--sync.fragments=2", "--sync.overlap_steps=0",
+                                    "--sync.eager=true"};
+  auto fixed = run_command(launch_args("eager-fixed", eager), log("eager-fixed"), 240s);
+  ASSERT_EQ(fixed.status, 0) << fixed.output;
+  eager.push_back("--cluster.elastic=true");
+  auto elastic = run_command(launch_args("eager-elastic", eager), log("eager-elastic"), 240s);
+  ASSERT_EQ(elastic.status, 0) << elastic.output;
+  const auto fixed_eval = events("eager-fixed", "eval"), elastic_eval = events("eager-elastic", "eval");
+  ASSERT_FALSE(fixed_eval.empty());
+  ASSERT_FALSE(elastic_eval.empty());
+  EXPECT_EQ(elastic_eval.back()["step"], 40);
+  EXPECT_EQ(elastic_eval.back()["val_loss"].get<double>(), fixed_eval.back()["val_loss"].get<double>());
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const auto& e : events("eager-elastic", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "members disagree on round " << round << "'s sum";
+  const auto rounds = events("eager-elastic", "round_complete");
+  ASSERT_GE(rounds.size(), 2u);
+  EXPECT_EQ(rounds.back()["step"], 40);
+  EXPECT_EQ(rounds[rounds.size() - 2]["step"], 40) << "each fragment's average has a round at the last step";
+
+  eager.insert(eager.end(), {"--train.steps=200", "--eval.every=50"});
+  Child launcher(launch_args("eager-stopped", eager), log("eager-stopped"));
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (events("eager-stopped", "sync").size() < 3 * 12 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  launcher.signal(SIGINT);
+  ASSERT_EQ(launcher.wait(120s), 130) << read_file(log("eager-stopped"), "test");
+  auto args = launch_args("eager-stopped", eager);
+  args.push_back("--resume");
+  auto resumed = run_command(args, log("eager-resumed"), 240s);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const auto resumed_eval = events("eager-stopped", "eval");
+  ASSERT_FALSE(resumed_eval.empty());
+  EXPECT_EQ(resumed_eval.back()["step"], 200);
+  EXPECT_TRUE(std::isfinite(resumed_eval.back()["val_loss"].get<double>()));
+}
+
 TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {
   auto ddp = run_command(launch_args("ddp", {"--sync.algorithm=ddp", "--workers", "2", "--train.steps=10"}), log("ddp"), 240s);
   ASSERT_EQ(ddp.status, 0) << ddp.output;

@@ -35,9 +35,11 @@ void StreamingOptions::validate() const {
                                     "gradients (sync.drop_probability = 0)");
   }
   screening.validate();
-  if (eager && (screening.reject_ratio > 0 || screening.clip_norm > 0 || screening.combine != comm::Combine::kSum)) {
-    throw ConfigError("algorithms", "sync.reject_ratio, sync.clip_norm and sync.robust_mean are not yet available with "
-                                    "eager outer updates (sync.eager)");
+  if (eager && screening.combine != comm::Combine::kSum) {
+    // A worker steps with the others' share of the sum, S − w_m·Δ_m: a median has no such share.
+    throw ConfigError("algorithms", "sync.robust_mean is not available with eager outer updates (sync.eager): each "
+                                    "worker steps with the others' share of a weighted sum (sync.reject_ratio and "
+                                    "sync.clip_norm are)");
   }
   if (round_seconds < 0 || (round_seconds > 0 && (fragments != 1 || overlap_steps != 0))) {
     throw ConfigError("algorithms", "time-budgeted rounds (sync.round_seconds) need one fragment and no overlap (DiLoCo)");

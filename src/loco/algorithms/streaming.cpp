@@ -165,6 +165,8 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     if (options_.eager) {
       f.final_phase = restored.take_int(key + "final_phase");
       if (f.final_phase == 1) restored.take_into(key + "step_by", f.step_by->flat());
+      // Saved before it was kept: as that code stepped, with its weight in the sum (below).
+      f.fresh_weight = restored.has(key + "fresh_weight") ? restored.take(key + "fresh_weight").item<double>() : -1;
     }
     if (restored.has(key + "result")) {
       restored.take_into(key + "result", f.result->flat());
@@ -172,6 +174,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       if (options_.eager) {  // the next eager step also needs what this worker sent, and its weight
         restored.take_into(key + "sent", f.sent->flat());
         f.arrived->weight = restored.take(key + "weight").item<double>();
+        if (f.fresh_weight < 0) f.fresh_weight = f.arrived->weight;
       }
       f.pending = true;
     } else if (restored.has(key + "sent")) {
@@ -187,6 +190,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       }
       f.reduction = submit(f, plan_ && plan_->has_joiners());  // its collective failed: every worker sends again
     }
+    if (f.fresh_weight < 0) f.fresh_weight = 1.0 / static_cast<double>(elastic_.group().size());
     f.outer->load_state(restored.take_prefix(fmt::format("outer.{}.", p)));
   }
   restored.expect_all_taken(" (was it saved with another sync.fragments?)");
@@ -436,13 +440,14 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
   }
   // Eager updates: rank 0's exchanges too (every one has arrived: rounds come one at a time), so
   // that the joiner continues as rank 0 would, its Δ_m and weight taken for its own.
-  auto weights = torch::zeros({fragments()}, torch::kFloat64);
+  auto weights = torch::zeros({2 * fragments()}, torch::kFloat64);  // per fragment its weight in the sum, then its fresh one
   if (options_.eager) {
     for (size_t p = 0; p < fragments_.size(); ++p) {
       auto& f = fragments_[p];
       parts.insert(parts.end(), {f.result->flat(), f.sent->flat(), f.step_by->flat()});
       counters.insert(counters.end(), {f.arrived ? 1 : 0, f.arrived ? f.arrived->participants : 0, f.final_phase});
       if (f.arrived) weights[static_cast<int64_t>(p)] = f.arrived->weight;
+      weights[fragments() + static_cast<int64_t>(p)] = f.fresh_weight;
     }
     parts.push_back(weights);
     counters.push_back(static_cast<int64_t>(reported_hash_));
@@ -468,6 +473,7 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
       f.pending = counters[eager_at + 3 * p] != 0;
       if (f.pending) f.arrived = Reduced{{}, counters[eager_at + 3 * p + 1], weights[static_cast<int64_t>(p)].item<double>()};
       f.final_phase = counters[eager_at + 3 * p + 2];
+      f.fresh_weight = weights[fragments() + static_cast<int64_t>(p)].item<double>();
     }
   }
   for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);  // the model takes θ
@@ -523,6 +529,7 @@ NamedTensors StreamingDiLoCo::state() {
     out.emplace_back(key + "pending_tokens", scalar(f.pending_tokens));
     if (options_.eager) {
       out.emplace_back(key + "final_phase", scalar(f.final_phase));
+      out.emplace_back(key + "fresh_weight", torch::tensor(f.fresh_weight, torch::kFloat64));
       if (f.final_phase == 1) out.emplace_back(key + "step_by", f.step_by->flat());
     }
     if (!f.pending) continue;

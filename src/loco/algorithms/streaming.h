@@ -128,6 +128,7 @@ class StreamingDiLoCo : public SyncStrategy {
     std::unique_ptr<FlatBuffer> result;        // θ̄ (fp32) or Δ (encoded exchange), once reduced
     std::unique_ptr<FlatBuffer> step_by;       // eager: the outer gradient g_m it steps with
     int64_t final_phase = 0;                   // eager, the run's end: 1 last exchange due, 2 average due
+    double fresh_weight = 0;                   // eager: the weight it applied its own fresh Δ_m with, at its last sync
     int64_t offset = 0;                        // t_p
     int64_t round = 0;                         // syncs of this fragment completed
     int64_t tokens = 0;                        // tokens since its last sync started

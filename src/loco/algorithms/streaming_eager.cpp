@@ -127,10 +127,13 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
     previous = std::exchange(f.arrived, std::nullopt);
     f.pending = false;
   }
+  // Its fresh share's weight: its weight in the last sum (0 when screening left it out, less when clipped).
   const double own_weight = previous ? previous->weight : 1.0 / static_cast<double>(group.size());
   auto& g = f.step_by->flat();
-  if (previous && own_weight != 0) torch::sub_out(g, f.result->flat(), f.sent->flat() * own_weight);  // the others' stale share
-  else if (previous) g.copy_(f.result->flat());  // left out by screening: none of its own, whatever it holds
+  // The others' stale share, and its own as the sum holds it in place of the fresh one it applied a
+  // sync ago: S^{r−1} − w_fresh·Δ_m^{r−1}. Each replica then holds every sum once, plus its own
+  // latest fresh share; a worker left out takes its own share back.
+  if (previous) torch::sub_out(g, f.result->flat(), f.sent->flat(), f.fresh_weight);
   else g.zero_();
   // What every worker shares this sync (the replicas' θ differ): the all-reduced sum, with the
   // sync's place in the schedule (a first sync's sum is zeros for every fragment).
@@ -152,9 +155,14 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
     f.final_phase = 1;
     return eager_finish(index, step, stats, participants, own_weight);
   }
-  if (own_weight != 0) g.add_(f.sent->flat(), own_weight);  // its own fresh share in place of its stale one
+  if (own_weight != 0) g.add_(f.sent->flat(), own_weight);  // its own fresh share
+  f.fresh_weight = own_weight;
   f.outer->step(f.step_by->views());
   SyncReport report = eager_report(index, step, options_.merge_alpha, stats, participants, own_weight, reported_hash_);
+  if (previous) {  // the screening of the sum it stepped with
+    report.rejected = previous->rejected;
+    report.screening = previous->screening;
+  }
   // Joiners wait in the round for the state: it closes now (this once, the exchange is not overlapped).
   if (plan_ && plan_->has_joiners()) report.stats += close_round(step, report.stall_seconds);
   return report;
@@ -169,6 +177,8 @@ SyncReport StreamingDiLoCo::eager_finish(size_t index, int64_t step, comm::CommS
   torch::NoGradGuard no_grad;
   auto& f = fragments_[index];
   auto& group = elastic_.group();
+  int64_t rejected = 0;
+  std::string screening;
   if (f.final_phase == 1) {
     if (open_ >= 0) stats += close_round(step, f.stall);  // elastic: the last exchange's round
     await(f, index);
@@ -178,6 +188,8 @@ SyncReport StreamingDiLoCo::eager_finish(size_t index, int64_t step, comm::CommS
     f.outer->step(f.step_by->views());
     stats += final_exchange.stats;
     participants = final_exchange.participants;
+    rejected = final_exchange.rejected;
+    screening = final_exchange.screening;
     f.final_phase = 2;
   }
   if (elastic_.elastic()) {
@@ -191,7 +203,10 @@ SyncReport StreamingDiLoCo::eager_finish(size_t index, int64_t step, comm::CommS
     f.final_phase = 0;
   }
   if (!elastic_.elastic()) reported_hash_ = averaged_hash(index);
-  return eager_report(index, step, 0.0, stats, participants, weight, reported_hash_);
+  SyncReport report = eager_report(index, step, 0.0, stats, participants, weight, reported_hash_);
+  report.rejected = rejected;
+  report.screening = screening;
+  return report;
 }
 
 SyncReport StreamingDiLoCo::eager_report(size_t index, int64_t step, double alpha, const comm::CommStats& stats,
