@@ -96,5 +96,40 @@ TEST(DipacoTest, BadReportsAreRefused) {
   EXPECT_EQ(state.version(), 0);
 }
 
+// Screening over the paths through a module (docs/failure-model.md): a path's outer gradient with a
+// value that is not finite is left out by default, one 100x the others' norm with sync.reject_ratio,
+// and each is clipped with sync.clip_norm; the kept ones' weights renormalize and the rescale counts
+// only them. What screening did comes back, naming the path.
+TEST(DipacoTest, ScreeningLeavesOutAPathsHarmfulOuterGradient) {
+  const std::vector<PathReport> clean{{0, 1.0, {t({1, 1}, {2})}}, {1, 1.0, {t({2, 2}, {2})}}, {2, 2.0, {t({3, 3}, {2})}}};
+  auto with_nan = clean;
+  with_nan.push_back({3, 1.0, {t({NAN, 1}, {2})}});
+  ScreenedSync screened;
+  const auto kept = module_outer_gradient(with_nan, true, Screening{}, &screened);
+  EXPECT_TRUE(torch::allclose(kept[0], module_outer_gradient(clean)[0], 1e-6, 0)) << kept[0];
+  EXPECT_EQ(screened.rejected, 1);
+  EXPECT_EQ(screened.kept, 3);
+  EXPECT_NE(screened.why.find("path 3: not finite"), std::string::npos) << screened.why;
+
+  auto far = clean;
+  far.push_back({7, 1.0, {t({200, 200}, {2})}});
+  const auto harmed = module_outer_gradient(far, true, Screening{});
+  EXPECT_GT(harmed[0][0].item<float>(), 50) << "unscreened, path 7 moves the module by a fifth of its 200, times sqrt(4)";
+  const auto screened_far = module_outer_gradient(far, true, Screening{10, 0}, &screened);
+  EXPECT_TRUE(torch::allclose(screened_far[0], module_outer_gradient(clean)[0], 1e-6, 0)) << screened_far[0];
+  EXPECT_NE(screened.why.find("path 7: norm"), std::string::npos) << screened.why;
+
+  // Clipped to norm 1: path 2's (3, 3) enters as (3, 3) / sqrt(18).
+  const auto clipped = module_outer_gradient(clean, false, Screening{0, 1}, &screened);
+  const double a = 1 / std::sqrt(2.0), b = 2 / std::sqrt(8.0), c = 3 / std::sqrt(18.0);
+  EXPECT_NEAR(clipped[0][0].item<float>(), (a + b + 2 * c) / 4, 1e-6);
+  EXPECT_EQ(screened.rejected, 0);
+
+  expect_error<DataError>([] { module_outer_gradient({{0, 1.0, {t({NAN}, {1})}}}); }, "every outer gradient of the module's step was left out");
+  ModuleState state("L2.M1", {"w"}, {torch::ones({2})}, optim::default_outer_options(optim::OuterKind::kSgd));
+  state.step(with_nan);
+  EXPECT_TRUE(torch::isfinite(state.parameters()[0]).all().item<bool>()) << "the module's copy stays finite";
+}
+
 }  // namespace
 }  // namespace loco::algorithms

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "loco/algorithms/screening.h"
 #include "loco/optim/outer.h"
 
 namespace loco::algorithms {
@@ -32,10 +33,15 @@ struct PathReport {
   std::vector<torch::Tensor> outer_gradient;  // Δ_p for each tensor of the module, fp32
 };
 
-// Δ_m from the reports of one phase (see above). Throws DataError when there are none, when a path
-// reports twice (nothing may be trained twice into a module), or when a weight is not positive and
-// finite or a tensor's shape differs from the first report's.
-std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& reports, bool rescale = true);
+// Δ_m from the reports of one phase (see above), over the reports screening keeps (options.h,
+// Screening: one with a value that is not finite, or a norm more than reject_ratio times the other
+// paths' median, is left out and the weights renormalize; clip_norm clips each; n counts the kept
+// ones). `screened`, when given, receives what screening made of them. Throws DataError when there
+// are none or none is kept, when a path reports twice (nothing may be trained twice into a
+// module), or when a weight is not positive and finite or a tensor's shape differs from the first
+// report's.
+std::vector<torch::Tensor> module_outer_gradient(const std::vector<PathReport>& reports, bool rescale = true,
+                                                 const Screening& screening = {}, ScreenedSync* screened = nullptr);
 
 // A module's global copy θ_m (fp32), its outer optimizer and its version: how many outer steps it
 // has taken (a path's task names the versions of the modules it starts from).
@@ -45,7 +51,8 @@ class ModuleState {
               optim::OuterOptions outer);
 
   // One outer step from one phase's reports: θ_m ← OuterOpt(θ_m, Δ_m); the version goes up by one.
-  void step(const std::vector<PathReport>& reports, bool rescale = true);
+  void step(const std::vector<PathReport>& reports, bool rescale = true, const Screening& screening = {},
+            ScreenedSync* screened = nullptr);
 
   // Restores the outer optimizer's state (and so the version) saved with the module.
   void load_optimizer_state(const std::vector<std::pair<std::string, torch::Tensor>>& state) { optimizer_.load_state(state); }

@@ -20,8 +20,10 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screening& screening) {
+ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screening& screening,
+                    const std::vector<std::string>& names) {
   const size_t m = rows.size();
+  const auto name = [&](size_t q) { return q < names.size() ? names[q] : fmt::format("rank {}", q); };
   std::vector<double> norm(m, 0);
   std::vector<bool> finite(m, false), kept(m, false);
   ScreenedSync out;
@@ -35,7 +37,7 @@ ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screenin
     if (kept[q] && !(std::isfinite(size) && size >= 0 && size <= 1e18 && (counted == 0 || counted == 1) && flag == 1)) {
       kept[q] = false;
       out.rejected += 1;
-      out.why += fmt::format("{}rank {}: malformed numbers", out.why.empty() ? "" : "; ", q);
+      out.why += fmt::format("{}{}: malformed numbers", out.why.empty() ? "" : "; ", name(q));
     }
   }
   std::vector<double> clip(m, 1.0);
@@ -45,7 +47,7 @@ ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screenin
       kept[q] = false;
       out.rejected += 1;
       out.not_finite += 1;
-      out.why += fmt::format("{}rank {}: not finite", out.why.empty() ? "" : "; ", q);
+      out.why += fmt::format("{}{}: not finite", out.why.empty() ? "" : "; ", name(q));
       continue;
     }
     if (screening.reject_ratio > 0) {
@@ -57,14 +59,15 @@ ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screenin
       if (!others.empty() && norm[q] > screening.reject_ratio * typical) {
         kept[q] = false;
         out.rejected += 1;
-        out.why += fmt::format("{}rank {}: norm {:.4g} is {:.3g}x the others' median {:.4g}", out.why.empty() ? "" : "; ", q,
+        out.why += fmt::format("{}{}: norm {:.4g} is {:.3g}x the others' median {:.4g}", out.why.empty() ? "" : "; ", name(q),
                                norm[q], typical > 0 ? norm[q] / typical : std::numeric_limits<double>::infinity(), typical);
         continue;
       }
     }
     if (screening.clip_norm > 0 && norm[q] > screening.clip_norm) {
       clip[q] = screening.clip_norm / norm[q];
-      out.why += fmt::format("{}rank {}: norm {:.4g} clipped to {:.4g}", out.why.empty() ? "" : "; ", q, norm[q], screening.clip_norm);
+      out.why += fmt::format("{}{}: norm {:.4g} clipped to {:.4g}", out.why.empty() ? "" : "; ", name(q), norm[q],
+                             screening.clip_norm);
     }
   }
   double total = 0;
@@ -92,7 +95,8 @@ double squared_outer_norm(const std::vector<torch::Tensor>& sent, const std::vec
   constexpr int64_t kChunk = 1 << 20;  // values at a time: the temporaries stay small, whatever the tensor
   double total = 0;
   for (size_t i = 0; i < sent.size(); ++i) {
-    const auto values = sent[i].reshape({-1}), reference = global[i].reshape({-1});
+    const auto values = sent[i].reshape({-1});
+    const auto reference = sends_theta ? global[i].reshape({-1}) : torch::Tensor();
     for (int64_t begin = 0; begin < values.numel(); begin += kChunk) {
       const int64_t n = std::min(kChunk, values.numel() - begin);
       auto delta = values.narrow(0, begin, n).to(torch::kFloat64);

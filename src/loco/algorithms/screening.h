@@ -13,7 +13,8 @@
 
 namespace loco::algorithms {
 
-// What screening made of one sync's contributions (rows: every rank's tally, in rank order).
+// What screening made of one sync's contributions (rows: every rank's tally, in rank order;
+// `names`, when given, names each row in `why` instead of "rank q").
 struct ScreenedSync {
   std::vector<double> weights;  // w_m: s_m / Σ s over the contributions kept (1/K when every s is 0), times the clip
   int64_t kept = 0;             // contributions in the average
@@ -21,7 +22,8 @@ struct ScreenedSync {
   int64_t not_finite = 0;       // ... of them, for a value that is not finite
   std::string why;              // one clause per contribution left out or clipped ("" when none)
 };
-ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screening& screening);
+ScreenedSync screen(const std::vector<std::vector<double>>& rows, const Screening& screening,
+                    const std::vector<std::string>& names = {});
 
 // The median of `values` (not empty): the middle one, or the mean of the middle two.
 double median(std::vector<double> values);
@@ -30,7 +32,7 @@ double median(std::vector<double> values);
 comm::Tally sync_tally(double size, double counted, double kept, double squared_norm, const Screening& screening);
 
 // ‖Δ_m‖², summed in double (NaN or infinite when a value is): `sent` holds Δ_m, or θ_m when
-// `sends_theta` (Δ_m = θ − θ_m, with θ in `global`).
+// `sends_theta` (Δ_m = θ − θ_m, with θ in `global`; otherwise `global` is not read).
 double squared_outer_norm(const std::vector<torch::Tensor>& sent, const std::vector<torch::Tensor>& global, bool sends_theta);
 
 // Poison: `sent` made to carry Δ_m·scale (scale NaN: its first value NaN instead).

@@ -128,8 +128,11 @@ json fields(const PathTaskEvent& e) {
           {"module_bytes_read", e.module_bytes_read}, {"module_bytes_written", e.module_bytes_written}};
 }
 json fields(const StepTaskEvent& e) {
-  return {{"worker", worker_json(e.worker)}, {"module", e.module}, {"version", e.version}, {"paths", e.paths},
-          {"bytes_read", e.bytes_read}, {"bytes_written", e.bytes_written}};
+  json j = {{"worker", worker_json(e.worker)}, {"module", e.module}, {"version", e.version}, {"paths", e.paths},
+            {"bytes_read", e.bytes_read}, {"bytes_written", e.bytes_written}};
+  if (e.rejected > 0) j["rejected"] = e.rejected;
+  if (!e.screening.empty()) j["screening"] = e.screening;
+  return j;
 }
 json fields(const RouteTaskEvent& e) {
   return {{"worker", worker_json(e.worker)}, {"phase", e.phase}, {"router_documents", e.router_documents},
@@ -296,7 +299,7 @@ Event parse(const std::string& kind, const json& j) {
   }
   if (kind == "step_task") {
     return StepTaskEvent{worker, text(j, "module"), integer(j, "version", -1), integer(j, "paths"), integer(j, "bytes_read"),
-                         integer(j, "bytes_written")};
+                         integer(j, "bytes_written"), integer(j, "rejected", 0), text(j, "screening")};
   }
   if (kind == "route_task") {
     return RouteTaskEvent{worker, integer(j, "phase", -1), integer(j, "router_documents"), text(j, "documents_per_path")};

@@ -136,6 +136,8 @@ struct StepTaskEvent {
   std::string module;
   int64_t version = 0, paths = 0;
   int64_t bytes_read = 0, bytes_written = 0;
+  int64_t rejected = 0;   // paths' outer gradients screening left out of the step
+  std::string screening;  // which, and why (and any clipped)
 };
 
 struct RouteTaskEvent {

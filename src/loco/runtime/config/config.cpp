@@ -247,6 +247,16 @@ void apply_override(RunConfig& config, const std::string& assignment) {
 
 namespace {
 
+// The screening keys (docs/failure-model.md, "A worker that sends harm"), and sync.poison.
+void check_screening(const RunConfig& c) {
+  algorithms::Screening{c.sync.reject_ratio, c.sync.clip_norm, c.sync.robust_mean, c.sync.trim}.validate();
+  algorithms::parse_poison(c.sync.poison);  // ConfigError when malformed
+  if (!c.dipaco.levels.empty() && c.sync.robust_mean != comm::Combine::kSum) {
+    throw ConfigError("config", "sync.robust_mean is not available to DiPaCo's module steps (they screen by "
+                                "sync.reject_ratio, sync.clip_norm and sync.reject_not_finite): set sync.robust_mean = \"none\"");
+  }
+}
+
 // sync.async: what asynchronous DiLoCo offers so far (docs/async.md), the rest refused by name.
 void check_async(const RunConfig& c) {
   auto refuse = [](const std::string& why) { throw ConfigError("config", "sync.async (asynchronous DiLoCo) " + why); };
@@ -307,8 +317,7 @@ void validate(const RunConfig& c) {
     throw ConfigError("config", "checkpoint.keep must be >= 2 with several workers: a worker that dies loses its newest "
                                 "checkpoint in the making, and the others must still hold the one before");
   }
-  algorithms::Screening{c.sync.reject_ratio, c.sync.clip_norm, c.sync.robust_mean, c.sync.trim}.validate();
-  algorithms::parse_poison(c.sync.poison);  // ConfigError when malformed
+  check_screening(c);
   if (c.sync.eager) {
     if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {
       throw ConfigError("config", fmt::format("sync.eager (eager outer updates) is for sync.algorithm = \"diloco\" or "

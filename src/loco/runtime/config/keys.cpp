@@ -102,12 +102,12 @@ std::vector<Field> dipaco_fields(DipacoSection& d) {
 // Screening of the outer gradients before they are averaged (algorithms::Screening).
 std::vector<Field> screening_fields(SyncSection& s) {
   return {
-      at_least(0, {"sync.reject_ratio", "diloco and streaming: screening: a worker whose outer gradient's norm is more than this many times the median of the other workers' is left out of the sync (counted as a dropped one, logged, and in the sync event); an outer gradient that is not finite is always left out; 0 = off (docs/failure-model.md)", &s.reject_ratio}),
-      at_least(0, {"sync.clip_norm", "diloco and streaming: screening: each worker's outer gradient enters the average clipped to this norm; 0 = off", &s.clip_norm}),
-      {"sync.robust_mean", "diloco and streaming: screening: none (the weighted average), median or trimmed (the trimmed mean: sync.trim contributions left out at each end), value by value over the outer gradients kept, so that a worker far off moves theta by little whatever it states; the same bytes on the wire",
+      at_least(0, {"sync.reject_ratio", "diloco, streaming and dipaco (its module steps, over the paths through a module): screening: a worker whose outer gradient's norm is more than this many times the median of the other workers' is left out of the sync (counted as a dropped one, logged, and in the sync event); an outer gradient that is not finite is always left out; 0 = off (docs/failure-model.md)", &s.reject_ratio}),
+      at_least(0, {"sync.clip_norm", "diloco, streaming and dipaco: screening: each worker's outer gradient enters the average clipped to this norm; 0 = off", &s.clip_norm}),
+      {"sync.robust_mean", "diloco and streaming (not eager): screening: none (the weighted average), median or trimmed (the trimmed mean: sync.trim contributions left out at each end), value by value over the outer gradients kept, so that a worker far off moves theta by little whatever it states; the same bytes on the wire",
        enum_field(s.robust_mean, {{comm::Combine::kSum, "none"}, {comm::Combine::kMedian, "median"}, {comm::Combine::kTrimmedMean, "trimmed"}})},
       at_least(1, {"sync.trim", "sync.robust_mean = trimmed: outer gradients left out at each end, value by value (the median when fewer than 2 trim + 1 are kept)", &s.trim}),
-      {"sync.reject_not_finite", "diloco and streaming: screening: an outer gradient with a value that is not finite is left out of the sync (the others' weights renormalized); false lets it reach the average (theta becomes NaN and the run stops), only to show what screening prevents", &s.reject_not_finite},
+      {"sync.reject_not_finite", "diloco, streaming and dipaco: screening: an outer gradient with a value that is not finite is left out of the sync (the others' weights renormalized); false lets it reach the average (theta becomes NaN and the run stops), only to show what screening prevents", &s.reject_not_finite},
       {"sync.poison", "a fault to inject, for tests and benchmarks of screening: WORKER:xSCALE sends that worker's outer gradient times SCALE at every sync, WORKER:nan sends one value of it as NaN; @ROUND limits it to that sync (e.g. 1:x100, 2:nan@3); \"\" = none", &s.poison},
   };
 }

@@ -45,7 +45,11 @@ void TaskWorker::run_step(const TaskKey& task) {
     reports.push_back(std::move(path_report));
     consumed.push_back(report.file);
   }
-  state.step(reports, run_.config().dipaco.outer_rescale);
+  // Screening (docs/failure-model.md): the sync's keys, over the paths through the module.
+  const auto& sync = run_.config().sync;
+  algorithms::ScreenedSync screened;
+  state.step(reports, run_.config().dipaco.outer_rescale,
+             {sync.reject_ratio, sync.clip_norm, comm::Combine::kSum, 1, sync.reject_not_finite}, &screened);
   ModuleVersion next{module.name, task.phase + 1, run_.plan().fingerprint(), {}, state.optimizer().state()};
   for (size_t i = 0; i < names.size(); ++i) next.parameters.emplace_back(names[i], state.parameters()[i]);
   save_module(run_.dir(), next);
@@ -66,9 +70,10 @@ void TaskWorker::run_step(const TaskKey& task) {
   ++summary_.step_tasks;
   summary_.bytes_read += read;
   summary_.bytes_written += written;
-  say(fmt::format("module {} v{} from {} path(s)", module.name, next.version, reports.size()));
+  say(fmt::format("module {} v{} from {} path(s){}", module.name, next.version, reports.size(),
+                  screened.why.empty() ? "" : fmt::format(" ({} left out: {})", screened.rejected, screened.why)));
   log_.write(metrics::StepTaskEvent{{-1, options_.name}, module.name, next.version, static_cast<int64_t>(reports.size()), read,
-                                    written});
+                                    written, screened.rejected, screened.why});
 }
 
 }  // namespace loco::runtime::dipaco_tasks
