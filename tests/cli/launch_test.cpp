@@ -260,6 +260,12 @@ TEST_F(LaunchTest, ElasticEagerUpdatesEndAsTheFixedRunAndResume) {
   ASSERT_FALSE(resumed_eval.empty());
   EXPECT_EQ(resumed_eval.back()["step"], 200);
   EXPECT_TRUE(std::isfinite(resumed_eval.back()["val_loss"].get<double>()));
+  // Every worker continued from the leader's checkpoint (its θ, its exchange in flight sent again,
+  // its eager state): the members agree on every sum after the resume too, and no round failed.
+  hashes.clear();
+  for (const auto& e : events("eager-stopped", "sync")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
+  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "members disagree on round " << round << "'s sum";
+  EXPECT_TRUE(events("eager-stopped", "round_retried").empty());
 }
 
 TEST_F(LaunchTest, DdpSynchronizesEveryStepAndLocalNever) {

@@ -133,7 +133,11 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     if (!elastic_.elastic()) {
       background_.submit([&] { return check_identical(elastic_.group(), global_, "the initial parameters"); }).get();
     } else if (elastic_.joining()) {
-      return {join_round()};
+      // A joiner given the state as a sync starts (its round was convened again with it after a
+      // peer failed, or re-opened on resume) then takes that sync's part with the others.
+      SyncReports reports{join_round()};
+      for (auto& report : advance(step_)) reports.push_back(std::move(report));
+      return reports;
     }
     return {};
   }
@@ -142,6 +146,9 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
   auto& restored = *restored_;
   for (size_t i = 0; i < names_.size(); ++i) restored.take_into("global." + names_[i], global_[i]);
   rounds_ = restored.take_int("streaming.rounds");
+  if (options_.eager && restored.has("streaming.reported_hash")) {
+    reported_hash_ = static_cast<uint64_t>(restored.take_int("streaming.reported_hash"));
+  }
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     const std::string key = fmt::format("streaming.{}.", p);
@@ -171,6 +178,7 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
       restored.take_into(key + "sent", f.sent ? f.sent->flat() : f.result->flat());
       stage(f);
       f.pending = true;
+      f.sync_number = f.round;  // eager: f.round counted it when its sync's step was taken
       if (elastic_.elastic()) {  // eager: the exchange that was in flight, in its round again
         begin_round(rounds_ + 1, f.started, -1);
         rounds_ += 1;
@@ -183,6 +191,13 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
   }
   restored.expect_all_taken(" (was it saved with another sync.fragments?)");
   restored_.reset();
+  // Eager and elastic: every worker continues from the leader's checkpoint, its θ, its exchange in
+  // flight and its eager state; its model takes that θ too (its own holds its own replica's).
+  if (options_.eager && elastic_.elastic()) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < global_.size(); ++i) parameters_[i].copy_(global_[i]);
+    for (auto& f : fragments_) f.exact = step;
+  }
   // Whatever this step still owed (a sync to start or to complete, left by a failed collective).
   return advance(step);
 }
@@ -263,7 +278,9 @@ bool StreamingDiLoCo::dropped(size_t index) {
 std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool tell_joiners) {
   const int64_t index = &f - fragments_.data();
   const bool drop = dropped(static_cast<size_t>(index));
-  return background_.submit([this, &f, tell_joiners, index, drop] {
+  // Decided here, on the training thread (eager steps count f.round on while this exchange flies).
+  const bool poison = options_.poison.hits(elastic_.group().rank(), options_.eager ? f.sync_number : f.round + 1);
+  return background_.submit([this, &f, tell_joiners, index, drop, poison] {
     torch::NoGradGuard no_grad;
     comm::CommStats told;
     if (tell_joiners) {
@@ -296,7 +313,7 @@ std::future<StreamingDiLoCo::Reduced> StreamingDiLoCo::submit(Fragment& f, bool 
     }
     // fp32 without eager sends θ_m (Σ w_m θ_m is the average), everything else Δ_m.
     const bool sends_theta = options_.exchange == comm::Encoding::kFp32 && !options_.eager;
-    if (options_.poison.hits(elastic_.group().rank(), f.round + 1)) apply_poison(result, f.global, sends_theta, options_.poison.scale);
+    if (poison) apply_poison(result, f.global, sends_theta, options_.poison.scale);
     const double squared_norm = drop ? 0.0 : squared_outer_norm(result, f.global, sends_theta);
     comm::Tally tally = sync_tally(size, 1.0, drop ? 0.0 : 1.0, squared_norm, options_.screening);
     comm::CommStats stats = f.result->all_reduce_sum(elastic_.group(), options_.exchange, &tally, options_.screening.combine,
@@ -386,7 +403,7 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
     elastic_.end(*plan_, std::max(f.started, plan_->step), report.params_hash, !rounds_follow(step, index));
     if (plan_->has_joiners()) {
       try {
-        report.stats += transfer_state(elastic_.group(), step);
+        report.stats += transfer_state(elastic_.group(), step, /*joiner=*/false);
       } catch (const PeerError&) {
         // A joiner failed while receiving: the coordinator hears of it by heartbeats, and the
         // next round forms a new group. The round itself stands.
@@ -417,6 +434,7 @@ NamedTensors StreamingDiLoCo::state() {
   for (size_t i = 0; i < names_.size(); ++i) out.emplace_back("global." + names_[i], global_[i]);
   // An eager elastic exchange in flight is saved as sent, its round as not completed (as the coordinator has it).
   out.emplace_back("streaming.rounds", scalar(open_ >= 0 ? rounds_ - 1 : rounds_));
+  if (options_.eager) out.emplace_back("streaming.reported_hash", scalar(static_cast<int64_t>(reported_hash_)));
   for (size_t p = 0; p < fragments_.size(); ++p) {
     auto& f = fragments_[p];
     const std::string key = fmt::format("streaming.{}.", p);

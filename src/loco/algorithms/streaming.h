@@ -129,6 +129,7 @@ class StreamingDiLoCo : public SyncStrategy {
     std::unique_ptr<FlatBuffer> step_by;       // eager: the outer gradient g_m it steps with
     int64_t final_phase = 0;                   // eager, the run's end: 1 last exchange due, 2 average due
     double fresh_weight = 0;                   // eager: the weight it applied its own fresh Δ_m with, at its last sync
+    int64_t sync_number = 0;                   // eager: the sync whose exchange is in flight (1-based, for sync.poison)
     int64_t offset = 0;                        // t_p
     int64_t round = 0;                         // syncs of this fragment completed
     int64_t tokens = 0;                        // tokens since its last sync started
@@ -165,7 +166,9 @@ class StreamingDiLoCo : public SyncStrategy {
   // training with the round at the last step that has none after it).
   bool rounds_follow(int64_t step, size_t index) const;
   SyncReport join_round();
-  comm::CommStats transfer_state(comm::Group& group, int64_t step);
+  // Rank 0's state to the round's joiners (`joiner`: this rank is one, and takes it); the other
+  // contributors keep their own (their models hold progress not yet synchronized; eager replicas differ).
+  comm::CommStats transfer_state(comm::Group& group, int64_t step, bool joiner);
   SyncReport complete(size_t index, int64_t step, bool last);
   // Eager updates: fragment `index`'s sync at `step` (its previous exchange waited for, the next
   // started, the eager step taken); at the last step, the final step and the average of θ_p.

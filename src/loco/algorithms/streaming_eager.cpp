@@ -52,7 +52,7 @@ comm::CommStats StreamingDiLoCo::close_round(int64_t step, double& stall) {
   comm::CommStats stats;
   if (plan_->has_joiners()) {
     try {
-      stats = transfer_state(elastic_.group(), step);
+      stats = transfer_state(elastic_.group(), step, /*joiner=*/false);
     } catch (const PeerError&) {
       // A joiner failed while receiving: the next round forms a new group (as complete()).
     }
@@ -98,7 +98,7 @@ comm::CommStats StreamingDiLoCo::average_round(size_t index, int64_t step) {
   elastic_.end(*plan_, step, reported_hash_, !rounds_follow(step, index));
   if (plan_->has_joiners()) {
     try {
-      stats += transfer_state(elastic_.group(), step);
+      stats += transfer_state(elastic_.group(), step, /*joiner=*/false);
     } catch (const PeerError&) {
     }
   }
@@ -147,6 +147,7 @@ SyncReport StreamingDiLoCo::eager_sync(size_t index, int64_t step, bool last) {
   f.started = step;
   f.failure = nullptr;
   f.pending = true;
+  f.sync_number = f.round + 1;
   f.reduction = submit(f, plan_ && plan_->has_joiners());
   comm::CommStats stats = previous ? previous->stats : comm::CommStats{};
   stats += closing;

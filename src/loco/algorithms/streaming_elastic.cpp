@@ -25,7 +25,7 @@ bool StreamingDiLoCo::rounds_follow(int64_t step, size_t index) const {
   return false;
 }
 
-comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step) {
+comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step, bool joiner) {
   // θ, every fragment's outer state, and the schedule: rounds, the step, and per fragment its
   // syncs and the step its last one started.
   std::vector<torch::Tensor> parts(global_.begin(), global_.end());
@@ -53,8 +53,12 @@ comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step
     parts.push_back(weights);
     counters.push_back(static_cast<int64_t>(reported_hash_));
   }
+  // Another contributor receives into copies it drops: the broadcast writes into what it is given.
+  if (group.rank() != 0 && !joiner) {
+    for (auto& part : parts) part = part.clone();
+  }
   comm::CommStats stats = broadcast_state(group, counters, parts);
-  if (group.rank() == 0) return stats;
+  if (group.rank() == 0 || !joiner) return stats;
   torch::NoGradGuard no_grad;
   rounds_ = counters[0];
   step_ = counters[1];
@@ -101,7 +105,7 @@ SyncReport StreamingDiLoCo::join_round() {
     } else {
       stats += f.result->all_reduce_sum(group, options_.exchange, &tally, options_.screening.combine, options_.screening.trim);
     }
-    stats += transfer_state(group, step_);
+    stats += transfer_state(group, step_, /*joiner=*/true);
     SyncReport report;
     report.round = rounds_;
     report.step = step_;

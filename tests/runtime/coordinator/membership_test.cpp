@@ -357,6 +357,24 @@ TEST_F(MembershipTest, AStalledCoordinatorDoesNotDeclareEveryoneFailed) {
   EXPECT_FALSE(table.heartbeat(b, false, now).member) << "a member that stays silent is still noticed";
 }
 
+// Streaming DiLoCo syncs several fragments at the last step (eager updates also average θ there):
+// a round at the last step ends the training only when its report says no round follows.
+TEST_F(MembershipTest, ARoundAtTheLastStepEndsTrainingOnlyWhenNoneFollows) {
+  const int64_t a = join("a");
+  table.start(now);
+  auto go = arrive(a, 1, 100);
+  table.round_done({a, go.round, go.epoch, 100, 7, /*last=*/false}, now);
+  EXPECT_FALSE(table.training_complete()) << "another fragment's round follows at step 100";
+  go = arrive(a, 2, 100);
+  EXPECT_EQ(go.action, protocol::RoundAction::kGo) << "the next round is convened, not refused as finished";
+  table.round_done({a, go.round, go.epoch, 100, 8, /*last=*/true}, now);
+  EXPECT_TRUE(table.training_complete());
+  const auto absent = protocol::RoundDone::from_json(nlohmann::json::parse(R"({"member": 1, "round": 2, "epoch": 1, "step": 5,
+                                                                              "params_hash": "0000000000000007"})"));
+  EXPECT_TRUE(absent.last) << "a report without the field ends the run at the last step, as before";
+  EXPECT_FALSE(protocol::RoundDone::from_json(protocol::RoundDone{1, 2, 1, 5, 7, false}.to_json()).last);
+}
+
 TEST_F(MembershipTest, TheLastRoundCompletesTrainingAndStoppingStopsArrivals) {
   const int64_t a = join("a");
   table.start(now);
