@@ -141,8 +141,11 @@ SyncReports StreamingDiLoCo::on_start(model::Transformer& model, int64_t step) {
     }
     return {};
   }
+  return resume(step);
+}
 
-  // Resumed: θ, the outer states and the schedule come from the checkpoint; the model holds θ_m.
+SyncReports StreamingDiLoCo::resume(int64_t step) {
+  // θ, the outer states and the schedule come from the checkpoint; the model holds θ_m.
   auto& restored = *restored_;
   for (size_t i = 0; i < names_.size(); ++i) restored.take_into("global." + names_[i], global_[i]);
   rounds_ = restored.take_int("streaming.rounds");

@@ -145,6 +145,8 @@ class StreamingDiLoCo : public SyncStrategy {
   };
 
   SyncReports advance(int64_t step);
+  // on_start's half for a run resumed from a checkpoint (load_state's).
+  SyncReports resume(int64_t step);
   // Whether a sync in flight needs its own copy of the local values: when steps run meanwhile
   // (τ > 0) or eager updates keep Δ_m. With τ = 0 the model is not trained while a sync is in
   // flight, so what it sends is what the model holds, and a model's worth of memory is saved.
