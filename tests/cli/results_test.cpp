@@ -1,5 +1,6 @@
 // The committed benchmark results that docs/benchmarks.md's tables are read from hold what the
 // tables claim: every comparison with its interval, per document and per path (issue #47).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -90,6 +91,31 @@ TEST(BenchResults, ThePoisonResultsShowScreeningHoldingAndItsAbsenceHarming) {
     EXPECT_GT(runs.at("x100-reject").at("rejected").get<int64_t>(), 0);
     EXPECT_GT(runs.at("x100").at("val_loss").get<double>(), clean + 1) << method << ": x100 unscreened";
     EXPECT_NE(runs.at("nan-kept").at("status"), 0) << method << ": a NaN let through stops the run";
+  }
+}
+
+// docs/failure-model.md, "What it costs": the robust means on the emulated WAN benchmark
+// (bench/wan-scale.sh, 300 Mbit/s and 50 ms, M = 4 and 16): each method over no link and over the
+// link, the robust ones sending exactly the sum's bytes, their syncs and the loop's time measured.
+TEST(BenchResults, TheRobustMeansCostsOnTheWanBenchmarkAreMeasured) {
+  for (const int workers : {4, 16}) {
+    const auto file = testing_util::source_dir() / "bench" / "results" / fmt::format("wan-scale-robust-m{}.json", workers);
+    const auto results = nlohmann::json::parse(read_file(file, "test"));
+    EXPECT_EQ(results.at("workers"), workers);
+    std::map<std::string, nlohmann::json> shaped, ideal;
+    for (const auto& r : results.at("runs")) {
+      (r.at("link") == "ideal" ? ideal : shaped)[r.at("report").at("name").get<std::string>()] = r;
+    }
+    for (const char* name : {"streaming-t5-e3m0", "streaming-t5-e3m0-median", "streaming-t5-e3m0-trimmed"}) {
+      ASSERT_TRUE(shaped.count(name) && ideal.count(name)) << workers << " " << name;
+      const auto& report = shaped.at(name).at("report");
+      EXPECT_TRUE(report.at("finished").get<bool>()) << workers << " " << name;
+      EXPECT_EQ(shaped.at(name).at("link"), "300mbit");
+      EXPECT_EQ(report.at("bytes_sent"), shaped.at("streaming-t5-e3m0").at("report").at("bytes_sent"))
+          << workers << " " << name << ": a robust mean sends the sum's bytes";
+      EXPECT_GT(report.at("steps_goodput").get<double>(), 0) << workers << " " << name;
+      EXPECT_GT(shaped.at(name).at("simulated").at("measured").at("sync_median_s").get<double>(), 0);
+    }
   }
 }
 
