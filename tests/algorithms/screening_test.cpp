@@ -69,36 +69,43 @@ struct Synced {
   std::vector<torch::Tensor> start;
 };
 
-// Four ranks, H = 2 and two steps: rank r moves every parameter by 0.01·(r + 1) a step, so its
-// outer gradient is Δ_r = −0.02·(r + 1) everywhere; one sync at the end.
-std::vector<Synced> one_sync(comm::Encoding exchange, const Screening& screening, const std::string& poison,
-                             const std::string& prefix) {
-  constexpr int64_t kSize = 4;
+// `ranks` ranks, H = 2 and `steps` steps (eager: eager outer updates): rank r moves every
+// parameter by 0.01·(r + 1) a step, so its outer gradient is Δ_r = −0.02·(r + 1) everywhere.
+// Returns each rank's model at the end and its last report, whose `rejected` counts the
+// contributions all its syncs found left out.
+std::vector<Synced> run_syncs(int64_t ranks, int64_t steps, bool eager, comm::Encoding exchange, const Screening& screening,
+                              const std::string& poison, const std::string& prefix) {
   auto store = std::make_shared<comm::MemoryKeyValueStore>();
-  auto results = run_ranks<Synced>(kSize, [&](int64_t rank) {
+  auto results = run_ranks<Synced>(ranks, [&](int64_t rank) {
     model::Transformer model(tiny_model(), 5);
     StreamingOptions o;
     o.inner_steps = 2;
-    o.total_steps = 2;
+    o.total_steps = steps;
     o.fragments = 1;
     o.overlap_steps = 0;
     o.merge_alpha = 0;
+    o.eager = eager;
     o.exchange = exchange;
     o.outer = optim::default_outer_options(optim::OuterKind::kSgd);
     o.screening = screening;
     o.poison = parse_poison(poison);
-    StreamingDiLoCo sync(connect(store, rank, kSize, prefix), o);
+    StreamingDiLoCo sync(connect(store, rank, ranks, prefix), o);
     sync.on_start(model, 0);
     Synced out;
     out.start = snapshot(model);
-    for (int64_t step = 0; step < 2; ++step) {
+    int64_t rejected = 0;
+    for (int64_t step = 0; step < steps; ++step) {
       {
         torch::NoGradGuard no_grad;
         for (auto& p : model->parameters()) p.add_(0.01 * static_cast<double>(rank + 1));
       }
       StepContext context{step, 32, &model};
-      for (const auto& report : sync.after_step(context)) out.report = report;
+      for (const auto& report : sync.after_step(context)) {
+        out.report = report;
+        rejected += report.rejected;
+      }
     }
+    out.report.rejected = rejected;
     out.theta = snapshot(model);
     return out;
   });
@@ -108,6 +115,12 @@ std::vector<Synced> one_sync(comm::Encoding exchange, const Screening& screening
     if (r.value) out.push_back(*r.value);
   }
   return out;
+}
+
+// Four ranks, two steps, one sync at the end.
+std::vector<Synced> one_sync(comm::Encoding exchange, const Screening& screening, const std::string& poison,
+                             const std::string& prefix) {
+  return run_syncs(4, 2, false, exchange, screening, poison, prefix);
 }
 
 // θ − start, the same everywhere (checked), on rank 0.
@@ -186,50 +199,10 @@ TEST(Screening, ClippingBoundsEveryOuterGradientsNorm) {
 }
 
 // Eager updates (docs/streaming.md): every sync, each worker steps with the others' share of the
-// last sum and its own fresh outer gradient. Three syncs over six steps; `ranks` ranks move as in
-// one_sync. Returns each rank's model at the end and, in report.rejected, the contributions its
-// syncs found left out.
+// last sum and its own fresh outer gradient. Three syncs over six steps.
 std::vector<Synced> eager_syncs(int64_t ranks, const Screening& screening, const std::string& poison,
                                 const std::string& prefix) {
-  auto store = std::make_shared<comm::MemoryKeyValueStore>();
-  auto results = run_ranks<Synced>(ranks, [&](int64_t rank) {
-    model::Transformer model(tiny_model(), 5);
-    StreamingOptions o;
-    o.inner_steps = 2;
-    o.total_steps = 6;
-    o.fragments = 1;
-    o.overlap_steps = 0;
-    o.merge_alpha = 0;
-    o.eager = true;
-    o.outer = optim::default_outer_options(optim::OuterKind::kSgd);
-    o.screening = screening;
-    o.poison = parse_poison(poison);
-    StreamingDiLoCo sync(connect(store, rank, ranks, prefix), o);
-    sync.on_start(model, 0);
-    Synced out;
-    out.start = snapshot(model);
-    int64_t rejected = 0;
-    for (int64_t step = 0; step < 6; ++step) {
-      {
-        torch::NoGradGuard no_grad;
-        for (auto& p : model->parameters()) p.add_(0.01 * static_cast<double>(rank + 1));
-      }
-      StepContext context{step, 32, &model};
-      for (const auto& report : sync.after_step(context)) {
-        out.report = report;
-        rejected += report.rejected;
-      }
-    }
-    out.report.rejected = rejected;
-    out.theta = snapshot(model);
-    return out;
-  });
-  std::vector<Synced> out;
-  for (auto& r : results) {
-    EXPECT_FALSE(r.error) << r.message();
-    if (r.value) out.push_back(*r.value);
-  }
-  return out;
+  return run_syncs(ranks, 6, true, comm::Encoding::kFp32, screening, poison, prefix);
 }
 
 // Rank 3 sends its outer gradient x100 at every sync. Screened by norm, it is left out of every sum,
