@@ -118,6 +118,22 @@ TEST(Dashboard, AnOuterGradientLeftOutIsCountedOnceAndOnTheTimeline) {
   EXPECT_NE(board.prometheus(kFixedRun, 2).find("loco_outer_gradients_rejected_total 1"), std::string::npos);
 }
 
+// DiPaCo: a module's step that left a path's outer gradient out counts it, on the timeline too.
+TEST(Dashboard, APathsOuterGradientLeftOutOfAModuleStepIsCounted) {
+  Dashboard board;
+  const nlohmann::json step = {{"event", "step_task"}, {"time", 1}, {"module", "L1.M0"}, {"version", 4}, {"paths", 3},
+                               {"rejected", 1}, {"screening", "path 2: not finite"}};
+  board.report(report(0, 7, "training", 1, nlohmann::json::array({step})), 1);
+  const auto status = board.status(kFixedRun, 2);
+  EXPECT_EQ(status["rejected"], 1);
+  bool shown = false;
+  for (const auto& e : status["events"]) {
+    shown = shown || e["text"] == "module L1.M0 v4: 1 path outer gradient(s) left out (path 2: not finite)";
+  }
+  EXPECT_TRUE(shown) << status["events"].dump();
+  EXPECT_NE(board.prometheus(kFixedRun, 2).find("loco_outer_gradients_rejected_total 1"), std::string::npos);
+}
+
 TEST(Dashboard, ItsTableOfProcessesIsBounded) {
   Dashboard board({.max_workers = 3});
   for (int pid = 1; pid <= 3; ++pid) board.report(report(0, pid, "training", 1), 1);

@@ -276,6 +276,11 @@ void Dashboard::apply(Worker& w, const metrics::TimedEvent& event) {
           [&](const metrics::StepTaskEvent& e) {
             add_event(time, who, fmt::format("module {} took its outer step to version {}", clipped(e.module, 128), e.version),
                       false);
+            if (e.rejected > 0) {  // one worker runs a module's step, and reports it once
+              rejected_ += e.rejected;
+              add_event(time, who, fmt::format("module {} v{}: {} path outer gradient(s) left out ({})", clipped(e.module, 128),
+                                               e.version, e.rejected, clipped(e.screening, 256)), true);
+            }
           },
           [&](const metrics::RouteTaskEvent& e) {
             add_event(time, who, fmt::format("routed the documents again before phase {}", e.phase), false);
@@ -426,7 +431,7 @@ std::string Dashboard::prometheus(const nlohmann::json& run, double now) const {
   double rounds = 0;
   for (const auto& w : status["workers"]) rounds += w["rounds"].get<double>();
   out.sample({}, rounds);
-  out.family("loco_outer_gradients_rejected_total", "counter", "Outer gradients that screening left out of a sync (docs/failure-model.md).");
+  out.family("loco_outer_gradients_rejected_total", "counter", "Outer gradients that screening left out of a sync or of a DiPaCo module's step (docs/failure-model.md).");
   out.sample({}, static_cast<double>(rejected));
   out.family("loco_telemetry_dropped_events_total", "counter", "Worker events lost while the coordinator could not be reached.");
   out.sample({}, status["telemetry_dropped"].get<double>());
