@@ -404,14 +404,7 @@ SyncReport StreamingDiLoCo::complete(size_t index, int64_t step, bool last) {
   report.screening = reduced.screening;
   if (elastic_.elastic()) {
     elastic_.end(*plan_, std::max(f.started, plan_->step), report.params_hash, !rounds_follow(step, index));
-    if (plan_->has_joiners()) {
-      try {
-        report.stats += transfer_state(elastic_.group(), step, /*joiner=*/false);
-      } catch (const PeerError&) {
-        // A joiner failed while receiving: the coordinator hears of it by heartbeats, and the
-        // next round forms a new group. The round itself stands.
-      }
-    }
+    report.stats += state_to_joiners(step);
     plan_.reset();
   }
   return report;

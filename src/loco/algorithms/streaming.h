@@ -171,6 +171,9 @@ class StreamingDiLoCo : public SyncStrategy {
   // Rank 0's state to the round's joiners (`joiner`: this rank is one, and takes it); the other
   // contributors keep their own (their models hold progress not yet synchronized; eager replicas differ).
   comm::CommStats transfer_state(comm::Group& group, int64_t step, bool joiner);
+  // At the end of the current round (plan_), as rank 0 or another contributor: the state to its
+  // joiners, if it has any (a joiner failing meanwhile leaves the round standing).
+  comm::CommStats state_to_joiners(int64_t step);
   SyncReport complete(size_t index, int64_t step, bool last);
   // Eager updates: fragment `index`'s sync at `step` (its previous exchange waited for, the next
   // started, the eager step taken); at the last step, the final step and the average of θ_p.

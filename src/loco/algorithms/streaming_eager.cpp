@@ -49,14 +49,7 @@ comm::CommStats StreamingDiLoCo::close_round(int64_t step, double& stall) {
   stall += seconds_since(wait_start);
   elastic_.end(*plan_, f.started, reported_hash_, /*last=*/false);
   open_ = -1;
-  comm::CommStats stats;
-  if (plan_->has_joiners()) {
-    try {
-      stats = transfer_state(elastic_.group(), step, /*joiner=*/false);
-    } catch (const PeerError&) {
-      // A joiner failed while receiving: the next round forms a new group (as complete()).
-    }
-  }
+  const comm::CommStats stats = state_to_joiners(step);
   plan_.reset();
   return stats;
 }
@@ -96,12 +89,7 @@ comm::CommStats StreamingDiLoCo::average_round(size_t index, int64_t step) {
   f.final_phase = 0;
   reported_hash_ = averaged_hash(index);  // before the joiners take it with the state
   elastic_.end(*plan_, step, reported_hash_, !rounds_follow(step, index));
-  if (plan_->has_joiners()) {
-    try {
-      stats += transfer_state(elastic_.group(), step, /*joiner=*/false);
-    } catch (const PeerError&) {
-    }
-  }
+  stats += state_to_joiners(step);
   plan_.reset();
   return stats;
 }

@@ -25,6 +25,17 @@ bool StreamingDiLoCo::rounds_follow(int64_t step, size_t index) const {
   return false;
 }
 
+comm::CommStats StreamingDiLoCo::state_to_joiners(int64_t step) {
+  if (!plan_->has_joiners()) return {};
+  try {
+    return transfer_state(elastic_.group(), step, /*joiner=*/false);
+  } catch (const PeerError&) {
+    // A joiner failed while receiving: the coordinator hears of it by heartbeats, and the next
+    // round forms a new group. The round itself stands.
+    return {};
+  }
+}
+
 comm::CommStats StreamingDiLoCo::transfer_state(comm::Group& group, int64_t step, bool joiner) {
   // θ, every fragment's outer state, and the schedule: rounds, the step, and per fragment its
   // syncs and the step its last one started.
