@@ -254,6 +254,34 @@ TEST(AsyncOuter, TheBudgetIsSharedAndASilentWorkersShareGoesToTheOthers) {
   EXPECT_NE(notes[0].find("worker 1 silent"), std::string::npos) << notes[0];
 }
 
+// Elastic membership: a new member takes a slot (seat); the cycle its predecessor had under way goes
+// back to the others, the old member's exchanges are refused, and the newcomer starts from the
+// current θ with a first cycle that measures its speed, its cycles counted afresh.
+TEST(AsyncOuter, ANewMemberTakesASlotAndTheOldOnesExchangesAreRefused) {
+  AsyncOuterServer server(toy_options(2, 10, 100));
+  server.seat(0, 10);
+  server.seat(1, 11);
+  ASSERT_EQ(server.exchange({0, -1, 0, 0, torch::zeros({2}), 0, 10}, at(0)).steps_next, 2);
+  ASSERT_EQ(server.exchange({1, -1, 0, 0, torch::zeros({2}), 0, 11}, at(0)).steps_next, 2);
+  ASSERT_TRUE(server.exchange({1, 0, 2, 1, torch::full({2}, 0.1f), 1, 11}, at(1)).applied);
+  EXPECT_THROW(server.exchange({1, 1, 0, 0, {}, 0, 10}, at(1)), SlotTaken) << "member 10 holds slot 0, not 1";
+  server.take_notes();
+  server.seat(1, 12);  // member 11 is replaced with a cycle under way
+  const auto notes = server.take_notes();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("goes back to the others"), std::string::npos) << notes[0];
+  EXPECT_THROW(server.exchange({1, 1, 2, 1, torch::full({2}, 0.1f), 2, 11}, at(2)), SlotTaken);
+  const auto joined = server.exchange({1, -1, 0, 0, torch::zeros({2}), 0, 12}, at(2));
+  EXPECT_EQ(joined.version, 1);
+  EXPECT_TRUE(torch::equal(joined.theta, server.exchange({0, 1, 0, 0, {}, 0, 10}, at(2)).theta)) << "the current θ";
+  EXPECT_EQ(joined.steps_next, 2) << "a first cycle of H/5, to measure its speed";
+  const auto first = server.exchange({1, 1, 2, 1, torch::full({2}, 0.1f), 1, 12}, at(3));
+  EXPECT_TRUE(first.applied) << "its cycle 1 is not its predecessor's, retried";
+  EXPECT_EQ(server.totals().version, 2);
+  EXPECT_TRUE(server.release(1)) << "its process died with its next cycle under way";
+  EXPECT_FALSE(server.release(1));
+}
+
 // Once the run's steps are all done, an outer gradient that still comes (a worker given up on that
 // came back) is left out: the θ every worker ended on stays the final one.
 TEST(AsyncOuter, AnOuterGradientAfterTheRunsStepsIsLeftOut) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "loco/runtime/coordinator/coordinator_client.h"
 #include "loco/core/files.h"
 #include "process_util.h"
 
@@ -117,8 +119,60 @@ TEST_F(AsyncLaunchTest, AStoppedRunResumesFromItsOuterState) {
     steps += summaries[i]["steps"].get<int64_t>();
   }
   EXPECT_EQ(hashes.size(), 1u);
-  EXPECT_GE(steps, 3 * 200) << "the run's steps, and those trained again since each worker's last exchange";
+  EXPECT_GE(steps, 3 * 400) << "the run's steps, and those trained again since each worker's last exchange";
   EXPECT_GT(before, 0);
+}
+
+// Asynchronous DiLoCo with elastic membership (async_elastic_run.h): worker 1, killed with SIGKILL
+// mid-run, is started again by the launcher; the new process takes its slot, continues its shard
+// from its predecessor's newest checkpoint and the current θ, and the run completes its steps,
+// every worker ending on one θ.
+TEST_F(AsyncLaunchTest, ElasticMembershipTakesAKilledWorkersReplacement) {
+  const int port = testing_util::free_port();
+  testing_util::Child launcher(launch("elastic", {"--port", std::to_string(port), "--restarts", "1", "--cluster.elastic=true",
+                                                  "--train.steps=400", "--checkpoint.every=10"}),
+                               log("elastic"));
+  runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, runtime::ClientSecurity{.insecure = true});
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  pid_t victim = -1;
+  while (victim < 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    // Once it saved a checkpoint (its replacement continues from it) and a few cycles passed.
+    if (!fs::exists(run("elastic") / "workers" / "1" / "checkpoints" / "latest") || run_events(run("elastic"), "sync").size() < 30) continue;
+    try {
+      const auto state = nlohmann::json::parse(client.request("GET", "/v1/state", "", 5s).second);
+      for (const auto& m : state["members"]) {
+        const auto name = m["name"].get<std::string>();
+        if (m["rank"] == 1 && m["status"] == "training") victim = static_cast<pid_t>(std::stol(name.substr(name.rfind(':') + 1)));
+      }
+    } catch (const std::exception&) {  // not answering yet
+    }
+  }
+  ASSERT_GT(victim, 0) << read_file(log("elastic"), "test");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_EQ(launcher.wait(240s), 0) << read_file(log("elastic"), "test");
+  const auto output = read_file(log("elastic"), "test");
+  EXPECT_NE(output.find("started worker 1 again"), std::string::npos) << output;
+  EXPECT_NE(output.find("of slot 1 is gone: its process exited"), std::string::npos) << output;
+  EXPECT_NE(output.find("joined as member 3 (slot 1, from its checkpoint of step"), std::string::npos) << output;
+  std::vector<nlohmann::json> joiners;
+  for (const auto& e : run_events(run("elastic"), "join")) {
+    if (e.value("joiner", false)) joiners.push_back(e);
+  }
+  ASSERT_EQ(joiners.size(), 1u);
+  EXPECT_EQ(joiners[0]["slot"], 1);
+  int64_t resumed = 0;
+  for (const auto& e : run_events(run("elastic"), "resume")) resumed += e["worker"] == 1 && e["step"].get<int64_t>() >= 10 ? 1 : 0;
+  EXPECT_EQ(resumed, 1) << "the replacement continued its slot from a checkpoint";
+  const auto summaries = run_events(run("elastic"), "summary");
+  ASSERT_EQ(summaries.size(), 3u) << "the killed worker wrote none";
+  std::set<std::string> hashes;
+  for (const auto& s : summaries) {
+    EXPECT_FALSE(s["interrupted"].get<bool>());
+    hashes.insert(s["global_hash"].get<std::string>());
+  }
+  EXPECT_EQ(hashes.size(), 1u) << "every worker ends on the run's final θ";
+  EXPECT_NE(output.find("trained diloco with 3 workers"), std::string::npos) << output;
 }
 
 }  // namespace

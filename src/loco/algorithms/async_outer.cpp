@@ -56,8 +56,12 @@ void AsyncOuterServer::check(const AsyncPush& push) const {
 AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point now) {
   std::unique_lock lock(mutex_);
   check(push);
-  release_silent(now);
   auto& me = members_[static_cast<size_t>(push.worker)];
+  if (push.member != me.member) {
+    throw SlotTaken(fmt::format("worker {}'s slot is held by member {} now; member {} was replaced (taken as gone)", push.worker,
+                                me.member, push.member));
+  }
+  release_silent(now);
   AsyncReply reply;
   if (push.base_version < 0 && !theta_.defined()) {  // the first contact starts the run from its θ
     theta_ = push.values.clone();
@@ -194,6 +198,34 @@ std::string AsyncOuterServer::screen(const torch::Tensor& delta, double& scale) 
   if (std::ssize(kept_norms_) > options_.workers) kept_norms_.pop_front();
   if (s.clip_norm > 0 && norm > s.clip_norm) scale = s.clip_norm / norm;
   return "";
+}
+
+void AsyncOuterServer::seat(int64_t worker, int64_t member) {
+  std::lock_guard lock(mutex_);
+  LOCO_CHECK(worker >= 0 && worker < options_.workers, "slot {} of {}", worker, options_.workers);
+  auto& m = members_[static_cast<size_t>(worker)];
+  if (m.assigned > 0) notes_.push_back(fmt::format("worker {}'s cycle of {} steps goes back to the others: a new member holds its slot", worker, m.assigned));
+  m = Member{};
+  m.member = member;
+  if (open_) batch_closed_.notify_all();  // a batch may have been waiting for its predecessor
+}
+
+bool AsyncOuterServer::release(int64_t worker) {
+  std::lock_guard lock(mutex_);
+  LOCO_CHECK(worker >= 0 && worker < options_.workers, "slot {} of {}", worker, options_.workers);
+  auto& m = members_[static_cast<size_t>(worker)];
+  const bool had = m.assigned > 0;
+  if (had) notes_.push_back(fmt::format("worker {} is gone: its cycle of {} steps goes to the others", worker, m.assigned));
+  m.assigned = 0;
+  m.gone = true;
+  if (open_) batch_closed_.notify_all();
+  return had;
+}
+
+bool AsyncOuterServer::silent(int64_t worker, Clock::time_point now) {
+  std::lock_guard lock(mutex_);
+  release_silent(now);
+  return members_.at(static_cast<size_t>(worker)).gone;
 }
 
 // A worker silent well past its cycle's time is gone: its share goes back to the others.
@@ -335,8 +367,9 @@ void load_flat_parameters(model::Transformer& model, const torch::Tensor& flat) 
   LOCO_CHECK(at == flat.numel(), "the global parameters have {} values, the model {}", flat.numel(), at);
 }
 
-AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison, const std::atomic<bool>* stop)
-    : link_(std::move(link)), worker_(worker), poison_(poison), stop_(stop) {}
+AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison, const std::atomic<bool>* stop,
+                         int64_t member)
+    : link_(std::move(link)), worker_(worker), member_(member), poison_(poison), stop_(stop) {}
 
 SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
   AsyncPush hello;
@@ -354,12 +387,13 @@ AsyncReply AsyncDiLoCo::wait_for_share(AsyncReply reply) {
     AsyncPush ask;
     ask.worker = worker_;
     ask.base_version = reply.version;
-    reply = link_->exchange(ask);
+    reply = exchange(std::move(ask));
   }
   return reply;
 }
 
 AsyncReply AsyncDiLoCo::exchange(AsyncPush push) {
+  push.member = member_;
   if (push.values.defined()) bytes_sent_ += push.values.numel() * 4;
   return link_->exchange(push);
 }

@@ -26,6 +26,7 @@
 
 #include "loco/algorithms/options.h"
 #include "loco/algorithms/sync.h"
+#include "loco/core/error.h"
 #include "loco/optim/delayed_nesterov.h"
 
 namespace loco::algorithms {
@@ -38,6 +39,13 @@ struct AsyncPush {
   double seconds = 0;         // their wall time, for its speed
   torch::Tensor values;       // flat fp32: Δ; at first contact its initial θ (adopted when the state has none)
   int64_t cycle = 0;          // the worker's count of its cycles (1 for its first Δ): a retried exchange is not applied twice
+  int64_t member = -1;        // elastic runs: the member holding the worker's slot (seat()); -1 in a fixed run
+};
+
+// The exchange came from a member whose slot another member holds now (elastic runs): refused.
+class SlotTaken : public loco::Error {
+ public:
+  explicit SlotTaken(std::string_view message) : loco::Error("async", message) {}
 };
 
 // The answer.
@@ -59,9 +67,21 @@ class AsyncOuterServer {
   explicit AsyncOuterServer(AsyncOptions options);
 
   // Thread-safe. A malformed push (an unknown worker, a size not the model's, more steps than H,
-  // a version from the future) throws Error naming what is wrong, and changes nothing. An outer
-  // gradient may wait up to the grace for the others of its batch.
+  // a version from the future) throws Error naming what is wrong, and changes nothing; one from a
+  // member that no longer holds the slot throws SlotTaken. An outer gradient may wait up to the
+  // grace for the others of its batch.
   AsyncReply exchange(const AsyncPush& push, Clock::time_point now);
+
+  // Elastic membership (the coordinator's slots; docs/async.md). A new member takes `worker`'s
+  // slot: the cycle its predecessor had under way goes back to the others, and the slot's speed
+  // and retry memory start afresh (its first cycle measures its speed); only `member`'s exchanges
+  // are taken for the slot from now on.
+  void seat(int64_t worker, int64_t member);
+  // The slot's member is known to be dead (its process exited): its cycle's steps go back to the
+  // others at once rather than after its silence. Returns whether it had a cycle under way.
+  bool release(int64_t worker);
+  // Whether the slot's member has gone silent past its cycle (as judged at `now`).
+  bool silent(int64_t worker, Clock::time_point now);
 
   // Applies the batch waiting for the others, if any, and makes every later one apply at once: the
   // coordinator's end, so that no request waits on a batch nobody else will complete.
@@ -91,6 +111,7 @@ class AsyncOuterServer {
     bool last_applied = false;          // ... whether it was applied
     int64_t last_staleness = 0;         // ... at which staleness
     std::string last_rejected;          // ... or why not
+    int64_t member = -1;                // who holds the slot (seat(); -1: a fixed run's worker)
   };
   struct Batch {
     struct Entry {
@@ -134,12 +155,14 @@ class OuterServerLink {
 };
 
 // A worker's side: its model continues from the θ of each reply; its inner steps per cycle and its
-// learning rate's place in the schedule come from the reply too. Fixed membership; no resume.
+// learning rate's place in the schedule come from the reply too.
 class AsyncDiLoCo final : public SyncStrategy {
  public:
   // `stop` (may be null): set when the run is stopping; a worker waiting for the others' last
   // outer gradients then stops waiting (RunStopping).
-  AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison = {}, const std::atomic<bool>* stop = nullptr);
+  // `member`: the member id of an elastic run's slot holder (-1 in a fixed run).
+  AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison = {}, const std::atomic<bool>* stop = nullptr,
+              int64_t member = -1);
   std::string name() const override { return "diloco-async"; }
   SyncReports on_start(model::Transformer& model, int64_t step) override;
   SyncReports after_step(StepContext& context) override;
@@ -155,7 +178,7 @@ class AsyncDiLoCo final : public SyncStrategy {
   void adopt(const AsyncReply& reply, model::Transformer& model, int64_t step);
 
   std::shared_ptr<OuterServerLink> link_;
-  int64_t worker_;
+  int64_t worker_, member_;
   Poison poison_;
   const std::atomic<bool>* stop_;
   torch::Tensor base_;          // θ its cycle started from (flat fp32)

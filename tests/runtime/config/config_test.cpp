@@ -184,9 +184,12 @@ TEST(Config, AsynchronousDiLoCoNamesWhatItCannotDo) {
     apply_override(bad, override);
     expect_error<ConfigError>([&] { validate(bad); }, why);
   }
-  RunConfig elastic = c;
+  RunConfig elastic = c;  // elastic membership: slots that change hands (async_elastic_run.h)
   apply_override(elastic, "cluster.elastic=true");
-  expect_error<ConfigError>([&] { validate(elastic); }, "needs a fixed membership for now");
+  apply_override(elastic, "cluster.min_workers=2");
+  EXPECT_NO_THROW(validate(elastic));
+  apply_override(elastic, "sync.round_seconds=5");
+  expect_error<ConfigError>([&] { validate(elastic); }, "shares the steps by speed itself");
   apply_override(c, "sync.async_delay=2");
   apply_override(c, "sync.async_grace=0.5");
   apply_override(c, "sync.reject_ratio=10");

@@ -567,6 +567,52 @@ TEST(Coordinator, AnAsynchronousRunsOuterStateIsServedSavedAndResumed) {
   EXPECT_TRUE(torch::equal(reply.theta, theta)) << "the resumed run continues from the saved θ, not the worker's";
 }
 
+// Asynchronous DiLoCo with elastic membership (async_elastic_run.h): slots that change hands. A
+// worker whose process exited leaves its slot vacant; a new one takes it and continues from the
+// current θ, its predecessor's exchanges refused; once the run's steps are done a late worker has
+// nothing to train, and the run finishes as its members leave.
+TEST(Coordinator, AnAsynchronousElasticRunsSlotsChangeHands) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  config.sync.async = true;
+  config.sync.inner_steps = 10;
+  config.train.steps = 2;  // 4 inner steps in all
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  const auto outer = [&](algorithms::AsyncPush push) {
+    auto [status, body] = client.request("POST", "/v1/outer", protocol::encode_outer_push(push), 5s);
+    return std::pair{status, status == 200 ? protocol::decode_outer_reply(body, 10) : algorithms::AsyncReply{}};
+  };
+  const auto a = client.join(join_request(config, 0));
+  const auto b = client.join(join_request(config, 1));
+  EXPECT_FALSE(a.joiner || b.joiner);
+  ASSERT_EQ(client.wait_for_start(b.rank, nullptr).phase, protocol::Phase::kRunning) << "every slot held";
+  expect_error<ConfigError>([&] { client.join(join_request(config)); }, "all 2 slots are held by live members");
+  ASSERT_EQ(outer({0, -1, 0, 0, torch::zeros({10}), 0, a.member}).first, 200);
+  ASSERT_EQ(outer({1, -1, 0, 0, torch::zeros({10}), 0, b.member}).second.steps_next, 2);
+
+  running.coordinator.process_exited("test", 1, 137);  // b is "test:1"
+  const auto c = client.join(join_request(config, 1));
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_TRUE(c.joiner);
+  EXPECT_NE(c.member, b.member);
+  EXPECT_EQ(outer({1, 0, 2, 1, torch::full({10}, 0.1f), 1, b.member}).first, 400) << "b's slot is c's";
+  auto [status, joined] = outer({1, -1, 0, 0, torch::zeros({10}), 0, c.member});
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(joined.steps_next, 2) << "the steps b had under way went back to the pool";
+  client.report_done({1, protocol::EndStatus::kFailed, "killed", nlohmann::json::object(), b.member});  // late, and harmless
+
+  ASSERT_TRUE(outer({0, 0, 2, 1, torch::full({10}, 0.1f), 1, a.member}).second.applied);
+  const auto last = outer({1, 1, 2, 1, torch::full({10}, 0.1f), 1, c.member}).second;
+  EXPECT_TRUE(last.finished);
+  expect_error<RunComplete>([&] { client.join(join_request(config)); }, "the run's steps are all done");
+  client.report_done({0, protocol::EndStatus::kFinished, "", nlohmann::json::object(), a.member});
+  client.report_done({1, protocol::EndStatus::kFinished, "", nlohmann::json::object(), c.member});
+  const auto result = running.coordinator.wait_for(5s);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->outcome, RunOutcome::kFinished) << result->message;
+}
+
 // The status page (docs/status-page.md): a browser gets the page, scripts the plain text; the page's
 // JSON and Prometheus' metrics reflect the workers' telemetry, which must be signed like any request.
 TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {

@@ -261,7 +261,6 @@ void check_screening(const RunConfig& c) {
 void check_async(const RunConfig& c) {
   auto refuse = [](const std::string& why) { throw ConfigError("config", "sync.async (asynchronous DiLoCo) " + why); };
   if (c.sync.algorithm != Algorithm::kDiLoCo) refuse(fmt::format("is for sync.algorithm = \"diloco\", got \"{}\"", to_string(c.sync.algorithm)));
-  if (c.cluster.elastic) refuse("needs a fixed membership for now: set cluster.elastic = false");
   if (c.sync.eager) refuse("and sync.eager are two ways of not waiting: choose one");
   if (c.sync.round_seconds > 0) refuse("shares the steps by speed itself: set sync.round_seconds = 0");
   if (c.sync.robust_mean != comm::Combine::kSum) refuse("applies each outer gradient alone: there is no mean to make robust (sync.robust_mean = \"none\")");

@@ -114,7 +114,7 @@ std::vector<Field> screening_fields(SyncSection& s) {
 
 std::vector<Field> async_fields(SyncSection& s) {
   return {
-      {"sync.async", "diloco: asynchronous outer updates (Liu et al. 2024; docs/async.md): each worker sends its outer gradient to the coordinator when its inner steps are done, which applies it at once (delayed Nesterov), and continues from the theta that comes back without waiting for the others; the run's train.steps x cluster.workers inner steps are shared out by speed. Fixed membership; screening by sync.reject_ratio, sync.clip_norm, sync.reject_not_finite", &s.async},
+      {"sync.async", "diloco: asynchronous outer updates (Liu et al. 2024; docs/async.md): each worker sends its outer gradient to the coordinator when its inner steps are done, which applies it at once (delayed Nesterov), and continues from the theta that comes back without waiting for the others; the run's train.steps x cluster.workers inner steps are shared out by speed. Fixed or elastic membership (a joiner takes a vacant slot and the current theta); screening by sync.reject_ratio, sync.clip_norm, sync.reject_not_finite", &s.async},
       at_least(0, {"sync.async_delay", "sync.async: outer gradients per momentum update N (delayed Nesterov; 1 = Nesterov on each); 0 = cluster.workers", &s.async_delay}),
       {"sync.async_dynamic_steps", "sync.async: each worker's inner steps per cycle follow its speed, sync.inner_steps for the fastest (dynamic local updates), so that unequal workers arrive at the same pace; false = sync.inner_steps for every worker", &s.async_dynamic_steps},
       between(0, 10, {"sync.async_grace", "sync.async: outer gradients that arrive together are applied together: the first waits at most this share of its cycle's time for the other workers' (no longer once every worker with a cycle under way is in), and they all continue from the same theta; 0 = each applied alone the moment it arrives", &s.async_grace}),
@@ -193,7 +193,7 @@ std::vector<Field> table(RunConfig& c) {
       positive({"cluster.join_timeout_s", "seconds the coordinator waits for all workers to join (elastic: also how long a worker "
                 "waits for a vacant slot in a full run)", &c.cluster.join_timeout_s}),
       positive({"cluster.connect_timeout_s", "seconds a worker keeps retrying to reach the coordinator", &c.cluster.connect_timeout_s}),
-      {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco or streaming)", &c.cluster.elastic},
+      {"cluster.elastic", "workers may fail, be replaced and join mid-run; each round runs with the workers alive (sync.algorithm = diloco or streaming); with sync.async there are no rounds: a worker takes a vacant slot at any time and continues from the current theta", &c.cluster.elastic},
       at_least(1, {"cluster.min_workers", "elastic: the quorum, the fewest workers a round may run with (it waits for more)", &c.cluster.min_workers}),
       positive({"cluster.heartbeat_s", "elastic: seconds between a worker's heartbeats to the coordinator", &c.cluster.heartbeat_s}),
       positive({"cluster.dead_after_s", "elastic: seconds of heartbeat silence after which a worker is declared failed", &c.cluster.dead_after_s}),

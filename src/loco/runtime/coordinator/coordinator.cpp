@@ -14,6 +14,7 @@
 #include "loco/runtime/net/auth.h"
 #include "loco/runtime/net/refusal_log.h"
 #include "loco/runtime/status/dashboard.h"
+#include "loco/runtime/coordinator/async_elastic_run.h"
 #include "loco/runtime/coordinator/elastic_run.h"
 #include "loco/runtime/net/http_server.h"
 #include "loco/runtime/coordinator/fixed_run.h"
@@ -96,16 +97,18 @@ struct Coordinator::Impl {
       if (user) user(text);
     };
     if (!options.token.empty()) view_key = auth::view_key(options.token);
-    if (options.config.cluster.elastic) {
+    if (options.config.sync.async) {
+      outer = std::make_unique<OuterService>(options.config, options.dataset ? options.dataset->vocab_size : 0, options.resume,
+                                             options.log, [this] { return outer_refusal(); });
+    }
+    if (options.config.cluster.elastic && outer) {
+      run = std::make_unique<AsyncElasticRun>(options, status, identity, outer->server());
+    } else if (options.config.cluster.elastic) {
       auto run_kind = std::make_unique<ElasticRun>(options, status, identity);
       elastic = run_kind.get();
       run = std::move(run_kind);
     } else {
       run = std::make_unique<FixedRun>(options, status, identity);
-    }
-    if (options.config.sync.async) {
-      outer = std::make_unique<OuterService>(options.config, options.dataset ? options.dataset->vocab_size : 0, options.resume,
-                                             options.log, [this] { return outer_refusal(); });
     }
   }
 
@@ -178,7 +181,7 @@ struct Coordinator::Impl {
   RunStatus status;
   RunIdentity identity;
   std::unique_ptr<Run> run;
-  ElasticRun* elastic = nullptr;  // `run`, when the run is elastic
+  ElasticRun* elastic = nullptr;  // `run`, when the run is elastic with rounds (not asynchronous DiLoCo's)
 
   // Idempotent /v1/kv/add: the answers to the last kAddsRemembered request ids, so that a client's
   // retry (its answer was lost) is answered again rather than applied twice.
@@ -200,7 +203,7 @@ struct Coordinator::Impl {
   }
 
   ElasticRun& elastic_run() {
-    if (elastic == nullptr) throw ProtocolError("this run is not elastic (cluster.elastic = false)");
+    if (elastic == nullptr) throw ProtocolError("this run has no rounds (cluster.elastic = false, or sync.async)");
     return *elastic;
   }
 
@@ -540,8 +543,8 @@ void Coordinator::request_stop(const std::string& reason) {
 void Coordinator::process_exited(const std::string& host, int64_t pid, int status, bool failed) {
   impl_->dashboard.process_exited(host, pid, status, failed, wall_now());
   std::lock_guard lock(impl_->mutex);
-  if (impl_->elastic == nullptr || !failed) return;
-  impl_->elastic->process_exited(host, pid, status, Clock::now());
+  if (!failed) return;
+  impl_->run->process_exited(host, pid, status, Clock::now());
   impl_->changed.notify_all();
 }
 

@@ -40,7 +40,7 @@ class ElasticRun final : public Run {
   // Returns false when the report's θ differs from the round's: the run then failed.
   bool round_done(const protocol::RoundDone& report, Clock::time_point now);
   // The worker process `pid` of `host` exited without reporting its end: its member failed.
-  void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now);
+  void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now) override;
   // Ends the run as failed, and saves that.
   void fail(const std::string& why);
   // The coordinator's request handling is `behind` (HttpServer::behind): members' heartbeats may be

@@ -190,12 +190,16 @@ void MembershipTable::leave(int64_t id, protocol::EndStatus status, Clock::time_
   try_convene(now);
 }
 
-std::optional<int64_t> MembershipTable::member_of_process(const std::string& host, int64_t pid) const {
+bool is_process(const std::string& name, const std::string& host, int64_t pid) {
   const std::string suffix = fmt::format(":{}", pid);
+  if (!name.starts_with(host) || !name.ends_with(suffix) || name.size() < host.size() + suffix.size()) return false;
+  const std::string_view between = std::string_view(name).substr(host.size(), name.size() - host.size() - suffix.size());
+  return between.empty() || (between.front() == '[' && between.back() == ']');
+}
+
+std::optional<int64_t> MembershipTable::member_of_process(const std::string& host, int64_t pid) const {
   for (const auto& [id, m] : members_) {
-    if (m.state == State::kGone || !m.name.starts_with(host) || !m.name.ends_with(suffix)) continue;
-    const std::string_view between = std::string_view(m.name).substr(host.size(), m.name.size() - host.size() - suffix.size());
-    if (between.empty() || (between.front() == '[' && between.back() == ']')) return id;
+    if (m.state != State::kGone && is_process(m.name, host, pid)) return id;
   }
   return std::nullopt;
 }

@@ -57,6 +57,9 @@ struct MembershipOptions {
   double round_seconds = 0;
 };
 
+// Whether a worker named `name` ("host:pid" or "host[address]:pid") is process `pid` of `host`.
+bool is_process(const std::string& name, const std::string& host, int64_t pid);
+
 class MembershipTable {
  public:
   using Clock = std::chrono::steady_clock;

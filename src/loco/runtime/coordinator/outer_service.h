@@ -32,6 +32,8 @@ class OuterService {
   void save(bool now);
   // The coordinator's end: no exchange waits for a batch any more (AsyncOuterServer::close).
   void close() { server_.close(); }
+  // The outer state itself, for an elastic run's slots (async_elastic_run.h).
+  algorithms::AsyncOuterServer& server() { return server_; }
 
  private:
   RunConfig config_;

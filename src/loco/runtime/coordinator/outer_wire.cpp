@@ -71,7 +71,8 @@ T get(const nlohmann::json& j, const char* key, const char* what) {
 
 std::string encode_outer_push(const algorithms::AsyncPush& p) {
   const int64_t n = p.values.defined() ? p.values.numel() : 0;
-  return frame({{"worker", p.worker}, {"base_version", p.base_version}, {"steps", p.steps}, {"seconds", p.seconds}, {"cycle", p.cycle}, {"values", n}},
+  return frame({{"worker", p.worker}, {"base_version", p.base_version}, {"steps", p.steps}, {"seconds", p.seconds},
+                {"cycle", p.cycle}, {"member", p.member}, {"values", n}},
                p.values);
 }
 
@@ -84,6 +85,7 @@ algorithms::AsyncPush decode_outer_push(const std::string& body) {
   p.steps = get<int64_t>(header, "steps", what);
   p.seconds = get<double>(header, "seconds", what);
   p.cycle = get<int64_t>(header, "cycle", what);
+  if (header.contains("member")) p.member = get<int64_t>(header, "member", what);  // elastic runs' slot holder
   if (!std::isfinite(p.seconds) || p.seconds < 0 || p.steps < 0) throw ProtocolError(fmt::format("{}: negative steps or seconds", what));
   p.values = std::move(values);
   return p;

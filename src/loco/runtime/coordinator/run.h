@@ -97,6 +97,11 @@ class Run {
   // What comes with time before the start: a worker that never joined by cluster.join_timeout_s
   // (the run fails; an elastic run starts with its quorum instead).
   virtual void check_start(Clock::time_point now) = 0;
+  // The worker process `pid` of `host` exited without reporting its end (the launcher saw it):
+  // an elastic run's member failed; a fixed run learns it from the launcher's stop.
+  virtual void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now) {
+    (void)host, (void)pid, (void)status, (void)now;
+  }
   // What comes with time after it: a worker that never reported its end, members declared failed,
   // the end of the run. Called often (at least every 200 ms while the run is waited for).
   virtual void check_end(Clock::time_point now) = 0;

@@ -137,11 +137,13 @@ void check_run_dir(const RunConfig& config, bool resume, std::FILE* out) {
   const fs::path run(config.run.dir);
   std::error_code ec;
   if (resume) {
-    // An elastic run resumes from the global checkpoints, a fixed one from each worker's.
-    const fs::path needed = config.cluster.elastic ? RunFolder(run).checkpoints() : RunFolder(run).workers();
+    // An elastic run resumes from the global checkpoints, a fixed one (and asynchronous DiLoCo,
+    // whose global state is the coordinator's outer state) from each worker's.
+    const bool global = config.cluster.elastic && !config.sync.async;
+    const fs::path needed = global ? RunFolder(run).checkpoints() : RunFolder(run).workers();
     if (!fs::exists(needed, ec)) {
       throw ConfigError("launch", fmt::format("--resume: {} holds no {} (no {}){}", run.string(),
-                                              config.cluster.elastic ? "global checkpoints" : "workers' checkpoints",
+                                              global ? "global checkpoints" : "workers' checkpoints",
                                               needed.string(),
                                               RunFolder(run).unstarted() ? ": the run never started; start it without --resume" : ""));
     }

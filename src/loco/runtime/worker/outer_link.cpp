@@ -47,9 +47,9 @@ class CoordinatorOuterLink final : public algorithms::OuterServerLink {
 }  // namespace
 
 std::unique_ptr<algorithms::SyncStrategy> make_async_strategy(const RunConfig& config, const CoordinatorClient& client, int64_t rank,
-                                                              const std::atomic<bool>* stop) {
+                                                              int64_t member, const std::atomic<bool>* stop) {
   return std::make_unique<algorithms::AsyncDiLoCo>(std::make_shared<CoordinatorOuterLink>(config, client), rank,
-                                                   algorithms::parse_poison(config.sync.poison), stop);
+                                                   algorithms::parse_poison(config.sync.poison), stop, member);
 }
 
 }  // namespace loco::runtime

@@ -9,9 +9,9 @@
 
 namespace loco::runtime {
 
-// Asynchronous DiLoCo (sync.async) for worker `rank` of a fixed run whose coordinator `client`
-// reaches; `stop` (may be null) is the worker's stop flag.
+// Asynchronous DiLoCo (sync.async) for worker `rank` (an elastic run's slot, held by `member`; -1
+// in a fixed run) whose coordinator `client` reaches; `stop` (may be null) is the worker's stop flag.
 std::unique_ptr<algorithms::SyncStrategy> make_async_strategy(const RunConfig& config, const CoordinatorClient& client, int64_t rank,
-                                                              const std::atomic<bool>* stop);
+                                                              int64_t member, const std::atomic<bool>* stop);
 
 }  // namespace loco::runtime

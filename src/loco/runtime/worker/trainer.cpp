@@ -162,7 +162,7 @@ void TrainingLoop::open_inputs() {
   // A worker keeps its own checkpoints; the run folder holds what the workers share.
   state_dir_ = worker_.distributed && !worker_.elastic ? run.worker_dir(worker_.rank) : run_dir_;
   const bool resume = options_.resume || options_.resume_step.has_value();
-  if (!worker_.elastic && !resume) RunFolder(state_dir_).check_new_run("train");  // elastic: the coordinator (or launcher) checked
+  if (!worker_.elastic && !worker_.replaces && !resume) RunFolder(state_dir_).check_new_run("train");  // elastic: the coordinator (or launcher) checked
   store_.emplace(RunFolder(state_dir_).checkpoints(), config_.checkpoint.keep);
   if (worker_.elastic) slot_store_.emplace(run.slot_state(worker_.rank), config_.checkpoint.keep);
 }

@@ -78,6 +78,9 @@ struct WorkerRole {
   // evaluates. Every member also saves its slot's inner state at each round's end in
   // RUN/slots/<rank>, which a resume of the same round loads.
   bool elastic = false;
+  // Takes over a slot of a run under way (asynchronous DiLoCo's elastic runs): its folder may hold
+  // what its predecessor wrote, which a fresh start there must not refuse.
+  bool replaces = false;
   RunLink* link = nullptr;  // the run this worker belongs to (nullptr: none)
 };
 

@@ -363,7 +363,10 @@ protocol::JoinRequest fixed_join_request(const RunConfig& config, const WorkerOp
   if (options.rank >= 0) {
     const fs::path checkpoints = RunFolder(config.run.dir).worker_checkpoints(options.rank);
     request.checkpoints = list_checkpoints(checkpoints);
-    if (!options.resume && !request.checkpoints.empty()) {
+    // An asynchronous elastic run's replacement continues from its slot's checkpoints (the
+    // coordinator refuses them at a fresh start).
+    const bool replacement_may_hold = config.cluster.elastic && config.sync.async;
+    if (!options.resume && !request.checkpoints.empty() && !replacement_may_hold) {
       throw ConfigError("worker", fmt::format("{} already holds checkpoints of a run; pass --resume to continue it, or "
                                               "choose another run.dir (nothing was overwritten)", checkpoints.string()));
     }
@@ -450,7 +453,9 @@ void share_host_cores(RunConfig& config, int64_t host_workers, const Say& say) {
 
 // A fixed run's task: the whole run on the task's shard, in the run's one group.
 TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& options, CoordinatorClient& client,
-                            const data::Dataset& dataset, const protocol::StartReply& start, int64_t rank, const Say& say) {
+                            const data::Dataset& dataset, const protocol::StartReply& start, const protocol::JoinReply& joined,
+                            const Say& say) {
+  const int64_t rank = joined.rank;
   if (!start.task) throw PeerError("worker", "the coordinator started the run without a task for this worker");
   const auto& task = *start.task;
   const int64_t world = config.cluster.workers;
@@ -468,10 +473,16 @@ TrainSummary run_fixed_task(const RunConfig& config, const WorkerOptions& option
     if (!group) throw PeerError("worker", "the coordinator asked for a checkpoint copy in a run whose workers share no group");
     copy_checkpoint(*group, *start.copy, config, dataset, rank, start.resume_step, say);
   }
-  auto strategy = config.sync.async ? make_async_strategy(config, client, rank, options.stop)
+  auto strategy = config.sync.async ? make_async_strategy(config, client, rank, joined.member, options.stop)
                                     : make_strategy(config, group ? *group : comm::Group::single(), std::ssize(tokens));
   FixedLink link(client, options.stop);
-  auto train_options = worker_train_options(options, start.resume_step, rank, world, tokens, link);
+  auto resume_step = start.resume_step;
+  if (joined.joiner && !resume_step) {  // a slot taken without its --rank: its predecessor's checkpoints, if this host has them
+    const auto held = list_checkpoints(RunFolder(config.run.dir).worker_checkpoints(rank));
+    for (const auto& c : held) resume_step = std::max(resume_step.value_or(c.step), c.step);
+  }
+  auto train_options = worker_train_options(options, resume_step, rank, world, tokens, link);
+  train_options.worker.replaces = joined.joiner;
   train_options.worker.evaluates = !communicates || rank == 0;  // the global parameters are scored once
   TelemetrySender telemetry(client, {rank, -1, process_name(::getpid())});
   train_options.telemetry = &telemetry.telemetry();
@@ -498,21 +509,31 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     std::fflush(options.out);
   };
   auto dataset = data::Dataset::open(config.data.dir);
-  if (config.cluster.elastic) return run_elastic_worker(config, options, dataset, say);
+  // Asynchronous DiLoCo needs no rounds: its elastic run is slots of a fixed run that a new worker
+  // may take over (async_elastic_run.h), and its workers live as fixed ones do.
+  const bool async_elastic = config.cluster.elastic && config.sync.async;
+  if (config.cluster.elastic && !async_elastic) return run_elastic_worker(config, options, dataset, say);
 
   // A fixed worker's life: join, wait for everyone, run its one task (the whole run), report it.
   CoordinatorClient client(options.coordinator, seconds(config.cluster.connect_timeout_s),
                            client_security(config, options.insecure));
-  const auto joined = client.join(fixed_join_request(config, options, dataset));
+  protocol::JoinReply joined;
+  try {
+    joined = async_elastic ? client.join(fixed_join_request(config, options, dataset), seconds(config.cluster.join_timeout_s), say)
+                           : client.join(fixed_join_request(config, options, dataset));
+  } catch (const RunComplete& e) {  // started too late (a replacement in the run's last seconds)
+    say(fmt::format("{}; nothing to train: this worker ends", e.what()));
+    return TrainSummary{};
+  }
   const int64_t rank = joined.rank;
-  say(fmt::format("worker {}/{}: joined the coordinator at {} (run {})", rank, joined.world_size, client.address(),
-                  joined.run_id));
+  say(fmt::format("worker {}/{}: joined the coordinator at {} (run {}){}", rank, joined.world_size, client.address(),
+                  joined.run_id, joined.joiner ? "; it continues from the run's current parameters" : ""));
   const auto start = client.wait_for_start(rank, options.stop);
   share_host_cores(config, start.host_workers, say);
   TrainSummary summary;
   auto report_done = [&](protocol::EndStatus status, const std::string& error) {
     try {
-      protocol::DoneRequest done{rank, status, error, summary_json(summary)};
+      protocol::DoneRequest done{rank, status, error, summary_json(summary), joined.member};
       if (start.task) done.task = start.task->id;
       client.report_done(done);
     } catch (const std::exception& e) {
@@ -525,7 +546,7 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
     return summary;
   }
   try {
-    summary = run_fixed_task(config, options, client, dataset, start, rank, say);
+    summary = run_fixed_task(config, options, client, dataset, start, joined, say);
   } catch (const std::exception& e) {
     report_done(protocol::EndStatus::kFailed, e.what());
     throw;
