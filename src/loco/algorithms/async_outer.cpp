@@ -36,8 +36,26 @@ void AsyncOuterServer::check(const AsyncPush& push) const {
   if (push.values.defined() && (push.values.dim() != 1 || push.values.scalar_type() != torch::kFloat32)) {
     bad("the values sent must be one flat fp32 tensor");
   }
-  const int64_t size = theta_.defined() ? theta_.numel() : options_.values;
-  if (size > 0 && push.values.defined() && push.values.numel() != size) bad(fmt::format("{} values; the model has {}", push.values.numel(), size));
+  const int64_t parts = theta_.defined() ? fragments() : std::max<int64_t>(1, std::ssize(push.fragment_sizes));
+  if (push.fragment < -1 || push.fragment >= parts || (push.fragment < 0 && push.base_version >= 0 && push.steps > 0 && parts > 1)) {
+    bad(fmt::format("fragment {}; the run's θ has {} (an outer gradient names its own when there are several)", push.fragment, parts));
+  }
+  const bool of_fragment = push.fragment >= 0 && theta_.defined();
+  const int64_t size = of_fragment ? slice(push.fragment).numel() : theta_.defined() ? theta_.numel() : options_.values;
+  if (size > 0 && push.values.defined() && push.values.numel() != size) {
+    bad(fmt::format("{} values; the {} has {}", push.values.numel(), of_fragment ? fmt::format("fragment {}", push.fragment) : "model", size));
+  }
+  if (!push.fragment_sizes.empty()) {
+    int64_t total = 0;
+    for (const int64_t n : push.fragment_sizes) {
+      if (n <= 0 || n > (int64_t{1} << 40)) bad(fmt::format("a fragment of {} values", n));
+      total += n;
+    }
+    if (!push.values.defined() || total != push.values.numel()) bad("its fragments' sizes do not add up to its values");
+    std::vector<int64_t> ours;
+    for (size_t p = 0; p + 1 < offsets_.size(); ++p) ours.push_back(offsets_[p + 1] - offsets_[p]);
+    if (theta_.defined() && ours != push.fragment_sizes) bad("its fragments are not the run's (another sync.fragments or model?)");
+  }
   if (push.steps < 0 || push.steps > options_.inner_steps || push.cycle < 0) {
     bad(fmt::format("{} steps in its cycle {}; a cycle has 0 to {}", push.steps, push.cycle, options_.inner_steps));
   }
@@ -46,11 +64,29 @@ void AsyncOuterServer::check(const AsyncPush& push) const {
     bad(fmt::format("an outer gradient of version {}, but this run's outer state has none (it started anew: nothing was "
                     "saved to resume from)", push.base_version));
   }
-  if (push.base_version > version_) bad(fmt::format("an outer gradient of version {}, ahead of θ's {}", push.base_version, version_));
+  const int64_t current = of_fragment ? versions_[static_cast<size_t>(push.fragment)] : version_;
+  if (push.base_version > current) bad(fmt::format("an outer gradient of version {}, ahead of θ's {}", push.base_version, current));
   if (push.base_version < 0 && !theta_.defined()) {
     if (!push.values.defined()) bad("the first worker to arrive must send its initial parameters");
     if (!torch::isfinite(push.values).all().item<bool>()) bad("its initial parameters are not all finite");
   }
+}
+
+void AsyncOuterServer::start_state(torch::Tensor theta, std::vector<int64_t> sizes) {
+  if (sizes.empty()) sizes = {theta.numel()};
+  theta_ = std::move(theta);
+  offsets_ = {0};
+  outers_.clear();
+  for (const int64_t n : sizes) {
+    outers_.emplace_back(theta_.narrow(0, offsets_.back(), n), options_.lr, options_.momentum, options_.delay_or_default());
+    offsets_.push_back(offsets_.back() + n);
+  }
+  versions_.assign(sizes.size(), 0);
+}
+
+torch::Tensor AsyncOuterServer::slice(int64_t fragment) const {
+  const auto p = static_cast<size_t>(fragment);
+  return theta_.narrow(0, offsets_[p], offsets_[p + 1] - offsets_[p]);
 }
 
 AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point now) {
@@ -63,18 +99,20 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
   }
   release_silent(now);
   AsyncReply reply;
+  // An outer gradient: of steps, or a fragment's flush once its share was done (no steps).
+  const bool flush = push.steps == 0 && push.fragment >= 0 && push.values.defined();
+  const bool sends = push.base_version >= 0 && (push.steps > 0 || flush);
   if (push.base_version < 0 && !theta_.defined()) {  // the first contact starts the run from its θ
-    theta_ = push.values.clone();
-    outer_.emplace(theta_, options_.lr, options_.momentum, options_.delay_or_default());
-  } else if (push.base_version >= 0 && push.steps > 0 && push.cycle > 0 && push.cycle <= me.last_cycle) {
+    start_state(push.values.clone(), push.fragment_sizes);
+  } else if (sends && push.cycle > 0 && push.cycle <= me.last_cycle) {
     // A retry of a cycle already counted (its answer was lost): answered as it was, not applied again.
     reply.applied = me.last_applied;
     reply.staleness = me.last_staleness;
     reply.rejected = me.last_rejected;
-  } else if (push.base_version >= 0 && push.steps > 0) {
+  } else if (sends) {
     me.last_cycle = std::max(me.last_cycle, push.cycle);
-    reply.staleness = version_ - push.base_version;
-    if (push.seconds > 0) {  // its speed, smoothed: one cycle's (the first's above all) is noisy
+    reply.staleness = (push.fragment >= 0 ? versions_[static_cast<size_t>(push.fragment)] : version_) - push.base_version;
+    if (push.steps > 0 && push.seconds > 0) {  // its speed, smoothed: one cycle's (the first's above all) is noisy
       const double v = static_cast<double>(push.steps) / push.seconds;
       me.speed = me.speed > 0 ? 0.5 * (me.speed + v) : v;
     }
@@ -94,14 +132,24 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
     me.last_applied = reply.applied;
     me.last_staleness = reply.staleness;
     me.last_rejected = reply.rejected;
+    if (flush) me.unflushed = std::max<int64_t>(0, me.unflushed - 1);  // (once judged: the run is not over before)
   }
   me.gone = false;
-  reply.steps_next = next_share(push.worker, now);
-  reply.version = version_;
+  // A flush gets no share (the worker asks once its flushes are in); a worker whose share is done
+  // owes the Δ of its other fragments.
+  reply.steps_next = flush ? 0 : next_share(push.worker, now);
+  if (push.steps > 0) me.unflushed = reply.steps_next == 0 ? fragments() - 1 : 0;
+  const bool one_fragment = push.fragment >= 0 && sends;
+  reply.version = one_fragment ? versions_[static_cast<size_t>(push.fragment)] : version_;
   reply.schedule_step = progress(now);
   reply.schedule_rate = schedule_rate(me);
   reply.finished = finished_locked();
-  if (reply.steps_next > 0 || reply.finished) reply.theta = theta_.clone();  // a waiting worker needs none
+  if (reply.finished || (reply.steps_next > 0 && !one_fragment)) {
+    reply.theta = theta_.clone();
+    reply.versions = versions_;
+  } else if (reply.steps_next > 0) {
+    reply.theta = slice(push.fragment).clone();
+  }  // (a waiting worker needs none)
   if (open_) batch_closed_.notify_all();  // a batch may have been waiting for this worker
   return reply;
 }
@@ -135,7 +183,8 @@ int64_t AsyncOuterServer::apply_in_batch(std::unique_lock<std::mutex>& lock, con
   }
   const auto batch = open_;
   const size_t index = batch->entries.size();
-  batch->entries.push_back({push.worker, push.base_version, push.steps, scale == 1 ? push.values : push.values * scale, 0});
+  batch->entries.push_back({push.worker, std::max<int64_t>(push.fragment, 0), push.base_version, push.steps,
+                            scale == 1 ? push.values : push.values * scale, 0});
   // Awaited: the workers with a cycle under way that should end before the deadline (or whose
   // speed is not known yet). Once none is left, the batch closes.
   const auto awaited = [&] {
@@ -154,8 +203,10 @@ int64_t AsyncOuterServer::apply_in_batch(std::unique_lock<std::mutex>& lock, con
 // A batch's outer gradients, one by one in arrival order (delayed Nesterov).
 void AsyncOuterServer::apply(Batch& batch) {
   for (auto& entry : batch.entries) {
-    entry.staleness = version_ - entry.base_version;
-    outer_->step(entry.delta);
+    auto& version = versions_[static_cast<size_t>(entry.fragment)];
+    entry.staleness = version - entry.base_version;
+    outers_[static_cast<size_t>(entry.fragment)].step(entry.delta);
+    ++version;
     ++version_;
     ++applied_;
   }
@@ -265,6 +316,7 @@ int64_t AsyncOuterServer::next_share(int64_t worker, Clock::time_point now) {
     share = me.speed > 0 ? std::clamp<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(h) * me.speed / fastest)), 1, h)
                          : std::max<int64_t>(1, h / 5);
   }
+  share = std::max<int64_t>(1, share / fragments());  // Streaming DiLoCo: one fragment's exchange every H_w / P steps
   if (me.speed > 0 && idle_speed > 0) {
     share = std::min<int64_t>(share, std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(left) * me.speed / idle_speed))));
   }
@@ -284,7 +336,8 @@ double AsyncOuterServer::progress(Clock::time_point now) const {
 
 // Every step of the run done and applied (none waiting in a batch).
 bool AsyncOuterServer::finished_locked() const {
-  return theta_.defined() && !open_ && steps_done_ >= options_.total_steps * options_.workers;
+  const bool owed = std::any_of(members_.begin(), members_.end(), [](const Member& m) { return !m.gone && m.unflushed > 0; });
+  return theta_.defined() && !open_ && !owed && steps_done_ >= options_.total_steps * options_.workers;
 }
 
 AsyncOuterServer::Totals AsyncOuterServer::totals() const {
@@ -296,7 +349,17 @@ NamedTensors AsyncOuterServer::state() const {
   std::lock_guard lock(mutex_);
   if (!theta_.defined()) return {};
   NamedTensors out = {{"theta", theta_.clone()}};
-  for (const auto& [name, tensor] : outer_->state()) out.emplace_back("outer." + name, tensor.clone());
+  // One fragment: "outer.<name>"; several: "outer.<p>.<name>", their sizes and versions.
+  for (size_t p = 0; p < outers_.size(); ++p) {
+    const auto prefix = outers_.size() == 1 ? std::string("outer.") : fmt::format("outer.{}.", p);
+    for (const auto& [name, tensor] : outers_[p].state()) out.emplace_back(prefix + name, tensor.clone());
+  }
+  if (outers_.size() > 1) {
+    std::vector<int64_t> sizes;
+    for (size_t p = 0; p + 1 < offsets_.size(); ++p) sizes.push_back(offsets_[p + 1] - offsets_[p]);
+    out.emplace_back("fragments", torch::tensor(sizes, torch::kInt64));
+    out.emplace_back("versions", torch::tensor(versions_, torch::kInt64));
+  }
   int64_t waiting = 0;  // the steps of outer gradients not applied yet: trained again after a resume
   if (open_) {
     for (const auto& entry : open_->entries) waiting += entry.steps;
@@ -319,19 +382,38 @@ void AsyncOuterServer::load_state(const NamedTensors& tensors) {
     return it->second;
   };
   auto theta = take("theta", torch::kFloat32).flatten().clone();
-  optim::DelayedNesterov outer(theta, options_.lr, options_.momentum, options_.delay_or_default());
-  NamedTensors outer_state;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.starts_with("outer.")) outer_state.emplace_back(name.substr(6), tensor);
-  }
-  outer.load_state(outer_state);
   const auto counters = take("counters", torch::kInt64);
   const auto speeds = take("speeds", torch::kFloat64);
   if (counters.numel() != 4 || speeds.numel() != options_.workers) {
     throw DataError("async", fmt::format("the outer state's counters or speeds do not fit a run of {} workers", options_.workers));
   }
+  std::vector<int64_t> sizes = {theta.numel()}, versions = {counters[0].item<int64_t>()};
+  if (by_name.count("fragments") > 0) {
+    const auto cut = take("fragments", torch::kInt64), at = take("versions", torch::kInt64);
+    sizes.assign(cut.data_ptr<int64_t>(), cut.data_ptr<int64_t>() + cut.numel());
+    versions.assign(at.data_ptr<int64_t>(), at.data_ptr<int64_t>() + at.numel());
+    int64_t total = 0;
+    for (const int64_t n : sizes) total += n > 0 ? n : theta.numel() + 1;
+    if (total != theta.numel() || versions.size() != sizes.size()) {
+      throw DataError("async", "the outer state's fragments do not cut its θ, or their versions do not match them");
+    }
+  }
+  // Each fragment's delayed Nesterov over its slice of θ.
+  std::vector<optim::DelayedNesterov> outers;
+  for (size_t p = 0, at = 0; p < sizes.size(); at += static_cast<size_t>(sizes[p]), ++p) {
+    outers.emplace_back(theta.narrow(0, static_cast<int64_t>(at), sizes[p]), options_.lr, options_.momentum, options_.delay_or_default());
+    const auto prefix = sizes.size() == 1 ? std::string("outer.") : fmt::format("outer.{}.", p);
+    NamedTensors outer_state;
+    for (const auto& [name, tensor] : tensors) {
+      if (name.starts_with(prefix) && name.find('.', prefix.size()) == std::string::npos) outer_state.emplace_back(name.substr(prefix.size()), tensor);
+    }
+    outers.back().load_state(outer_state);
+  }
   theta_ = theta;
-  outer_.emplace(std::move(outer));
+  outers_ = std::move(outers);
+  versions_ = versions;
+  offsets_ = {0};
+  for (const int64_t n : sizes) offsets_.push_back(offsets_.back() + n);
   version_ = counters[0].item<int64_t>();
   applied_ = counters[1].item<int64_t>();
   rejected_ = counters[2].item<int64_t>();
@@ -342,118 +424,6 @@ void AsyncOuterServer::load_state(const NamedTensors& tensors) {
 std::vector<std::string> AsyncOuterServer::take_notes() {
   std::lock_guard lock(mutex_);
   return std::exchange(notes_, {});
-}
-
-torch::Tensor flat_parameters(model::Transformer& model) {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> pieces;
-  for (const auto& group : model->parameter_groups()) {
-    for (const auto& p : group.parameters) pieces.push_back(p.detach().to(torch::kCPU, torch::kFloat32).reshape({-1}));
-  }
-  return torch::cat(pieces);
-}
-
-void load_flat_parameters(model::Transformer& model, const torch::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (const auto& group : model->parameter_groups()) {
-    for (const auto& p : group.parameters) {
-      const int64_t n = p.numel();
-      LOCO_CHECK(at + n <= flat.numel(), "the global parameters have {} values, fewer than the model's", flat.numel());
-      p.copy_(flat.narrow(0, at, n).view(p.sizes()));
-      at += n;
-    }
-  }
-  LOCO_CHECK(at == flat.numel(), "the global parameters have {} values, the model {}", flat.numel(), at);
-}
-
-AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison, const std::atomic<bool>* stop,
-                         int64_t member)
-    : link_(std::move(link)), worker_(worker), member_(member), poison_(poison), stop_(stop) {}
-
-SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
-  AsyncPush hello;
-  hello.worker = worker_;
-  hello.values = flat_parameters(model);
-  adopt(wait_for_share(exchange(std::move(hello))), model, step);
-  done_ = steps_next_ == 0;
-  return {};
-}
-
-AsyncReply AsyncDiLoCo::wait_for_share(AsyncReply reply) {
-  while (reply.steps_next == 0 && !reply.finished) {
-    if (stop_ != nullptr && stop_->load()) throw RunStopping("the run is stopping; this worker's share of its steps was done");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    AsyncPush ask;
-    ask.worker = worker_;
-    ask.base_version = reply.version;
-    reply = exchange(std::move(ask));
-  }
-  return reply;
-}
-
-AsyncReply AsyncDiLoCo::exchange(AsyncPush push) {
-  push.member = member_;
-  if (push.values.defined()) bytes_sent_ += push.values.numel() * 4;
-  return link_->exchange(push);
-}
-
-// Continues from the reply's θ: the base of its next cycle.
-void AsyncDiLoCo::adopt(const AsyncReply& reply, model::Transformer& model, int64_t step) {
-  load_flat_parameters(model, reply.theta);
-  base_ = reply.theta;
-  base_version_ = reply.version;
-  steps_next_ = reply.steps_next;
-  schedule_base_ = reply.schedule_step;
-  schedule_rate_ = reply.schedule_rate;
-  cycle_steps_ = 0;
-  cycle_start_step_ = step;
-  cycle_start_ = std::chrono::steady_clock::now();
-}
-
-std::optional<double> AsyncDiLoCo::schedule_step(int64_t step) const {
-  return schedule_base_ + static_cast<double>(step - cycle_start_step_) * schedule_rate_;
-}
-
-SyncReports AsyncDiLoCo::after_step(StepContext& context) {
-  ++cycle_steps_;
-  if (cycle_steps_ < steps_next_) return {};
-  auto& model = *context.model;
-  const int64_t step = context.step + 1;
-  const auto start = std::chrono::steady_clock::now();
-  AsyncPush push;
-  push.worker = worker_;
-  push.base_version = base_version_;
-  push.steps = cycle_steps_;
-  push.seconds = seconds_between(cycle_start_, start);
-  push.values = base_ - flat_parameters(model);
-  push.cycle = ++cycles_;
-  if (poison_.hits(worker_, cycles_)) {
-    if (std::isnan(poison_.scale)) {
-      push.values[0] = std::numeric_limits<float>::quiet_NaN();
-    } else {
-      push.values.mul_(poison_.scale);
-    }
-  }
-  const int64_t sent = push.values.numel() * 4;
-  // Its share done, it waits for the others' last outer gradients and ends on the run's final θ
-  // (or takes up a share a worker that went silent left).
-  const AsyncReply reply = wait_for_share(exchange(std::move(push)));
-  adopt(reply, model, step);
-  done_ = reply.steps_next == 0;
-  SyncReport report;
-  report.round = cycles_;
-  report.step = step;
-  report.world_size = 1;
-  report.stats.bytes_sent = sent;
-  report.stats.bytes_received = reply.theta.numel() * 4;
-  report.stats.seconds = seconds_between(start, std::chrono::steady_clock::now());
-  report.stall_seconds = report.stats.seconds;
-  report.params_hash = hash_tensors({reply.theta});
-  report.staleness = reply.staleness;
-  report.rejected = reply.applied || reply.rejected.empty() ? 0 : 1;
-  report.screening = reply.rejected;
-  return {report};
 }
 
 }  // namespace loco::algorithms

@@ -40,6 +40,11 @@ struct AsyncPush {
   torch::Tensor values;       // flat fp32: Δ; at first contact its initial θ (adopted when the state has none)
   int64_t cycle = 0;          // the worker's count of its cycles (1 for its first Δ): a retried exchange is not applied twice
   int64_t member = -1;        // elastic runs: the member holding the worker's slot (seat()); -1 in a fixed run
+  // Streaming DiLoCo's fragments: the Δ of fragment `fragment` only (-1: the whole θ, one fragment).
+  // With steps 0 and values, a fragment's flush: the Δ of a worker whose share is done, for the
+  // fragments it has not sent since its last steps.
+  int64_t fragment = -1;
+  std::vector<int64_t> fragment_sizes;  // at first contact, with P > 1: the values' cut into fragments
 };
 
 // The exchange came from a member whose slot another member holds now (elastic runs): refused.
@@ -58,7 +63,10 @@ struct AsyncReply {
   int64_t staleness = 0;      // versions applied since its base
   std::string rejected;       // why its Δ was left out ("" when applied or none)
   bool finished = false;      // every share is in: θ is the run's final θ
-  torch::Tensor theta;        // flat fp32; only with steps to take or once finished (a waiting worker needs none)
+  // Flat fp32; only with steps to take or once finished (a waiting worker needs none): the
+  // fragment's values for a fragment's exchange, else the whole θ (every fragment, in order).
+  torch::Tensor theta;
+  std::vector<int64_t> versions;  // with the whole θ: each fragment's version (`version` is a fragment's for its exchange)
 };
 
 class AsyncOuterServer {
@@ -112,10 +120,11 @@ class AsyncOuterServer {
     int64_t last_staleness = 0;         // ... at which staleness
     std::string last_rejected;          // ... or why not
     int64_t member = -1;                // who holds the slot (seat(); -1: a fixed run's worker)
+    int64_t unflushed = 0;              // fragments whose Δ it still owes after its share was done
   };
   struct Batch {
     struct Entry {
-      int64_t worker, base_version, steps;
+      int64_t worker, fragment, base_version, steps;
       torch::Tensor delta;
       int64_t staleness;
     };
@@ -124,6 +133,10 @@ class AsyncOuterServer {
     bool closed = false;
   };
   void check(const AsyncPush& push) const;
+  // θ starts from a first contact's values, cut into fragments of `sizes` (empty: one).
+  void start_state(torch::Tensor theta, std::vector<int64_t> sizes);
+  int64_t fragments() const { return static_cast<int64_t>(versions_.size()); }
+  torch::Tensor slice(int64_t fragment) const;
   std::string left_out(const AsyncPush& push, int64_t staleness, double& scale);
   void apply(Batch& batch);
   int64_t apply_in_batch(std::unique_lock<std::mutex>& lock, const AsyncPush& push, double scale);
@@ -136,8 +149,10 @@ class AsyncOuterServer {
 
   AsyncOptions options_;
   mutable std::mutex mutex_;
-  torch::Tensor theta_;
-  std::optional<optim::DelayedNesterov> outer_;
+  torch::Tensor theta_;                        // every fragment's values, in order
+  std::vector<int64_t> offsets_;               // fragment p is [offsets_[p], offsets_[p + 1]) of theta_
+  std::vector<optim::DelayedNesterov> outers_;  // one per fragment, stepping its slice of theta_ in place
+  std::vector<int64_t> versions_;              // per fragment: its outer gradients applied
   std::vector<Member> members_;
   std::deque<double> kept_norms_;
   std::shared_ptr<Batch> open_;  // outer gradients waiting for the others of their batch
@@ -155,43 +170,63 @@ class OuterServerLink {
 };
 
 // A worker's side: its model continues from the θ of each reply; its inner steps per cycle and its
-// learning rate's place in the schedule come from the reply too.
+// learning rate's place in the schedule come from the reply too. With Streaming DiLoCo's fragments
+// (fragments > 1, plan_fragments), each exchange sends one fragment's Δ, in turn, and takes that
+// fragment's θ back; once its share is done it sends the others' too (their flushes), so that the
+// run's final θ holds every worker's last steps on every fragment.
+struct AsyncWorkerOptions {
+  int64_t member = -1;       // the member id of an elastic run's slot holder (-1 in a fixed run)
+  int64_t fragments = 1;     // Streaming DiLoCo's P (plan_fragments, by `pattern`)
+  FragmentPattern pattern = FragmentPattern::kStrided;
+  double merge_alpha = 0;    // a fragment's θ as it comes back: local ← α·local + (1 − α)·θ (sync.merge_alpha)
+};
+
 class AsyncDiLoCo final : public SyncStrategy {
  public:
   // `stop` (may be null): set when the run is stopping; a worker waiting for the others' last
   // outer gradients then stops waiting (RunStopping).
-  // `member`: the member id of an elastic run's slot holder (-1 in a fixed run).
   AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison = {}, const std::atomic<bool>* stop = nullptr,
-              int64_t member = -1);
-  std::string name() const override { return "diloco-async"; }
+              AsyncWorkerOptions options = {});
+  std::string name() const override { return options_.fragments > 1 ? "streaming-async" : "diloco-async"; }
   SyncReports on_start(model::Transformer& model, int64_t step) override;
   SyncReports after_step(StepContext& context) override;
-  bool in_sync() const override { return cycle_steps_ == 0; }
+  // At a cycle's end, holding every fragment of one θ (with fragments, only after a whole θ came).
+  bool in_sync() const override { return cycle_steps_ == 0 && whole_; }
   std::optional<bool> part_done() const override { return done_; }
   std::optional<double> schedule_step(int64_t step) const override;
   int64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
+  // A fragment's parameters (views of the model's) and the θ its last exchange brought.
+  struct Fragment {
+    std::vector<torch::Tensor> views;
+    torch::Tensor base;
+    int64_t base_version = -1;
+  };
+  torch::Tensor values(size_t fragment) const;  // flat fp32 on the CPU
+  // Fragment `fragment` takes `flat` (mixed with its local values by α when `merge`) as its base.
+  void load(size_t fragment, const torch::Tensor& flat, bool merge = false);
   AsyncReply exchange(AsyncPush push);
   // Its share done (steps_next 0): asks again until it gets steps or the run's steps are all done.
   AsyncReply wait_for_share(AsyncReply reply);
-  void adopt(const AsyncReply& reply, model::Transformer& model, int64_t step);
+  // Fragments: the Δ of every fragment but `last`, whose share is done.
+  AsyncReply flush(size_t last, AsyncReply reply);
+  // The reply's schedule, and its θ: the whole (every fragment) or fragment `fragment`'s.
+  void adopt(const AsyncReply& reply, std::optional<size_t> fragment, int64_t step);
 
   std::shared_ptr<OuterServerLink> link_;
-  int64_t worker_, member_;
+  int64_t worker_;
   Poison poison_;
   const std::atomic<bool>* stop_;
-  torch::Tensor base_;          // θ its cycle started from (flat fp32)
-  int64_t base_version_ = -1;
+  AsyncWorkerOptions options_;
+  std::vector<Fragment> fragments_;
+  size_t next_ = 0;             // the fragment its next exchange sends
+  bool whole_ = false;          // the model is one θ (the last reply brought every fragment)
   int64_t steps_next_ = 0, cycle_steps_ = 0, cycle_start_step_ = 0, cycles_ = 0;
   double schedule_base_ = 0, schedule_rate_ = 1;
   std::chrono::steady_clock::time_point cycle_start_{};
   bool done_ = false;
   int64_t bytes_sent_ = 0;
 };
-
-// θ as one flat fp32 tensor, and back into the model's parameters.
-torch::Tensor flat_parameters(model::Transformer& model);
-void load_flat_parameters(model::Transformer& model, const torch::Tensor& flat);
 
 }  // namespace loco::algorithms

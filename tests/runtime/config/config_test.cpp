@@ -173,7 +173,8 @@ TEST(Config, AsynchronousDiLoCoNamesWhatItCannotDo) {
   apply_override(c, "sync.async=true");
   EXPECT_NO_THROW(validate(c));
   const std::vector<std::pair<const char*, const char*>> refused = {
-      {"sync.algorithm=streaming", "is for sync.algorithm = \"diloco\""},
+      {"sync.algorithm=ddp", "is for sync.algorithm = \"diloco\" or \"streaming\""},
+      {"sync.algorithm=streaming", "set sync.overlap_steps = 0"},
       {"sync.eager=true", "and sync.eager are two ways of not waiting"},
       {"sync.robust_mean=median", "there is no mean to make robust"},
       {"sync.exchange=e3m0", "sends fp32 outer gradients for now"},
@@ -184,6 +185,9 @@ TEST(Config, AsynchronousDiLoCoNamesWhatItCannotDo) {
     apply_override(bad, override);
     expect_error<ConfigError>([&] { validate(bad); }, why);
   }
+  RunConfig streaming = c;  // Streaming DiLoCo's fragments, one exchanged at a time
+  for (const char* o : {"sync.algorithm=streaming", "sync.fragments=2", "sync.overlap_steps=0"}) apply_override(streaming, o);
+  EXPECT_NO_THROW(validate(streaming));
   RunConfig elastic = c;  // elastic membership: slots that change hands (async_elastic_run.h)
   apply_override(elastic, "cluster.elastic=true");
   apply_override(elastic, "cluster.min_workers=2");

@@ -260,7 +260,12 @@ void check_screening(const RunConfig& c) {
 // sync.async: what asynchronous DiLoCo offers so far (docs/async.md), the rest refused by name.
 void check_async(const RunConfig& c) {
   auto refuse = [](const std::string& why) { throw ConfigError("config", "sync.async (asynchronous DiLoCo) " + why); };
-  if (c.sync.algorithm != Algorithm::kDiLoCo) refuse(fmt::format("is for sync.algorithm = \"diloco\", got \"{}\"", to_string(c.sync.algorithm)));
+  if (c.sync.algorithm != Algorithm::kDiLoCo && c.sync.algorithm != Algorithm::kStreaming) {
+    refuse(fmt::format("is for sync.algorithm = \"diloco\" or \"streaming\", got \"{}\"", to_string(c.sync.algorithm)));
+  }
+  if (c.sync.algorithm == Algorithm::kStreaming && c.sync.overlap_steps > 0) {
+    refuse("exchanges each fragment in its turn and continues from the answer: set sync.overlap_steps = 0");
+  }
   if (c.sync.eager) refuse("and sync.eager are two ways of not waiting: choose one");
   if (c.sync.round_seconds > 0) refuse("shares the steps by speed itself: set sync.round_seconds = 0");
   if (c.sync.robust_mean != comm::Combine::kSum) refuse("applies each outer gradient alone: there is no mean to make robust (sync.robust_mean = \"none\")");

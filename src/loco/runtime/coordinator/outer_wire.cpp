@@ -15,6 +15,7 @@ namespace loco::runtime::protocol {
 namespace {
 
 constexpr size_t kMaxHeaderBytes = 64 << 10;
+constexpr size_t kMaxFragments = 4096;
 
 std::string frame(const nlohmann::json& header, const torch::Tensor& values) {
   const int64_t n = values.defined() ? values.numel() : 0;
@@ -54,6 +55,16 @@ std::pair<nlohmann::json, torch::Tensor> unframe(const std::string& body, const 
   return {std::move(header), std::move(values)};
 }
 
+// A list of integers (a fragment's sizes or versions), at most `most` of them.
+std::vector<int64_t> get_integers(const nlohmann::json& j, const char* key, const char* what, size_t most) {
+  if (!j.contains(key)) return {};
+  const auto& list = j.at(key);
+  if (!list.is_array() || list.size() > most) throw ProtocolError(fmt::format("{}: field '{}' is not a list of at most {}", what, key, most));
+  std::vector<int64_t> out;
+  for (const auto& item : list) out.push_back(wire::get_integer<int64_t>(item, fmt::format("{}: field '{}'", what, key)));
+  return out;
+}
+
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const char* what) {
   if (!j.contains(key)) throw ProtocolError(fmt::format("{}: field '{}' is missing", what, key));
@@ -71,9 +82,11 @@ T get(const nlohmann::json& j, const char* key, const char* what) {
 
 std::string encode_outer_push(const algorithms::AsyncPush& p) {
   const int64_t n = p.values.defined() ? p.values.numel() : 0;
-  return frame({{"worker", p.worker}, {"base_version", p.base_version}, {"steps", p.steps}, {"seconds", p.seconds},
-                {"cycle", p.cycle}, {"member", p.member}, {"values", n}},
-               p.values);
+  nlohmann::json header = {{"worker", p.worker}, {"base_version", p.base_version}, {"steps", p.steps}, {"seconds", p.seconds},
+                           {"cycle", p.cycle}, {"member", p.member}, {"values", n}};
+  if (p.fragment >= 0) header["fragment"] = p.fragment;
+  if (!p.fragment_sizes.empty()) header["fragment_sizes"] = p.fragment_sizes;
+  return frame(header, p.values);
 }
 
 algorithms::AsyncPush decode_outer_push(const std::string& body) {
@@ -86,6 +99,8 @@ algorithms::AsyncPush decode_outer_push(const std::string& body) {
   p.seconds = get<double>(header, "seconds", what);
   p.cycle = get<int64_t>(header, "cycle", what);
   if (header.contains("member")) p.member = get<int64_t>(header, "member", what);  // elastic runs' slot holder
+  if (header.contains("fragment")) p.fragment = get<int64_t>(header, "fragment", what);
+  p.fragment_sizes = get_integers(header, "fragment_sizes", what, kMaxFragments);
   if (!std::isfinite(p.seconds) || p.seconds < 0 || p.steps < 0) throw ProtocolError(fmt::format("{}: negative steps or seconds", what));
   p.values = std::move(values);
   return p;
@@ -93,10 +108,11 @@ algorithms::AsyncPush decode_outer_push(const std::string& body) {
 
 std::string encode_outer_reply(const algorithms::AsyncReply& r) {
   const int64_t n = r.theta.defined() ? r.theta.numel() : 0;
-  return frame({{"version", r.version}, {"steps_next", r.steps_next}, {"schedule_step", r.schedule_step},
-                {"schedule_rate", r.schedule_rate}, {"applied", r.applied}, {"staleness", r.staleness},
-                {"rejected", r.rejected}, {"finished", r.finished}, {"values", n}},
-               r.theta);
+  nlohmann::json header = {{"version", r.version}, {"steps_next", r.steps_next}, {"schedule_step", r.schedule_step},
+                           {"schedule_rate", r.schedule_rate}, {"applied", r.applied}, {"staleness", r.staleness},
+                           {"rejected", r.rejected}, {"finished", r.finished}, {"values", n}};
+  if (!r.versions.empty()) header["versions"] = r.versions;
+  return frame(header, r.theta);
 }
 
 algorithms::AsyncReply decode_outer_reply(const std::string& body, int64_t values) {
@@ -111,8 +127,10 @@ algorithms::AsyncReply decode_outer_reply(const std::string& body, int64_t value
   r.staleness = get<int64_t>(header, "staleness", what);
   r.rejected = get<std::string>(header, "rejected", what);
   r.finished = get<bool>(header, "finished", what);
-  const bool needs_theta = r.steps_next > 0 || r.finished;  // a worker told to wait gets none
-  if (needs_theta != theta.defined() || (theta.defined() && values > 0 && theta.numel() != values)) {
+  r.versions = get_integers(header, "versions", what, kMaxFragments);
+  // A worker told to wait gets none; one fragment's exchange, that fragment's values.
+  const bool needs_theta = r.steps_next > 0 || r.finished;
+  if (needs_theta != theta.defined() || (theta.defined() && values > 0 && theta.numel() > values)) {
     throw ProtocolError(fmt::format("{}: {} parameters, the model has {}", what, theta.defined() ? theta.numel() : 0, values));
   }
   if (r.steps_next < 0 || !std::isfinite(r.schedule_step) || !std::isfinite(r.schedule_rate) || r.schedule_rate <= 0) {

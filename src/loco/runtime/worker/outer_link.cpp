@@ -48,8 +48,15 @@ class CoordinatorOuterLink final : public algorithms::OuterServerLink {
 
 std::unique_ptr<algorithms::SyncStrategy> make_async_strategy(const RunConfig& config, const CoordinatorClient& client, int64_t rank,
                                                               int64_t member, const std::atomic<bool>* stop) {
+  algorithms::AsyncWorkerOptions options;
+  options.member = member;
+  if (config.sync.algorithm == Algorithm::kStreaming) {
+    options.fragments = config.sync.fragments;
+    options.pattern = config.sync.fragment_pattern;
+    options.merge_alpha = config.sync.merge_alpha;
+  }
   return std::make_unique<algorithms::AsyncDiLoCo>(std::make_shared<CoordinatorOuterLink>(config, client), rank,
-                                                   algorithms::parse_poison(config.sync.poison), stop, member);
+                                                   algorithms::parse_poison(config.sync.poison), stop, options);
 }
 
 }  // namespace loco::runtime
