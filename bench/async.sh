@@ -40,6 +40,11 @@ run async-equal "${base[@]}" --sync.async=true
 run async-slow "${base[@]}" "${slow[@]}" --sync.async=true
 run async-slow-nograce "${base[@]}" "${slow[@]}" --sync.async=true --sync.async_grace=0
 run async-equal-nograce "${base[@]}" --sync.async=true --sync.async_grace=0
+# Asynchronous Streaming DiLoCo: P = 4 fragments (one block each), one exchanged at a time (tau = 0;
+# alpha 0.5 as in bench/streaming.toml).
+streaming=(--sync.async=true --sync.algorithm=streaming --sync.overlap_steps=0)
+run async-streaming-equal "${base[@]}" "${streaming[@]}"
+run async-streaming-slow "${base[@]}" "${slow[@]}" "${streaming[@]}"
 
 # One row per run: the final validation loss against synchronous DiLoCo's, the tokens trained, the
 # run's wall time, and the fast workers' goodput: the share of their time spent computing (their
@@ -75,7 +80,9 @@ names = {"sync-equal": "DiLoCo, 4 equal workers", "sync-slow": "DiLoCo, worker 3
          "budget-slow": "time-budgeted rounds (elastic), worker 3 at half speed",
          "async-equal": "asynchronous DiLoCo, 4 equal workers", "async-slow": "asynchronous DiLoCo, worker 3 at half speed",
          "async-slow-nograce": "asynchronous, worker 3 at half speed, sync.async_grace = 0",
-         "async-equal-nograce": "asynchronous, 4 equal workers, sync.async_grace = 0"}
+         "async-equal-nograce": "asynchronous, 4 equal workers, sync.async_grace = 0",
+         "async-streaming-equal": "asynchronous Streaming DiLoCo (P = 4), 4 equal workers",
+         "async-streaming-slow": "asynchronous Streaming DiLoCo (P = 4), worker 3 at half speed"}
 rows = []
 for run, label in names.items():
     w = per_worker(run)
@@ -85,7 +92,8 @@ for run, label in names.items():
                  "tokens": sum(v[2]["tokens"] for v in w.values()), "wall_s": max(v[2]["wall_s"] for v in w.values()),
                  "fast_goodput": min(fast), "slow_goodput": w[3][0] / ref_share,
                  "fast_rate": min(w[i][1] for i in (0, 1, 2)) / ref_rate, "slow_steps": w[3][2]["steps"],
-                 "fast_stall_s": max(w[i][2]["stall_s"] for i in (0, 1, 2))})
+                 "fast_stall_s": max(w[i][2]["stall_s"] for i in (0, 1, 2)),
+                 "peak_step_bytes": max(v[2].get("peak_step_bytes", 0) for v in w.values())})
 print("| run | final val loss | vs DiLoCo (equal) | tokens | wall time | fast workers' goodput (min) | slow worker's | fast workers' steps/s vs equal | slow worker's steps |")
 print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:

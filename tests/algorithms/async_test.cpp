@@ -508,6 +508,10 @@ TEST(AsyncOuter, AWorkerWithFragmentsEndsOnTheRunsFinalTheta) {
       fragments.push_back(report.fragment);
       sent.push_back(report.stats.bytes_sent);
       last = report;
+      if (fragments.size() == 1) {
+        EXPECT_FALSE(strategy.in_sync()) << "fragment 1 holds local steps";
+        ASSERT_NE(strategy.evaluation_parameters(), nullptr) << "θ as the fragments' last exchanges brought it is scored";
+      }
     }
   }
   EXPECT_EQ(step, 8);
@@ -518,6 +522,9 @@ TEST(AsyncOuter, AWorkerWithFragmentsEndsOnTheRunsFinalTheta) {
   EXPECT_EQ(server.totals().version, 6) << "3 of each fragment, the flush included";
   EXPECT_TRUE(strategy.in_sync());
   EXPECT_EQ(last.params_hash, hash_tensors({server.state()[0].second})) << "it ends on the run's final θ";
+  const auto& global = *strategy.evaluation_parameters();
+  size_t i = 0;
+  for (const auto& item : model->named_parameters()) EXPECT_TRUE(torch::equal(global[i++], item.value())) << item.key();
 }
 
 }  // namespace

@@ -51,7 +51,13 @@ void AsyncDiLoCo::load(size_t fragment, const torch::Tensor& flat, bool merge) {
     at += n;
   }
   if (at != flat.numel()) throw PeerError("async", fmt::format("fragment {}'s θ came with {} values, its parameters have {}", fragment, flat.numel(), at));
-  fragments_[fragment].base = flat;
+  auto& f = fragments_[fragment];
+  f.base = flat;
+  at = 0;
+  for (auto& g : f.global) {
+    g.copy_(flat.narrow(0, at, g.numel()).view(g.sizes()));
+    at += g.numel();
+  }
 }
 
 SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
@@ -62,10 +68,17 @@ SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
     }
   } else {
     std::vector<torch::Tensor> parameters;
-    for (const auto& item : model->named_parameters()) parameters.push_back(item.value());
+    global_.clear();
+    for (const auto& item : model->named_parameters()) {
+      parameters.push_back(item.value());
+      global_.push_back(item.value().detach().to(torch::kCPU, torch::kFloat32).clone());
+    }
     const auto plan = plan_fragments(model, options_.fragments, options_.pattern);
     for (size_t p = 0; p < plan.size(); ++p) {
-      for (const auto& s : plan[p]) fragments_[p].views.push_back(parameters[s.index].narrow(0, s.begin, s.rows));
+      for (const auto& s : plan[p]) {
+        fragments_[p].views.push_back(parameters[s.index].narrow(0, s.begin, s.rows));
+        fragments_[p].global.push_back(global_[s.index].narrow(0, s.begin, s.rows));
+      }
     }
   }
   AsyncPush hello;

@@ -195,11 +195,14 @@ class AsyncDiLoCo final : public SyncStrategy {
   std::optional<bool> part_done() const override { return done_; }
   std::optional<double> schedule_step(int64_t step) const override;
   int64_t bytes_sent() const override { return bytes_sent_; }
+  // With fragments: every fragment's θ as its last exchange brought it, for evaluation between them.
+  const std::vector<torch::Tensor>* evaluation_parameters() const override { return global_.empty() ? nullptr : &global_; }
 
  private:
-  // A fragment's parameters (views of the model's) and the θ its last exchange brought.
+  // A fragment's parameters (views of the model's) and the θ its last exchange brought (flat, and
+  // with fragments laid out as the model's parameters in `global`, views of global_).
   struct Fragment {
-    std::vector<torch::Tensor> views;
+    std::vector<torch::Tensor> views, global;
     torch::Tensor base;
     int64_t base_version = -1;
   };
@@ -220,6 +223,7 @@ class AsyncDiLoCo final : public SyncStrategy {
   const std::atomic<bool>* stop_;
   AsyncWorkerOptions options_;
   std::vector<Fragment> fragments_;
+  std::vector<torch::Tensor> global_;  // fragments only: θ in the model's parameter order (CPU fp32)
   size_t next_ = 0;             // the fragment its next exchange sends
   bool whole_ = false;          // the model is one θ (the last reply brought every fragment)
   int64_t steps_next_ = 0, cycle_steps_ = 0, cycle_start_step_ = 0, cycles_ = 0;
