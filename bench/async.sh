@@ -43,6 +43,7 @@ run async-equal-nograce "${base[@]}" --sync.async=true --sync.async_grace=0
 # Asynchronous Streaming DiLoCo: P = 4 fragments (one block each), one exchanged at a time (tau = 0;
 # alpha 0.5 as in bench/streaming.toml).
 streaming=(--sync.async=true --sync.algorithm=streaming --sync.overlap_steps=0)
+run sync-streaming-equal "${base[@]}" --sync.algorithm=streaming  # its synchronous reference (tau 1)
 run async-streaming-equal "${base[@]}" "${streaming[@]}"
 run async-streaming-slow "${base[@]}" "${slow[@]}" "${streaming[@]}"
 
@@ -81,6 +82,7 @@ names = {"sync-equal": "DiLoCo, 4 equal workers", "sync-slow": "DiLoCo, worker 3
          "async-equal": "asynchronous DiLoCo, 4 equal workers", "async-slow": "asynchronous DiLoCo, worker 3 at half speed",
          "async-slow-nograce": "asynchronous, worker 3 at half speed, sync.async_grace = 0",
          "async-equal-nograce": "asynchronous, 4 equal workers, sync.async_grace = 0",
+         "sync-streaming-equal": "Streaming DiLoCo (P = 4, synchronous), 4 equal workers",
          "async-streaming-equal": "asynchronous Streaming DiLoCo (P = 4), 4 equal workers",
          "async-streaming-slow": "asynchronous Streaming DiLoCo (P = 4), worker 3 at half speed"}
 rows = []
