@@ -33,6 +33,17 @@ std::vector<nlohmann::json> run_events(const fs::path& run, const std::string& k
   return out;
 }
 
+// The run's summaries: the inner steps its workers took in all, and the θ hashes they ended on.
+std::pair<int64_t, std::set<std::string>> steps_and_final_hashes(const std::vector<nlohmann::json>& summaries) {
+  int64_t steps = 0;
+  std::set<std::string> hashes;
+  for (const auto& s : summaries) {
+    steps += s["steps"].get<int64_t>();
+    hashes.insert(s["global_hash"].get<std::string>());
+  }
+  return {steps, hashes};
+}
+
 class AsyncLaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -194,12 +205,7 @@ TEST_F(AsyncLaunchTest, StreamingDiLoCoSendsOneFragmentAtATime) {
   ASSERT_EQ(result.status, 0) << result.output;
   const auto summaries = run_events(run("streaming"), "summary");
   ASSERT_EQ(summaries.size(), 3u);
-  int64_t steps = 0;
-  std::set<std::string> hashes;
-  for (const auto& s : summaries) {
-    steps += s["steps"].get<int64_t>();
-    hashes.insert(s["global_hash"].get<std::string>());
-  }
+  const auto [steps, hashes] = steps_and_final_hashes(summaries);
   EXPECT_EQ(steps, 3 * 40);
   EXPECT_EQ(hashes.size(), 1u) << "every worker ends on the run's final θ";
   std::set<int64_t> fragments;

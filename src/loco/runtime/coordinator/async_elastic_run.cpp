@@ -58,13 +58,7 @@ int64_t AsyncElasticRun::take_slot(const protocol::JoinRequest& request, Clock::
 }
 
 protocol::JoinReply AsyncElasticRun::join(const protocol::JoinRequest& request, const RunConfig& theirs) {
-  if (status_.ended()) {
-    const auto why = fmt::format("the run is {}{}", protocol::to_string(status_.phase()),
-                                 status_.phase() == Phase::kFailed ? ": " + status_.reason() : "");
-    if (status_.phase() == Phase::kFinished) throw Completed(why);
-    throw Refusal(why);
-  }
-  if (status_.stopping()) throw Refusal("the run is stopping");
+  refuse_join_when_over(status_);
   identity_.check(request, theirs);
   const bool started = status_.phase() == Phase::kRunning;
   if (started && outer_.totals().finished) throw Completed(fmt::format("{} cannot join: the run's steps are all done", request.name));

@@ -232,15 +232,7 @@ void ElasticRun::start(const std::string& why) {
 }
 
 protocol::JoinReply ElasticRun::join(const protocol::JoinRequest& request, const RunConfig& theirs) {
-  if (status_.ended()) {
-    const auto why = fmt::format("the run is {}{}", protocol::to_string(status_.phase()),
-                                 status_.phase() == Phase::kFailed ? ": " + status_.reason() : "");
-    // A worker that comes back after the run finished (its link was cut through the last round)
-    // has nothing to do, and is no error; one joining a failed run is refused.
-    if (status_.phase() == Phase::kFinished) throw Completed(why);
-    throw Refusal(why);
-  }
-  if (status_.stopping()) throw Refusal("the run is stopping");
+  refuse_join_when_over(status_);  // (a worker whose link was cut through the last round comes back to a finished run)
   identity_.check(request, theirs);
   if (!shards_hash_) {
     shards_hash_ = request.shards_hash;

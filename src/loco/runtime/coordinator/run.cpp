@@ -36,6 +36,16 @@ void RunStatus::stop(const std::string& why) {
   if (reason_.empty()) reason_ = why;
 }
 
+void refuse_join_when_over(const RunStatus& status) {
+  if (status.ended()) {
+    const auto why = fmt::format("the run is {}{}", protocol::to_string(status.phase()),
+                                 status.phase() == protocol::Phase::kFailed ? ": " + status.reason() : "");
+    if (status.phase() == protocol::Phase::kFinished) throw Completed(why);
+    throw Refusal(why);
+  }
+  if (status.stopping()) throw Refusal("the run is stopping");
+}
+
 void RunIdentity::check(const protocol::JoinRequest& request, const RunConfig& theirs) {
   auto changed_keys = differences_except(config_, theirs, kPerWorkerKeys);
   if (!changed_keys.empty()) {

@@ -68,6 +68,11 @@ class RunStatus {
   std::string reason_;  // of the stop or the failure
 };
 
+// An elastic run's answer to a join: a run that ended takes nobody (Completed once finished: a
+// worker that comes back has nothing to train, and is no error; Refusal once failed), nor does
+// one that is stopping.
+void refuse_join_when_over(const RunStatus& status);
+
 // Checks that make a joining worker part of this run, whatever its kind: the same config (but for
 // per-worker keys) and the same prepared dataset (the first worker's is the run's when the
 // coordinator has none of its own).
