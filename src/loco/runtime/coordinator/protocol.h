@@ -136,6 +136,7 @@ struct JoinReply {
   // Elastic runs only.
   int64_t member = -1;              // this member's id (a rejoining worker gets a new one)
   bool joiner = false;              // joins a run under way: receives the state at the next round
+                                    // (asynchronous DiLoCo: continues from the current θ)
   data::SamplerPosition position;   // where the slot's sampler stands (its last completed round)
   std::optional<int64_t> resume_step;  // a resumed run: the global checkpoint every member loads
 
