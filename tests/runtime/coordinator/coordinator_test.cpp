@@ -613,6 +613,43 @@ TEST(Coordinator, AnAsynchronousElasticRunsSlotsChangeHands) {
   EXPECT_EQ(result->outcome, RunOutcome::kFinished) << result->message;
 }
 
+// Without every slot held by cluster.join_timeout_s, an asynchronous elastic run starts with its
+// quorum; a worker that comes later takes a vacant slot as a joiner. With none, it fails by name.
+TEST(Coordinator, AnAsynchronousElasticRunStartsWithItsQuorumAndTakesLateWorkers) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 3, "tok");
+  config.sync.async = true;
+  config.cluster.min_workers = 2;
+  config.cluster.join_timeout_s = 1;
+  Running running(options_for(config));
+  std::jthread owner([&](std::stop_token stop) {  // the coordinator's clock, as `loco coordinator` runs it
+    while (!stop.stop_requested()) running.coordinator.wait_for(100ms);
+  });
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  const auto a = client.join(join_request(config, 2));
+  const auto b = client.join(join_request(config));
+  EXPECT_EQ(a.rank, 2);
+  EXPECT_EQ(b.rank, 0) << "the first vacant slot";
+  EXPECT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning) << "the quorum, after the join timeout";
+  const auto late = client.join(join_request(config));
+  EXPECT_EQ(late.rank, 1);
+  EXPECT_TRUE(late.joiner);
+  EXPECT_FALSE(a.joiner || b.joiner);
+
+  testing_util::TempDir alone_run;
+  auto alone = elastic_config(alone_run, 3, "tok");
+  alone.sync.async = true;
+  alone.cluster.min_workers = 2;
+  alone.cluster.join_timeout_s = 1;
+  Running lonely(options_for(alone));
+  CoordinatorClient lone(lonely.address(), 5s, {"tok"});
+  lone.join(join_request(alone));
+  const auto result = lonely.coordinator.wait_for(10s);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->outcome, RunOutcome::kFailed);
+  EXPECT_NE(result->message.find("only 1 of the 2 workers needed (cluster.min_workers) joined"), std::string::npos) << result->message;
+}
+
 // The status page (docs/status-page.md): a browser gets the page, scripts the plain text; the page's
 // JSON and Prometheus' metrics reflect the workers' telemetry, which must be signed like any request.
 TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {
