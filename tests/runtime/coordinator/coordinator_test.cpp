@@ -616,11 +616,15 @@ TEST(Coordinator, AnAsynchronousElasticRunsSlotsChangeHands) {
 // Without every slot held by cluster.join_timeout_s, an asynchronous elastic run starts with its
 // quorum; a worker that comes later takes a vacant slot as a joiner. With none, it fails by name.
 TEST(Coordinator, AnAsynchronousElasticRunStartsWithItsQuorumAndTakesLateWorkers) {
+  const auto quorum_of_two = [](const testing_util::TempDir& dir) {  // 3 slots, 2 to start with, after 1 s
+    auto c = elastic_config(dir, 3, "tok");
+    c.sync.async = true;
+    c.cluster.min_workers = 2;
+    c.cluster.join_timeout_s = 1;
+    return c;
+  };
   testing_util::TempDir run;
-  auto config = elastic_config(run, 3, "tok");
-  config.sync.async = true;
-  config.cluster.min_workers = 2;
-  config.cluster.join_timeout_s = 1;
+  const auto config = quorum_of_two(run);
   Running running(options_for(config));
   std::jthread owner([&](std::stop_token stop) {  // the coordinator's clock, as `loco coordinator` runs it
     while (!stop.stop_requested()) running.coordinator.wait_for(100ms);
@@ -637,10 +641,7 @@ TEST(Coordinator, AnAsynchronousElasticRunStartsWithItsQuorumAndTakesLateWorkers
   EXPECT_FALSE(a.joiner || b.joiner);
 
   testing_util::TempDir alone_run;
-  auto alone = elastic_config(alone_run, 3, "tok");
-  alone.sync.async = true;
-  alone.cluster.min_workers = 2;
-  alone.cluster.join_timeout_s = 1;
+  const auto alone = quorum_of_two(alone_run);
   Running lonely(options_for(alone));
   CoordinatorClient lone(lonely.address(), 5s, {"tok"});
   lone.join(join_request(alone));
