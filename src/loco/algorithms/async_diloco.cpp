@@ -14,14 +14,6 @@
 
 namespace loco::algorithms {
 
-namespace {
-
-double elapsed_s(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-}  // namespace
-
 AsyncDiLoCo::AsyncDiLoCo(std::shared_ptr<OuterServerLink> link, int64_t worker, Poison poison, const std::atomic<bool>* stop,
                          AsyncWorkerOptions options)
     : link_(std::move(link)), worker_(worker), poison_(poison), stop_(stop), options_(options) {
@@ -174,7 +166,7 @@ SyncReports AsyncDiLoCo::after_step(StepContext& context) {
   push.fragment = fragments_.size() > 1 ? static_cast<int64_t>(p) : -1;
   push.base_version = fragments_[p].base_version;
   push.steps = cycle_steps_;
-  push.seconds = elapsed_s(cycle_start_, start);
+  push.seconds = std::chrono::duration<double>(start - cycle_start_).count();
   push.values = fragments_[p].base - values(p);
   push.cycle = ++cycles_;
   if (poison_.hits(worker_, cycles_)) {
@@ -205,7 +197,7 @@ SyncReports AsyncDiLoCo::after_step(StepContext& context) {
   report.fragment = fragments_.size() > 1 ? static_cast<int64_t>(p) : -1;
   report.stats.bytes_sent = bytes_sent_ - sent_before;
   report.stats.bytes_received = reply.theta.numel() * 4;
-  report.stats.seconds = elapsed_s(start, std::chrono::steady_clock::now());
+  report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.stall_seconds = report.stats.seconds;
   report.params_hash = hash_tensors({reply.theta});
   report.staleness = sent.staleness;

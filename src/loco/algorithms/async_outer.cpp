@@ -23,6 +23,20 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Whether `sizes` cut `total` values into fragments (each of at least one value).
+bool cuts(const std::vector<int64_t>& sizes, int64_t total) {
+  int64_t sum = 0;
+  for (const int64_t n : sizes) {
+    if (n <= 0 || n > total) return false;
+    sum += n;
+  }
+  return sum == total;
+}
+
+// Fragment p's delayed Nesterov state by name: "outer.<name>" with one fragment (the files of runs
+// before fragments), "outer.<p>.<name>" with several.
+std::string outer_prefix(size_t p, size_t fragments) { return fragments == 1 ? std::string("outer.") : fmt::format("outer.{}.", p); }
+
 }  // namespace
 
 AsyncOuterServer::AsyncOuterServer(AsyncOptions options) : options_(options) {
@@ -46,15 +60,8 @@ void AsyncOuterServer::check(const AsyncPush& push) const {
     bad(fmt::format("{} values; the {} has {}", push.values.numel(), of_fragment ? fmt::format("fragment {}", push.fragment) : "model", size));
   }
   if (!push.fragment_sizes.empty()) {
-    int64_t total = 0;
-    for (const int64_t n : push.fragment_sizes) {
-      if (n <= 0 || n > (int64_t{1} << 40)) bad(fmt::format("a fragment of {} values", n));
-      total += n;
-    }
-    if (!push.values.defined() || total != push.values.numel()) bad("its fragments' sizes do not add up to its values");
-    std::vector<int64_t> ours;
-    for (size_t p = 0; p + 1 < offsets_.size(); ++p) ours.push_back(offsets_[p + 1] - offsets_[p]);
-    if (theta_.defined() && ours != push.fragment_sizes) bad("its fragments are not the run's (another sync.fragments or model?)");
+    if (!push.values.defined() || !cuts(push.fragment_sizes, push.values.numel())) bad("its fragments' sizes do not cut its values");
+    if (theta_.defined() && fragment_sizes() != push.fragment_sizes) bad("its fragments are not the run's (another sync.fragments or model?)");
   }
   if (push.steps < 0 || push.steps > options_.inner_steps || push.cycle < 0) {
     bad(fmt::format("{} steps in its cycle {}; a cycle has 0 to {}", push.steps, push.cycle, options_.inner_steps));
@@ -82,6 +89,12 @@ void AsyncOuterServer::start_state(torch::Tensor theta, std::vector<int64_t> siz
     offsets_.push_back(offsets_.back() + n);
   }
   versions_.assign(sizes.size(), 0);
+}
+
+std::vector<int64_t> AsyncOuterServer::fragment_sizes() const {
+  std::vector<int64_t> sizes;
+  for (size_t p = 0; p + 1 < offsets_.size(); ++p) sizes.push_back(offsets_[p + 1] - offsets_[p]);
+  return sizes;
 }
 
 torch::Tensor AsyncOuterServer::slice(int64_t fragment) const {
@@ -349,15 +362,11 @@ NamedTensors AsyncOuterServer::state() const {
   std::lock_guard lock(mutex_);
   if (!theta_.defined()) return {};
   NamedTensors out = {{"theta", theta_.clone()}};
-  // One fragment: "outer.<name>"; several: "outer.<p>.<name>", their sizes and versions.
   for (size_t p = 0; p < outers_.size(); ++p) {
-    const auto prefix = outers_.size() == 1 ? std::string("outer.") : fmt::format("outer.{}.", p);
-    for (const auto& [name, tensor] : outers_[p].state()) out.emplace_back(prefix + name, tensor.clone());
+    for (const auto& [name, tensor] : outers_[p].state()) out.emplace_back(outer_prefix(p, outers_.size()) + name, tensor.clone());
   }
-  if (outers_.size() > 1) {
-    std::vector<int64_t> sizes;
-    for (size_t p = 0; p + 1 < offsets_.size(); ++p) sizes.push_back(offsets_[p + 1] - offsets_[p]);
-    out.emplace_back("fragments", torch::tensor(sizes, torch::kInt64));
+  if (outers_.size() > 1) {  // several fragments: their sizes and versions too
+    out.emplace_back("fragments", torch::tensor(fragment_sizes(), torch::kInt64));
     out.emplace_back("versions", torch::tensor(versions_, torch::kInt64));
   }
   int64_t waiting = 0;  // the steps of outer gradients not applied yet: trained again after a resume
@@ -392,9 +401,7 @@ void AsyncOuterServer::load_state(const NamedTensors& tensors) {
     const auto cut = take("fragments", torch::kInt64), at = take("versions", torch::kInt64);
     sizes.assign(cut.data_ptr<int64_t>(), cut.data_ptr<int64_t>() + cut.numel());
     versions.assign(at.data_ptr<int64_t>(), at.data_ptr<int64_t>() + at.numel());
-    int64_t total = 0;
-    for (const int64_t n : sizes) total += n > 0 ? n : theta.numel() + 1;
-    if (total != theta.numel() || versions.size() != sizes.size()) {
+    if (!cuts(sizes, theta.numel()) || versions.size() != sizes.size()) {
       throw DataError("async", "the outer state's fragments do not cut its θ, or their versions do not match them");
     }
   }
@@ -402,7 +409,7 @@ void AsyncOuterServer::load_state(const NamedTensors& tensors) {
   std::vector<optim::DelayedNesterov> outers;
   for (size_t p = 0, at = 0; p < sizes.size(); at += static_cast<size_t>(sizes[p]), ++p) {
     outers.emplace_back(theta.narrow(0, static_cast<int64_t>(at), sizes[p]), options_.lr, options_.momentum, options_.delay_or_default());
-    const auto prefix = sizes.size() == 1 ? std::string("outer.") : fmt::format("outer.{}.", p);
+    const auto prefix = outer_prefix(p, sizes.size());
     NamedTensors outer_state;
     for (const auto& [name, tensor] : tensors) {
       if (name.starts_with(prefix) && name.find('.', prefix.size()) == std::string::npos) outer_state.emplace_back(name.substr(prefix.size()), tensor);

@@ -136,6 +136,7 @@ class AsyncOuterServer {
   // θ starts from a first contact's values, cut into fragments of `sizes` (empty: one).
   void start_state(torch::Tensor theta, std::vector<int64_t> sizes);
   int64_t fragments() const { return static_cast<int64_t>(versions_.size()); }
+  std::vector<int64_t> fragment_sizes() const;
   torch::Tensor slice(int64_t fragment) const;
   std::string left_out(const AsyncPush& push, int64_t staleness, double& scale);
   void apply(Batch& batch);
