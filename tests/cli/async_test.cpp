@@ -59,7 +59,8 @@ class AsyncLaunchTest : public ::testing::Test {
   }
   fs::path run(const std::string& name) const { return dir_.path() / name; }
   std::string log(const std::string& name) const { return (dir_.path() / (name + ".log")).string(); }
-  void replace_a_killed_worker(const std::vector<std::string>& algorithm);
+  // With `checkpoints` false the run saves none before its end: the replacement starts afresh.
+  void replace_a_killed_worker(const std::vector<std::string>& algorithm, bool checkpoints = true);
 
   testing_util::TempDir dir_;
 };
@@ -142,12 +143,13 @@ TEST_F(AsyncLaunchTest, AStoppedRunResumesFromItsOuterState) {
 
 // Asynchronous DiLoCo with elastic membership (async_elastic_run.h): worker 1, killed with SIGKILL
 // mid-run, is started again by the launcher; the new process takes its slot, continues its shard
-// from its predecessor's newest checkpoint and the current θ, and the run completes its steps,
-// every worker ending on one θ.
-void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& algorithm) {
+// from its predecessor's newest checkpoint (without one, from the start of its shard, its AdamW
+// moments from zero and its learning rate warming up again) and the current θ, and the run
+// completes its steps, every worker ending on one θ.
+void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& algorithm, bool checkpoints) {
   const int port = testing_util::free_port();
   std::vector<std::string> args = {"--port", std::to_string(port), "--restarts", "1", "--cluster.elastic=true", "--train.steps=400",
-                                   "--checkpoint.every=10"};
+                                   checkpoints ? "--checkpoint.every=10" : "--checkpoint.every=0"};
   args.insert(args.end(), algorithm.begin(), algorithm.end());
   testing_util::Child launcher(launch("elastic", args), log("elastic"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, runtime::ClientSecurity{.insecure = true});
@@ -156,7 +158,8 @@ void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& al
   while (victim < 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);
     // Once it saved a checkpoint (its replacement continues from it) and a few cycles passed.
-    if (!fs::exists(run("elastic") / "workers" / "1" / "checkpoints" / "latest") || run_events(run("elastic"), "sync").size() < 30) continue;
+    const bool saved = fs::exists(run("elastic") / "workers" / "1" / "checkpoints" / "latest");
+    if (saved != checkpoints || run_events(run("elastic"), "sync").size() < 30) continue;
     try {
       const auto state = nlohmann::json::parse(client.request("GET", "/v1/state", "", 5s).second);
       for (const auto& m : state["members"]) {
@@ -172,7 +175,25 @@ void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& al
   const auto output = read_file(log("elastic"), "test");
   EXPECT_NE(output.find("started worker 1 again"), std::string::npos) << output;
   EXPECT_NE(output.find("of slot 1 is gone: its process exited"), std::string::npos) << output;
-  EXPECT_NE(output.find("joined as member 3 (slot 1, from its checkpoint of step"), std::string::npos) << output;
+  const auto events = run_events(run("elastic"), "train");
+  if (checkpoints) {
+    EXPECT_NE(output.find("joined as member 3 (slot 1, from its checkpoint of step"), std::string::npos) << output;
+  } else {
+    EXPECT_NE(output.find("joined as member 3 (slot 1)"), std::string::npos) << output;
+    EXPECT_NE(output.find("joined the run under way, its schedule at step"), std::string::npos) << output;
+    EXPECT_NE(output.find("warms up again over 20 steps"), std::string::npos) << output;
+    // Slot 1's rate, logged every 5 steps: the replacement's first (its 5th step, about 5 of the 20)
+    // under half its predecessor's last, then rising (the schedule itself only decays by then).
+    std::vector<double> rates;
+    for (const auto& e : events) {
+      if (e["worker"] == 1) rates.push_back(e["lr"].get<double>());
+    }
+    const auto restart = std::adjacent_find(rates.begin(), rates.end(), [](double a, double b) { return b < 0.5 * a; });
+    ASSERT_NE(restart, rates.end()) << "the replacement's rate starts again below the schedule's";
+    ASSERT_GE(rates.end() - restart, 4) << "three of the replacement's steps logged";
+    EXPECT_LT(restart[1], restart[2]);
+    EXPECT_LT(restart[2], restart[3]);
+  }
   std::vector<nlohmann::json> joiners;
   for (const auto& e : run_events(run("elastic"), "join")) {
     if (e.value("joiner", false)) joiners.push_back(e);
@@ -181,7 +202,7 @@ void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& al
   EXPECT_EQ(joiners[0]["slot"], 1);
   int64_t resumed = 0;
   for (const auto& e : run_events(run("elastic"), "resume")) resumed += e["worker"] == 1 && e["step"].get<int64_t>() >= 10 ? 1 : 0;
-  EXPECT_EQ(resumed, 1) << "the replacement continued its slot from a checkpoint";
+  EXPECT_EQ(resumed, checkpoints ? 1 : 0) << "the replacement continued its slot from a checkpoint";
   const auto summaries = run_events(run("elastic"), "summary");
   ASSERT_EQ(summaries.size(), 3u) << "the killed worker wrote none";
   std::set<std::string> hashes;
@@ -196,6 +217,10 @@ void AsyncLaunchTest::replace_a_killed_worker(const std::vector<std::string>& al
 TEST_F(AsyncLaunchTest, ElasticMembershipTakesAKilledWorkersReplacement) { replace_a_killed_worker({}); }
 
 TEST_F(AsyncLaunchTest, ElasticStreamingDiLoCoTakesAKilledWorkersReplacement) { replace_a_killed_worker(kStreaming); }
+
+TEST_F(AsyncLaunchTest, AReplacementWithoutACheckpointWarmsItsLearningRateUpAgain) {
+  replace_a_killed_worker({}, /*checkpoints=*/false);
+}
 
 // Asynchronous Streaming DiLoCo: each exchange carries one fragment's outer gradient, in turn, and
 // brings that fragment's θ back; the run's steps are shared and every worker ends on one θ (the

@@ -82,6 +82,7 @@ SyncReports AsyncDiLoCo::on_start(model::Transformer& model, int64_t step) {
   }
   hello.values = torch::cat(all);
   adopt(wait_for_share(exchange(std::move(hello))), std::nullopt, step);
+  joined_under_way_ = schedule_base_ > 0;
   done_ = steps_next_ == 0;
   return {};
 }

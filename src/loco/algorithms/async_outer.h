@@ -195,6 +195,7 @@ class AsyncDiLoCo final : public SyncStrategy {
   bool in_sync() const override { return cycle_steps_ == 0 && whole_; }
   std::optional<bool> part_done() const override { return done_; }
   std::optional<double> schedule_step(int64_t step) const override;
+  bool joined_under_way() const override { return joined_under_way_; }
   int64_t bytes_sent() const override { return bytes_sent_; }
   // With fragments: every fragment's θ as its last exchange brought it, for evaluation between them.
   const std::vector<torch::Tensor>* evaluation_parameters() const override { return global_.empty() ? nullptr : &global_; }
@@ -231,6 +232,7 @@ class AsyncDiLoCo final : public SyncStrategy {
   double schedule_base_ = 0, schedule_rate_ = 1;
   std::chrono::steady_clock::time_point cycle_start_{};
   bool done_ = false;
+  bool joined_under_way_ = false;  // the first answer's schedule was past the run's start
   int64_t bytes_sent_ = 0;
 };
 

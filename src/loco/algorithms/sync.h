@@ -97,6 +97,9 @@ class SyncStrategy {
     (void)step;
     return std::nullopt;
   }
+  // Asynchronous DiLoCo: whether on_start found the run under way (its schedule past its start): a
+  // worker without saved AdamW moments then starts them from zero in the middle of the schedule.
+  virtual bool joined_under_way() const { return false; }
   // Payload bytes sent so far, updated as each collective completes, even in the background; the
   // loop samples it every step to find the busiest step.
   virtual int64_t bytes_sent() const { return 0; }

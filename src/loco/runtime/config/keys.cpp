@@ -136,7 +136,7 @@ std::vector<Field> table(RunConfig& c) {
   std::vector<Field> rest = {
       positive({"optim.lr", "peak learning rate of AdamW", &c.optim.lr}),
       at_least(0, {"optim.warmup_steps", "linear warmup steps", &c.optim.warmup_steps}),
-      at_least(0, {"optim.rewarmup_steps", "elastic: a worker that joins a run under way without saved AdamW moments ramps its learning rate up linearly over this many steps; 0 = off", &c.optim.rewarmup_steps}),
+      at_least(0, {"optim.rewarmup_steps", "elastic and asynchronous runs: a worker that joins a run under way without saved AdamW moments ramps its learning rate up linearly over this many steps; 0 = off", &c.optim.rewarmup_steps}),
       between(0, 1, {"optim.min_lr_ratio", "final lr of the cosine decay, as a fraction of optim.lr", &c.optim.min_lr_ratio}),
       at_least(0, {"optim.grad_clip", "max global gradient norm; 0 = no clipping", &c.optim.grad_clip}),
       between(0, 0.999999, {"optim.beta1", "AdamW beta1", &c.optim.adamw.beta1}),
