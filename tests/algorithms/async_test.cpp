@@ -278,8 +278,97 @@ TEST(AsyncOuter, ANewMemberTakesASlotAndTheOldOnesExchangesAreRefused) {
   const auto first = server.exchange({1, 1, 2, 1, torch::full({2}, 0.1f), 1, 12}, at(3));
   EXPECT_TRUE(first.applied) << "its cycle 1 is not its predecessor's, retried";
   EXPECT_EQ(server.totals().version, 2);
-  EXPECT_TRUE(server.release(1)) << "its process died with its next cycle under way";
-  EXPECT_FALSE(server.release(1));
+  EXPECT_TRUE(server.release(1, /*vacate=*/true)) << "its process died with its next cycle under way";
+  EXPECT_FALSE(server.release(1, /*vacate=*/true));
+  EXPECT_THROW(server.exchange({1, 2, 2, 1, torch::full({2}, 0.1f), 2, 12}, at(4)), SlotTaken) << "vacant now: nobody's";
+  EXPECT_THROW(server.exchange({1, 2, 0, 0, {}}, at(4)), SlotTaken) << "nor a fixed run's worker's (no member)";
+  server.seat(0, AsyncOuterServer::kVacant);
+  EXPECT_THROW(server.exchange({0, 2, 0, 0, {}, 0, 10}, at(4)), SlotTaken);
+}
+
+// A worker that goes silent between its cycles (its share done, owing a fragment's flush) is gone
+// after the silence: the run finishes without the flush it will never send.
+TEST(AsyncOuter, AWorkerSilentBetweenItsCyclesIsGone) {
+  auto options = toy_options(2, 4, 2);  // 4 steps in all, in cycles of 2 (2 fragments)
+  options.dynamic_steps = false;
+  options.silence_s = 5;
+  AsyncOuterServer server(options);
+  AsyncPush hi{0, -1, 0, 0, torch::zeros({2})};
+  hi.fragment_sizes = {1, 1};
+  server.exchange(hi, at(0));
+  hi.worker = 1;
+  server.exchange(hi, at(0));
+  AsyncPush last{1, 0, 2, 1, torch::full({1}, 0.1f), 1};
+  last.fragment = 0;
+  ASSERT_EQ(server.exchange(last, at(1)).steps_next, 0) << "worker 1's share is done: it owes fragment 1's flush";
+  last.worker = 0;
+  const auto other = server.exchange(last, at(1.5));
+  ASSERT_FALSE(other.finished);
+  AsyncPush flush{0, 0, 0, 0, torch::full({1}, 0.1f), 2};
+  flush.fragment = 1;
+  EXPECT_FALSE(server.exchange(flush, at(2)).finished) << "worker 1's flush is owed";
+  EXPECT_FALSE(server.silent(1, at(5.9)));
+  EXPECT_TRUE(server.silent(1, at(6.1)));
+  EXPECT_TRUE(server.totals().finished);
+  const auto notes = server.take_notes();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("worker 1 silent for 5 s between its cycles (it owed 1 flushes)"), std::string::npos) << notes[0];
+}
+
+// A member whose process exited while its Δ waited in a batch for the others: the Δ is applied,
+// and its slot stays released (no share given, no flush owed), so the run finishes without it.
+TEST(AsyncOuter, AMemberReleasedWhileItsDeltaWaitsInABatchStaysReleased) {
+  auto options = toy_options(2, 4, 2);  // 4 steps in all, in cycles of 2 (2 fragments)
+  options.dynamic_steps = false;
+  options.grace = 1.0;
+  AsyncOuterServer server(options);
+  server.seat(0, 10);
+  server.seat(1, 11);
+  AsyncPush hi{0, -1, 0, 0, torch::zeros({2}), 0, 10};
+  hi.fragment_sizes = {1, 1};
+  server.exchange(hi, Clock::now());
+  hi.worker = 1;
+  hi.member = 11;
+  server.exchange(hi, Clock::now());
+  AsyncReply waited;
+  std::thread waiting([&] {
+    AsyncPush last{0, 0, 2, 2.0, torch::full({1}, 0.1f), 1, 10};
+    last.fragment = 0;
+    waited = server.exchange(last, Clock::now());  // its last steps: it waits for worker 1 in the batch
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  server.release(0, /*vacate=*/true);
+  AsyncPush last{1, 0, 2, 2.0, torch::full({1}, 0.1f), 1, 11};
+  last.fragment = 0;
+  EXPECT_EQ(server.exchange(last, Clock::now()).steps_next, 0);
+  waiting.join();
+  EXPECT_TRUE(waited.applied);
+  EXPECT_EQ(waited.steps_next, 0);
+  AsyncPush flush{1, 0, 0, 0, torch::full({1}, 0.1f), 2, 11};
+  flush.fragment = 1;
+  EXPECT_TRUE(server.exchange(flush, Clock::now()).finished) << "member 10 owes nothing: its slot was released";
+  EXPECT_EQ(server.totals().version, 3);
+}
+
+// Streaming DiLoCo's fragments are screened each against its own: a fragment whose outer gradients
+// are larger than another's (more values) is not left out for it.
+TEST(AsyncOuter, EachFragmentIsScreenedAgainstItsOwn) {
+  auto options = toy_options(3, 4, 100);  // the last 3 kept norms of each fragment
+  options.dynamic_steps = false;
+  options.screening.reject_ratio = 5;
+  AsyncOuterServer server(options);
+  AsyncPush hi{0, -1, 0, 0, torch::zeros({101})};
+  hi.fragment_sizes = {1, 100};
+  server.exchange(hi, at(0));
+  std::vector<int64_t> versions = {0, 0};
+  for (int cycle = 1; cycle <= 6; ++cycle) {
+    const int64_t p = cycle % 2;
+    AsyncPush push{0, versions[static_cast<size_t>(p)], 2, 1, torch::full({p == 0 ? 1 : 100}, 0.1f), cycle};
+    push.fragment = p;
+    const auto reply = server.exchange(push, at(cycle));
+    EXPECT_TRUE(reply.applied) << "cycle " << cycle << ": " << reply.rejected;
+    versions[static_cast<size_t>(p)] = reply.version;
+  }
 }
 
 // Once the run's steps are all done, an outer gradient that still comes (a worker given up on that
@@ -341,6 +430,7 @@ TEST(AsyncOuter, MalformedExchangesAreRefusedAndChangeNothing) {
   EXPECT_THROW(server.exchange({0, 3, 4, 1, torch::zeros({3})}, at(1)), Error);   // a version from the future
   EXPECT_THROW(server.exchange({0, 0, 4, -1, torch::zeros({3})}, at(1)), Error);  // negative time
   EXPECT_THROW(server.exchange({0, 0, 4, 1e7, torch::zeros({3})}, at(1)), Error);  // a time no cycle takes
+  EXPECT_THROW(server.exchange({0, 0, 4, 5e-324, torch::zeros({3})}, at(1)), Error);  // an endless speed
   EXPECT_THROW(server.exchange({0, 0, 5, 1, torch::zeros({3})}, at(1)), Error);   // more steps than H
   EXPECT_THROW(server.exchange({0, 0, 4, 1, torch::zeros({3}), -1}, at(1)), Error);  // a negative cycle
   EXPECT_EQ(server.totals().version, 0);
@@ -480,6 +570,9 @@ TEST(AsyncOuter, FragmentsAreExchangedOneAtATimeAndFlushedAtTheEnd) {
   EXPECT_EQ(done.steps_next, 0);
   EXPECT_FALSE(done.finished) << "fragment 0's last steps are not in yet";
   EXPECT_FALSE(small.totals().finished);
+  AsyncOuterServer saved(toy_options(1, 4, 4));
+  saved.load_state(small.state());
+  EXPECT_EQ(saved.totals().steps_done, 0) << "saved owing the flush: a resumed run trains those steps again";
   AsyncPush flush{0, 0, 0, 0, torch::full({2}, 0.1f), 2};
   flush.fragment = 0;
   const auto end = small.exchange(flush, at(2));

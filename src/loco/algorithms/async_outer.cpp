@@ -66,7 +66,9 @@ void AsyncOuterServer::check(const AsyncPush& push) const {
   if (push.steps < 0 || push.steps > options_.inner_steps || push.cycle < 0) {
     bad(fmt::format("{} steps in its cycle {}; a cycle has 0 to {}", push.steps, push.cycle, options_.inner_steps));
   }
-  if (!std::isfinite(push.seconds) || push.seconds < 0 || push.seconds > 1e6) bad(fmt::format("{} s for its steps", push.seconds));
+  if (!std::isfinite(push.seconds) || push.seconds < 1e-6 * static_cast<double>(push.steps) || push.seconds > 1e6) {
+    bad(fmt::format("{} s for its {} steps", push.seconds, push.steps));
+  }
   if (push.base_version >= 0 && !theta_.defined()) {
     bad(fmt::format("an outer gradient of version {}, but this run's outer state has none (it started anew: nothing was "
                     "saved to resume from)", push.base_version));
@@ -107,10 +109,16 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
   check(push);
   auto& me = members_[static_cast<size_t>(push.worker)];
   if (push.member != me.member) {
+    if (me.member == kVacant) {
+      throw SlotTaken(fmt::format("worker {}'s slot is vacant: member {} does not hold it (taken as gone, or never joined)",
+                                  push.worker, push.member));
+    }
     throw SlotTaken(fmt::format("worker {}'s slot is held by member {} now; member {} was replaced (taken as gone)", push.worker,
                                 me.member, push.member));
   }
+  me.heard = now;
   release_silent(now);
+  const int64_t tenure = me.tenure;
   AsyncReply reply;
   // An outer gradient: of steps, or a fragment's flush once its share was done (no steps).
   const bool flush = push.steps == 0 && push.fragment >= 0 && push.values.defined();
@@ -129,15 +137,26 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
       const double v = static_cast<double>(push.steps) / push.seconds;
       me.speed = me.speed > 0 ? 0.5 * (me.speed + v) : v;
     }
+    // Its steps count when it holds a cycle: one taken as gone (silent, or its process exited)
+    // has had its cycle given to the others, and its Δ is applied all the same without counting
+    // those steps twice.
+    const int64_t counted = me.assigned > 0 ? push.steps : 0;
     double scale = 1;
-    reply.rejected = left_out(push, reply.staleness, scale);
-    if (reply.rejected.empty()) steps_done_ += push.steps;
+    reply.rejected = left_out(push, counted, reply.staleness, scale);
+    if (reply.rejected.empty()) steps_done_ += counted;
     me.assigned = 0;
+    me.last_steps = counted;
     if (reply.rejected.empty()) {
       const auto waited_from = Clock::now();
       reply.staleness = apply_in_batch(lock, push, scale);
       reply.applied = true;
       now += Clock::now() - waited_from;  // its next cycle begins when the answer goes
+      if (me.tenure != tenure) {
+        // Released or replaced while its Δ waited in the batch (its process exited): applied, and
+        // nothing more is given to it or owed by it.
+        reply.finished = finished_locked();
+        return reply;
+      }
     } else {
       ++rejected_;
       notes_.push_back(fmt::format("worker {}'s outer gradient left out: {}", push.worker, reply.rejected));
@@ -170,7 +189,7 @@ AsyncReply AsyncOuterServer::exchange(const AsyncPush& push, Clock::time_point n
 // Why an outer gradient is left out ("" when kept; `scale` < 1 when it is clipped). The steps of
 // one left out for its staleness or screening count as done; those sent after the run's steps
 // were all done do not.
-std::string AsyncOuterServer::left_out(const AsyncPush& push, int64_t staleness, double& scale) {
+std::string AsyncOuterServer::left_out(const AsyncPush& push, int64_t steps, int64_t staleness, double& scale) {
   if (finished_locked()) return "the run's steps were all done";
   std::string why;
   if (!push.values.defined()) {
@@ -178,9 +197,9 @@ std::string AsyncOuterServer::left_out(const AsyncPush& push, int64_t staleness,
   } else if (staleness > options_.staleness_or_default()) {
     why = fmt::format("{} versions stale (sync.async_max_staleness {})", staleness, options_.staleness_or_default());
   } else {
-    why = screen(push.values, scale);
+    why = screen(push.values, std::max<int64_t>(push.fragment, 0), scale);
   }
-  if (!why.empty()) steps_done_ += push.steps;
+  if (!why.empty()) steps_done_ += steps;
   return why;
 }
 
@@ -245,21 +264,24 @@ double AsyncOuterServer::schedule_rate(const Member& me) const {
 }
 
 // Why Δ is left out ("" when kept); `scale` < 1 when it is clipped.
-std::string AsyncOuterServer::screen(const torch::Tensor& delta, double& scale) {
+std::string AsyncOuterServer::screen(const torch::Tensor& delta, int64_t fragment, double& scale) {
   const double norm = delta.norm().item<double>();  // NaN or infinite when a value is
   if (!std::isfinite(norm)) {
     if (options_.screening.reject_not_finite) return "a value that is not finite";
     return "";
   }
   const auto& s = options_.screening;
-  if (s.reject_ratio > 0 && kept_norms_.size() >= 2) {
-    const double reference = median({kept_norms_.begin(), kept_norms_.end()});
+  // Each fragment against its own (fragments differ in size; a flush's Δ covers fewer steps).
+  if (std::ssize(kept_norms_) < fragments()) kept_norms_.resize(static_cast<size_t>(fragments()));
+  auto& kept = kept_norms_[static_cast<size_t>(fragment)];
+  if (s.reject_ratio > 0 && kept.size() >= 2) {
+    const double reference = median({kept.begin(), kept.end()});
     if (norm > s.reject_ratio * reference) {
       return fmt::format("norm {:.4g} over {:g} x the median {:.4g} of the last kept", norm, s.reject_ratio, reference);
     }
   }
-  kept_norms_.push_back(norm);
-  if (std::ssize(kept_norms_) > options_.workers) kept_norms_.pop_front();
+  kept.push_back(norm);
+  if (std::ssize(kept) > options_.workers) kept.pop_front();
   if (s.clip_norm > 0 && norm > s.clip_norm) scale = s.clip_norm / norm;
   return "";
 }
@@ -269,19 +291,25 @@ void AsyncOuterServer::seat(int64_t worker, int64_t member) {
   LOCO_CHECK(worker >= 0 && worker < options_.workers, "slot {} of {}", worker, options_.workers);
   auto& m = members_[static_cast<size_t>(worker)];
   if (m.assigned > 0) notes_.push_back(fmt::format("worker {}'s cycle of {} steps goes back to the others: a new member holds its slot", worker, m.assigned));
+  const int64_t tenure = m.tenure + 1;
   m = Member{};
   m.member = member;
+  m.tenure = tenure;
+  m.gone = member == kVacant;
   if (open_) batch_closed_.notify_all();  // a batch may have been waiting for its predecessor
 }
 
-bool AsyncOuterServer::release(int64_t worker) {
+bool AsyncOuterServer::release(int64_t worker, bool vacate) {
   std::lock_guard lock(mutex_);
   LOCO_CHECK(worker >= 0 && worker < options_.workers, "slot {} of {}", worker, options_.workers);
   auto& m = members_[static_cast<size_t>(worker)];
   const bool had = m.assigned > 0;
   if (had) notes_.push_back(fmt::format("worker {} is gone: its cycle of {} steps goes to the others", worker, m.assigned));
   m.assigned = 0;
+  m.unflushed = 0;
   m.gone = true;
+  ++m.tenure;
+  if (vacate) m.member = kVacant;
   if (open_) batch_closed_.notify_all();
   return had;
 }
@@ -292,18 +320,28 @@ bool AsyncOuterServer::silent(int64_t worker, Clock::time_point now) {
   return members_.at(static_cast<size_t>(worker)).gone;
 }
 
-// A worker silent well past its cycle's time is gone: its share goes back to the others.
+// A worker silent well past its cycle's time is gone: its share goes back to the others. One
+// between cycles (waiting for a share, which it asks for every 200 ms, or owing flushes) is gone
+// after `silence_s` without a word, unless the run is over (its members then only end).
 void AsyncOuterServer::release_silent(Clock::time_point now) {
+  const bool over = finished_locked();
   for (size_t w = 0; w < members_.size(); ++w) {
     auto& m = members_[w];
-    if (m.gone || m.assigned == 0) continue;
-    const double expected = m.speed > 0 ? static_cast<double>(m.assigned) / m.speed : 0;
-    if (seconds_between(m.since, now) > std::max(options_.silence_s, 4 * expected)) {
+    if (m.gone) continue;
+    if (m.assigned > 0) {
+      const double expected = m.speed > 0 ? static_cast<double>(m.assigned) / m.speed : 0;
+      if (seconds_between(m.since, now) <= std::max(options_.silence_s, 4 * expected)) continue;
       notes_.push_back(fmt::format("worker {} silent for {:.0f} s in a cycle of {} steps: gone; its steps go to the others", w,
                                    seconds_between(m.since, now), m.assigned));
-      m.assigned = 0;
-      m.gone = true;
+    } else if (!over && m.heard && seconds_between(*m.heard, now) > options_.silence_s) {
+      notes_.push_back(fmt::format("worker {} silent for {:.0f} s between its cycles{}: gone", w, seconds_between(*m.heard, now),
+                                   m.unflushed > 0 ? fmt::format(" (it owed {} flushes)", m.unflushed) : ""));
+    } else {
+      continue;
     }
+    m.assigned = 0;
+    m.unflushed = 0;
+    m.gone = true;
   }
 }
 
@@ -372,6 +410,11 @@ NamedTensors AsyncOuterServer::state() const {
   int64_t waiting = 0;  // the steps of outer gradients not applied yet: trained again after a resume
   if (open_) {
     for (const auto& entry : open_->entries) waiting += entry.steps;
+  }
+  // A worker that owes flushes sent its last steps' Δ of one fragment only: a resumed run, whose
+  // workers go back to their checkpoints, trains those steps again rather than lose the others.
+  for (const auto& m : members_) {
+    if (!m.gone && m.unflushed > 0) waiting += m.last_steps;
   }
   out.emplace_back("counters", torch::tensor({version_, applied_, rejected_, steps_done_ - waiting}, torch::kInt64));
   auto speeds = torch::zeros({options_.workers}, torch::kFloat64);

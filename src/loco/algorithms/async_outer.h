@@ -83,11 +83,15 @@ class AsyncOuterServer {
   // Elastic membership (the coordinator's slots; docs/async.md). A new member takes `worker`'s
   // slot: the cycle its predecessor had under way goes back to the others, and the slot's speed
   // and retry memory start afresh (its first cycle measures its speed); only `member`'s exchanges
-  // are taken for the slot from now on.
+  // are taken for the slot from now on. `member` kVacant: nobody's (every slot of an elastic run
+  // until its first member; its speed counts for nothing).
+  static constexpr int64_t kVacant = -2;
   void seat(int64_t worker, int64_t member);
-  // The slot's member is known to be dead (its process exited): its cycle's steps go back to the
-  // others at once rather than after its silence. Returns whether it had a cycle under way.
-  bool release(int64_t worker);
+  // The slot's member is known to be dead (its process exited), or has ended: its cycle's steps go
+  // back to the others at once rather than after its silence, and it owes no flush. With `vacate`
+  // (elastic runs) the slot is nobody's from now on: the member's later exchanges are refused.
+  // Returns whether it had a cycle under way.
+  bool release(int64_t worker, bool vacate = false);
   // Whether the slot's member has gone silent past its cycle (as judged at `now`).
   bool silent(int64_t worker, Clock::time_point now);
 
@@ -121,6 +125,9 @@ class AsyncOuterServer {
     std::string last_rejected;          // ... or why not
     int64_t member = -1;                // who holds the slot (seat(); -1: a fixed run's worker)
     int64_t unflushed = 0;              // fragments whose Δ it still owes after its share was done
+    int64_t last_steps = 0;             // the steps its last counted outer gradient covered
+    std::optional<Clock::time_point> heard;  // its last exchange (none yet: not judged between cycles)
+    int64_t tenure = 0;                 // changes when the slot is released or changes hands
   };
   struct Batch {
     struct Entry {
@@ -138,11 +145,11 @@ class AsyncOuterServer {
   int64_t fragments() const { return static_cast<int64_t>(versions_.size()); }
   std::vector<int64_t> fragment_sizes() const;
   torch::Tensor slice(int64_t fragment) const;
-  std::string left_out(const AsyncPush& push, int64_t staleness, double& scale);
+  std::string left_out(const AsyncPush& push, int64_t steps, int64_t staleness, double& scale);
   void apply(Batch& batch);
   int64_t apply_in_batch(std::unique_lock<std::mutex>& lock, const AsyncPush& push, double scale);
   double schedule_rate(const Member& me) const;
-  std::string screen(const torch::Tensor& delta, double& scale);
+  std::string screen(const torch::Tensor& delta, int64_t fragment, double& scale);
   void release_silent(Clock::time_point now);
   int64_t next_share(int64_t worker, Clock::time_point now);
   double progress(Clock::time_point now) const;
@@ -155,7 +162,7 @@ class AsyncOuterServer {
   std::vector<optim::DelayedNesterov> outers_;  // one per fragment, stepping its slice of theta_ in place
   std::vector<int64_t> versions_;              // per fragment: its outer gradients applied
   std::vector<Member> members_;
-  std::deque<double> kept_norms_;
+  std::vector<std::deque<double>> kept_norms_;  // per fragment: the norms of its last kept outer gradients
   std::shared_ptr<Batch> open_;  // outer gradients waiting for the others of their batch
   bool closing_ = false;         // close(): batches no longer wait
   std::condition_variable batch_closed_;

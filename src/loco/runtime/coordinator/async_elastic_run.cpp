@@ -17,7 +17,11 @@ AsyncElasticRun::AsyncElasticRun(const CoordinatorOptions& options, RunStatus& s
                                  algorithms::AsyncOuterServer& outer)
     : options_(options), status_(status), identity_(identity), outer_(outer),
       events_(RunFolder(options.config.run.dir).metrics()),
-      slots_(static_cast<size_t>(options.config.cluster.workers)) {}
+      slots_(static_cast<size_t>(options.config.cluster.workers)) {
+  // Nobody's until a member takes it: no exchange is taken for a slot without one, and a resumed
+  // run's saved speeds count for nothing (each new member measures its own).
+  for (int64_t slot = 0; slot < workers(); ++slot) outer_.seat(slot, algorithms::AsyncOuterServer::kVacant);
+}
 
 void AsyncElasticRun::log(const std::string& line) const {
   if (options_.log) options_.log(line);
@@ -129,7 +133,7 @@ void AsyncElasticRun::lose(int64_t slot, const std::string& how) {
   auto& holder = *slots_[static_cast<size_t>(slot)].holder;
   holder.status = EndStatus::kFailed;
   holder.error = how;
-  const bool was_training = outer_.release(slot);
+  const bool was_training = outer_.release(slot, /*vacate=*/true);
   for (const auto& note : outer_.take_notes()) log(note);
   write(metrics::MemberFailureEvent{{}, holder.id, holder.name, slot, how, 0, was_training, 0});
   log(fmt::format("member {} ({}) of slot {} is gone: {}; the slot is vacant", holder.id, holder.name, slot, how));
@@ -152,7 +156,7 @@ void AsyncElasticRun::done(const protocol::DoneRequest& request) {
   write(metrics::MemberLeaveEvent{{}, member->id, member->name, request.rank, std::string(protocol::to_string(request.status))});
   log(fmt::format("member {} (slot {}) {}{}", member->id, request.rank, protocol::to_string(request.status),
                   request.error.empty() ? "" : ": " + request.error));
-  if (was_live && request.status != EndStatus::kFinished && s.holder && &*s.holder == member && outer_.release(request.rank)) {
+  if (was_live && request.status != EndStatus::kFinished && s.holder && &*s.holder == member && outer_.release(request.rank, /*vacate=*/true)) {
     for (const auto& note : outer_.take_notes()) log(note);
   }
   check_end(Clock::now());
