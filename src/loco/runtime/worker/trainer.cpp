@@ -288,13 +288,10 @@ void TrainingLoop::start() {
   summary_.val_unigram_entropy = dataset_->manifest().val_unigram_entropy;
   for (const auto& report : sync_.on_start(model_, step_)) record_sync(report);
   if (auto joined = sync_.joined_at_step()) take_joined_state(*joined);
-  if (!resumed_ && sync_.joined_under_way()) {
-    // Asynchronous DiLoCo: a worker new to a run under way starts its AdamW moments from zero where
-    // the run's schedule stands, and warms its learning rate up again from there.
-    const int64_t at = std::llround(sync_.schedule_step(step_).value_or(static_cast<double>(step_)));
+  if (!resumed_ && sync_.joined_under_way()) {  // asynchronous: re-warm from where the run's schedule stands
+    inner_->rewarm_from(std::llround(sync_.schedule_step(step_).value_or(static_cast<double>(step_))));
     progress_->message(fmt::format("{}joined the run under way, its schedule at step {}; its AdamW moments start from "
-                                   "zero{}", who_, at, rewarm_note()));
-    inner_->rewarm_from(at);
+                                   "zero{}", who_, *inner_->rewarmed_from(), rewarm_note()));
   }
   if (link_ != nullptr && !own_position_) {
     if (auto position = link_->start_position()) sampler_->restore(*position);
@@ -337,8 +334,8 @@ void TrainingLoop::take_joined_state(int64_t joined_step) {
 }
 
 std::string TrainingLoop::rewarm_note() const {
-  if (config_.optim.rewarmup_steps == 0) return "";
-  return fmt::format(", and its learning rate warms up again over {} steps (optim.rewarmup_steps)", config_.optim.rewarmup_steps);
+  const int64_t steps = config_.optim.rewarmup_steps;
+  return steps == 0 ? "" : fmt::format(", and its learning rate warms up again over {} steps (optim.rewarmup_steps)", steps);
 }
 
 void TrainingLoop::step() {
