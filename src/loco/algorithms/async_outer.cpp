@@ -320,6 +320,11 @@ bool AsyncOuterServer::silent(int64_t worker, Clock::time_point now) {
   return members_.at(static_cast<size_t>(worker)).gone;
 }
 
+bool AsyncOuterServer::heard(int64_t worker) const {
+  std::lock_guard lock(mutex_);
+  return members_.at(static_cast<size_t>(worker)).heard.has_value();
+}
+
 // A worker silent well past its cycle's time is gone: its share goes back to the others. One
 // between cycles (waiting for a share, which it asks for every 200 ms, or owing flushes) is gone
 // after `silence_s` without a word, unless the run is over (its members then only end).

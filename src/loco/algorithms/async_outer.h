@@ -94,6 +94,8 @@ class AsyncOuterServer {
   bool release(int64_t worker, bool vacate = false);
   // Whether the slot's member has gone silent past its cycle (as judged at `now`).
   bool silent(int64_t worker, Clock::time_point now);
+  // Whether the slot's member has made an exchange yet.
+  bool heard(int64_t worker) const;
 
   // Applies the batch waiting for the others, if any, and makes every later one apply at once: the
   // coordinator's end, so that no request waits on a batch nobody else will complete.

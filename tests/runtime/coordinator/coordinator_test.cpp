@@ -651,6 +651,32 @@ TEST(Coordinator, AnAsynchronousElasticRunStartsWithItsQuorumAndTakesLateWorkers
   EXPECT_NE(result->message.find("only 1 of the 2 workers needed (cluster.min_workers) joined"), std::string::npos) << result->message;
 }
 
+// A member that joined but never made an exchange (a worker started by hand that died while it
+// loaded its model) is taken as gone cluster.join_timeout_s after the start: its slot goes to a
+// new worker, while the member that exchanged keeps its own.
+TEST(Coordinator, AnAsynchronousElasticMemberThatNeverExchangesLosesItsSlot) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  config.sync.async = true;
+  config.cluster.join_timeout_s = 1;
+  Running running(options_for(config));
+  std::jthread owner([&](std::stop_token stop) {  // the coordinator's clock, as `loco coordinator` runs it
+    while (!stop.stop_requested()) running.coordinator.wait_for(100ms);
+  });
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  const auto a = client.join(join_request(config, 0));
+  const auto b = client.join(join_request(config, 1));
+  ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning);
+  const algorithms::AsyncPush hello{0, -1, 0, 0, torch::zeros({10}), 0, a.member};
+  ASSERT_EQ(client.request("POST", "/v1/outer", protocol::encode_outer_push(hello), 5s).first, 200);
+  expect_error<ConfigError>([&] { client.join(join_request(config)); }, "all 2 slots are held by live members");
+  std::this_thread::sleep_for(1500ms);
+  const auto c = client.join(join_request(config));
+  EXPECT_EQ(c.rank, 1) << "member " << b.member << " made no exchange: its slot is vacant";
+  EXPECT_TRUE(c.joiner);
+  expect_error<ConfigError>([&] { client.join(join_request(config)); }, "all 2 slots are held by live members");
+}
+
 // The status page (docs/status-page.md): a browser gets the page, scripts the plain text; the page's
 // JSON and Prometheus' metrics reflect the workers' telemetry, which must be signed like any request.
 TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {

@@ -39,13 +39,20 @@ int64_t AsyncElasticRun::live() const {
   return std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.holder && !s.holder->status; });
 }
 
-// Vacant: nobody ever held it, its member ended, or its member went silent past its cycle (then
-// it is taken as gone now).
+// Vacant: nobody ever held it, its member ended, or its member went silent past its cycle or made
+// no exchange within cluster.join_timeout_s of its join and the start (then it is taken as gone now).
 bool AsyncElasticRun::vacant(int64_t slot, Clock::time_point now) {
   auto& s = slots_[static_cast<size_t>(slot)];
   if (!s.holder || s.holder->status) return true;
-  if (status_.phase() != Phase::kRunning || !outer_.silent(slot, now)) return false;
-  lose(slot, "silent past its cycle's time (sync.async: at least 60 s)");
+  if (status_.phase() != Phase::kRunning) return false;
+  if (outer_.silent(slot, now)) {
+    lose(slot, "silent past its cycle's time (sync.async: at least 60 s)");
+    return true;
+  }
+  const auto limit = std::chrono::duration<double>(options_.config.cluster.join_timeout_s);
+  if (outer_.heard(slot) || now - std::max(s.holder->joined_at, started_) < limit) return false;
+  lose(slot, fmt::format("no exchange within {:g} s (cluster.join_timeout_s) of its join and the start",
+                         options_.config.cluster.join_timeout_s));
   return true;
 }
 
@@ -80,6 +87,7 @@ protocol::JoinReply AsyncElasticRun::join(const protocol::JoinRequest& request, 
   member.id = next_member_++;
   member.name = request.name;
   member.joiner = started;
+  member.joined_at = Clock::now();
   // Its own slot's checkpoints: it continues that shard from the newest (a restarted worker finds
   // its predecessor's; a resumed run's workers their own).
   if (slot == request.rank && !request.checkpoints.empty()) {
@@ -105,6 +113,7 @@ protocol::JoinReply AsyncElasticRun::join(const protocol::JoinRequest& request, 
 
 void AsyncElasticRun::start(const std::string& why) {
   status_.enter(Phase::kRunning);
+  started_ = Clock::now();
   log(fmt::format("training starts with {} of {} slots held{}: asynchronous DiLoCo, the others may join at any time", live(),
                   workers(), why));
 }

@@ -46,6 +46,7 @@ class AsyncElasticRun final : public Run {
     std::string name;
     std::optional<int64_t> resume_step;          // the newest checkpoint of its slot it holds
     bool joiner = false;                         // joined while the run trained
+    Clock::time_point joined_at{};
     std::optional<protocol::EndStatus> status;   // none while it holds the slot
     bool reported = false;                       // it reported its end (and its summary)
     std::string error;
@@ -73,6 +74,7 @@ class AsyncElasticRun final : public Run {
   std::vector<Member> ended_;                     // members that left, in order
   int64_t next_member_ = 0;
   const Clock::time_point created_ = Clock::now();
+  Clock::time_point started_{};  // training started
   std::optional<Clock::time_point> empty_since_;  // nobody holds a slot, with steps left
 };
 
