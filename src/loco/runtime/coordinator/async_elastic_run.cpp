@@ -133,7 +133,6 @@ protocol::StartReply AsyncElasticRun::start_reply(int64_t rank) const {
     task.report = protocol::TaskReport::kRun;
     reply.task = task;
   }
-  const auto host_of = [](const std::string& name) { return name.substr(0, name.rfind(':')); };
   for (const auto& s : slots_) reply.host_workers += s.holder && !s.holder->status && host_of(s.holder->name) == host_of(holder.name) ? 1 : 0;
   return reply;
 }

@@ -7,6 +7,7 @@
 
 #include "loco/core/command.h"
 #include "loco/core/hash.h"
+#include "loco/runtime/coordinator/membership.h"
 
 namespace loco::runtime {
 
@@ -210,7 +211,6 @@ protocol::StartReply FixedRun::start_reply(int64_t rank) const {
   if (auto it = task_of_.find(rank); it != task_of_.end()) reply.task = tasks_.find(it->second)->task;
   reply.copy = copy_;
   // "host:pid": the part before the last colon names the host.
-  const auto host_of = [](const std::string& name) { return name.substr(0, name.rfind(':')); };
   if (rank >= 0 && rank < workers() && members_[static_cast<size_t>(rank)]) {
     const auto host = host_of(members_[static_cast<size_t>(rank)]->name);
     for (const auto& member : members_) reply.host_workers += member && host_of(member->name) == host ? 1 : 0;

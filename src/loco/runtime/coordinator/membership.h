@@ -59,6 +59,8 @@ struct MembershipOptions {
 
 // Whether a worker named `name` ("host:pid" or "host[address]:pid") is process `pid` of `host`.
 bool is_process(const std::string& name, const std::string& host, int64_t pid);
+// The host part of a worker's name: all before its last ':' (the pid).
+inline std::string host_of(const std::string& name) { return name.substr(0, name.rfind(':')); }
 
 class MembershipTable {
  public:
