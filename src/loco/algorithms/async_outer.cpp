@@ -70,8 +70,8 @@ void AsyncOuterServer::check(const AsyncPush& push) const {
     bad(fmt::format("{} s for its {} steps", push.seconds, push.steps));
   }
   if (push.base_version >= 0 && !theta_.defined()) {
-    bad(fmt::format("an outer gradient of version {}, but this run's outer state has none (it started anew: nothing was "
-                    "saved to resume from)", push.base_version));
+    bad(fmt::format("an outer gradient of version {}, but this run's outer state has none (the coordinator started the run "
+                    "anew: restart it with --resume, or it had saved nothing to resume from)", push.base_version));
   }
   const int64_t current = of_fragment ? versions_[static_cast<size_t>(push.fragment)] : version_;
   if (push.base_version > current) bad(fmt::format("an outer gradient of version {}, ahead of θ's {}", push.base_version, current));

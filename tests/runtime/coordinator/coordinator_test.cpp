@@ -558,6 +558,9 @@ TEST(Coordinator, AnAsynchronousRunsOuterStateIsServedSavedAndResumed) {
     EXPECT_THROW(stranger.request("POST", "/v1/outer", protocol::encode_outer_push(hello), 5s), std::exception);
   }
   ASSERT_TRUE(fs::exists(RunFolder(dir.path()).outer_state())) << "saved as the coordinator ended";
+  const auto saved = read_file(RunFolder(dir.path()).outer_state(), "test");
+  expect_error<ConfigError>([&] { Running again(o); }, "holds an asynchronous run's outer state; pass --resume");
+  EXPECT_EQ(read_file(RunFolder(dir.path()).outer_state(), "test"), saved) << "not overwritten";
   o.resume = true;
   Running resumed(o);
   CoordinatorClient client(resumed.address(), 5s, {"tok"});

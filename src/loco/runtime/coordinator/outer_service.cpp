@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "loco/core/run_folder.h"
 #include "loco/runtime/coordinator/outer_wire.h"
 #include "loco/runtime/coordinator/protocol.h"
@@ -22,8 +24,17 @@ algorithms::AsyncOptions service_options(const RunConfig& config, int64_t datase
 
 OuterService::OuterService(const RunConfig& config, int64_t dataset_vocab, bool resume, Log log, Stopping stopping)
     : config_(config), log_(std::move(log)), stopping_(std::move(stopping)), server_(service_options(config, dataset_vocab)) {
-  if (!resume) return;
   const auto file = RunFolder(config.run.dir).outer_state();
+  if (!resume) {
+    // A coordinator restarted on its run without --resume would write a fresh outer state over the
+    // saved one at its first save.
+    std::error_code error;
+    if (std::filesystem::exists(file, error)) {
+      throw ConfigError("coordinator", fmt::format("{} holds an asynchronous run's outer state; pass --resume to continue "
+                                                   "the run, or choose another --run.dir (nothing was overwritten)", file.string()));
+    }
+    return;
+  }
   if (protocol::load_outer_state(server_, file)) {
     const auto totals = server_.totals();
     log_(fmt::format("resuming the asynchronous outer state of {}: version {}, {} of the run's {} inner steps done",
