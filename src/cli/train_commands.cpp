@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 
 #include "command.h"
 #include "loco/comm/group.h"
@@ -89,12 +90,21 @@ void print_launch_summary(const runtime::RunConfig& config, const runtime::Launc
                           format_bytes(static_cast<double>(first.peak_step_bytes)), first.stall_s,
                           100 * first.compute_utilization);
   }
-  fmt::print("{} {} with {} workers: {} ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; each worker "
-             "sent {} and received {} in {} sync rounds ({:.1f} s in collectives){}\n",
+  std::string traffic = fmt::format("each worker sent {} and received {} in {} sync rounds ({:.1f} s in collectives)",
+                                    format_bytes(static_cast<double>(first.bytes_sent)),
+                                    format_bytes(static_cast<double>(first.bytes_received)), first.rounds, first.sync_s);
+  if (config.sync.async) {  // each worker exchanges at its own pace
+    std::vector<std::string> each;
+    for (size_t w = 0; w < summaries.size(); ++w) {
+      each.push_back(fmt::format("worker {} sent {} and received {} in {} exchanges", w, format_bytes(static_cast<double>(summaries[w].bytes_sent)),
+                                 format_bytes(static_cast<double>(summaries[w].bytes_received)), summaries[w].rounds));
+    }
+    traffic = fmt::format("{}", fmt::join(each, ", "));
+  }
+  fmt::print("{} {} with {} workers: {} ({} tokens in all) in {}: {}; val_unigram_entropy {:.4f}; {}{}\n",
              result.outcome == runtime::RunOutcome::kFinished ? "trained" : "stopped",
              runtime::to_string(config.sync.algorithm), result.summaries.size(), steps_text, tokens, format_duration(result.wall_s),
-             loss, first.val_unigram_entropy, format_bytes(static_cast<double>(first.bytes_sent)),
-             format_bytes(static_cast<double>(first.bytes_received)), first.rounds, first.sync_s, overlap);
+             loss, first.val_unigram_entropy, traffic, overlap);
   std::vector<std::string> each;
   double sum = 0;
   for (const auto& s : summaries) {
@@ -215,10 +225,16 @@ class Launch : public Command {
     print_launch_summary(config, result);
     switch (result.outcome) {
       case runtime::RunOutcome::kFinished: print_next_steps(config.run.dir, false, config.train.emulated_step_s > 0); return 0;
-      case runtime::RunOutcome::kStopped:
-        fmt::print("stopped ({}); the workers saved their state; continue with: {}\n", result.message,
+      case runtime::RunOutcome::kStopped: {
+        // Ctrl-C twice kills the workers before they save: their last periodic checkpoints remain.
+        const bool killed = std::any_of(result.exit_codes.begin(), result.exit_codes.end(), [](int code) { return code == 128 + SIGKILL; });
+        fmt::print("stopped ({}); {}; continue with: {}\n", result.message,
+                   killed ? "workers were killed before they saved (Ctrl-C twice): the run continues from their last "
+                            "checkpoints (checkpoint.every)"
+                          : "the workers saved their state",
                    resume_command("launch", config.run.dir));
         return 130;
+      }
       case runtime::RunOutcome::kFailed: break;
     }
     if (RunFolder(config.run.dir).unstarted()) {

@@ -426,6 +426,7 @@ TEST_F(ChaosSoak, RandomFaultsForMinutesLoseNothing) {
     // that died, and says it cannot reach it (status 2, after cluster.connect_timeout_s or
     // cluster.coordinator_timeout_s).
     if (status == 2 && (text.find("cannot reach the coordinator") != std::string::npos ||
+                        text.find("stopped answering while this worker waited for a slot") != std::string::npos ||
                         text.find("did not answer") != std::string::npos)) {
       ++late;
       continue;

@@ -680,6 +680,25 @@ TEST(Coordinator, AnAsynchronousElasticMemberThatNeverExchangesLosesItsSlot) {
   expect_error<ConfigError>([&] { client.join(join_request(config)); }, "all 2 slots are held by live members");
 }
 
+// A worker waiting for a slot of a full run whose coordinator then goes (its run ended) is told so,
+// not that the coordinator was never there.
+TEST(Coordinator, AJoinerWaitingForASlotIsToldWhenTheCoordinatorGoes) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 1, "tok");
+  config.sync.async = true;
+  auto running = std::make_unique<Running>(options_for(config));
+  CoordinatorClient client(running->address(), 2s, {"tok"});
+  client.join(join_request(config, 0));
+  std::jthread ends([&] {
+    std::this_thread::sleep_for(1s);
+    running.reset();
+  });
+  std::string told;
+  expect_error<PeerError>([&] { client.join(join_request(config), 60s, [&](const std::string& text) { told = text; }); },
+                          "stopped answering while this worker waited for a slot");
+  EXPECT_NE(told.find("waiting up to 60 s"), std::string::npos) << told;
+}
+
 // The status page (docs/status-page.md): a browser gets the page, scripts the plain text; the page's
 // JSON and Prometheus' metrics reflect the workers' telemetry, which must be signed like any request.
 TEST(Coordinator, ServesTheStatusPageFedByTelemetry) {

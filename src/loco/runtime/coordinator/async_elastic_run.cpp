@@ -65,7 +65,8 @@ int64_t AsyncElasticRun::take_slot(const protocol::JoinRequest& request, Clock::
   for (int64_t slot = 0; slot < workers(); ++slot) {
     if (vacant(slot, now)) return slot;
   }
-  throw Full(fmt::format("{} cannot join yet: all {} slots are held by live members", request.name, workers()));
+  throw Full(fmt::format("{} cannot join yet: all {} slots are held by live members (a member that died frees its slot "
+                         "when `loco launch` sees its process exit, else once its silence passes 60 s)", request.name, workers()));
 }
 
 protocol::JoinReply AsyncElasticRun::join(const protocol::JoinRequest& request, const RunConfig& theirs) {

@@ -99,7 +99,8 @@ CoordinatorClient::~CoordinatorClient() = default;
 protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_request,
                                             std::chrono::milliseconds wait_for_slot,
                                             const std::function<void(const std::string&)>& waiting) {
-  auto deadline = Clock::now() + connect_timeout_;
+  auto tries_from = Clock::now();
+  auto deadline = tries_from + connect_timeout_;
   const auto slot_deadline = Clock::now() + wait_for_slot;
   bool told = false;
   auto backoff = 200ms;
@@ -127,7 +128,8 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
                               std::chrono::duration<double>(wait_for_slot).count()));
         }
         told = true;
-        deadline = Clock::now() + connect_timeout_;  // the coordinator answers: reaching it is not the problem
+        tries_from = Clock::now();  // the coordinator answers: reaching it is not the problem
+        deadline = tries_from + connect_timeout_;
         std::this_thread::sleep_for(backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
         continue;
@@ -135,20 +137,26 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
       throw Error("coordinator", fmt::format("join failed (HTTP {}): {}", reply->first, error_text(reply->second)));
     }
     if (Clock::now() + backoff > deadline) {
+      if (told) {  // it answered "full" until now
+        throw PeerError("worker", fmt::format("the coordinator at {} stopped answering while this worker waited for a slot "
+                                              "({}): the run has ended, its steps done, or its coordinator stopped; this "
+                                              "worker had not joined, so nothing of it is lost", address(), last_error));
+      }
       // A worker with a token is refused unsigned when its token is not the run's (a refusal is
       // never signed, so it is not believed at once: HttpClient::attempt).
       const bool refused = last_error.starts_with("a refusal");
       const bool unsigned_answer = last_error.starts_with("an unsigned answer");
-      throw PeerError("worker", fmt::format("cannot reach the coordinator at {} within {:.0f} s ({}); hint: {} "
-                                            "(cluster.connect_timeout_s)", address(),
-                                            std::chrono::duration<double>(connect_timeout_).count(), last_error,
+      throw PeerError("worker", fmt::format("cannot reach the coordinator at {} ({:.0f} s of tries; {}); hint: {} "
+                                            "(cluster.connect_timeout_s = {:.0f} s)", address(),
+                                            std::chrono::duration<double>(Clock::now() - tries_from).count(), last_error,
                                             refused ? "every worker needs the run's join token: LOCO_JOIN_TOKEN or "
                                                       "cluster.join_token, the same on every host"
                                             : unsigned_answer ? "give this worker the run's join token (LOCO_JOIN_TOKEN or "
                                                                 "cluster.join_token), or, only for a coordinator run with "
                                                                 "--insecure on a network you trust, pass --insecure here too"
                                                     : "is `loco coordinator` (or `loco launch`) running there, and is "
-                                                      "the port open?"));
+                                                      "the port open?",
+                                            std::chrono::duration<double>(connect_timeout_).count()));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));

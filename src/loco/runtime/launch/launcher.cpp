@@ -39,7 +39,10 @@ struct WorkerStatus {
 // threads log through line(); one mutex keeps their writes and the status line whole.
 class Display {
  public:
-  Display(std::FILE* out, bool interactive, int64_t log_every) : out_(out), interactive_(interactive), log_every_(log_every) {}
+  // `shared_steps`: the workers share the run's steps (asynchronous DiLoCo), each at its own pace:
+  // the line counts every worker's steps against the run's, not the slowest worker's.
+  Display(std::FILE* out, bool interactive, int64_t log_every, bool shared_steps)
+      : out_(out), interactive_(interactive), log_every_(log_every), shared_steps_(shared_steps) {}
 
   void line(const std::string& text) {
     std::lock_guard lock(mutex_);
@@ -67,19 +70,25 @@ class Display {
       }
       tokens_per_s += p.tokens_per_s;
     }
+    if (shared_steps_) {  // every worker's steps so far, ended ones' too, against the run's
+      min_step = 0;
+      for (const auto& [rank, w] : workers) min_step += w.progress.step, max_bytes = std::max(max_bytes, w.progress.bytes_sent);
+      steps *= static_cast<int64_t>(workers.size());
+    }
     if (first_step_ < 0) first_step_ = min_step, started_ = Clock::now();
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
     const double eta = min_step > first_step_ ? elapsed / static_cast<double>(min_step - first_step_) * static_cast<double>(steps - min_step) : NAN;
     // No worker reports a loss when the compute is emulated (train.emulated_step_s).
     const std::string shown = reporting > 0 ? fmt::format("loss {:.4f} (mean of {})", loss / reporting, reporting) : "loss -";
-    status_ = fmt::format("step {}/{}  {}  {:.0f} tok/s (all workers){}  elapsed {}  eta {}", min_step, steps, shown, tokens_per_s,
+    status_ = fmt::format("{} {}/{}  {}  {:.0f} tok/s (all workers){}  elapsed {}  eta {}", shared_steps_ ? "steps (all workers)" : "step",
+                          min_step, steps, shown, tokens_per_s,
                           min_round >= 0 ? fmt::format("  round {}, sent {}/worker", min_round,
                                                        metrics::format_bytes(static_cast<double>(max_bytes)))
                                          : "",
                           metrics::format_duration(elapsed), metrics::format_duration(eta));
     if (interactive_) {
       redraw();
-    } else if (min_step >= printed_step_ + log_every_ || min_step == steps) {
+    } else if (min_step >= printed_step_ + log_every_ * (shared_steps_ ? std::ssize(workers) : 1) || min_step == steps) {
       if (min_step != printed_step_) fmt::print(out_, "{}\n", status_);
       printed_step_ = min_step;
       std::fflush(out_);
@@ -107,6 +116,7 @@ class Display {
   std::FILE* out_;
   bool interactive_;
   int64_t log_every_;
+  bool shared_steps_;
   bool drawn_ = false;
   std::string status_;
   int64_t printed_step_ = -1, first_step_ = -1;
@@ -159,7 +169,7 @@ void check_run_dir(const RunConfig& config, bool resume, std::FILE* out) {
 class Launch {
  public:
   Launch(const RunConfig& config, const LaunchOptions& options)
-      : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every),
+      : config_(config), options_(options), display_(options.out, options.interactive, config.train.log_every, config.sync.async),
         islands_(make_islands()), back_home_{islands_.get()}, coordinator_(coordinator_options()),
         workers_(config.cluster.workers, std::chrono::duration_cast<Supervisor::Clock::duration>(
                                              std::chrono::duration<double>(config.cluster.timeout_s + 60))),
