@@ -122,6 +122,7 @@ void AsyncOptions::validate() const {
   if (max_staleness < 0) bad("async_max_staleness", fmt::format("must be >= 0 (0: 4 x workers), got {}", max_staleness));
   screening.validate();
   if (!(grace >= 0)) bad("async_grace", fmt::format("must be >= 0, got {}", grace));
+  if (!(silence_s > 0)) bad("async_silence_s", fmt::format("must be > 0, got {}", silence_s));
 }
 
 }  // namespace loco::algorithms

@@ -115,8 +115,8 @@ struct AsyncOptions {
   double grace = 0;
   double max_wait_s = 60;       // ... and never longer than this (below the workers' read timeout)
   int64_t values = 0;           // the model's parameters, when known: a first θ of another size is refused
-  // A worker silent this long past what its cycle should take (at least `silence_s`) is gone: its
-  // unfinished share of the steps goes back to the others.
+  // A worker silent this long past what its cycle should take (at least `silence_s`), or this long
+  // between cycles, is gone: its unfinished share of the steps goes back to the others.
   double silence_s = 60;
   void validate() const;        // ConfigError naming the sync.async_* key
   int64_t delay_or_default() const { return delay > 0 ? delay : workers; }

@@ -570,6 +570,41 @@ TEST(Coordinator, AnAsynchronousRunsOuterStateIsServedSavedAndResumed) {
   EXPECT_TRUE(torch::equal(reply.theta, theta)) << "the resumed run continues from the saved θ, not the worker's";
 }
 
+// A fixed asynchronous run whose worker died mid-cycle (started by hand: nobody sees its process
+// exit): the outer state takes it as gone after sync.async_silence_s, its steps go to the other,
+// and the run finishes without it rather than fail for its missing report.
+TEST(Coordinator, AFixedAsynchronousRunFinishesWithoutAWorkerTakenAsGone) {
+  testing_util::TempDir dir;
+  auto config = run_config(2);
+  config.sync.async = true;
+  config.sync.inner_steps = 10;
+  config.sync.async_silence_s = 1;
+  config.train.steps = 2;  // 4 inner steps in all: a first cycle of 2 each
+  config.run.dir = dir.path().string();
+  auto o = options_for(config);
+  o.token = "tok";
+  Running running(o);
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  client.join(join_request(config, 0));
+  client.join(join_request(config, 1));
+  const auto outer = [&](algorithms::AsyncPush push) {
+    auto [status, body] = client.request("POST", "/v1/outer", protocol::encode_outer_push(push), 5s);
+    EXPECT_EQ(status, 200) << body;
+    return protocol::decode_outer_reply(body, 10);
+  };
+  ASSERT_EQ(outer({0, -1, 0, 0, torch::zeros({10})}).steps_next, 2);
+  ASSERT_EQ(outer({1, -1, 0, 0, torch::zeros({10})}).steps_next, 2);  // ... and worker 1 dies with them
+  ASSERT_EQ(outer({0, 0, 2, 0.1, torch::full({10}, 0.1f), 1}).steps_next, 0) << "the rest is worker 1's";
+  std::this_thread::sleep_for(1200ms);
+  const auto taken = outer({0, 1, 0, 0, {}});
+  ASSERT_EQ(taken.steps_next, 2) << "worker 1's cycle, after its silence";
+  ASSERT_TRUE(outer({0, 1, 2, 0.1, torch::full({10}, 0.1f), 2}).finished);
+  client.report_done({0, protocol::EndStatus::kFinished, "", nlohmann::json::object()});
+  const auto result = running.coordinator.wait_for(5s);
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->outcome, RunOutcome::kFinished) << result->message;
+}
+
 // Asynchronous DiLoCo with elastic membership (async_elastic_run.h): slots that change hands. A
 // worker whose process exited leaves its slot vacant; a new one takes it and continues from the
 // current θ, its predecessor's exchanges refused; once the run's steps are done a late worker has

@@ -93,6 +93,7 @@ struct SyncSection {
   bool async_dynamic_steps = true;   // each worker's inner steps per cycle by its speed
   int64_t async_max_staleness = 0;   // versions an outer gradient may lag θ (0: 4 x the workers)
   double async_grace = 0.2;          // outer gradients arriving within this share of a cycle are applied together
+  double async_silence_s = 60;       // a worker silent this long (past its cycle's expected time) is taken as gone
   double bucket_mb = 1;              // megabytes per message (piece) of an exchange's all-reduce
   // Streaming DiLoCo
   int64_t fragments = 4;             // P

@@ -118,6 +118,7 @@ std::vector<Field> async_fields(SyncSection& s) {
       at_least(0, {"sync.async_delay", "sync.async: outer gradients per momentum update N (delayed Nesterov; 1 = Nesterov on each); 0 = cluster.workers", &s.async_delay}),
       {"sync.async_dynamic_steps", "sync.async: each worker's inner steps per cycle follow its speed, sync.inner_steps for the fastest (dynamic local updates), so that unequal workers arrive at the same pace; false = sync.inner_steps for every worker", &s.async_dynamic_steps},
       between(0, 10, {"sync.async_grace", "sync.async: outer gradients that arrive together are applied together: the first waits at most this share of its cycle's time for the other workers' (no longer once every worker with a cycle under way is in), and they all continue from the same theta; 0 = each applied alone the moment it arrives", &s.async_grace}),
+      positive({"sync.async_silence_s", "sync.async: a worker silent this long is taken as gone (its cycle's steps go to the others; elastic: its slot falls vacant): past max(this, 4 x its cycle's expected time) in a cycle, or this long between cycles. A worker under `loco launch` is taken as gone at once when its process exits", &s.async_silence_s}),
       at_least(0, {"sync.async_max_staleness", "sync.async: an outer gradient that began more than this many outer updates before it arrives is left out (logged and counted); 0 = 4 x cluster.workers", &s.async_max_staleness}),
   };
 }

@@ -137,6 +137,7 @@ algorithms::AsyncOptions async_options(const RunConfig& config) {
   o.dynamic_steps = config.sync.async_dynamic_steps;
   o.max_staleness = config.sync.async_max_staleness;
   o.grace = config.sync.async_grace;
+  o.silence_s = config.sync.async_silence_s;
   const auto outer = outer_options(config);
   o.lr = outer.lr;
   o.momentum = outer.momentum;

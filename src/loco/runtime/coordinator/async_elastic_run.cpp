@@ -46,7 +46,7 @@ bool AsyncElasticRun::vacant(int64_t slot, Clock::time_point now) {
   if (!s.holder || s.holder->status) return true;
   if (status_.phase() != Phase::kRunning) return false;
   if (outer_.silent(slot, now)) {
-    lose(slot, "silent past its cycle's time (sync.async: at least 60 s)");
+    lose(slot, fmt::format("silent past its cycle's time (sync.async_silence_s = {:g} s)", options_.config.sync.async_silence_s));
     return true;
   }
   const auto limit = std::chrono::duration<double>(options_.config.cluster.join_timeout_s);
@@ -66,7 +66,8 @@ int64_t AsyncElasticRun::take_slot(const protocol::JoinRequest& request, Clock::
     if (vacant(slot, now)) return slot;
   }
   throw Full(fmt::format("{} cannot join yet: all {} slots are held by live members (a member that died frees its slot "
-                         "when `loco launch` sees its process exit, else once its silence passes 60 s)", request.name, workers()));
+                         "when `loco launch` sees its process exit, else once silent for sync.async_silence_s = {:g} s)",
+                         request.name, workers(), options_.config.sync.async_silence_s));
 }
 
 protocol::JoinReply AsyncElasticRun::join(const protocol::JoinRequest& request, const RunConfig& theirs) {

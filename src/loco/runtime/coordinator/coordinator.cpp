@@ -108,7 +108,7 @@ struct Coordinator::Impl {
       elastic = run_kind.get();
       run = std::move(run_kind);
     } else {
-      run = std::make_unique<FixedRun>(options, status, identity);
+      run = std::make_unique<FixedRun>(options, status, identity, outer ? &outer->server() : nullptr);
     }
   }
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "loco/core/command.h"
+#include "loco/algorithms/async_outer.h"
 #include "loco/core/hash.h"
 #include "loco/runtime/coordinator/membership.h"
 
@@ -15,8 +16,9 @@ using protocol::EndStatus;
 using protocol::Phase;
 using protocol::ProtocolError;
 
-FixedRun::FixedRun(const CoordinatorOptions& options, RunStatus& status, RunIdentity& identity)
-    : options_(options), status_(status), identity_(identity),
+FixedRun::FixedRun(const CoordinatorOptions& options, RunStatus& status, RunIdentity& identity,
+                   algorithms::AsyncOuterServer* outer)
+    : options_(options), status_(status), identity_(identity), outer_(outer),
       members_(static_cast<size_t>(options.config.cluster.workers)) {}
 
 void FixedRun::log(const std::string& line) const {
@@ -264,12 +266,22 @@ void FixedRun::check_start(Clock::time_point now) {
 // still has not reported its end a grace period after that is gone (killed): the run fails.
 void FixedRun::check_end(Clock::time_point now) {
   if (status_.phase() != Phase::kRunning || !first_end_) return;
-  const auto grace = std::chrono::duration<double>(options_.config.cluster.timeout_s + 30);
-  if (now - *first_end_ < grace) return;
   std::vector<int64_t> silent;
   for (size_t r = 0; r < members_.size(); ++r) {
     if (members_[r] && !members_[r]->status) silent.push_back(static_cast<int64_t>(r));
   }
+  // Asynchronous DiLoCo: workers the outer state took as gone (silent) had their steps done by the
+  // others; with the run's steps all done, the run finished without them.
+  if (outer_ != nullptr && !silent.empty() && outer_->totals().finished &&
+      std::all_of(silent.begin(), silent.end(), [&](int64_t r) { return outer_->silent(r, now); })) {
+    log(fmt::format("worker rank(s) {} never reported their end, but the outer state had taken them as gone (silent past "
+                    "sync.async_silence_s) and their steps went to the others: the run's steps are all done without them",
+                    fmt::join(silent, ", ")));
+    status_.enter(Phase::kFinished);
+    return;
+  }
+  const auto grace = std::chrono::duration<double>(options_.config.cluster.timeout_s + 30);
+  if (now - *first_end_ < grace) return;
   if (status_.fail(fmt::format("worker rank(s) {} never reported their end (killed?)", fmt::join(silent, ", ")))) {
     log("run failed: " + status_.reason());
   }

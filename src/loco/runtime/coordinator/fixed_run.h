@@ -3,7 +3,8 @@
 // table (tasks.h) is the simplest: at the start, one task per rank for the whole run (its own
 // shard, every step; each synchronization happens inside it over the run's group), leased to that
 // rank until it reports; a worker that stopped or failed leaves its task open (a resume continues it). A worker that never joins
-// within cluster.join_timeout_s, or never reports its end once another has, fails the run. With
+// within cluster.join_timeout_s, or never reports its end once another has, fails the run (unless,
+// in an asynchronous run, the outer state took it as gone and the run's steps are all done). With
 // --resume, every worker continues from the newest checkpoint whose global parameters all of them
 // saved; one that holds none continues from a copy of another's, sent over the group.
 #pragma once
@@ -13,11 +14,18 @@
 #include "loco/runtime/coordinator/run.h"
 #include "loco/runtime/coordinator/tasks.h"
 
+namespace loco::algorithms {
+class AsyncOuterServer;
+}
+
 namespace loco::runtime {
 
 class FixedRun final : public Run {
  public:
-  FixedRun(const CoordinatorOptions& options, RunStatus& status, RunIdentity& identity);
+  // `outer`: an asynchronous run's outer state (nullptr otherwise), which may have taken a silent
+  // worker as gone.
+  FixedRun(const CoordinatorOptions& options, RunStatus& status, RunIdentity& identity,
+           algorithms::AsyncOuterServer* outer = nullptr);
 
   protocol::JoinReply join(const protocol::JoinRequest& request, const RunConfig& theirs) override;
   protocol::StartReply start_reply(int64_t rank) const override;
@@ -50,6 +58,7 @@ class FixedRun final : public Run {
   const CoordinatorOptions& options_;
   RunStatus& status_;
   RunIdentity& identity_;
+  algorithms::AsyncOuterServer* outer_;
   std::vector<std::optional<Member>> members_;  // by rank
   std::map<int64_t, int64_t> resume_steps_;     // rank -> the step it resumes from
   std::optional<protocol::CheckpointCopy> copy_;  // resuming workers that hold no checkpoint
