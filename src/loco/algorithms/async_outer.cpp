@@ -91,6 +91,7 @@ void AsyncOuterServer::start_state(torch::Tensor theta, std::vector<int64_t> siz
     offsets_.push_back(offsets_.back() + n);
   }
   versions_.assign(sizes.size(), 0);
+  kept_norms_.assign(sizes.size(), {});
 }
 
 std::vector<int64_t> AsyncOuterServer::fragment_sizes() const {
@@ -272,7 +273,6 @@ std::string AsyncOuterServer::screen(const torch::Tensor& delta, int64_t fragmen
   }
   const auto& s = options_.screening;
   // Each fragment against its own (fragments differ in size; a flush's Δ covers fewer steps).
-  if (std::ssize(kept_norms_) < fragments()) kept_norms_.resize(static_cast<size_t>(fragments()));
   auto& kept = kept_norms_[static_cast<size_t>(fragment)];
   if (s.reject_ratio > 0 && kept.size() >= 2) {
     const double reference = median({kept.begin(), kept.end()});
@@ -305,9 +305,7 @@ bool AsyncOuterServer::release(int64_t worker, bool vacate) {
   auto& m = members_[static_cast<size_t>(worker)];
   const bool had = m.assigned > 0;
   if (had) notes_.push_back(fmt::format("worker {} is gone: its cycle of {} steps goes to the others", worker, m.assigned));
-  m.assigned = 0;
-  m.unflushed = 0;
-  m.gone = true;
+  let_go(m);
   ++m.tenure;
   if (vacate) m.member = kVacant;
   if (open_) batch_closed_.notify_all();
@@ -344,9 +342,7 @@ void AsyncOuterServer::release_silent(Clock::time_point now) {
     } else {
       continue;
     }
-    m.assigned = 0;
-    m.unflushed = 0;
-    m.gone = true;
+    let_go(m);
   }
 }
 
@@ -467,6 +463,7 @@ void AsyncOuterServer::load_state(const NamedTensors& tensors) {
   theta_ = theta;
   outers_ = std::move(outers);
   versions_ = versions;
+  kept_norms_.assign(versions.size(), {});
   offsets_ = {0};
   for (const int64_t n : sizes) offsets_.push_back(offsets_.back() + n);
   version_ = counters[0].item<int64_t>();

@@ -153,6 +153,8 @@ class AsyncOuterServer {
   double schedule_rate(const Member& me) const;
   std::string screen(const torch::Tensor& delta, int64_t fragment, double& scale);
   void release_silent(Clock::time_point now);
+  // `m` is gone: it holds no cycle (its steps go back to the pool) and owes no flush.
+  static void let_go(Member& m) { m.assigned = 0, m.unflushed = 0, m.gone = true; }
   int64_t next_share(int64_t worker, Clock::time_point now);
   double progress(Clock::time_point now) const;
   bool finished_locked() const;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "loco/core/command.h"
 #include "loco/algorithms/async_outer.h"
+#include "loco/core/command.h"
 #include "loco/core/hash.h"
 #include "loco/runtime/coordinator/membership.h"
 
