@@ -13,7 +13,9 @@
 // parses and no round, sync or checkpoint is recorded twice, the global checkpoints load, and the
 // final validation loss is within 0.05 nat of the same run without faults.
 //
-// The suite runs a short version (600 steps, about 2 minutes); bench/chaos-soak.sh runs it for 20 minutes and
+// The suite runs a short version (1600 steps: about 25-30 s without faults here, and faults slow
+// it further, room for LOCO_SOAK_MIN_FAULTS = 3 faults of up to 10 s each and their pauses; 600
+// steps, about 9 s since the step got faster, once ended after one 9 s fault); bench/chaos-soak.sh runs it for 20 minutes and
 // more with these variables: LOCO_SOAK_STEPS (the run's steps), LOCO_SOAK_GAP_S (the mean pause
 // between faults), LOCO_SOAK_MIN_FAULTS, LOCO_SOAK_MIN_S (the least duration of the faulted run),
 // LOCO_SOAK_DEADLINE_S (the most), LOCO_SOAK_DATA (a prepared dataset instead of the tiny
@@ -112,7 +114,7 @@ class ChaosSoak : public ::testing::Test {
       data_ = dir_.path() / "data";
       ASSERT_NO_FATAL_FAILURE(testing_util::prepare_tiny_dataset(dir_.path(), data_));
     }
-    steps_ = env_int("LOCO_SOAK_STEPS", 600);
+    steps_ = env_int("LOCO_SOAK_STEPS", 1600);
     ASSERT_EQ(steps_ % 40, 0) << "LOCO_SOAK_STEPS: a multiple of 40 (H = 10, evaluated every quarter)";
     std::ofstream(config()) << fmt::format(R"([model]
 context = 32
