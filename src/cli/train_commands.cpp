@@ -144,6 +144,10 @@ class Train : public Command {
     runtime::check_trainable(config);
     const auto lock = RunLock::acquire(config.run.dir, "train", "loco train");
     print_warnings(config);
+    if (auto finished = resume_ ? std::nullopt : runtime::finished_run(config, true)) {
+      fmt::print("train: {}\n", runtime::describe(*finished, config));
+      return 0;
+    }
     if (config.cluster.workers > 1) {
       throw ConfigError("cli", fmt::format("cluster.workers = {}: `loco train` is one process; use `loco launch` (or `loco "
                                            "coordinator` and `loco worker`)", config.cluster.workers));
@@ -203,6 +207,11 @@ class Launch : public Command {
     if (!dipaco) runtime::check_trainable(config);
     const auto lock = RunLock::acquire(config.run.dir, "launch", "loco launch");
     print_warnings(config);
+    if (auto finished = resume_ || dipaco ? std::nullopt : runtime::finished_run(config)) {
+      fmt::print("launch: {}\n", runtime::describe(*finished, config));
+      print_next_steps(config.run.dir, false, config.train.emulated_step_s > 0);
+      return 0;
+    }
     install_interrupt_counter();
     ignore_broken_pipes();
     runtime::LaunchOptions options;
@@ -313,7 +322,17 @@ class Worker : public Command {
     options.stop = &stop_requested();
     options.progress = progress_mode(progress_);
     options.out = options.progress == metrics::ProgressMode::kJson ? stdout : stderr;
-    const auto summary = runtime::run_worker(config, options);
+    runtime::TrainSummary summary;
+    try {
+      summary = runtime::run_worker(config, options);
+    } catch (const PeerError&) {
+      // A worker started again after its run finished finds no coordinator there: where the run
+      // folder records the end (this host's, as one host's runs share it), that is no failure.
+      auto finished = resume_ ? std::nullopt : runtime::finished_run(config);
+      if (!finished) throw;
+      fmt::print(stderr, "worker: the coordinator did not answer, and {}\n", runtime::describe(*finished, config));
+      return 0;
+    }
     if (options.progress != metrics::ProgressMode::kJson) fmt::print("{}\n", describe_summary(summary));
     return summary.interrupted ? 130 : 0;
   }
@@ -380,6 +399,10 @@ class Coordinator : public Command {
     const auto config = load_config_with(config_file_, cmd, more);
     runtime::check_trainable(config);
     const auto lock = RunLock::acquire(config.run.dir, "coordinator", "loco coordinator");
+    if (auto finished = resume_ ? std::nullopt : runtime::finished_run(config)) {
+      fmt::print(stderr, "coordinator: {}\n", runtime::describe(*finished, config));
+      return 0;
+    }
     install_stop_handler();
     ignore_broken_pipes();
     auto options = runtime::standalone_coordinator_options(config, bind_, insecure_, port_ > 0 ? port_ : 0, resume_);

@@ -113,6 +113,15 @@ connect_timeout_s = 20
 const std::vector<std::string> kStreaming = {"--sync.algorithm=streaming", "--sync.inner_steps=10", "--sync.fragments=2",
                                              "--sync.overlap_steps=1"};
 
+// The seed of a test's random moments: a committed one, so that the suite's verdict depends on the
+// code alone (issue #68), or LOCO_CHAOS_SEED's (0 draws one) to explore others by hand.
+unsigned chaos_seed(unsigned committed) {
+  const char* v = std::getenv("LOCO_CHAOS_SEED");
+  if (v == nullptr || *v == '\0') return committed;
+  const auto given = static_cast<unsigned>(std::stoul(v));
+  return given != 0 ? given : std::random_device()();
+}
+
 pid_t pid_of(const nlohmann::json& member) {
   const auto name = member["name"].get<std::string>();
   return static_cast<pid_t>(std::stol(name.substr(name.rfind(':') + 1)));
@@ -154,7 +163,7 @@ TEST_F(ChaosTest, KillsFreezesAndReplacementsLoseNothing) {
   for (auto& a : common("chaos")) args.push_back(a);
   Child launcher(args, log("chaos"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
-  const unsigned seed = std::random_device()();
+  const unsigned seed = chaos_seed(1202420224);  // it found the kill inside a collective whose round completed (5d4034f)
   std::mt19937 random(seed);
   SCOPED_TRACE(fmt::format("chaos seed {}", seed));
   const auto deadline = Clock::now() + 240s;
@@ -334,7 +343,9 @@ void ChaosTest::full_stop_resume(const std::vector<std::string>& algorithm) {
   Child launcher(launch_args("stopped", {"--port", std::to_string(port)}), log("stopped"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
-  std::mt19937 random(std::random_device{}());
+  const unsigned seed = chaos_seed(4217492359);
+  std::mt19937 random(seed);
+  SCOPED_TRACE(fmt::format("chaos seed {}", seed));
   ASSERT_TRUE(wait_for_rounds(client, 12, deadline));
   std::this_thread::sleep_for(std::chrono::milliseconds(random() % 400));
   // The workers first (so that none sees its launcher go and stops cleanly), then the launcher.
@@ -382,7 +393,8 @@ TEST_F(ChaosTest, FullStopResumeReproducesTheUninterruptedRunOfStreamingDiLoCo) 
 // and started again: the workers wait for it (cluster.coordinator_timeout_s) and the run goes on
 // from its state file. Killed again and not restarted, the workers exit with status 2 saying what
 // to do; `loco coordinator --resume` and `loco worker --resume` then finish the run. Every round
-// completes once, with one θ.
+// completes once, with one θ. Run again after the end, the coordinator and a worker say the run
+// finished and exit 0.
 TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
   const int port = testing_util::free_port();
   const std::string address = fmt::format("127.0.0.1:{}", port);
@@ -436,6 +448,25 @@ TEST_F(ChaosTest, WorkersOutliveTheCoordinator) {
   }
   EXPECT_EQ(coordinator->wait(30s), 0) << read_file(log("coordinator-3"), "test");
   EXPECT_EQ(events("live", "run_resumed").size(), 1u);
+  const auto lines_at_the_end = read_file(run("live") / "metrics.jsonl", "test");
+
+  // Started again with their original commands once the run finished (the chaos soak's race: its
+  // coordinator killed right after it recorded the run finished, which is the last thing it does,
+  // and restarted; seed 1653663434), each says where the finished run's report and checkpoints
+  // are and exits 0, and nothing in the run folder changes.
+  coordinator = start_coordinator("coordinator-4", false);
+  EXPECT_EQ(coordinator->wait(30s), 0) << read_file(log("coordinator-4"), "test");
+  auto late = args({testing_util::loco_binary(), "worker", "--coordinator", address, "--rank", "0"});
+  late.push_back("--cluster.connect_timeout_s=2");  // nobody answers: the coordinator ended with the run
+  Child late_worker(late, log("late-worker"));
+  EXPECT_EQ(late_worker.wait(60s), 0) << read_file(log("late-worker"), "test");
+  for (const char* name : {"coordinator-4", "late-worker"}) {
+    const auto text = read_file(log(name), "test");
+    EXPECT_NE(text.find("finished already"), std::string::npos) << name << ": " << text;
+    EXPECT_NE(text.find("loco report " + run("live").string()), std::string::npos) << name << ": " << text;
+    EXPECT_NE(text.find((run("live") / "checkpoints").string()), std::string::npos) << name << ": " << text;
+  }
+  EXPECT_EQ(read_file(run("live") / "metrics.jsonl", "test"), lines_at_the_end);
   std::map<int64_t, std::set<std::string>> hashes;
   for (const auto& e : events("live", "round_complete")) hashes[e["round"].get<int64_t>()].insert(e["params_hash"].get<std::string>());
   EXPECT_EQ(hashes.size(), 30u);
@@ -749,7 +780,9 @@ void ChaosTest::retry_a_round_that_lost_a_worker(const std::vector<std::string>&
   Child launcher(args, log("streaming"));
   runtime::CoordinatorClient client(fmt::format("127.0.0.1:{}", port), 20s, kObserver);
   const auto deadline = Clock::now() + 240s;
-  std::mt19937 random(std::random_device{}());
+  const unsigned seed = chaos_seed(4217492359);
+  std::mt19937 random(seed);
+  SCOPED_TRACE(fmt::format("chaos seed {}", seed));
   // The victim is frozen while it waits for round r to be convened and another member still
   // trains, so the round is convened with it but it never takes part in the collective; once it
   // is, the victim is killed. (Killing it after the round was convened raced with Streaming

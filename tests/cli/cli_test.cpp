@@ -99,6 +99,11 @@ TEST_F(CliTest, InterruptedRunResumesToTheSameLosses) {
     ++steps;
   }
   EXPECT_EQ(steps, 3) << straight.output;
+  // The same command again: the run finished, and it says so, and where (issue #68).
+  auto again = run_command(train_args("straight"), log("straight-again"));
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("finished already"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find((dir_->path() / "straight" / "checkpoints").string()), std::string::npos) << again.output;
   // The default model (GELU) cannot be written in Hugging Face's Llama format: the refusal says
   // which options make one that can.
   expect_refused({testing_util::loco_binary(), "export", "--checkpoint", (dir_->path() / "straight").string(), "--hf",

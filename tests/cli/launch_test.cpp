@@ -467,10 +467,20 @@ TEST_F(LaunchTest, AFailedStartLeavesAFolderThatTheSameCommandTakesAgain) {
   EXPECT_EQ(again.status, 0) << again.output;
   EXPECT_FALSE(events("retry", "summary").empty());
 
-  // Once it holds a run, the same command is refused again; a file is named as what it is.
+  // Once it holds a finished run, the same command says so, where the report and checkpoints are,
+  // and exits 0 without writing (issue #68: every command safe to run again); a file is named as
+  // what it is.
+  const auto lines = read_file(run("retry") / "metrics.jsonl", "test");
   auto used = run_command(launch_args("retry", {"--train.steps=4"}), log("retry-used"), 60s);
-  EXPECT_EQ(used.status, 1);
-  EXPECT_NE(used.output.find("already holds a run; pass --resume"), std::string::npos) << used.output;
+  EXPECT_EQ(used.status, 0) << used.output;
+  EXPECT_NE(used.output.find("finished already"), std::string::npos) << used.output;
+  EXPECT_NE(used.output.find("holds its last step, 4"), std::string::npos) << used.output;
+  EXPECT_NE(used.output.find("next: loco report " + run("retry").string()), std::string::npos) << used.output;
+  EXPECT_EQ(read_file(run("retry") / "metrics.jsonl", "test"), lines);
+  // One with more steps to train is still refused (it is no new run), and says how to go on.
+  auto more = run_command(launch_args("retry", {"--train.steps=8"}), log("retry-more"), 60s);
+  EXPECT_EQ(more.status, 1);
+  EXPECT_NE(more.output.find("already holds a run; pass --resume"), std::string::npos) << more.output;
   std::ofstream(run("a-file")) << "x";
   auto file = run_command(launch_args("a-file"), log("a-file"), 60s);
   EXPECT_EQ(file.status, 1);

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -72,6 +73,20 @@ struct CoordinatorResult {
   std::string message;                    // why it stopped or failed
   std::vector<std::optional<metrics::TrainSummary>> summaries;  // each worker's, by rank (none when none came)
 };
+
+// Where run.dir records that its run finished: RUN/coordinator.json's phase for an elastic run;
+// every worker's checkpoint of the last step (train.steps) for a fixed distributed run, or the one
+// process's for `loco train` (`one_process`). A command started again on a finished run, without
+// --resume, says so (describe) and exits 0, rather than refuse the folder or start the run anew.
+// An asynchronous run's end is not recorded yet (nullopt): its coordinator asks for --resume on a
+// saved outer state.
+struct FinishedRun {
+  std::string record;                    // what says it finished
+  std::filesystem::path checkpoints;     // where its checkpoints are
+};
+std::optional<FinishedRun> finished_run(const RunConfig& config, bool one_process = false);
+// "the run in RUN finished already (...)": the record, the report's command and the checkpoints.
+std::string describe(const FinishedRun& finished, const RunConfig& config);
 
 class Coordinator {
  public:

@@ -4,7 +4,10 @@
 
 #include <random>
 
+#include "loco/core/files.h"
 #include "loco/core/hash.h"
+#include "loco/core/run_folder.h"
+#include "loco/runtime/store/checkpoint.h"
 
 namespace loco::runtime {
 namespace {
@@ -44,6 +47,50 @@ void refuse_join_when_over(const RunStatus& status) {
     throw Refusal(why);
   }
   if (status.stopping()) throw Refusal("the run is stopping");
+}
+
+namespace {
+
+bool finished_checkpoints(const std::filesystem::path& checkpoints, int64_t last_step) {
+  const auto steps = CheckpointStore(checkpoints, 1).steps();
+  return !steps.empty() && steps.back() >= last_step;
+}
+
+}  // namespace
+
+std::optional<FinishedRun> finished_run(const RunConfig& config, bool one_process) {
+  if (config.sync.async) return std::nullopt;
+  const RunFolder run(config.run.dir);
+  if (config.cluster.elastic) {
+    const auto file = run.coordinator_state();
+    std::error_code error;
+    if (!std::filesystem::exists(file, error)) return std::nullopt;
+    try {  // a malformed file is no record: the coordinator reads it again and names what is wrong
+      const auto saved = nlohmann::json::parse(read_file_beneath(run.dir(), file.filename(), "coordinator", kMaxRunTextBytes));
+      if (saved.is_object() && saved.value("phase", "") == protocol::to_string(protocol::Phase::kFinished)) {
+        return FinishedRun{fmt::format("{} records it finished", file.string()), run.checkpoints()};
+      }
+    } catch (const std::exception&) {
+    }
+    return std::nullopt;
+  }
+  if (one_process) {
+    if (!finished_checkpoints(run.checkpoints(), config.train.steps)) return std::nullopt;
+    return FinishedRun{fmt::format("{} holds the checkpoint of its last step, {}", run.checkpoints().string(),
+                                   config.train.steps), run.checkpoints()};
+  }
+  for (int64_t rank = 0; rank < config.cluster.workers; ++rank) {
+    if (!finished_checkpoints(run.worker_checkpoints(rank), config.train.steps)) return std::nullopt;
+  }
+  const auto each = run.workers() / "RANK" / "checkpoints";
+  return FinishedRun{fmt::format("each of its {} workers' checkpoints, {}, holds its last step, {}", config.cluster.workers,
+                                 each.string(), config.train.steps), each};
+}
+
+std::string describe(const FinishedRun& finished, const RunConfig& config) {
+  return fmt::format("the run in {} finished already ({}): nothing is left to train and nothing was changed; its report: "
+                     "loco report {}; its checkpoints: {}; to train on, start a new run in another --run.dir",
+                     config.run.dir, finished.record, config.run.dir, finished.checkpoints.string());
 }
 
 void RunIdentity::check(const protocol::JoinRequest& request, const RunConfig& theirs) {
