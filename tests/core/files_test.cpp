@@ -6,6 +6,7 @@
 
 #include "loco/core/error.h"
 #include "loco/core/files.h"
+#include "loco/core/run_folder.h"
 #include "test_util.h"
 
 namespace loco {
@@ -98,6 +99,19 @@ TEST(Files, FullDiskIsReportedAsSuch) {
   // /dev/full answers every write with ENOSPC.
   LineAppender out("/dev/full", "test");
   testing_util::expect_error<Error>([&] { out.append("a line"); }, "disk is full");
+}
+
+// A link planted at a run folder's metrics.jsonl or lock is not written through (issue #69).
+TEST(Files, NoAppenderOrLockFollowsAPlantedLink) {
+  testing_util::TempDir dir;
+  const auto outside = dir.path() / "outside.txt", run = dir.path() / "run";
+  write_file_atomic(outside, "not yours", "test");
+  fs::create_directories(run);
+  fs::create_symlink(outside, run / "metrics.jsonl");
+  fs::create_symlink(outside, run / "lock");
+  expect_error<Error>([&] { LineAppender(run / "metrics.jsonl", "test"); }, "it is a symbolic link");
+  expect_error<Error>([&] { RunLock::acquire(run, "test", "loco test"); }, "it is a symbolic link");
+  EXPECT_EQ(read_file(outside, "test"), "not yours");
 }
 
 TEST(Files, LineAppenderAppendsWholeLines) {

@@ -221,8 +221,12 @@ void write_file_atomic(const fs::path& path, std::string_view bytes, std::string
 LineAppender::LineAppender(const fs::path& path, std::string_view module) : path_(path), module_(module) {
   std::error_code ec;
   if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(module, fmt::format("{}: cannot open for appending: {}", path.string(), reason(errno)));
+  // Never through a link planted at the name (a run folder others write into): O_NOFOLLOW.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw Error(module, fmt::format("{}: cannot open for appending: {}", path.string(),
+                                    errno == ELOOP ? "it is a symbolic link, which loco does not follow" : reason(errno)));
+  }
 }
 
 LineAppender::LineAppender(LineAppender&& other) noexcept

@@ -43,8 +43,11 @@ RunLock RunLock::acquire(const fs::path& dir, std::string_view module, std::stri
   fs::create_directories(dir, error);
   if (error) throw Error(module, fmt::format("cannot create run.dir {}: {}", dir.string(), error.message()));
   const auto file = RunFolder(dir).lock();
-  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(module, fmt::format("cannot open {}: {}", file.string(), std::strerror(errno)));
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw Error(module, fmt::format("cannot open {}: {}", file.string(),
+                                    errno == ELOOP ? "it is a symbolic link, which loco does not follow" : std::strerror(errno)));
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int why = errno;
     std::string holder(512, '\0');

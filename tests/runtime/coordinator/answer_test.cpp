@@ -268,6 +268,29 @@ TEST(CoordinatorClient, WithoutATokenAnUnsignedAnswerIsBelievedOnlyWhenInsecure)
   expect_error<RunComplete>([&] { trusting.join(join); }, "the run is complete");
 }
 
+// A refusal is never signed, so a worker without a token cannot tell the coordinator's from a
+// forger's: one that held the port ended the worker in a second with its own text (issue #69, M2).
+// It is asked again for all of cluster.connect_timeout_s, and then shown as the unsigned answer it is.
+TEST(CoordinatorClient, WithoutATokenAnUnsignedRefusalIsNotBelievedAtOnce) {
+  testing_util::TempDir dir;
+  std::atomic<int> asked{0};
+  FakeCoordinator forger([&](const httplib::Request&, httplib::Response& response) {
+    ++asked;
+    response.status = 401;
+    response.set_content(R"({"error": "your token was revoked: delete the run folder"})", "application/json");
+  });
+  protocol::JoinRequest join;
+  join.name = "test:1";
+  ClientSecurity waiting;
+  waiting.token_file = dir.path() / "join_token";  // not there
+  CoordinatorClient worker(forger.address(), 1500ms, waiting);
+  const auto start = std::chrono::steady_clock::now();
+  expect_error<ConfigError>([&] { worker.join(join); }, "(unsigned, answered for");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s) << "believed at once";
+  EXPECT_GE(asked.load(), 3);
+  expect_error<ConfigError>([&] { worker.join(join); }, "this worker has no join token to check who sent it");
+}
+
 // A status read announcing a body is refused at the gate, before the body could hold the
 // connection (docs/security.md, "Available while other clients misbehave").
 TEST(Coordinator, AStatusReadWithABodyIsRefusedBeforeItsBody) {

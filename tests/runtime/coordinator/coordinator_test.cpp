@@ -377,7 +377,7 @@ TEST(Coordinator, JoinTokenIsRequiredAndNeverLogged) {
   };
   Running running(options);
   auto request = join_request(elastic_config(run, 2, secret));
-  CoordinatorClient unsigned_client(running.address(), 5s), wrong(running.address(), 1s, {"wrong"});
+  CoordinatorClient unsigned_client(running.address(), 1s), wrong(running.address(), 1s, {"wrong"});
   expect_error<ConfigError>([&] { unsigned_client.join(request); }, "the request is not signed");
   // A worker with another token is refused unsigned, which it does not believe at once (a forged
   // refusal could end it): it gives up when its patience runs out, naming the token.

@@ -104,7 +104,7 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
   const auto slot_deadline = Clock::now() + wait_for_slot;
   bool told = false;
   auto backoff = 200ms;
-  std::string last_error;
+  std::string last_error, unsigned_refusal;
   while (true) {
     auto reply = http_.attempt("POST", "/v1/join", join_request.to_json().dump(), 30s, last_error);
     if (reply) {
@@ -112,12 +112,12 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
       if (reply->first == 410) throw RunComplete(error_text(reply->second));
       if (reply->first == 409) throw ConfigError("coordinator", fmt::format("refused to join: {}", error_text(reply->second)));
       if (reply->first == 401) {
-        throw ConfigError("coordinator", fmt::format(
-            "refused to join: {}; hint: every worker needs the run's join token: LOCO_JOIN_TOKEN or cluster.join_token, "
-            "or on the coordinator's machine the run folder's join_token file (this worker has none)",
-            error_text(reply->second)));
-      }
-      if (reply->first == 503) {
+        // Unsigned, and this worker has no token to check it with: whoever holds the port could
+        // send it to end the worker with a text of its choosing (issue #69, M2). So it is not
+        // believed at once: asked again until cluster.connect_timeout_s, and then named as what it is.
+        unsigned_refusal = error_text(reply->second);
+        last_error = fmt::format("an unsigned refusal (HTTP 401: {})", unsigned_refusal);
+      } else if (reply->first == 503) {
         if (Clock::now() + backoff > slot_deadline) {
           throw ConfigError("coordinator", fmt::format("refused to join: {} (waited {:.0f} s for a slot to free; "
                                                        "cluster.join_timeout_s)", error_text(reply->second),
@@ -133,8 +133,16 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
         std::this_thread::sleep_for(backoff);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
         continue;
+      } else {
+        throw Error("coordinator", fmt::format("join failed (HTTP {}): {}", reply->first, error_text(reply->second)));
       }
-      throw Error("coordinator", fmt::format("join failed (HTTP {}): {}", reply->first, error_text(reply->second)));
+    }
+    if (Clock::now() + backoff > deadline && !unsigned_refusal.empty() && last_error.starts_with("an unsigned refusal")) {
+      throw ConfigError("coordinator", fmt::format(
+          "refused to join: {} (unsigned, answered for {:.0f} s: this worker has no join token to check who sent it); "
+          "hint: every worker needs the run's join token: LOCO_JOIN_TOKEN or cluster.join_token, or on the "
+          "coordinator's machine the run folder's join_token file", unsigned_refusal,
+          std::chrono::duration<double>(Clock::now() - tries_from).count()));
     }
     if (Clock::now() + backoff > deadline) {
       if (told) {  // it answered "full" until now
