@@ -510,11 +510,13 @@ TEST_F(ChaosTest, AnElasticRunSpansHostsWithTheirOwnAddressesAndDisks) {
   beta->signal(SIGKILL);
   EXPECT_EQ(beta->wait(10s), 128 + SIGKILL);
 
-  // Without the token a worker is refused, and says why.
+  // Without the token a worker is refused, and says why once the unsigned refusal was repeated for
+  // its cluster.connect_timeout_s (it cannot tell the coordinator's from a forger's).
   ::unsetenv("LOCO_JOIN_TOKEN");
-  auto intruder = worker("gamma", "127.0.0.3", {}, "intruder");
+  auto intruder = worker("gamma", "127.0.0.3", {"--cluster.connect_timeout_s=2"}, "intruder");
   EXPECT_EQ(intruder->wait(60s), 1);
   EXPECT_NE(read_file(log("intruder"), "test").find("join token"), std::string::npos) << read_file(log("intruder"), "test");
+  EXPECT_NE(read_file(log("intruder"), "test").find("unsigned"), std::string::npos) << read_file(log("intruder"), "test");
   ::setenv("LOCO_JOIN_TOKEN", kCrossHostToken, 1);
 
   auto gamma = worker("gamma", "127.0.0.3", {}, "gamma");
