@@ -18,6 +18,7 @@
 #   SEEDS="1653663434 3197102869" bench/chaos-soak.sh   these seeds instead of random ones
 set -euo pipefail
 cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "bench: the soak needs root (network namespaces, tmpfs disks): run it with sudo" >&2; exit 1; }
 loco=${LOCO:-build/loco}
 test_binary=build/tests/cli/test_chaos
 [ -x "$test_binary" ] && [ -x "$loco" ] || scripts/build.sh
@@ -74,22 +75,27 @@ print(f"bench: {summary['soaks']} soaks, {summary['failed']} failed, {streak} pa
 EOF
 }
 
-n=${N:-100}
 read -r -a seeds <<< "${SEEDS:-}"
+# N soaks in all: those an earlier, stopped run of this benchmark left in OUT/soaks count.
+kept=$(find "$out/soaks" -name '*.json' ! -name '*.raw.json' | wc -l)
+n=$(( ${#seeds[@]} > 0 ? ${#seeds[@]} : ${N:-100} - kept ))
+(( ${#seeds[@]} > 0 )) || echo "bench: $kept soaks kept in $out/soaks; $(( n > 0 ? n : 0 )) to go"
 done_here=0
-while (( done_here < (${#seeds[@]} > 0 ? ${#seeds[@]} : n) )); do
-  if (( ${#seeds[@]} > 0 )); then seed=${seeds[$done_here]}; else seed=$(( $(od -An -N4 -tu4 /dev/urandom) )); fi
-  (( seed != 0 )) || continue
+while (( done_here < n )); do
   done_here=$((done_here + 1))
+  if (( ${#seeds[@]} > 0 )); then seed=${seeds[$((done_here - 1))]}; else seed=$(( $(od -An -N4 -tu4 /dev/urandom) )); fi
+  (( seed != 0 )) || { echo "bench: seed 0 skipped (it means: draw one)"; continue; }
   result="$out/soaks/$seed.json" raw="$out/soaks/$seed.raw.json" faults="$out/soaks/$seed.faults.log" log="$out/failures/$seed.log"
   [ -f "$result" ] && { echo "bench: seed $seed already soaked"; continue; }
-  echo "bench: soak $done_here of $(( ${#seeds[@]} > 0 ? ${#seeds[@]} : n )), seed $seed"
+  echo "bench: soak $done_here of $n, seed $seed"
   rm -f "$raw" "$faults"
   status=0
   env "${data[@]}" LOCO_SOAK_SEED="$seed" LOCO_SOAK_STEPS="${STEPS:-1600}" LOCO_SOAK_GAP_S="${GAP:-1}" \
     LOCO_SOAK_MIN_FAULTS="${MIN_FAULTS:-3}" LOCO_SOAK_MIN_S="${MIN_S:-0}" LOCO_SOAK_DEADLINE_S="${DEADLINE:-200}" \
     LOCO_SOAK_SUMMARY="$raw" LOCO_SOAK_LOG="$faults" \
-    timeout 900 "$test_binary" --gtest_filter="$filter" > "$out/soaks/$seed.out" 2>&1 || status=$?
+    timeout -k 30 $(( ${DEADLINE:-200} + 600 )) "$test_binary" --gtest_filter="$filter" > "$out/soaks/$seed.out" 2>&1 || status=$?
+  # Killed past its time, the test left its processes: they would slow the next soak.
+  (( status != 124 && status != 137 )) || pkill -KILL -f 'loco-test-Seeds.ChaosSoak' || true
   passed=false said=""
   if (( status == 0 )) && grep -q '^\[  PASSED  \] 1 test' "$out/soaks/$seed.out"; then
     passed=true
@@ -113,7 +119,7 @@ with open(result, "w") as f:
     json.dump(s, f, indent=1)
     f.write("\n")
 EOF
-  rm -f "$raw" "$out/soaks/$seed.out"
+  rm -f "$raw" "$faults" "$out/soaks/$seed.out"
   summarize
 done
 summarize

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "loco/core/command.h"
 #include "loco/core/error.h"
 #include "loco/core/files.h"
 #include "loco/core/run_folder.h"
@@ -111,6 +112,10 @@ TEST(Files, NoAppenderOrLockFollowsAPlantedLink) {
   fs::create_symlink(outside, run / "lock");
   expect_error<Error>([&] { LineAppender(run / "metrics.jsonl", "test"); }, "it is a symbolic link");
   expect_error<Error>([&] { RunLock::acquire(run, "test", "loco test"); }, "it is a symbolic link");
+  // Nor the log of a tool loco runs (the refusal names the file, not the tool).
+  fs::create_symlink(outside, run / "tool.log");
+  expect_error<Error>([&] { run_command("test", std::chrono::seconds(10), {"true"}, run / "tool.log", "none"); },
+                      (run / "tool.log").string() + " for `true`'s output: it is a symbolic link");
   EXPECT_EQ(read_file(outside, "test"), "not yours");
 }
 

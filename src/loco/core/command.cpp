@@ -43,19 +43,36 @@ CommandResult run_command(std::string_view module, std::chrono::seconds timeout,
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
 
+  // The output files are opened here, never through a link planted at their names, so that a
+  // refusal names the file (in the child it would read as the tool failing to start).
+  auto open_output = [&](const std::filesystem::path& file) {
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw Error(module, fmt::format("cannot open {} for `{}`'s output: {}", file.string(), join_argv(argv),
+                                      errno == ELOOP ? "it is a symbolic link, which loco does not follow" : std::strerror(errno)));
+    }
+    return fd;
+  };
+  const int out = open_output(streams.stdout_file.empty() ? log_file : streams.stdout_file);
+  int err = out;
+  if (!streams.stdout_file.empty()) {
+    try {
+      err = open_output(log_file);
+    } catch (...) {
+      ::close(out);
+      throw;
+    }
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  if (streams.stdout_file.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, 1, streams.stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-  }
+  posix_spawn_file_actions_adddup2(&actions, out, 1);  // (dup2 leaves the copies open in the tool)
+  posix_spawn_file_actions_adddup2(&actions, err, 2);
   pid_t pid = 0;
   int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  ::close(out);
+  if (err != out) ::close(err);
   if (rc != 0) {
     throw Error(module, fmt::format("cannot run `{}`: {}. hint: {}", join_argv(argv), std::strerror(rc), hint));
   }

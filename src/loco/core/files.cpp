@@ -146,6 +146,27 @@ std::string read_file_beneath(const fs::path& root, const fs::path& relative, st
   return bytes;
 }
 
+std::string read_file_tail(const fs::path& path, uint64_t max_bytes, std::string_view module) {
+  Descriptor file(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (file.get() < 0) throw DataError(module, fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(file.get(), &st) != 0) throw DataError(module, fmt::format("{}: cannot stat: {}", path.string(), std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw DataError(module, fmt::format("{}: not a regular file", path.string()));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const uint64_t from = size > max_bytes ? size - max_bytes : 0;
+  std::string bytes(static_cast<size_t>(size - from), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pread(file.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(from + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw DataError(module, fmt::format("{}: read failed: {}", path.string(), std::strerror(errno)));
+    if (n == 0) break;  // cut while read: what was there
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
 bool remove_file_beneath(const fs::path& root, const fs::path& relative) {
   if (relative.is_absolute()) return false;
   auto [dir, name] = open_parent_beneath(root, relative);

@@ -20,6 +20,9 @@ std::string read_file(const fs::path& path, std::string_view module);
 // of at most `max_bytes`. `relative` may not be absolute nor hold "..". Throws DataError naming
 // the path and what is wrong.
 std::string read_file_beneath(const fs::path& root, const fs::path& relative, std::string_view module, uint64_t max_bytes);
+// The last `max_bytes` of a regular file (all of it when smaller), opened with O_NOFOLLOW: where
+// a long log's newest lines are. Throws DataError naming the path when it cannot be read.
+std::string read_file_tail(const fs::path& path, uint64_t max_bytes, std::string_view module);
 // The most a run folder's text file may hold (checkpoints' state.json, `latest`, coordinator.json,
 // config.toml): what is larger was not written by loco, and is refused unread.
 inline constexpr uint64_t kMaxRunTextBytes = uint64_t{64} << 20;

@@ -7,6 +7,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -964,6 +965,75 @@ TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
   client.round_done({b.member, 1, go.epoch, 5, 0x1234});
   EXPECT_EQ(second.coordinator.state()["elastic"]["rounds_completed"], 1);
   EXPECT_EQ(second.coordinator.state()["elastic"]["slots"][1]["cursor"], 8);
+}
+
+// A coordinator killed after it wrote a round's completion to metrics.jsonl and before it saved the
+// table: its successor finds the round still under way, the workers report it done again, and it
+// completes once more in the table, but metrics.jsonl records it once (the chaos soak saw "round
+// 60 recorded 2 times", seed 1318186611).
+TEST(Coordinator, ARoundCompletedAgainAfterARestartIsRecordedOnce) {
+  testing_util::TempDir run;
+  const auto config = elastic_config(run, 2, "tok");
+  auto request = join_request(config);
+  protocol::JoinReply a, b;
+  protocol::RoundReply go;
+  std::string before_the_end;
+  {
+    Running first(options_for(config));
+    CoordinatorClient client(first.address(), 5s, {"tok"});
+    a = client.join(request);
+    request.name = "b";
+    b = client.join(request);
+    ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning);
+    EXPECT_EQ(client.round({a.member, 1, -1, 5, {0, 7}}).action, protocol::RoundAction::kWait);
+    go = client.round({b.member, 1, -1, 5, {0, 8}});
+    ASSERT_EQ(go.action, protocol::RoundAction::kGo);
+    before_the_end = read_file(run.path() / "coordinator.json", "test");
+    client.round_done({a.member, 1, go.epoch, 5, 0x1234});
+    client.round_done({b.member, 1, go.epoch, 5, 0x1234});
+    ASSERT_EQ(first.coordinator.state()["elastic"]["rounds_completed"], 1);
+  }
+  // As if it had died between the event and the table's save.
+  write_file_atomic(run.path() / "coordinator.json", before_the_end, "test", Readers::kOwner);
+  auto completions = [&] {
+    int n = 0;
+    std::ifstream in(run.path() / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto e = nlohmann::json::parse(line);
+      n += e.value("event", "") == "round_complete" && e.value("round", 0) == 1 ? 1 : 0;
+    }
+    return n;
+  };
+  ASSERT_EQ(completions(), 1);
+  Running second(options_for(config));
+  EXPECT_EQ(second.coordinator.state()["elastic"]["rounds_completed"], 0);
+  CoordinatorClient client(second.address(), 5s, {"tok"});
+  client.round_done({a.member, 1, go.epoch, 5, 0x1234});
+  client.round_done({b.member, 1, go.epoch, 5, 0x1234});
+  EXPECT_EQ(second.coordinator.state()["elastic"]["rounds_completed"], 1);
+  EXPECT_EQ(completions(), 1) << read_file(run.path() / "metrics.jsonl", "test");
+}
+
+// What a command run again takes for a finished elastic run (issue #68): RUN/coordinator.json in
+// phase "finished", not stopped (a stopped run ends "finished" once its members left), and, with
+// real compute, the global checkpoint of the last step; nothing for a file it cannot read.
+TEST(Coordinator, OnlyACompletedElasticRunIsTakenAsFinished) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  const auto state = run.path() / "coordinator.json";
+  write_file_atomic(state, R"({"phase": "finished", "stopping": true, "table": {}})", "test");
+  EXPECT_FALSE(finished_run(config)) << "a stopped run";
+  write_file_atomic(state, R"({"phase": "finished", "stopping": false, "table": {}})", "test");
+  EXPECT_FALSE(finished_run(config)) << "no checkpoint of its last step";
+  config.train.emulated_step_s = 0.01;  // an emulated run saves none
+  const auto finished = finished_run(config);
+  ASSERT_TRUE(finished);
+  EXPECT_NE(describe(*finished, config).find("finished already (" + state.string() + " records it finished)"), std::string::npos)
+      << describe(*finished, config);
+  write_file_atomic(state, R"({"phase": "running", "stopping": false, "table": {}})", "test");
+  EXPECT_FALSE(finished_run(config));
+  write_file_atomic(state, "[not json", "test");
+  EXPECT_FALSE(finished_run(config));
 }
 
 // A worker that joins an elastic run whose every slot has a live member (a replacement started

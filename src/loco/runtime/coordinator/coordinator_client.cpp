@@ -152,7 +152,8 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
       }
       // A worker with a token is refused unsigned when its token is not the run's (a refusal is
       // never signed, so it is not believed at once: HttpClient::attempt).
-      const bool refused = last_error.starts_with("a refusal");
+      if (!unsigned_refusal.empty()) last_error += fmt::format("; before that, an unsigned refusal (HTTP 401: {})", unsigned_refusal);
+      const bool refused = last_error.starts_with("a refusal") || !unsigned_refusal.empty();
       const bool unsigned_answer = last_error.starts_with("an unsigned answer");
       throw PeerError("worker", fmt::format("cannot reach the coordinator at {} ({:.0f} s of tries; {}); hint: {} "
                                             "(cluster.connect_timeout_s = {:.0f} s)", address(),

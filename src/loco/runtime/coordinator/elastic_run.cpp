@@ -34,6 +34,30 @@ MembershipOptions membership_options(const RunConfig& config) {
   return o;
 }
 
+// The rounds past `after` whose round_complete the tail of metrics.jsonl records (its last 8 MiB:
+// a predecessor's last events are there). Nothing when the file cannot be read.
+std::set<int64_t> rounds_recorded_after(const fs::path& metrics, int64_t after) {
+  constexpr uint64_t kTail = uint64_t{8} << 20;
+  std::set<int64_t> out;
+  std::string text;
+  try {
+    text = read_file_tail(metrics, kTail, "coordinator");
+  } catch (const Error&) {
+    return out;
+  }
+  size_t at = text.size() == kTail ? text.find('\n') + 1 : 0;  // a line cut by the tail is not read
+  while (at < text.size()) {
+    const auto end = std::min(text.find('\n', at), text.size());
+    const std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    if (line.find("\"round_complete\"") == std::string_view::npos) continue;
+    const auto e = nlohmann::json::parse(line, nullptr, false);
+    if (!e.is_object() || e.value("event", "") != "round_complete" || !e.contains("round") || !e["round"].is_number_integer()) continue;
+    if (const auto round = e["round"].get<int64_t>(); round > after) out.insert(round);
+  }
+  return out;
+}
+
 }  // namespace
 
 ElasticRun::ElasticRun(const CoordinatorOptions& options, RunStatus& status, RunIdentity& identity)
@@ -45,6 +69,7 @@ ElasticRun::ElasticRun(const CoordinatorOptions& options, RunStatus& status, Run
       state_file_(RunFolder(options.config.run.dir).coordinator_state()) {
   if (options_.resume) {
     restore_from_checkpoint();
+    persist();  // at once: the file no longer says how the run ended before (a worker reads "finished" there)
   } else if (fs::exists(state_file_)) {
     restore_live_state();
   }
@@ -85,6 +110,7 @@ void ElasticRun::restore_live_state() {
                                                "checkpoints with --resume", state_file_.string(), e.what()));
   }
   if (table_.started()) status_.enter(Phase::kRunning);
+  recorded_rounds_ = rounds_recorded_after(RunFolder(options_.config.run.dir).metrics(), table_.rounds_completed());
   log(fmt::format("continuing run {} from {}: epoch {}, {} rounds completed, {} live members (each has "
                   "cluster.dead_after_s to be heard from)", status_.run_id(), state_file_.string(), table_.epoch(),
                   table_.rounds_completed(), table_.live_members()));
@@ -193,6 +219,11 @@ void ElasticRun::restart_orphans() {
 // Writes the table's events to the log and metrics.jsonl, then saves the table.
 void ElasticRun::flush_events() {
   for (const auto& e : table_.take_events()) {
+    if (const auto* done = std::get_if<metrics::RoundCompleteEvent>(&e); done != nullptr && recorded_rounds_.erase(done->round)) {
+      log(fmt::format("round {} completed again; metrics.jsonl records it already (the coordinator before this one wrote it "
+                      "and died before it saved the table): not recorded twice", done->round));
+      continue;
+    }
     log(describe_event(e));
     try {
       events_.write(e);

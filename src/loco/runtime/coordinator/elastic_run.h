@@ -10,6 +10,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 
 #include "loco/core/files.h"
 #include "loco/metrics/metrics_log.h"
@@ -75,6 +76,10 @@ class ElasticRun final : public Run {
   // When a worker last found the run full and asked again (it waits for a slot; quieter than
   // kWaiterSilence, it no longer counts as waiting).
   std::map<std::string, Clock::time_point> slot_waiters_;
+  // Rounds past the table's whose completion RUN/metrics.jsonl records already: a predecessor killed
+  // after it wrote the event and before it saved the table. The workers report the round done again
+  // and it completes again, once in the table; the event is not written twice.
+  std::set<int64_t> recorded_rounds_;
   const fs::path state_file_;
   std::string saved_state_;                     // what state_file_ holds
   bool state_write_failed_ = false;

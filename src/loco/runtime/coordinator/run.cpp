@@ -67,7 +67,11 @@ std::optional<FinishedRun> finished_run(const RunConfig& config, bool one_proces
     if (!std::filesystem::exists(file, error)) return std::nullopt;
     try {  // a malformed file is no record: the coordinator reads it again and names what is wrong
       const auto saved = nlohmann::json::parse(read_file_beneath(run.dir(), file.filename(), "coordinator", kMaxRunTextBytes));
-      if (saved.is_object() && saved.value("phase", "") == protocol::to_string(protocol::Phase::kFinished)) {
+      // A stopped run ends "finished" too once every member left: it is not, unless its last
+      // step's global checkpoint is there (an emulated run saves none, and its record is the file).
+      const bool complete = config.train.emulated_step_s > 0 || finished_checkpoints(run.checkpoints(), config.train.steps);
+      if (saved.is_object() && saved.value("phase", "") == protocol::to_string(protocol::Phase::kFinished) &&
+          !saved.value("stopping", false) && complete) {
         return FinishedRun{fmt::format("{} records it finished", file.string()), run.checkpoints()};
       }
     } catch (const std::exception&) {
