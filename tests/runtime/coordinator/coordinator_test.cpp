@@ -925,28 +925,33 @@ TEST(Coordinator, ServesTlsThatWorkersVerify) {
 // A coordinator killed and started again on the same run folder takes the membership back from
 // RUN/coordinator.json: the same members, epoch and run id, and the round under way, which the
 // workers then complete with it.
+// Two members a and b of an elastic run of two join, start, and arrive at round 1's end: it goes.
+struct FirstRound {
+  protocol::JoinReply a, b;
+  protocol::RoundReply go;
+};
+void convene_the_first_round(CoordinatorClient& client, protocol::JoinRequest request, FirstRound& out) {
+  out.a = client.join(request);
+  request.name = "b";
+  out.b = client.join(request);
+  ASSERT_EQ(client.wait_for_start(out.a.rank, nullptr).phase, protocol::Phase::kRunning);
+  EXPECT_EQ(client.round({out.a.member, 1, -1, 5, {0, 7}}).action, protocol::RoundAction::kWait);
+  out.go = client.round({out.b.member, 1, -1, 5, {0, 8}});
+  ASSERT_EQ(out.go.action, protocol::RoundAction::kGo);
+}
+
 TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
   testing_util::TempDir run;
   const auto config = elastic_config(run, 2, "tok");
-  auto request = join_request(config);
-  protocol::JoinReply a, b;
-  protocol::RoundReply go;
+  FirstRound first_round;
   std::string run_id;
   {
     Running first(options_for(config));
     CoordinatorClient client(first.address(), 5s, {"tok"});
-    a = client.join(request);
-    request.name = "b";
-    b = client.join(request);
-    ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning);
-    protocol::RoundRequest arrival{a.member, 1, -1, 5, {0, 7}};
-    EXPECT_EQ(client.round(arrival).action, protocol::RoundAction::kWait);
-    arrival.member = b.member;
-    arrival.position = {0, 8};
-    go = client.round(arrival);
-    ASSERT_EQ(go.action, protocol::RoundAction::kGo);
+    ASSERT_NO_FATAL_FAILURE(convene_the_first_round(client, join_request(config), first_round));
     run_id = first.coordinator.state()["run_id"];
   }  // the coordinator is gone; the round is under way on the workers
+  const auto& [a, b, go] = first_round;
 
   Running second(options_for(config));
   const auto state = second.coordinator.state();
@@ -974,20 +979,13 @@ TEST(Coordinator, ARestartedCoordinatorContinuesTheRunFromItsStateFile) {
 TEST(Coordinator, ARoundCompletedAgainAfterARestartIsRecordedOnce) {
   testing_util::TempDir run;
   const auto config = elastic_config(run, 2, "tok");
-  auto request = join_request(config);
-  protocol::JoinReply a, b;
-  protocol::RoundReply go;
+  FirstRound first_round;
+  const auto& [a, b, go] = first_round;
   std::string before_the_end;
   {
     Running first(options_for(config));
     CoordinatorClient client(first.address(), 5s, {"tok"});
-    a = client.join(request);
-    request.name = "b";
-    b = client.join(request);
-    ASSERT_EQ(client.wait_for_start(a.rank, nullptr).phase, protocol::Phase::kRunning);
-    EXPECT_EQ(client.round({a.member, 1, -1, 5, {0, 7}}).action, protocol::RoundAction::kWait);
-    go = client.round({b.member, 1, -1, 5, {0, 8}});
-    ASSERT_EQ(go.action, protocol::RoundAction::kGo);
+    ASSERT_NO_FATAL_FAILURE(convene_the_first_round(client, join_request(config), first_round));
     before_the_end = read_file(run.path() / "coordinator.json", "test");
     client.round_done({a.member, 1, go.epoch, 5, 0x1234});
     client.round_done({b.member, 1, go.epoch, 5, 0x1234});
