@@ -9,7 +9,7 @@
 # network namespaces, the slots' tmpfs disks).
 #
 # Each soak's JSON summary goes to OUT/soaks/SEED.json; a failed one's test output and fault log
-# to OUT/failures/SEED.log. After every soak, OUT.json sums them up: the seeds, the commit each ran
+# to OUT/failures/SEED.log, its run's metrics.jsonl and every process's log to OUT/failures/SEED/. After every soak, OUT.json sums them up: the seeds, the commit each ran
 # on, faults of each kind, rounds, every failure with its seed and log, and how many soaks in a row
 # passed at the end. An interrupted run continues where it stopped (OUT/soaks is kept).
 #
@@ -92,7 +92,7 @@ while (( done_here < n )); do
   status=0
   env "${data[@]}" LOCO_SOAK_SEED="$seed" LOCO_SOAK_STEPS="${STEPS:-1600}" LOCO_SOAK_GAP_S="${GAP:-1}" \
     LOCO_SOAK_MIN_FAULTS="${MIN_FAULTS:-3}" LOCO_SOAK_MIN_S="${MIN_S:-0}" LOCO_SOAK_DEADLINE_S="${DEADLINE:-200}" \
-    LOCO_SOAK_SUMMARY="$raw" LOCO_SOAK_LOG="$faults" \
+    LOCO_SOAK_SUMMARY="$raw" LOCO_SOAK_LOG="$faults" LOCO_SOAK_KEEP="$out/failures/$seed" \
     timeout -k 30 $(( ${DEADLINE:-200} + 600 )) "$test_binary" --gtest_filter="$filter" > "$out/soaks/$seed.out" 2>&1 || status=$?
   # Killed past its time, the test left its processes: they would slow the next soak.
   (( status != 124 && status != 137 )) || pkill -KILL -f 'loco-test-Seeds.ChaosSoak' || true

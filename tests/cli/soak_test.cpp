@@ -20,7 +20,8 @@
 // more with these variables: LOCO_SOAK_STEPS (the run's steps), LOCO_SOAK_GAP_S (the mean pause
 // between faults), LOCO_SOAK_MIN_FAULTS, LOCO_SOAK_MIN_S (the least duration of the faulted run),
 // LOCO_SOAK_DEADLINE_S (the most), LOCO_SOAK_DATA (a prepared dataset instead of the tiny
-// corpus), LOCO_SOAK_SEED (the faults' seed instead of the committed one), LOCO_SOAK_SUMMARY (a JSON summary is written there) and LOCO_SOAK_LOG
+// corpus), LOCO_SOAK_SEED (the faults' seed instead of the committed one), LOCO_SOAK_KEEP (a failed
+// soak's metrics.jsonl and logs are copied there), LOCO_SOAK_SUMMARY (a JSON summary is written there) and LOCO_SOAK_LOG
 // (the fault log is copied there).
 #include <gtest/gtest.h>
 
@@ -552,6 +553,15 @@ TEST_P(ChaosSoak, RandomFaultsLoseNothing) {
     fs::copy_file(log("faults"), path, fs::copy_options::overwrite_existing);
   }
   if (HasFailure()) std::printf("the soak's faults:\n%s\n", read_file(log("faults"), "test").c_str());
+  // What a failed soak leaves for its diagnosis (bench/chaos-soak.sh): the run's metrics.jsonl and
+  // every process's log, copied to LOCO_SOAK_KEEP.
+  if (const char* keep = std::getenv("LOCO_SOAK_KEEP"); HasFailure() && keep != nullptr && *keep != '\0') {
+    fs::create_directories(keep);
+    fs::copy_file(run("chaos") / "metrics.jsonl", fs::path(keep) / "metrics.jsonl", fs::copy_options::overwrite_existing);
+    for (const auto& entry : fs::directory_iterator(dir_.path())) {
+      if (entry.path().extension() == ".log") fs::copy_file(entry.path(), fs::path(keep) / entry.path().filename(), fs::copy_options::overwrite_existing);
+    }
+  }
   std::printf("soak: %d faults in %.0f s, final val_loss %.4f (without faults %.4f)\n%s\n", total, soak_s, chaos_loss, calm_loss,
               summary.dump().c_str());
 }
