@@ -107,6 +107,7 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
   std::string last_error, unsigned_refusal;
   while (true) {
     auto reply = http_.attempt("POST", "/v1/join", join_request.to_json().dump(), 30s, last_error);
+    bool refused_unsigned = false;  // this try's answer
     if (reply) {
       if (reply->first == 200) return protocol::JoinReply::from_json(nlohmann::json::parse(reply->second));
       if (reply->first == 410) throw RunComplete(error_text(reply->second));
@@ -116,7 +117,7 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
         // send it to end the worker with a text of its choosing (issue #69, M2). So it is not
         // believed at once: asked again until cluster.connect_timeout_s, and then named as what it is.
         unsigned_refusal = error_text(reply->second);
-        last_error = fmt::format("an unsigned refusal (HTTP 401: {})", unsigned_refusal);
+        refused_unsigned = true;
       } else if (reply->first == 503) {
         if (Clock::now() + backoff > slot_deadline) {
           throw ConfigError("coordinator", fmt::format("refused to join: {} (waited {:.0f} s for a slot to free; "
@@ -137,7 +138,7 @@ protocol::JoinReply CoordinatorClient::join(const protocol::JoinRequest& join_re
         throw Error("coordinator", fmt::format("join failed (HTTP {}): {}", reply->first, error_text(reply->second)));
       }
     }
-    if (Clock::now() + backoff > deadline && !unsigned_refusal.empty() && last_error.starts_with("an unsigned refusal")) {
+    if (Clock::now() + backoff > deadline && refused_unsigned) {
       throw ConfigError("coordinator", fmt::format(
           "refused to join: {} (unsigned, answered for {:.0f} s: this worker has no join token to check who sent it); "
           "hint: every worker needs the run's join token: LOCO_JOIN_TOKEN or cluster.join_token, or on the "

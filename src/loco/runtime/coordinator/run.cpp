@@ -17,6 +17,12 @@ std::string random_run_id() {
   return hex64((static_cast<uint64_t>(device()) << 32) ^ device());
 }
 
+// Whether the newest complete checkpoint under `checkpoints` is of `last_step` (or later).
+bool finished_checkpoints(const std::filesystem::path& checkpoints, int64_t last_step) {
+  const auto steps = CheckpointStore(checkpoints, 1).steps();
+  return !steps.empty() && steps.back() >= last_step;
+}
+
 }  // namespace
 
 RunStatus::RunStatus() : run_id_(random_run_id()) {}
@@ -48,15 +54,6 @@ void refuse_join_when_over(const RunStatus& status) {
   }
   if (status.stopping()) throw Refusal("the run is stopping");
 }
-
-namespace {
-
-bool finished_checkpoints(const std::filesystem::path& checkpoints, int64_t last_step) {
-  const auto steps = CheckpointStore(checkpoints, 1).steps();
-  return !steps.empty() && steps.back() >= last_step;
-}
-
-}  // namespace
 
 std::optional<FinishedRun> finished_run(const RunConfig& config, bool one_process) {
   if (config.sync.async) return std::nullopt;
