@@ -714,6 +714,21 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
   const auto completed = events("orphans", "round_complete");
   ASSERT_FALSE(completed.empty());
   EXPECT_EQ(completed.back()["step"], 800);
+  // A round completed past that checkpoint is undone, and the restart says how many: those
+  // completed in its epoch or before. Every round stands completed once, and every sync names the
+  // epoch its round completed in (what tells an undone one from the one that stands).
+  const auto from = restored[0]["round"].get<int64_t>(), at_epoch = restored[0]["epoch"].get<int64_t>();
+  int64_t undone = 0;
+  std::map<int64_t, int> standing;
+  for (const auto& e : completed) {
+    const auto round = e["round"].get<int64_t>();
+    if (round > from && e["epoch"].get<int64_t>() <= at_epoch) ++undone;
+    else ++standing[round];
+  }
+  EXPECT_EQ(restored[0]["undone"].get<int64_t>(), undone);
+  EXPECT_EQ(standing.size(), 160u) << "800 steps of 5";
+  for (const auto& [round, n] : standing) EXPECT_EQ(n, 1) << "round " << round;
+  for (const auto& e : events("orphans", "sync")) EXPECT_GE(e.value("epoch", int64_t{-1}), 1) << e.dump();
 }
 
 // `loco launch --restarts`: a worker killed in an elastic run is started again by the launcher,

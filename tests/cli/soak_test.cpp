@@ -29,6 +29,9 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -37,6 +40,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "cli_util.h"
 #include "loco/core/error.h"
@@ -57,6 +61,113 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kWorkers = 4;
+
+// What a run's metrics.jsonl says of its rounds, checked: every round 1..rounds completed once
+// with one θ, and every worker's sync of it ended on that θ and is recorded once. A restart from
+// an older global checkpoint (every holder of the newer θ gone: restored_from_checkpoint, with the
+// rounds it `undone` and its `epoch`) undoes the rounds completed past it, which are completed
+// again: their first completions and syncs, in epochs up to the restart's, are set aside (a
+// worker's line may come after the coordinator's restart; its epoch tells which it was).
+struct RoundsChecked {
+  std::vector<std::string> violations;
+  int64_t undone = 0;  // rounds completed, then undone by a restart
+};
+
+RoundsChecked check_rounds(const std::vector<nlohmann::json>& all, int64_t rounds) {
+  RoundsChecked out;
+  std::map<int64_t, std::string> completed;            // round -> θ, of the completions standing
+  std::vector<std::pair<int64_t, int64_t>> restarts;   // (round restored, epoch at the restart)
+  for (const auto& e : all) {
+    const auto kind = e.value("event", "");
+    if (kind == "round_complete") {
+      const auto round = e["round"].get<int64_t>();
+      if (!completed.emplace(round, e["params_hash"].get<std::string>()).second) {
+        out.violations.push_back(fmt::format("round {} completed again (epoch {}) with no restart undoing it", round,
+                                             e.value("epoch", -1)));
+      }
+    } else if (kind == "restored_from_checkpoint") {
+      const auto round = e["round"].get<int64_t>();
+      const auto said = e.value("undone", int64_t{0});
+      int64_t undone = 0;
+      for (auto it = completed.upper_bound(round); it != completed.end(); it = completed.erase(it)) ++undone;
+      if (undone != said) {
+        out.violations.push_back(fmt::format("the restart from round {} undid {} completed round(s) but records {}", round,
+                                             undone, said));
+      }
+      out.undone += undone;
+      restarts.emplace_back(round, e.value("epoch", int64_t{0}));
+    }
+  }
+  const auto undone = [&](int64_t round, int64_t epoch) {
+    return epoch >= 0 && std::any_of(restarts.begin(), restarts.end(),
+                                     [&](const auto& r) { return r.first < round && epoch <= r.second; });
+  };
+  std::set<std::tuple<int64_t, int64_t, std::string>> syncs;  // (round, epoch or -1 when it stands, worker)
+  for (const auto& e : all) {
+    if (e.value("event", "") != "sync") continue;
+    const auto round = e["round"].get<int64_t>();
+    const auto epoch = e.value("epoch", int64_t{-1});
+    const bool stands = !undone(round, epoch);
+    if (!syncs.insert({round, stands ? -1 : epoch, e["worker"].dump()}).second) {
+      out.violations.push_back("a sync recorded twice: " + e.dump());
+    }
+    const auto it = completed.find(round);
+    if (stands && it != completed.end() && it->second != e["params_hash"].get<std::string>()) {
+      out.violations.push_back(fmt::format("round {} ended with θ {} on a worker and {} in its completion: {}", round,
+                                           e["params_hash"].get<std::string>(), it->second, e.dump()));
+    }
+  }
+  for (int64_t r = 1; r <= rounds; ++r) {
+    if (!completed.count(r)) out.violations.push_back(fmt::format("round {} never completed", r));
+  }
+  if (static_cast<int64_t>(completed.size()) != rounds) {
+    out.violations.push_back(fmt::format("{} rounds completed, not {}", completed.size(), rounds));
+  }
+  return out;
+}
+
+nlohmann::json line(const std::string& text) { return nlohmann::json::parse(text); }
+
+// The checker itself: it must still catch a round completed twice, and let a restart's undoing
+// through (what seed 1746780261's soak recorded, 2026-12-01).
+TEST(SoakChecks, ARoundCompletedTwiceIsCaughtUnlessARestartUndidIt) {
+  const auto complete = [](int round, int epoch, const char* hash) {
+    return line(fmt::format(R"({{"event":"round_complete","round":{},"epoch":{},"params_hash":"{}"}})", round, epoch, hash));
+  };
+  const auto sync = [](int round, int epoch, int worker, const char* hash) {
+    return line(fmt::format(R"({{"event":"sync","round":{},"epoch":{},"worker":{},"params_hash":"{}"}})", round, epoch,
+                            worker, hash));
+  };
+  const std::vector<nlohmann::json> plain = {complete(1, 1, "a"), sync(1, 1, 0, "a"), sync(1, 1, 1, "a"),
+                                             complete(2, 1, "b"), sync(2, 1, 0, "b"), sync(2, 1, 1, "b")};
+  EXPECT_TRUE(check_rounds(plain, 2).violations.empty());
+  EXPECT_FALSE(check_rounds(plain, 3).violations.empty()) << "round 3 never completed";
+
+  auto doubled = plain;
+  doubled.push_back(complete(2, 2, "c"));
+  doubled.push_back(sync(2, 2, 0, "c"));
+  EXPECT_EQ(check_rounds(doubled, 2).violations.size(), 3u) << "completed again, synced twice, on another θ";
+
+  auto restarted = plain;  // worker 1's sync of the undone round comes after the restart, as a late line may
+  restarted.erase(restarted.end() - 1);
+  restarted.push_back(line(R"({"event":"restored_from_checkpoint","round":1,"step":10,"members":[5],"undone":1,"epoch":1})"));
+  restarted.push_back(sync(2, 1, 1, "b"));
+  restarted.push_back(complete(2, 3, "c"));
+  restarted.push_back(sync(2, 3, 1, "c"));
+  restarted.push_back(sync(2, 3, 5, "c"));
+  const auto checked = check_rounds(restarted, 2);
+  EXPECT_TRUE(checked.violations.empty()) << fmt::format("{}", fmt::join(checked.violations, "; "));
+  EXPECT_EQ(checked.undone, 1);
+
+  auto miscounted = restarted;
+  for (auto& e : miscounted) {
+    if (e["event"] == "restored_from_checkpoint") e["undone"] = 0;
+  }
+  EXPECT_FALSE(check_rounds(miscounted, 2).violations.empty()) << "a restart must record what it undid";
+  auto diverged = restarted;
+  diverged.push_back(sync(2, 3, 6, "d"));
+  EXPECT_FALSE(check_rounds(diverged, 2).violations.empty()) << "a sync of the standing round on another θ";
+}
 
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
@@ -121,6 +232,7 @@ const Seed kSeeds[] = {
     {3835706187, "the run ended after one fault, short of the 3 required (371dbaf)"},
     {1653663434, "a coordinator restarted as the run finished refused the finished run (issue #68)"},
     {1318186611, "a round completed again after a coordinator restart was recorded twice (issue #68)"},
+    {1746780261, "a restart from an older checkpoint did not record the round it undid (issue #68)"},
 };
 
 void PrintTo(const Seed& s, std::ostream* os) { *os << s.seed << " (" << s.found << ")"; }
@@ -483,20 +595,11 @@ TEST_P(ChaosSoak, RandomFaultsLoseNothing) {
   const auto all = lines("chaos");
   const double chaos_loss = final_val_loss(all);
 
-  // Every round completed once, with one θ on all who took part in it.
-  std::map<int64_t, int> completions;
-  std::map<int64_t, std::set<std::string>> hashes;
-  for (const auto& e : of_kind(all, "round_complete")) ++completions[e["round"].get<int64_t>()];
+  // Every round completed once, with one θ on all who took part in it (a restart from an older
+  // checkpoint's undoing set aside: check_rounds).
+  const auto rounds_checked = check_rounds(all, steps_ / 10);
+  for (const auto& v : rounds_checked.violations) ADD_FAILURE() << v;
   const int64_t rounds = steps_ / 10;
-  EXPECT_EQ(static_cast<int64_t>(completions.size()), rounds) << "rounds completed";
-  for (const auto& [round, n] : completions) EXPECT_EQ(n, 1) << "round " << round << " recorded " << n << " times";
-  std::set<std::pair<int64_t, std::string>> syncs;
-  for (const auto& e : of_kind(all, "sync")) {
-    const auto round = e["round"].get<int64_t>();
-    hashes[round].insert(e["params_hash"].get<std::string>());
-    EXPECT_TRUE(syncs.insert({round, e["worker"].dump()}).second) << "a sync recorded twice: " << e.dump();
-  }
-  for (const auto& [round, set] : hashes) EXPECT_EQ(set.size(), 1u) << "round " << round << " ended with different θ";
   // Every global checkpoint recorded once; the kept ones load, the last at the final step.
   std::set<int64_t> saved;
   for (const auto& e : of_kind(all, "checkpoint")) {
@@ -536,6 +639,7 @@ TEST_P(ChaosSoak, RandomFaultsLoseNothing) {
                             {"rejoins", of_kind(all, "rejoin").size()},
                             {"coordinator_restored", of_kind(all, "coordinator_restored").size()},
                             {"restored_from_checkpoint", of_kind(all, "restored_from_checkpoint").size()},
+                            {"rounds_undone", rounds_checked.undone},
                             {"short_handed_rounds", 0},
                             {"frames_cut", islands.frames_cut()},
                             {"metrics_lines", all.size()},

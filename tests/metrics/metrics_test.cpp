@@ -86,7 +86,7 @@ std::vector<Event> one_of_each() {
   summary.global_hash = 0xabcdef;
   return {StartEvent{w, true, 4, 10, 1000, "cpu", "diloco", 2},
           TrainEvent{w, 11, 4.5, 1e-3, 0.7, 640, 99.5, 123, 0.9, 12.5},
-          SyncEvent{w, 3, 12, 4, 100, 200, 0.5, 0.25, "00ff", 1, "ring", 2, 0.5, 64, 0.1},
+          SyncEvent{w, 3, 12, 4, 100, 200, 0.5, 0.25, "00ff", 1, "ring", 2, 0.5, 64, 0.1, 0, "", -1, 7},
           EvalEvent{w, 12, 4.25, 70.1, 512},
           SummaryEvent{w, 4, "diloco", summary},
           PathTaskEvent{named, 1, 2, 30, 4.1, 960, 3.5, 10, 20, {{"block.0", 10}}, {{"block.0", 20}}},
@@ -107,7 +107,7 @@ std::vector<Event> one_of_each() {
           MembershipEvent{{}, 3, 5, {{0, 6, "h:2", 0, false}, {1, 7, "h:1", 2, true}}, 1, 1, {{1, 6}}},
           RoundRetriedEvent{{}, 5, 4, 3, 2},
           RoundCompleteEvent{{}, 5, 4, 60, 2, 2, 3, true, {1}, {{1, 6}}, "00ab", 7.5},
-          RestoredFromCheckpointEvent{{}, 5, 60, {6, 7}},
+          RestoredFromCheckpointEvent{{}, 5, 60, {6, 7}, 2, 9},
           CoordinatorRestoredEvent{{}, 4, 5, 2},
           RunResumedEvent{{}, 60, 5, {2}},
           SlotsSummaryEvent{{}, 5, {0, 0, 2}}};

@@ -111,6 +111,7 @@ json fields(const SyncEvent& e) {
   if (e.rejected > 0) j["rejected"] = e.rejected;
   if (!e.screening.empty()) j["screening"] = e.screening;
   if (e.staleness >= 0) j["staleness"] = e.staleness;
+  if (e.epoch >= 0) j["epoch"] = e.epoch;
   return j;
 }
 json fields(const EvalEvent& e) {
@@ -192,7 +193,8 @@ json fields(const RoundCompleteEvent& e) {
   return j;
 }
 json fields(const RestoredFromCheckpointEvent& e) {
-  return {{"round", e.round}, {"step", e.step >= 0 ? json(e.step) : json(nullptr)}, {"members", e.members}};
+  return {{"round", e.round}, {"step", e.step >= 0 ? json(e.step) : json(nullptr)}, {"members", e.members},
+          {"undone", e.undone}, {"epoch", e.epoch}};
 }
 json fields(const CoordinatorRestoredEvent& e) {
   return {{"epoch", e.epoch}, {"round", e.round}, {"live_members", e.live_members}};
@@ -253,7 +255,8 @@ std::optional<Event> parse_membership(const std::string& kind, const json& j, co
                               text(j, "params_hash"), number(j, "recovery_s", -1)};
   }
   if (kind == "restored_from_checkpoint") {
-    return RestoredFromCheckpointEvent{worker, integer(j, "round"), integer(j, "step", -1), integers(j, "members")};
+    return RestoredFromCheckpointEvent{worker, integer(j, "round"), integer(j, "step", -1), integers(j, "members"),
+                                       integer(j, "undone", 0), integer(j, "epoch", 0)};
   }
   if (kind == "coordinator_restored") {
     return CoordinatorRestoredEvent{worker, integer(j, "epoch"), integer(j, "round"), integer(j, "live_members")};
@@ -283,7 +286,7 @@ Event parse(const std::string& kind, const json& j) {
                      text(j, "params_hash"), integer(j, "fragment", -1), text(j, "route"), integer(j, "attempts", 1),
                      number(j, "weight", -1), integer(j, "tokens", -1), number(j, "round_trip_s", 0),
                      integer(j, "rejected", 0), text(j, "screening"),
-                     integer(j, "staleness", -1)};
+                     integer(j, "staleness", -1), integer(j, "epoch", -1)};
   }
   if (kind == "eval") {
     return EvalEvent{worker, integer(j, "step"), number(j, "val_loss", NAN), number(j, "val_ppl", NAN), integer(j, "tokens")};

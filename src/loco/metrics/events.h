@@ -104,6 +104,7 @@ struct SyncEvent {
   int64_t rejected = 0;     // outer gradients screening left out (algorithms::Screening)
   std::string screening;    // ... who was left out or clipped, and why
   int64_t staleness = -1;   // asynchronous DiLoCo: versions of θ applied since this worker's Δ began (-1: not async)
+  int64_t epoch = -1;       // elastic runs: the membership epoch the round completed in (-1: not elastic)
 };
 
 struct EvalEvent {
@@ -267,6 +268,10 @@ struct RestoredFromCheckpointEvent {  // no live member held the run's state
   int64_t round = 0;
   int64_t step = -1;  // -1: none
   std::vector<int64_t> members;
+  // The rounds completed past the checkpoint's, now undone (their θ died with their holders):
+  // round + 1 ... round + undone, completed before in epochs up to `epoch`, complete again later.
+  int64_t undone = 0;
+  int64_t epoch = 0;  // the table's epoch when it restarted (every later round forms a newer one)
 };
 struct CoordinatorRestoredEvent {  // a restarted coordinator read its table back
   WorkerId worker;

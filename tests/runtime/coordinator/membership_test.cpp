@@ -419,6 +419,63 @@ TEST_F(MembershipTest, AWaitingJoinerContinuesFromTheCheckpointWhenNoMemberIsLef
   EXPECT_NE(std::find(names.begin(), names.end(), "restored_from_checkpoint"), names.end());
 }
 
+// The chaos soak's seed 1746780261: round 2 completed, but its holders died before its global
+// checkpoint was saved, and the joiner continues from round 1's. Round 2 is trained again, in a
+// newer epoch, with another θ: the restart says so (`undone`, and the epoch it happened in), so
+// that the log does not read as one round completed twice with two θ.
+TEST_F(MembershipTest, ARestartFromAnOlderCheckpointNamesTheRoundsItUndoes) {
+  const int64_t a = join("a", 0), b = join("b", 1);
+  table.start(now);
+  arrive(a, 1, 5, 11);
+  const auto first = arrive(b, 1, 5, 12);
+  done(a, first, 5);
+  arrive(a, 2, 10, 21);
+  const auto second = arrive(b, 2, 10, 22);
+  done(a, second, 10, 8);
+  ASSERT_EQ(table.rounds_completed(), 2);
+  const int64_t j = join("j");
+  arrive(j, 0, 0);
+  table.declare_failed(a, "killed", now);
+  table.declare_failed(b, "killed", now);
+  ASSERT_TRUE(table.orphaned());
+  table.take_events();
+  table.restart_from(1, 5, {{0, 11}, {0, 12}, {0, 0}}, now);  // round 2's checkpoint was never saved
+  const auto events = table.take_events();
+  const auto* restored = first_of<metrics::RestoredFromCheckpointEvent>(events);
+  ASSERT_NE(restored, nullptr);
+  EXPECT_EQ(restored->round, 1);
+  EXPECT_EQ(restored->undone, 1) << "round 2 is undone";
+  EXPECT_EQ(restored->epoch, second.epoch);
+  EXPECT_EQ(table.rounds_completed(), 1);
+  EXPECT_EQ(arrive(j, 0, 0).action, protocol::RoundAction::kRestore);
+  const auto again = arrive(j, 2, 10, 3);
+  ASSERT_EQ(again.action, protocol::RoundAction::kGo);
+  EXPECT_EQ(again.round, 2) << "round 2 is trained again";
+  EXPECT_GT(again.epoch, restored->epoch) << "in an epoch after the restart";
+  done(j, again, 10, 9);
+  const auto after = table.take_events();
+  const auto* complete = first_of<metrics::RoundCompleteEvent>(after);
+  ASSERT_NE(complete, nullptr);
+  EXPECT_EQ(complete->round, 2);
+  EXPECT_EQ(complete->params_hash, "0000000000000009");
+}
+
+// Without rounds past the checkpoint, nothing is undone.
+TEST_F(MembershipTest, ARestartFromTheNewestRoundUndoesNothing) {
+  const int64_t a = join("a", 0);
+  table.start(now);
+  done(a, arrive(a, 1, 5, 11), 5);
+  const int64_t j = join("j");
+  arrive(j, 0, 0);
+  table.declare_failed(a, "killed", now);
+  table.take_events();
+  table.restart_from(1, 5, {{0, 11}, {0, 0}, {0, 0}}, now);
+  const auto events = table.take_events();
+  const auto* restored = first_of<metrics::RestoredFromCheckpointEvent>(events);
+  ASSERT_NE(restored, nullptr);
+  EXPECT_EQ(restored->undone, 0);
+}
+
 // Time-budgeted rounds (a 5 s grace): three members a, b, c in slots 0, 1, 2, training started.
 class GraceRounds : public ::testing::Test {
  protected:

@@ -32,7 +32,14 @@ struct Wording {
                        "(sync.round_grace_s); they rejoin", e.round, fmt::join(e.members, ", "), e.waited_s);
   }
   std::string operator()(const metrics::RestoredFromCheckpointEvent& e) const {
-    return fmt::format("member(s) {} continue from the global checkpoint (round {})", fmt::join(e.members, ", "), e.round);
+    const auto undone = e.undone == 0 ? std::string()
+                        : e.undone == 1
+                            ? fmt::format("; round {} is undone and trained again (its θ was held only by members now gone, "
+                                          "and its checkpoint was not saved)", e.round + 1)
+                            : fmt::format("; rounds {}-{} are undone and trained again (their θ was held only by members now "
+                                          "gone, and their checkpoints were not saved)", e.round + 1, e.round + e.undone);
+    return fmt::format("member(s) {} continue from the global checkpoint (round {}){}", fmt::join(e.members, ", "), e.round,
+                       undone);
   }
   std::string operator()(const metrics::MemberLeaveEvent& e) const {
     return fmt::format("member {} left: {}", e.member, e.status);

@@ -487,6 +487,7 @@ bool MembershipTable::orphaned() const {
 
 void MembershipTable::restart_from(int64_t rounds_completed, std::optional<int64_t> step,
                                    const std::vector<data::SamplerPosition>& positions, Clock::time_point now) {
+  const int64_t undone = std::max<int64_t>(0, round_ - rounds_completed);
   restore(rounds_completed, step.value_or(0), positions);
   convened_.reset();
   first_arrival_.reset();
@@ -510,7 +511,7 @@ void MembershipTable::restart_from(int64_t rounds_completed, std::optional<int64
     m.go = std::move(restore);
     restarted.push_back(id);
   }
-  event(metrics::RestoredFromCheckpointEvent{{}, round_, step.value_or(-1), restarted});
+  event(metrics::RestoredFromCheckpointEvent{{}, round_, step.value_or(-1), restarted, undone, epoch_});
 }
 
 void MembershipTable::restore(int64_t rounds_completed, int64_t step, const std::vector<data::SamplerPosition>& positions) {

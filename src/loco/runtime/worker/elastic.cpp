@@ -171,6 +171,14 @@ void ElasticSession::end_round(const algorithms::RoundPlan& plan, int64_t step, 
     return 0;
   });
   if (planned_ && planned_->rounds == plan.round) completed_ = planned_;
+  ended_epochs_[plan.round] = plan.epoch;
+  constexpr size_t kRecent = 64;  // more than the rounds a sync strategy reports at once
+  while (ended_epochs_.size() > kRecent) ended_epochs_.erase(ended_epochs_.begin());
+}
+
+int64_t ElasticSession::round_epoch(int64_t round) const {
+  const auto it = ended_epochs_.find(round);
+  return it == ended_epochs_.end() ? -1 : it->second;
 }
 
 }  // namespace loco::runtime

@@ -56,6 +56,8 @@ class ElasticSession final : public algorithms::Membership {
   // The rounds completed and every slot's data position as of the last of them that this worker
   // took part in (nullopt before its first): the run's section of the checkpoints it writes.
   std::optional<RunProgress> run_progress() const { return completed_; }
+  // The epoch in which this worker last completed round `round` (-1: not among its recent rounds).
+  int64_t round_epoch(int64_t round) const;
   // Whether the coordinator still counts this worker as a member (false once it was declared
   // failed, e.g. after being frozen).
   bool still_member() const { return member_.load(); }
@@ -85,6 +87,7 @@ class ElasticSession final : public algorithms::Membership {
   std::optional<data::SamplerPosition> joined_position_;
   std::optional<RunProgress> planned_;    // the convened round's, until it completes
   std::optional<RunProgress> completed_;
+  std::map<int64_t, int64_t> ended_epochs_;  // round -> the epoch it completed in here (the recent ones)
   std::optional<std::pair<int64_t, comm::Group>> group_;  // the group of an epoch, reused while it lasts
   std::atomic<bool> leads_{false};
 

@@ -430,7 +430,7 @@ void TrainingLoop::record_sync(const algorithms::SyncReport& report) {
                                  report.stats.bytes_received, report.stats.seconds, report.stall_seconds,
                                  hex64(report.params_hash), report.fragment, report.stats.route, report.attempts,
                                  report.weight, report.tokens, report.stats.round_trip_s, report.rejected,
-                                 report.screening, report.staleness});
+                                 report.screening, report.staleness, link_ != nullptr ? link_->round_epoch(report.round) : -1});
   if (!report.screening.empty()) {
     progress_->message(fmt::format("{}sync {} at step {}: {}{}", who_, report.round, report.step,
                                    report.rejected > 0 ? fmt::format("{} outer gradient(s) left out: ", report.rejected) : "screening: ",

@@ -58,6 +58,13 @@ class RunLink {
   // The run's section of a checkpoint: the rounds completed and every shard's position as of the
   // last completed round (nullopt outside elastic runs, or before the first plan).
   virtual std::optional<RunProgress> run_progress() const { return std::nullopt; }
+  // The membership epoch in which this worker last completed round `round` (-1: none, or not
+  // elastic): a sync's record, which tells a round trained again after a restart from the global
+  // checkpoint from its first, undone completion.
+  virtual int64_t round_epoch(int64_t round) const {
+    (void)round;
+    return -1;
+  }
 };
 
 // This process's place in a run of several workers (set by runtime/worker). The defaults describe

@@ -147,6 +147,7 @@ class ElasticLink final : public FixedLink {
     session_.record_progress(own, adopted, step);
   }
   std::optional<RunProgress> run_progress() const override { return session_.run_progress(); }
+  int64_t round_epoch(int64_t round) const override { return session_.round_epoch(round); }
 
  private:
   ElasticSession& session_;
