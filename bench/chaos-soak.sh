@@ -11,7 +11,9 @@
 # Each soak's JSON summary goes to OUT/soaks/SEED.json; a failed one's test output and fault log
 # to OUT/failures/SEED.log, its run's metrics.jsonl and every process's log to OUT/failures/SEED/. After every soak, OUT.json sums them up: the seeds, the commit each ran
 # on, faults of each kind, rounds, every failure with its seed and log, and how many soaks in a row
-# passed at the end. An interrupted run continues where it stopped (OUT/soaks is kept).
+# passed at the end. An interrupted run continues where it stopped (OUT/soaks is kept). The run
+# without faults, the soaks' reference loss, is deterministic: it runs once for this build and is
+# kept in OUT/calm.json for the others.
 #
 #   N=100 bench/chaos-soak.sh          100 short soaks like the suite's (about 2 minutes each here)
 #   N=1 STEPS=14000 GAP=8 MIN_FAULTS=50 MIN_S=1200 DEADLINE=5400 bench/chaos-soak.sh   one long soak on Brown
@@ -92,7 +94,7 @@ while (( done_here < n )); do
   status=0
   env "${data[@]}" LOCO_SOAK_SEED="$seed" LOCO_SOAK_STEPS="${STEPS:-1600}" LOCO_SOAK_GAP_S="${GAP:-1}" \
     LOCO_SOAK_MIN_FAULTS="${MIN_FAULTS:-3}" LOCO_SOAK_MIN_S="${MIN_S:-0}" LOCO_SOAK_DEADLINE_S="${DEADLINE:-200}" \
-    LOCO_SOAK_SUMMARY="$raw" LOCO_SOAK_LOG="$faults" LOCO_SOAK_KEEP="$out/failures/$seed" \
+    LOCO_SOAK_SUMMARY="$raw" LOCO_SOAK_LOG="$faults" LOCO_SOAK_KEEP="$out/failures/$seed" LOCO_SOAK_CALM="$out/calm.json" \
     timeout -k 30 $(( ${DEADLINE:-200} + 600 )) "$test_binary" --gtest_filter="$filter" > "$out/soaks/$seed.out" 2>&1 || status=$?
   # Killed past its time, the test left its processes: they would slow the next soak.
   (( status != 124 && status != 137 )) || pkill -KILL -f 'loco-test-Seeds.ChaosSoak' || true
