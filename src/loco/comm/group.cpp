@@ -107,8 +107,10 @@ Group Group::single() { return Group(std::make_shared<SingleGroup>()); }
 Group Group::connect(std::shared_ptr<KeyValueStore> store, const GroupOptions& options) {
   options.validate();
   if (options.size == 1) return single();
-  auto impl = connect_gloo(std::move(store), options);
-  if (options.data_plane != DataPlane::kOpen) impl = seal(std::move(impl), options);
+  // A sealed data plane travels on loco's transport, which reads nothing before a connection has
+  // proven membership; Gloo parses its frames before any seal is looked at (docs/security.md).
+  auto impl = options.data_plane == DataPlane::kOpen ? connect_gloo(std::move(store), options)
+                                                     : seal(connect_tcp(std::move(store), options), options);
   Group group(std::move(impl));
   group.measure_round_trip();
   return group;

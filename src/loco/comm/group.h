@@ -4,8 +4,9 @@
 // A Group is a small handle (copies share one connection) over a backend:
 //   - Group::single(): a world of one rank. Every operation completes locally and moves no bytes,
 //     so single-process code takes exactly the path multi-process code takes (MLX's pattern).
-//   - Group::connect(): `size` ranks meet through a KeyValueStore and talk Gloo over TCP
-//     (c10d's ProcessGroupGloo). Each membership epoch of a run gets a fresh Group.
+//   - Group::connect(): `size` ranks meet through a KeyValueStore and talk over TCP: Gloo's
+//     (c10d's ProcessGroupGloo) with an open data plane, loco's own transport under a sealed one
+//     (connect_tcp). Each membership epoch of a run gets a fresh Group.
 //
 // Every operation blocks until it completes on this rank, is bounded by GroupOptions::timeout, and
 // returns what it cost: payload bytes sent and received by this rank as the wire carries them (the
@@ -82,6 +83,9 @@ struct GroupOptions {
   // The run's data-plane secret (raw bytes, at least 32), which every rank must hold: required
   // unless data_plane is kOpen. Keys of the group and of each pair are derived from it.
   std::string secret;
+  // Where loco's transport (connect_tcp) notes a connection it refused (a stranger's, with its
+  // address): called from its handshake threads. Empty: standard error, as "comm: ...".
+  std::function<void(const std::string&)> log;
   void validate() const;                        // ConfigError on nonsense
 };
 
@@ -283,6 +287,13 @@ class GroupFactory {
 void turn_off_flight_recorder();
 
 std::shared_ptr<GroupImpl> connect_gloo(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
+
+// loco's own transport (tcp_group.cpp), under a sealed data plane in place of Gloo's: point-to-
+// point messages only, over connections that prove membership before anything else is read from
+// them (a stranger's is closed and logged, and cannot take a peer's place), in frames that land only
+// in the receives this rank posted, of the length it posted. A frame that breaks that fails the
+// group with PeerError, never the process. Needs options.secret (data_plane other than kOpen).
+std::shared_ptr<GroupImpl> connect_tcp(std::shared_ptr<KeyValueStore> store, const GroupOptions& options);
 
 // The sealed data plane (sealed_group.cpp) over `inner`, a group of the same ranks: runs the
 // membership proof with every peer (PeerError naming a rank that fails it, within the group's
