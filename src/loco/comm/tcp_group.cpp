@@ -255,8 +255,8 @@ class TcpGroup final : public GroupImpl {
         if (fds[i].revents == 0) continue;
         const auto [q, c] = which[i - 1];
         auto& conn = conns_[static_cast<size_t>(q)][c];
-        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_some(q, conn);
-        if (!failed_ && (fds[i].revents & POLLOUT)) write_some(q, conn);
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_some(lock, q, conn);
+        if (!failed_ && (fds[i].revents & POLLOUT)) write_some(lock, q, conn);
       }
       // A wait's own failure (a timeout, an abort) ends the loop at the top.
     }
@@ -268,12 +268,26 @@ class TcpGroup final : public GroupImpl {
     done_.notify_all();
   }
 
-  void read_some(int64_t q, Connection& conn) {
+  // Runs a socket call with the group's lock released, so that posting and waiting threads (the
+  // seal's crypto) go on meanwhile. Only this thread touches a connection's read state, its
+  // socket and the front of its queue (a deque: the callers' push_back leaves it where it is).
+  template <class Call>
+  static ssize_t unlocked(std::unique_lock<std::mutex>& lock, Call&& call) {
+    lock.unlock();
+    const ssize_t r = call();
+    const int error = errno;
+    lock.lock();
+    errno = error;
+    return r;
+  }
+
+  void read_some(std::unique_lock<std::mutex>& lock, int64_t q, Connection& conn) {
     for (int reads = 0; reads < 64 && !failed_; ++reads) {
       if (conn.reading) {
         auto& op = *conn.reading;
         const auto want = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(op.bytes) - conn.payload_read, 4 << 20));
-        const ssize_t r = want == 0 ? 0 : ::recv(conn.socket.fd, op.data + conn.payload_read, want, 0);
+        unsigned char* into = op.data + conn.payload_read;
+        const ssize_t r = want == 0 ? 0 : unlocked(lock, [&] { return ::recv(conn.socket.fd, into, want, 0); });
         if (want > 0 && !received(q, conn, r)) return;
         if (want > 0) conn.payload_read += static_cast<uint64_t>(r);
         if (conn.payload_read == static_cast<uint64_t>(op.bytes)) {
@@ -283,7 +297,9 @@ class TcpGroup final : public GroupImpl {
         }
         continue;
       }
-      const ssize_t r = ::recv(conn.socket.fd, conn.header.data() + conn.header_read, kHeaderBytes - conn.header_read, 0);
+      const ssize_t r = unlocked(lock, [&] {
+        return ::recv(conn.socket.fd, conn.header.data() + conn.header_read, kHeaderBytes - conn.header_read, 0);
+      });
       if (!received(q, conn, r)) return;
       conn.header_read += static_cast<size_t>(r);
       if (conn.header_read < kHeaderBytes) continue;
@@ -377,7 +393,7 @@ class TcpGroup final : public GroupImpl {
     }
   }
 
-  void write_some(int64_t q, Connection& conn) {
+  void write_some(std::unique_lock<std::mutex>& lock, int64_t q, Connection& conn) {
     while (!conn.out.empty() && !failed_) {
       auto& out = conn.out.front();
       const uint64_t payload = out.op ? static_cast<uint64_t>(out.op->bytes) : 0;
@@ -389,10 +405,11 @@ class TcpGroup final : public GroupImpl {
         msghdr message{};
         message.msg_iov = parts;
         message.msg_iovlen = payload > 0 ? 2 : 1;
-        w = ::sendmsg(conn.socket.fd, &message, MSG_NOSIGNAL);
+        w = unlocked(lock, [&] { return ::sendmsg(conn.socket.fd, &message, MSG_NOSIGNAL); });
       } else {
         const uint64_t at = out.written - kHeaderBytes;
-        w = ::send(conn.socket.fd, out.op->data + at, static_cast<size_t>(std::min<uint64_t>(payload - at, 4 << 20)), MSG_NOSIGNAL);
+        const auto n = static_cast<size_t>(std::min<uint64_t>(payload - at, 4 << 20));
+        w = unlocked(lock, [&] { return ::send(conn.socket.fd, out.op->data + at, n, MSG_NOSIGNAL); });
       }
       if (w < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
