@@ -183,6 +183,22 @@ class GroupImpl {
   virtual bool sealed() const { return false; }
 };
 
+// A backend whose blocking point-to-point operations are its posted ones, waited for at once
+// (loco's transport, the sealed group).
+class PostingGroupImpl : public GroupImpl {
+ public:
+  CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_send(tensor, peer, tag)->wait(); }
+  CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_recv(tensor, peer, tag)->wait(); }
+  // Both posted before either is waited for (a ring hop).
+  CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) override {
+    auto receiving = post_recv(in, from, tag);
+    auto sending = post_send(out, to, tag);
+    CommStats stats = sending->wait();
+    stats += receiving->wait();
+    return stats;
+  }
+};
+
 class Group {
  public:
   // A world of one rank (rank 0, size 1).

@@ -57,7 +57,7 @@ torch::Tensor to_tensor(const std::string& s) {
 }
 std::string to_text(const torch::Tensor& t) { return {reinterpret_cast<const char*>(bytes(t)), static_cast<size_t>(payload_bytes(t))}; }
 
-class SealedGroup final : public GroupImpl {
+class SealedGroup final : public PostingGroupImpl {
  public:
   SealedGroup(std::shared_ptr<GroupImpl> inner, const GroupOptions& options, Tamper tamper)
       : inner_(std::move(inner)), options_(options), tamper_(std::move(tamper)),
@@ -91,15 +91,6 @@ class SealedGroup final : public GroupImpl {
     return std::make_unique<Receiving>(*this, inner_->post_recv(sealed, peer, tag), sealed, tensor, peer, tag, iv);
   }
 
-  CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_send(tensor, peer, tag)->wait(); }
-  CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_recv(tensor, peer, tag)->wait(); }
-  CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) override {
-    auto receiving = post_recv(in, from, tag);
-    auto sending = post_send(out, to, tag);
-    CommStats stats = sending->wait();
-    stats += receiving->wait();
-    return stats;
-  }
 
   // In pieces of kBroadcastPiece bytes, each sent to every rank before the next is sealed: the root
   // holds M - 1 sealed copies of a piece, not of the whole tensor (a joiner's state is the model's

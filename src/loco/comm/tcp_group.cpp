@@ -55,7 +55,7 @@ constexpr unsigned char kReady = 1, kData = 2;
 int64_t payload_bytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 
-class TcpGroup final : public GroupImpl {
+class TcpGroup final : public PostingGroupImpl {
  public:
   TcpGroup(std::shared_ptr<KeyValueStore> store, const GroupOptions& options) : options_(options) {
     auto links = form_links(*store, options);
@@ -93,15 +93,6 @@ class TcpGroup final : public GroupImpl {
   CommStats broadcast(torch::Tensor&, int64_t) override { throw point_to_point_only("a broadcast"); }
   CommStats all_gather(const torch::Tensor&, std::vector<torch::Tensor>&) override { throw point_to_point_only("an all-gather"); }
 
-  CommStats send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_send(tensor, peer, tag)->wait(); }
-  CommStats recv(torch::Tensor& tensor, int64_t peer, int64_t tag) override { return post_recv(tensor, peer, tag)->wait(); }
-  CommStats send_recv(const torch::Tensor& out, int64_t to, torch::Tensor& in, int64_t from, int64_t tag) override {
-    auto receiving = post_recv(in, from, tag);
-    auto sending = post_send(out, to, tag);
-    CommStats stats = sending->wait();
-    stats += receiving->wait();
-    return stats;
-  }
 
   std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override {
     auto op = make_op(tensor, peer, tag, /*sending=*/true);
