@@ -773,6 +773,13 @@ TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgain) { restart_a_dead_worker({})
 // The same with Streaming DiLoCo: the replacement joins in the middle of the fragments' schedule.
 TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithStreamingDiLoCo) { restart_a_dead_worker(kStreaming); }
 
+// The same with emulated compute (the goodput-under-failures benchmark's runs): the rounds' state is
+// saved for the replacement as with real compute.
+TEST_F(ChaosTest, TheLauncherStartsADeadWorkerAgainWithEmulatedCompute) {
+  restart_a_dead_worker({"--train.emulated_step_s=0.02"});
+  EXPECT_FALSE(events("restarts", "checkpoint").empty()) << "an elastic emulated run saves its rounds";
+}
+
 // Eager updates with elastic membership (DiLoCo, then Streaming DiLoCo): the killed worker's exchange
 // is most often in flight on the survivors' background thread (it overlaps the next H steps), so
 // its round is convened again without it; the restarted worker joins and takes rank 0's eager

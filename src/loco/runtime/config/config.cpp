@@ -330,12 +330,8 @@ void validate(const RunConfig& c) {
     if (c.sync.algorithm == Algorithm::kDiLoCo) diloco_options(c).as_streaming().validate();
   }
   if (c.sync.async) check_async(c);
-  if (c.train.emulated_step_s > 0) {
-    if (c.cluster.elastic) {
-      throw ConfigError("config", "train.emulated_step_s (emulated compute) is for fixed runs: set cluster.elastic = false "
-                                  "(an elastic run checkpoints every round, and an emulated run saves nothing)");
-    }
-    if (!c.dipaco.levels.empty()) throw ConfigError("config", "train.emulated_step_s (emulated compute) is not for DiPaCo runs (dipaco.levels)");
+  if (c.train.emulated_step_s > 0 && !c.dipaco.levels.empty()) {
+    throw ConfigError("config", "train.emulated_step_s (emulated compute) is not for DiPaCo runs (dipaco.levels)");
   }
   if (c.sync.round_seconds > 0 && !c.cluster.elastic) {
     throw ConfigError("config", "sync.round_seconds (time-budgeted rounds) needs cluster.elastic = true: the coordinator "

@@ -19,8 +19,9 @@
 // island spends in microseconds and that would be taken from the communication measured here.
 //
 // With DDP the direction is written into the gradients, which DDP averages, and the step follows
-// their average. Such a step has no loss: an emulated run reports none, evaluates nothing and
-// saves no checkpoint.
+// their average. Such a step has no loss: an emulated run reports none and evaluates nothing. A
+// fixed run saves no checkpoint; an elastic one saves its rounds' state as with real compute, for
+// its restarts (the rotation's pending learning rates are not saved: a restart begins it anew).
 #pragma once
 
 #include <cstdint>

@@ -31,8 +31,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-
-
 // One call of train(): its parts, built and restored before the first step, and the loop over
 // steps. Each method is one stage of the driver; train() below reads top-down.
 class TrainingLoop {
@@ -92,6 +90,8 @@ class TrainingLoop {
     if (options_.telemetry != nullptr) options_.telemetry->set_activity(activity);
   }
   bool can_score() const { return sync_.in_sync() || sync_.evaluation_parameters() != nullptr; }
+  // Emulated compute saves for an elastic run's restarts only (its state was trained on no data).
+  bool saves() const { return !emulated_ || worker_.elastic; }
   int64_t tokens_per_step() const { return inner_->tokens_per_step(); }
   double wall_s() const { return wall_before_ + seconds_since(call_start_); }
   metrics::WorkerId me() const { return {worker_.rank, ""}; }
@@ -273,8 +273,8 @@ void TrainingLoop::announce() {
   }
   if (emulated_) {
     progress_->message(fmt::format("{}compute EMULATED (train.emulated_step_s): each step waits {:g} s, then moves the "
-                                   "parameters along a fixed random direction; no loss, no evaluation, no checkpoint",
-                                   who_, emulated_->step_s()));
+                                   "parameters along a fixed random direction; no loss, no evaluation, {}",
+                                   who_, emulated_->step_s(), saves() ? "checkpoints for restarts" : "no checkpoint"));
   }
   if (!resumed_ && !config_.train.init_from.empty()) {
     progress_->message(fmt::format("{}initialized from {}", who_, config_.train.init_from));
@@ -513,7 +513,7 @@ EvalResult TrainingLoop::score() {
 // global state at every round's end, and every member its slot's inner state (its own model too:
 // with Streaming DiLoCo it is not θ between a fragment's syncs) (docs/failure-model.md).
 void TrainingLoop::checkpoint_when_due(bool synced_now) {
-  if (emulated_) return;  // its state is of no use: it was trained on no data
+  if (!saves()) return;
   const bool round_end = synced_now && sync_.at_boundary();
   const bool due = worker_.elastic ? round_end && sync_.leads()
                                    : (config_.checkpoint.every > 0 && step_ % config_.checkpoint.every == 0) ||
@@ -561,9 +561,9 @@ TrainSummary TrainingLoop::finish() {
   // A stopped elastic run keeps its last round's global checkpoint: a worker's state between
   // rounds is its own, not the run's.
   const bool may_save = !worker_.elastic || (sync_.leads() && sync_.at_boundary());
-  if ((stopped_ || peer_failure_) && !checkpoint_current_ && may_save && !emulated_) save_checkpoint(/*prune=*/false);
+  if ((stopped_ || peer_failure_) && !checkpoint_current_ && may_save && saves()) save_checkpoint(/*prune=*/false);
   if (peer_failure_ && !run_stopping) {
-    if (emulated_) throw PeerError("train", fmt::format("{} (emulated compute: nothing is saved)", peer_failure_->what()));
+    if (!saves()) throw PeerError("train", fmt::format("{} (emulated compute: nothing is saved)", peer_failure_->what()));
     throw PeerError("train", fmt::format("{}; the state at step {} is saved in {}", peer_failure_->what(), step_,
                                          store_->root().string()));
   }
