@@ -731,6 +731,46 @@ TEST_F(ChaosTest, AReplacementContinuesFromTheCheckpointWhenNoMemberIsLeft) {
   for (const auto& e : events("orphans", "sync")) EXPECT_GE(e.value("epoch", int64_t{-1}), 1) << e.dump();
 }
 
+// A worker killed where no launcher sees it exit (the coordinator and the workers started by hand, as
+// on several machines): its peers' data-plane connections to it close at once, their heartbeats say
+// so, and the coordinator declares it failed within a few heartbeats instead of after
+// cluster.dead_after_s (30 s here); the others complete the run without it.
+TEST_F(ChaosTest, AKilledWorkerIsDeclaredFailedWhenItsConnectionsCloseNotAfterItsTimeout) {
+  const int port = testing_util::free_port();
+  const std::string address = fmt::format("127.0.0.1:{}", port);
+  const std::vector<std::string> extra = {"--cluster.workers=3", "--train.steps=800", "--cluster.dead_after_s=30"};
+  auto args = [&](std::vector<std::string> a) {
+    for (auto& c : common("closed")) a.push_back(c);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  Child coordinator(args({testing_util::loco_binary(), "coordinator", "--port", std::to_string(port), "--bind", "127.0.0.1"}),
+                    log("closed-coordinator"));
+  std::vector<std::unique_ptr<Child>> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.push_back(std::make_unique<Child>(args({testing_util::loco_binary(), "worker", "--coordinator", address}),
+                                              log(fmt::format("closed-worker-{}", w))));
+  }
+  runtime::CoordinatorClient client(address, 20s, kObserver);
+  const auto deadline = Clock::now() + 240s;
+  while (elastic_state(client).value("rounds_completed", int64_t{0}) < 5 && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  pid_t victim = -1;
+  int64_t member = -1;
+  for (const auto& m : elastic_state(client).value("members", nlohmann::json::array())) {
+    if (m["state"] == "active" && victim < 0) victim = pid_of(m), member = m["member"].get<int64_t>();
+  }
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(coordinator.wait(240s), 0) << read_file(log("closed-coordinator"), "test");
+  for (auto& w : workers) w->wait(60s);
+  const auto failures = events("closed", "failure");
+  ASSERT_EQ(failures.size(), 1u) << read_file(log("closed-coordinator"), "test");
+  EXPECT_EQ(failures[0]["member"], member);
+  EXPECT_NE(failures[0]["how"].get<std::string>().find("its connections to its group closed"), std::string::npos) << failures[0].dump();
+  EXPECT_LT(failures[0]["noticed_after_s"].get<double>(), 10.0) << "well within cluster.dead_after_s = 30 s";
+  EXPECT_EQ(events("closed", "round_complete").back()["step"], 800);
+}
+
 // `loco launch --restarts`: a worker killed in an elastic run is started again by the launcher,
 // joins as a replacement for its slot, and the run completes with it.
 void ChaosTest::restart_a_dead_worker(const std::vector<std::string>& algorithm) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -109,6 +110,48 @@ TEST(TcpGroupTest, MessagesArriveWholeAndInOrderOverSeveralConnections) {
       EXPECT_TRUE(torch::equal(buffer, values(from * 100 + tag * 10 + i, tag == 4 ? 0 : 1000 * (i + 1))))
           << "from " << from << " tag " << tag << " message " << i;
     }
+    return true;
+  });
+  for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();
+}
+
+// A rank whose group ends (its process killed: the kernel closes its sockets) is seen by the others
+// as a closed peer while nothing was pending between them, and their group lives on for the rest.
+TEST(TcpGroupTest, ThePeersOfARankThatClosedItsConnectionsSeeItClosed) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool closed = false;
+  int formed = 0;
+  auto results = run_ranks<bool>(3, [&](int64_t rank) {
+    auto options = options_of(rank, 3, "closed");
+    options.connections = 2;
+    auto group = connect_tcp(store, options);
+    EXPECT_TRUE(group->closed_peers().empty());
+    {
+      std::unique_lock lock(mutex);
+      ++formed;
+      changed.notify_all();
+      changed.wait(lock, [&] { return formed == 3; });
+    }
+    if (rank == 2) {
+      group.reset();
+      std::lock_guard lock(mutex);
+      closed = true;
+      changed.notify_all();
+      return true;
+    }
+    {
+      std::unique_lock lock(mutex);
+      changed.wait(lock, [&] { return closed; });
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (group->closed_peers().empty() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(group->closed_peers(), std::vector<int64_t>{2});
+    // Ranks 0 and 1 still exchange.
+    auto out = values(rank, 100), in = torch::empty({100});
+    group->send_recv(out, 1 - rank, in, 1 - rank, 0);
+    EXPECT_TRUE(torch::equal(in, values(1 - rank, 100)));
     return true;
   });
   for (const auto& r : results) ASSERT_FALSE(r.error) << r.message();

@@ -181,6 +181,9 @@ class GroupImpl {
   // Whether every message is sealed (DataPlane other than kOpen): Group then sums fp32 by its own
   // direct all-reduce, over sealed messages, instead of the backend's collective.
   virtual bool sealed() const { return false; }
+  // The ranks that closed a connection to this one (their process ended, or they left the group);
+  // empty where the backend cannot tell (Gloo).
+  virtual std::vector<int64_t> closed_peers() const { return {}; }
 };
 
 // A backend whose blocking point-to-point operations are its posted ones, waited for at once
@@ -213,6 +216,9 @@ class Group {
   std::string backend() const { return impl_->backend(); }
   // Whether both handles share one connection.
   bool same_as(const Group& other) const { return impl_ == other.impl_; }
+  // The ranks that closed a connection to this one, as far as the backend can tell (loco's
+  // transport: a killed process's connections close at once; Gloo's: not seen). Any thread.
+  std::vector<int64_t> closed_peers() const { return impl_->closed_peers(); }
 
   // Element-wise sum across ranks, in place. Every rank ends with bit-identical tensors.
   CommStats all_reduce_sum(std::vector<torch::Tensor>& tensors);

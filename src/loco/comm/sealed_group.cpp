@@ -70,6 +70,7 @@ class SealedGroup final : public PostingGroupImpl {
   int64_t size() const override { return inner_->size(); }
   std::string backend() const override { return inner_->backend(); }
   bool sealed() const override { return true; }
+  std::vector<int64_t> closed_peers() const override { return inner_->closed_peers(); }
 
   // A message's count is taken and the message posted under one lock, so that the order of the
   // counts is the order on the wire even if two threads were to post to one peer with one tag.

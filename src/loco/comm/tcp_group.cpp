@@ -93,6 +93,16 @@ class TcpGroup final : public PostingGroupImpl {
   CommStats broadcast(torch::Tensor&, int64_t) override { throw point_to_point_only("a broadcast"); }
   CommStats all_gather(const torch::Tensor&, std::vector<torch::Tensor>&) override { throw point_to_point_only("an all-gather"); }
 
+  std::vector<int64_t> closed_peers() const override {
+    std::lock_guard lock(mutex_);
+    std::vector<int64_t> closed;
+    for (size_t q = 0; q < conns_.size(); ++q) {
+      if (std::any_of(conns_[q].begin(), conns_[q].end(), [](const Connection& c) { return c.closed; })) {
+        closed.push_back(static_cast<int64_t>(q));
+      }
+    }
+    return closed;
+  }
 
   std::unique_ptr<Posted> post_send(const torch::Tensor& tensor, int64_t peer, int64_t tag) override {
     auto op = make_op(tensor, peer, tag, /*sending=*/true);
@@ -139,7 +149,7 @@ class TcpGroup final : public PostingGroupImpl {
     size_t header_read = 0;
     std::shared_ptr<Op> reading;  // the receive whose payload is coming in
     uint64_t payload_read = 0;
-    bool closed = false;  // the peer closed it between frames
+    bool closed = false;  // the peer closed it (or it failed)
   };
 
   // A posted operation's wait (see Posted): bounded by the group's timeout from when it begins.
@@ -312,6 +322,7 @@ class TcpGroup final : public PostingGroupImpl {
       if (pending_on(q, conn)) fail_locked(fmt::format("rank {} ({}) closed its connection", q, conn.address));
       return false;
     }
+    conn.closed = true;
     fail_locked(r == 0 ? fmt::format("rank {} ({}) closed its connection in the middle of a frame", q, conn.address)
                        : fmt::format("rank {} ({}): {}", q, conn.address, errno_text()));
     return false;
@@ -464,7 +475,7 @@ class TcpGroup final : public PostingGroupImpl {
   GroupOptions options_;
   std::vector<std::vector<Connection>> conns_;  // by peer, then connection index (none for itself)
 
-  std::mutex mutex_;  // guards everything below, and the connections once the I/O thread runs
+  mutable std::mutex mutex_;  // guards everything below, and the connections once the I/O thread runs
   std::condition_variable done_, stopped_;
   bool failed_ = false, io_stopped_ = false;
   std::string failure_;

@@ -652,6 +652,50 @@ TEST(Coordinator, AnAsynchronousElasticRunsSlotsChangeHands) {
   EXPECT_EQ(result->outcome, RunOutcome::kFinished) << result->message;
 }
 
+// An asynchronous elastic member whose heartbeats stop (a killed worker that nobody saw exit) loses
+// its slot after cluster.dead_after_s, long before its cycle's silence (sync.async_silence_s):
+// a replacement takes the slot, and the lost member's next heartbeat is told it is no member.
+TEST(Coordinator, AnAsynchronousElasticMemberWhoseHeartbeatsStopLosesItsSlot) {
+  testing_util::TempDir run;
+  auto config = elastic_config(run, 2, "tok");
+  config.sync.async = true;
+  config.sync.inner_steps = 10;
+  config.train.steps = 100;
+  config.cluster.heartbeat_s = 0.1;
+  config.cluster.dead_after_s = 1;
+  config.sync.async_silence_s = 600;
+  Running running(options_for(config));
+  CoordinatorClient client(running.address(), 5s, {"tok"});
+  const auto a = client.join(join_request(config, 0));
+  const auto b = client.join(join_request(config, 1));
+  ASSERT_EQ(client.wait_for_start(b.rank, nullptr).phase, protocol::Phase::kRunning);
+  for (const auto& m : {a, b}) {
+    auto [status, body] = client.request("POST", "/v1/outer", protocol::encode_outer_push({m.rank, -1, 0, 0, torch::zeros({10}), 0, m.member}), 5s);
+    ASSERT_EQ(status, 200) << body;
+  }
+  EXPECT_TRUE(client.heartbeat({a.member, -1}).member);
+  EXPECT_TRUE(client.heartbeat({b.member, -1}).member);
+  expect_error<ConfigError>([&] { client.join(join_request(config)); }, "all 2 slots are held by live members");
+  // a's heartbeats go on, b's stopped: its slot falls vacant after 1 s (more on a loaded machine,
+  // where a late look of the coordinator's counts as its own stall), well before 600 s.
+  std::optional<protocol::JoinReply> c;
+  for (const auto until = std::chrono::steady_clock::now() + 20s; !c && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(client.heartbeat({a.member, -1}).member);
+    try {
+      c = client.join(join_request(config));
+    } catch (const ConfigError& e) {
+      ASSERT_NE(std::string(e.what()).find("all 2 slots are held by live members"), std::string::npos) << e.what();
+    }
+  }
+  ASSERT_TRUE(c) << "b's slot never fell vacant";
+  EXPECT_EQ(c->rank, 1) << "b's slot";
+  EXPECT_TRUE(c->joiner);
+  EXPECT_FALSE(client.heartbeat({b.member, -1}).member);
+  EXPECT_TRUE(client.heartbeat({c->member, -1}).member);
+  EXPECT_NE(read_file(RunFolder(run.path()).metrics(), "test").find("no heartbeat for"), std::string::npos);
+}
+
 // Without every slot held by cluster.join_timeout_s, an asynchronous elastic run starts with its
 // quorum; a worker that comes later takes a vacant slot as a joiner. With none, it fails by name.
 TEST(Coordinator, AnAsynchronousElasticRunStartsWithItsQuorumAndTakesLateWorkers) {

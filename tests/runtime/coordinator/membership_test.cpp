@@ -122,6 +122,49 @@ TEST_F(MembershipTest, ASilentMemberIsDeclaredFailedAndTheRoundGoesOnWithoutIt) 
   EXPECT_FALSE(table.heartbeat(c, false, now).member);
 }
 
+// A member whose peers' connections to it closed (its process was killed: the data plane sees its
+// sockets close at once) is declared failed as soon as it also missed three heartbeats, not after
+// dead_after; a live member that a peer names (one that closed an old group, or a liar) is not, nor
+// does one outside the epoch name anyone.
+TEST_F(MembershipTest, AMemberWhoseConnectionsClosedAndWhoIsSilentIsDeclaredFailedAtOnce) {
+  const int64_t a = join("a", 0), b = join("b", 1), c = join("c", 2);
+  table.start(now);
+  arrive(a, 1, 5);
+  arrive(b, 1, 5);
+  ASSERT_EQ(arrive(c, 1, 5).action, protocol::RoundAction::kGo);
+  table.take_events();
+  for (int64_t m : {a, b, c}) table.heartbeat(m, false, now);
+  now += 500ms;  // c is killed; a sees its connection close
+  table.heartbeat(a, false, now, -1, {2});
+  table.heartbeat(b, false, now, -1, {0});  // b names a, which heartbeats: a hint, not a verdict
+  EXPECT_EQ(first_of<metrics::MemberFailureEvent>(table.take_events()), nullptr) << "c heartbeated within two intervals";
+  now += 1500ms;
+  table.heartbeat(b, false, now);
+  table.heartbeat(a, false, now, -1, {2});
+  EXPECT_EQ(first_of<metrics::MemberFailureEvent>(table.take_events()), nullptr) << "2 s: within 3 intervals";
+  now += 1500ms;
+  table.heartbeat(b, false, now);
+  const auto reply = table.heartbeat(a, false, now, -1, {1, 2, 7, -1});  // b lives; ranks 7 and -1 are nobody
+  EXPECT_TRUE(reply.epoch_broken) << "c's epoch is broken at once";
+  const auto events = table.take_events();
+  const auto* failure = first_of<metrics::MemberFailureEvent>(events);
+  ASSERT_NE(failure, nullptr);
+  EXPECT_EQ(failure->member, c);
+  EXPECT_NE(failure->how.find("its connections to its group closed"), std::string::npos) << failure->how;
+  int failures = 0;
+  for (const auto& e : events) failures += std::holds_alternative<metrics::MemberFailureEvent>(e) ? 1 : 0;
+  EXPECT_EQ(failures, 1) << "a and b live on";
+  EXPECT_TRUE(table.heartbeat(a, false, now).member);
+  EXPECT_TRUE(table.heartbeat(b, false, now).member);
+  EXPECT_FALSE(table.heartbeat(c, false, now).member);
+  // A joiner (not in the epoch) names a silent member: nothing happens.
+  const int64_t d = join("d", 2);
+  now += 5000ms;
+  table.heartbeat(a, false, now);
+  table.heartbeat(d, false, now, -1, {1});
+  EXPECT_EQ(first_of<metrics::MemberFailureEvent>(table.take_events()), nullptr) << "d is in no epoch yet";
+}
+
 TEST_F(MembershipTest, AFailedCollectiveBreaksTheEpochAndTheRoundIsConvenedAgain) {
   const int64_t a = join("a"), b = join("b"), c = join("c");
   table.start(now);

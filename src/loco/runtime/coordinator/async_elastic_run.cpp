@@ -45,6 +45,11 @@ bool AsyncElasticRun::vacant(int64_t slot, Clock::time_point now) {
   auto& s = slots_[static_cast<size_t>(slot)];
   if (!s.holder || s.holder->status) return true;
   if (status_.phase() != Phase::kRunning) return false;
+  const double quiet = s.holder->heartbeat ? std::chrono::duration<double>(now - *s.holder->heartbeat).count() : 0;
+  if (quiet > options_.config.cluster.dead_after_s) {
+    lose(slot, fmt::format("no heartbeat for {:.1f} s (cluster.dead_after_s = {:g} s)", quiet, options_.config.cluster.dead_after_s));
+    return true;
+  }
   if (outer_.silent(slot, now)) {
     lose(slot, fmt::format("silent past its cycle's time (sync.async_silence_s = {:g} s)", options_.config.sync.async_silence_s));
     return true;
@@ -66,8 +71,9 @@ int64_t AsyncElasticRun::take_slot(const protocol::JoinRequest& request, Clock::
     if (vacant(slot, now)) return slot;
   }
   throw Full(fmt::format("{} cannot join yet: all {} slots are held by live members (a member that died frees its slot "
-                         "when `loco launch` sees its process exit, else once silent for sync.async_silence_s = {:g} s)",
-                         request.name, workers(), options_.config.sync.async_silence_s));
+                         "when `loco launch` sees its process exit, else once its heartbeats stop for cluster.dead_after_s = "
+                         "{:g} s, or it is silent for sync.async_silence_s = {:g} s)",
+                         request.name, workers(), options_.config.cluster.dead_after_s, options_.config.sync.async_silence_s));
 }
 
 protocol::JoinReply AsyncElasticRun::join(const protocol::JoinRequest& request, const RunConfig& theirs) {
@@ -182,6 +188,26 @@ void AsyncElasticRun::process_exited(const std::string& host, int64_t pid, int s
   }
 }
 
+protocol::HeartbeatReply AsyncElasticRun::heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now) {
+  protocol::HeartbeatReply reply;
+  reply.member = false;
+  reply.stopping = status_.stopping();
+  for (auto& s : slots_) {
+    if (s.holder && !s.holder->status && s.holder->id == request.member) {
+      s.holder->heartbeat = now;
+      reply.member = true;
+    }
+  }
+  return reply;
+}
+
+void AsyncElasticRun::hold_off(std::chrono::milliseconds behind, Clock::time_point now) {
+  if (behind < std::chrono::milliseconds(500)) return;
+  for (auto& s : slots_) {
+    if (s.holder && s.holder->heartbeat) s.holder->heartbeat = now;
+  }
+}
+
 // Without every slot held by cluster.join_timeout_s, training starts with the quorum
 // (cluster.min_workers), or the run fails.
 void AsyncElasticRun::check_start(Clock::time_point now) {
@@ -202,6 +228,9 @@ void AsyncElasticRun::check_start(Clock::time_point now) {
 // its steps are all done, stopped on request, else it waits cluster.join_timeout_s for a worker.
 void AsyncElasticRun::check_end(Clock::time_point now) {
   if (status_.phase() != Phase::kRunning) return;
+  const auto stall = std::chrono::duration<double>(options_.config.cluster.dead_after_s / 2);
+  if (last_look_ && now - *last_look_ > stall) hold_off(std::chrono::hours(1), now);
+  last_look_ = now;
   for (int64_t slot = 0; slot < workers(); ++slot) (void)vacant(slot, now);
   if (live() > 0) {
     empty_since_.reset();

@@ -4,7 +4,8 @@
 // one member at a time. A worker joins whenever a slot is vacant (before the start, or while the
 // run trains), and continues from the current θ; one that asks while every slot is held waits
 // (HTTP 503). A slot falls vacant when its member ends, when its process exits (the launcher
-// says so), or when the outer state finds it silent past its cycle; the cycle it had under way
+// says so), when its heartbeats stop for cluster.dead_after_s, or when the outer state finds it
+// silent past its cycle; the cycle it had under way
 // goes back to the others, and a later exchange of the old member is refused (its slot is
 // another's). A member continues its slot's shard from the newest checkpoint it finds of that
 // slot (a launcher's restart finds its predecessor's), else from the shard's start.
@@ -33,6 +34,12 @@ class AsyncElasticRun final : public Run {
   protocol::StartReply start_reply(int64_t rank) const override;
   void done(const protocol::DoneRequest& request) override;
   void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now) override;
+  // Its member's (none once it lost its slot: `member` false). One whose heartbeats stop for
+  // cluster.dead_after_s is gone at once, not after its cycle's silence (sync.async_silence_s).
+  protocol::HeartbeatReply heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now) override;
+  // Behind, or itself stalled (frozen, its machine paused) for over dead_after_s / 2 between two
+  // looks: the members' silence is the coordinator's own, and their heartbeats count as fresh.
+  void hold_off(std::chrono::milliseconds behind, Clock::time_point now) override;
   void check_start(Clock::time_point now) override;
   void check_end(Clock::time_point now) override;
   CoordinatorResult result() const override;
@@ -47,6 +54,7 @@ class AsyncElasticRun final : public Run {
     std::optional<int64_t> resume_step;          // the newest checkpoint of its slot it holds
     bool joiner = false;                         // joined while the run trained
     Clock::time_point joined_at{};
+    std::optional<Clock::time_point> heartbeat;  // its last (none: it sent none yet)
     std::optional<protocol::EndStatus> status;   // none while it holds the slot
     bool reported = false;                       // it reported its end (and its summary)
     std::string error;
@@ -76,6 +84,7 @@ class AsyncElasticRun final : public Run {
   const Clock::time_point created_ = Clock::now();
   Clock::time_point started_{};  // training started
   std::optional<Clock::time_point> empty_since_;  // nobody holds a slot, with steps left
+  std::optional<Clock::time_point> last_look_;    // the last check_end: a longer gap is a stall
 };
 
 }  // namespace loco::runtime

@@ -348,12 +348,12 @@ struct Coordinator::Impl {
     if (outer) outer->install(*server, [this](HttpServer::Handler handler) { return guard(std::move(handler)); });
   }
 
-  // Heartbeats and rounds: elastic runs (ElasticRun, over the MembershipTable).
+  // Heartbeats (elastic runs) and rounds (ElasticRun, over the MembershipTable).
   void install_elastic_routes() {
     server->route("POST", "/v1/heartbeat", guard([this](const auto& request, auto& response) {
       const auto body = protocol::HeartbeatRequest::from_json(body_json(request));
       std::lock_guard lock(mutex);
-      const auto reply = elastic_run().heartbeat(body, Clock::now());
+      const auto reply = run->heartbeat(body, Clock::now());
       changed.notify_all();
       reply_json(response, reply.to_json());
     }));
@@ -523,7 +523,7 @@ std::optional<CoordinatorResult> Coordinator::wait_for(std::chrono::milliseconds
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     if (!impl_->status.ended()) {
-      if (impl_->elastic != nullptr) impl_->elastic->hold_off(impl_->server->behind(), Clock::now());
+      impl_->run->hold_off(impl_->server->behind(), Clock::now());
       impl_->run->check_start(Clock::now());
       impl_->run->check_end(Clock::now());
       impl_->changed.notify_all();

@@ -24,6 +24,7 @@ MembershipOptions membership_options(const RunConfig& config) {
   o.slots = config.cluster.workers;
   o.min_workers = config.cluster.min_workers;
   o.dead_after = std::chrono::milliseconds(static_cast<int64_t>(config.cluster.dead_after_s * 1000));
+  o.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(config.cluster.heartbeat_s * 1000));
   o.total_steps = config.train.steps;
   if (config.sync.round_seconds > 0) {
     o.round_grace = std::chrono::milliseconds(static_cast<int64_t>(config.sync.round_grace_s * 1000));
@@ -315,7 +316,10 @@ void ElasticRun::done(const protocol::DoneRequest& request) {
 
 protocol::HeartbeatReply ElasticRun::heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now) {
   table_.expire(now);
-  const auto reply = table_.heartbeat(request.member, status_.stopping(), now, request.step);
+  // The closed ranks count only for the current epoch's group (an older one's close as it ends).
+  const bool current = request.epoch >= 0 && request.epoch == table_.epoch();
+  const auto reply = table_.heartbeat(request.member, status_.stopping(), now, request.step,
+                                      current ? request.closed : std::vector<int64_t>{});
   flush_events();
   return reply;
 }

@@ -35,7 +35,7 @@ class ElasticRun final : public Run {
   std::vector<std::string> status_lines() const override;
   int64_t workers() const override { return options_.config.cluster.workers; }
 
-  protocol::HeartbeatReply heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now);
+  protocol::HeartbeatReply heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now) override;
   // One look at a member's arrival at a round's end: go, or wait (the route asks again).
   protocol::RoundReply arrive(const protocol::RoundRequest& request, Clock::time_point now);
   // Returns false when the report's θ differs from the round's: the run then failed.
@@ -44,9 +44,8 @@ class ElasticRun final : public Run {
   void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now) override;
   // Ends the run as failed, and saves that.
   void fail(const std::string& why);
-  // The coordinator's request handling is `behind` (HttpServer::behind): members' heartbeats may be
-  // waiting unread, so none is declared dead for its silence meanwhile (logged once per episode).
-  void hold_off(std::chrono::milliseconds behind, Clock::time_point now);
+  // Logged once per episode.
+  void hold_off(std::chrono::milliseconds behind, Clock::time_point now) override;
 
  private:
   void restore_live_state();

@@ -114,7 +114,8 @@ int64_t MembershipTable::issue_task(int64_t slot, int64_t version, const data::S
   return id;
 }
 
-protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, Clock::time_point now, int64_t step) {
+protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, Clock::time_point now, int64_t step,
+                                                    const std::vector<int64_t>& closed) {
   protocol::HeartbeatReply reply;
   reply.epoch = epoch_;
   reply.epoch_broken = epoch_broken_;
@@ -126,6 +127,26 @@ protocol::HeartbeatReply MembershipTable::heartbeat(int64_t id, bool stopping, C
   }
   touch(it->second, id, now);
   if (step >= 0) it->second.step = step;
+  // Missed heartbeats: more than 3 intervals, or one and a second besides (a failed group closes
+  // every survivor's sockets too, and a live survivor's heartbeat may come late on a busy host).
+  const auto silent_for = std::max(3 * options_.heartbeat, options_.heartbeat + std::chrono::milliseconds(1000));
+  const bool in_epoch = std::find(epoch_members_.begin(), epoch_members_.end(), id) != epoch_members_.end();
+  std::vector<std::pair<int64_t, double>> dead;
+  for (const int64_t rank : in_epoch ? closed : std::vector<int64_t>{}) {
+    if (rank < 0 || rank >= static_cast<int64_t>(epoch_members_.size())) continue;
+    const int64_t peer = epoch_members_[static_cast<size_t>(rank)];
+    if (peer == id) continue;
+    const auto m = members_.find(peer);
+    if (m == members_.end() || m->second.state == State::kGone || now - m->second.last_seen <= silent_for) continue;
+    dead.emplace_back(peer, seconds_between(m->second.last_seen, now));
+  }
+  for (const auto& [peer, quiet] : dead) {
+    fail_member(peer, fmt::format("its connections to its group closed and no heartbeat for {:.1f} s", quiet), quiet, now);
+  }
+  if (!dead.empty()) {
+    reply.epoch = epoch_;
+    reply.epoch_broken = epoch_broken_;
+  }
   return reply;
 }
 

@@ -55,6 +55,7 @@ struct MembershipOptions {
   int64_t inner_steps = 1;
   int64_t fragments = 1;
   double round_seconds = 0;
+  std::chrono::milliseconds heartbeat{1000};  // cluster.heartbeat_s: the members' interval
 };
 
 // Whether a worker named `name` ("host:pid" or "host[address]:pid") is process `pid` of `host`.
@@ -84,7 +85,13 @@ class MembershipTable {
   bool full() const { return !complete_ && !vacant_slot(-1); }
 
   // `step` (when >= 0) is the member's inner steps so far: what a failure now would discard.
-  protocol::HeartbeatReply heartbeat(int64_t member, bool stopping, Clock::time_point now, int64_t step = -1);
+  // `closed`: the ranks of the current epoch's group whose connections to `member` closed (a
+  // killed process's close at once), said by a member of that epoch: each of them that sent no
+  // heartbeat for max(3 intervals, 1 interval + 1 s) is declared failed now, not after
+  // dead_after. A live one, heartbeating, is not touched (a hint, not a verdict: no member can
+  // evict another that lives).
+  protocol::HeartbeatReply heartbeat(int64_t member, bool stopping, Clock::time_point now, int64_t step = -1,
+                                     const std::vector<int64_t>& closed = {});
   // An arrival at a round's end (or a joiner's). Returns "go" when the round is (or was just)
   // convened with this member, "wait" until then.
   protocol::RoundReply arrive(const protocol::RoundRequest& request, bool stopping, Clock::time_point now);

@@ -229,9 +229,22 @@ JoinReply JoinReply::from_json(const nlohmann::json& json) {
   return r;
 }
 
-nlohmann::json HeartbeatRequest::to_json() const { return {{"member", member}, {"step", step}}; }
+nlohmann::json HeartbeatRequest::to_json() const {
+  nlohmann::json out = {{"member", member}, {"step", step}};
+  if (epoch >= 0) out["epoch"] = epoch, out["closed"] = closed;
+  return out;
+}
 HeartbeatRequest HeartbeatRequest::from_json(const nlohmann::json& json) {
-  return {nonnegative(json, "member"), field_or<int64_t>(json, "step", -1)};
+  HeartbeatRequest r{nonnegative(json, "member"), field_or<int64_t>(json, "step", -1)};
+  r.epoch = field_or<int64_t>(json, "epoch", -1);
+  const auto closed = field_or<nlohmann::json>(json, "closed", nlohmann::json::array());
+  if (!closed.is_array()) throw ProtocolError("field 'closed' is not a list");
+  if (closed.size() > kMaxSlots) throw ProtocolError(fmt::format("field 'closed' lists more than {} ranks", kMaxSlots));
+  for (const auto& rank : closed) {
+    if (!rank.is_number_integer() || rank.get<int64_t>() < 0) throw ProtocolError("field 'closed' holds a rank that is not an integer >= 0");
+    r.closed.push_back(rank.get<int64_t>());
+  }
+  return r;
 }
 
 nlohmann::json HeartbeatReply::to_json() const {

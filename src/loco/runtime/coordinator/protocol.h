@@ -187,6 +187,10 @@ struct DoneRequest {
 struct HeartbeatRequest {
   int64_t member = 0;
   int64_t step = -1;  // inner steps done (-1: not said), for the work a failure discards
+  // The ranks of epoch `epoch`'s group that closed their connections to this member (-1: none
+  // said): a hint that they died, which the coordinator checks against their own heartbeats.
+  int64_t epoch = -1;
+  std::vector<int64_t> closed;
   nlohmann::json to_json() const;
   static HeartbeatRequest from_json(const nlohmann::json& json);
 };

@@ -107,6 +107,15 @@ class Run {
   virtual void process_exited(const std::string& host, int64_t pid, int status, Clock::time_point now) {
     (void)host, (void)pid, (void)status, (void)now;
   }
+  // A member's heartbeat (elastic runs: every cluster.heartbeat_s from each member). Throws
+  // ProtocolError where the run takes none (a fixed run).
+  virtual protocol::HeartbeatReply heartbeat(const protocol::HeartbeatRequest& request, Clock::time_point now) {
+    (void)request, (void)now;
+    throw protocol::ProtocolError("this run takes no heartbeats (cluster.elastic = false)");
+  }
+  // The coordinator's request handling is `behind` (HttpServer::behind): members' heartbeats may be
+  // waiting unread, so none is to be declared dead for its silence meanwhile.
+  virtual void hold_off(std::chrono::milliseconds behind, Clock::time_point now) { (void)behind, (void)now; }
   // What comes with time after it: a worker that never reported its end, members declared failed,
   // the end of the run. Called often (at least every 200 ms while the run is waited for).
   virtual void check_end(Clock::time_point now) = 0;

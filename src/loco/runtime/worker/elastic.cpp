@@ -33,36 +33,75 @@ ElasticSession::ElasticSession(const RunConfig& config, CoordinatorClient& clien
       groups_(std::move(groups)),
       stop_(stop),
       position_(joined.position) {
-  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  heartbeats_.emplace(config, client, [this] { return heartbeat(); },
+                      [this](const protocol::HeartbeatReply& reply) {
+                        current_epoch_ = reply.epoch;
+                        epoch_broken_ = reply.epoch_broken;
+                        if (!reply.member) member_ = false;
+                      });
 }
 
 ElasticSession::~ElasticSession() {
+  heartbeats_.reset();
+  watched_.reset();
+  if (group_) bury(std::move(group_->second));
+}
+
+protocol::HeartbeatRequest ElasticSession::heartbeat() {
+  protocol::HeartbeatRequest request{joined_.member, step_.load()};
+  std::lock_guard lock(watch_mutex_);
+  if (watched_) {
+    request.epoch = watched_->first;
+    request.closed = watched_->second.closed_peers();
+  } else if (closed_before_) {
+    request.epoch = closed_before_->first;
+    request.closed = closed_before_->second;
+  }
+  return request;
+}
+
+void ElasticSession::watch(std::optional<std::pair<int64_t, comm::Group>> group) {
+  std::lock_guard lock(watch_mutex_);
+  watched_ = std::move(group);
+  closed_before_.reset();
+}
+
+void ElasticSession::watch_failed() {
+  std::lock_guard lock(watch_mutex_);
+  if (watched_) closed_before_.emplace(watched_->first, watched_->second.closed_peers());
+  watched_.reset();
+}
+
+Heartbeats::Heartbeats(const RunConfig& config, CoordinatorClient& client, std::function<protocol::HeartbeatRequest()> request,
+                       std::function<void(const protocol::HeartbeatReply&)> answer)
+    : request_(std::move(request)), answer_(std::move(answer)) {
+  thread_ = std::thread([this, address = client.address(), timeout = seconds(config.cluster.connect_timeout_s),
+                         security = client.security(), interval = config.cluster.heartbeat_s] {
+    CoordinatorClient channel(address, timeout, security);
+    loop(channel, interval);
+  });
+}
+
+Heartbeats::~Heartbeats() {
   {
     std::lock_guard lock(mutex_);
     quit_ = true;
   }
   wake_.notify_all();
-  heartbeat_.join();
-  if (group_) bury(std::move(group_->second));
+  thread_.join();
 }
 
-void ElasticSession::heartbeat_loop() {
-  // A connection of its own: the main thread's long polls must not delay a heartbeat.
-  CoordinatorClient channel(client_.address(), seconds(config_.cluster.connect_timeout_s), client_.security());
-  const auto interval = seconds(config_.cluster.heartbeat_s);
+void Heartbeats::loop(CoordinatorClient& channel, double interval_s) {
   std::unique_lock lock(mutex_);
   while (!quit_) {
     lock.unlock();
     try {
-      auto reply = channel.heartbeat({joined_.member, step_.load()});
-      current_epoch_ = reply.epoch;
-      epoch_broken_ = reply.epoch_broken;
-      if (!reply.member) member_ = false;
+      answer_(channel.heartbeat(request_()));
     } catch (const std::exception&) {
-      // The coordinator is unreachable: the round's long poll reports that; keep trying.
+      // The coordinator is unreachable: the main thread's requests report that; keep trying.
     }
     lock.lock();
-    wake_.wait_for(lock, interval, [&] { return quit_; });
+    wake_.wait_for(lock, seconds(interval_s), [&] { return quit_; });
   }
 }
 
@@ -105,6 +144,9 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
   request.position = position_;
   request.adopted = adopted_;
   if (failed_epoch >= 0 && group_ && group_->first == failed_epoch) {
+    // The heartbeats go on naming the peers it saw closed (the likely cause) until the next group
+    // forms, so that the round convened again need not wait out a dead one's dead_after_s.
+    watch_failed();
     bury(std::move(group_->second));
     group_.reset();
   }
@@ -129,11 +171,13 @@ algorithms::RoundPlan ElasticSession::begin_round(int64_t round, int64_t step, i
       case RoundAction::kGo: break;
     }
     if (!group_ || group_->first != reply.epoch) {
+      if (group_) watch(std::nullopt);
       if (group_) bury(std::move(group_->second));
       group_.reset();
       const int64_t epoch = reply.epoch;
       try {
         group_.emplace(epoch, groups_.make(epoch, reply.rank, reply.size, [this, epoch] { return should_abort(epoch); }));
+        watch(group_);
       } catch (const PeerError&) {
         request.failed_epoch = reply.epoch;  // a participant did not make it: the round is convened again
         continue;

@@ -1,7 +1,7 @@
 // A worker's side of elastic membership (cluster.elastic; docs/failure-model.md): the
 // algorithms::Membership that DiLoCo asks at each round's end, over the coordinator.
 //
-// A background thread sends heartbeats every cluster.heartbeat_s on a connection of its own. Each
+// Its Heartbeats go every cluster.heartbeat_s (an asynchronous run's workers send them too). Each
 // answer says which membership epoch is current and whether it is broken; the process group of an
 // older or broken epoch is abandoned at once (its waits poll that), so a survivor stuck in a
 // collective with a frozen or killed peer gives up within a heartbeat of the coordinator's word,
@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,29 @@
 #include "loco/runtime/store/checkpoint.h"
 
 namespace loco::runtime {
+
+// A member's heartbeats to the coordinator (elastic runs): every cluster.heartbeat_s from a thread
+// of their own, on a connection of their own (the main thread's long polls must not delay one),
+// until destroyed. `request` makes each (called on that thread); `answer` sees each reply. An
+// unreachable coordinator is left to the main thread's requests to report.
+class Heartbeats {
+ public:
+  Heartbeats(const RunConfig& config, CoordinatorClient& client, std::function<protocol::HeartbeatRequest()> request,
+             std::function<void(const protocol::HeartbeatReply&)> answer);
+  ~Heartbeats();
+  Heartbeats(const Heartbeats&) = delete;
+  Heartbeats& operator=(const Heartbeats&) = delete;
+
+ private:
+  void loop(CoordinatorClient& channel, double interval_s);
+
+  std::function<protocol::HeartbeatRequest()> request_;
+  std::function<void(const protocol::HeartbeatReply&)> answer_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool quit_ = false;
+  std::thread thread_;  // last: started once the rest is built
+};
 
 class ElasticSession final : public algorithms::Membership {
  public:
@@ -63,7 +87,11 @@ class ElasticSession final : public algorithms::Membership {
   bool still_member() const { return member_.load(); }
 
  private:
-  void heartbeat_loop();
+  // This member's heartbeat: its steps, and the peers of its current group that closed.
+  protocol::HeartbeatRequest heartbeat();
+  void watch(std::optional<std::pair<int64_t, comm::Group>> group);
+  // The watched group failed: its closed peers are kept, the group let go.
+  void watch_failed();
   // Runs a request to the coordinator; one unreachable through all its retries (the client's
   // patience: cluster.coordinator_timeout_s) ends this worker's membership: CoordinatorLost.
   template <class F>
@@ -95,10 +123,12 @@ class ElasticSession final : public algorithms::Membership {
   std::atomic<int64_t> current_epoch_{0};
   std::atomic<int64_t> step_{-1};  // written by the training thread
   std::atomic<bool> epoch_broken_{false}, member_{true};
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool quit_ = false;
-  std::thread heartbeat_;
+  // The current epoch's group, for the heartbeats to say which peers closed their connections;
+  // once it failed, the peers it saw closed (kept until the next group forms).
+  std::mutex watch_mutex_;
+  std::optional<std::pair<int64_t, comm::Group>> watched_;
+  std::optional<std::pair<int64_t, std::vector<int64_t>>> closed_before_;
+  std::optional<Heartbeats> heartbeats_;  // last: its thread reads the above
 };
 
 }  // namespace loco::runtime

@@ -529,6 +529,9 @@ TrainSummary run_worker(const RunConfig& input_config, const WorkerOptions& opti
   const int64_t rank = joined.rank;
   say(fmt::format("worker {}/{}: joined the coordinator at {} (run {}){}", rank, joined.world_size, client.address(),
                   joined.run_id, joined.joiner ? "; it continues from the run's current parameters" : ""));
+  // An asynchronous elastic run's member is taken as gone within cluster.dead_after_s of its death.
+  std::optional<Heartbeats> heartbeats;
+  if (async_elastic) heartbeats.emplace(config, client, [member = joined.member] { return protocol::HeartbeatRequest{member}; }, [](const auto&) {});
   const auto start = client.wait_for_start(rank, options.stop);
   share_host_cores(config, start.host_workers, say);
   TrainSummary summary;
