@@ -202,7 +202,7 @@ protocol::HeartbeatReply AsyncElasticRun::heartbeat(const protocol::HeartbeatReq
 }
 
 void AsyncElasticRun::hold_off(std::chrono::milliseconds behind, Clock::time_point now) {
-  if (behind < std::chrono::milliseconds(500)) return;
+  if (behind < kBehind) return;
   for (auto& s : slots_) {
     if (s.holder && s.holder->heartbeat) s.holder->heartbeat = now;
   }

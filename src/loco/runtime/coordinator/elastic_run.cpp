@@ -242,7 +242,6 @@ void ElasticRun::fail(const std::string& why) {
 }
 
 void ElasticRun::hold_off(std::chrono::milliseconds behind, Clock::time_point now) {
-  constexpr std::chrono::milliseconds kBehind{500};
   if (behind < kBehind) {
     if (holding_off_) log("request handling caught up");
     holding_off_ = false;

@@ -113,8 +113,9 @@ class Run {
     (void)request, (void)now;
     throw protocol::ProtocolError("this run takes no heartbeats (cluster.elastic = false)");
   }
-  // The coordinator's request handling is `behind` (HttpServer::behind): members' heartbeats may be
-  // waiting unread, so none is to be declared dead for its silence meanwhile.
+  // The coordinator's request handling is `behind` (HttpServer::behind): from kBehind on, members'
+  // heartbeats may be waiting unread, so none is to be declared dead for its silence meanwhile.
+  static constexpr std::chrono::milliseconds kBehind{500};
   virtual void hold_off(std::chrono::milliseconds behind, Clock::time_point now) { (void)behind, (void)now; }
   // What comes with time after it: a worker that never reported its end, members declared failed,
   // the end of the run. Called often (at least every 200 ms while the run is waited for).
