@@ -22,6 +22,7 @@
 #include "loco/runtime/net/auth.h"
 #include "loco/runtime/coordinator/coordinator.h"
 #include "loco/runtime/coordinator/coordinator_client.h"
+#include "loco/runtime/config/config.h"
 #include "process_util.h"
 #include "test_util.h"
 
@@ -312,6 +313,90 @@ TEST(Coordinator, AStatusReadWithABodyIsRefusedBeforeItsBody) {
   auto status = client.Get("/v1/status");
   ASSERT_TRUE(status);
   EXPECT_EQ(status->status, 200) << "one without a body is still read";
+}
+
+// What the coordinator answers on a raw connection to `head` (a request's headers), then `body`:
+// read until it closes the connection or `patience` passes ("" if nothing came).
+std::string raw_answer(int port, const std::string& head, const std::string& body = "", std::chrono::milliseconds patience = 5s) {
+  const int fd = testing_util::connect_loopback(port);
+  if (fd < 0) return "";
+  std::string sent = head + body, answer;
+  for (size_t at = 0; at < sent.size();) {
+    const auto n = ::send(fd, sent.data() + at, sent.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) break;  // refused while sending: the answer may be there already
+    at += static_cast<size_t>(n);
+  }
+  const auto until = std::chrono::steady_clock::now() + patience;
+  char buffer[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const auto n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    answer.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return answer;
+}
+
+// M1 (#69): an asynchronous coordinator reads a model-sized body only on its outer-gradient route,
+// and only when the request's head is signed with the run's key (auth::head_mac): a stranger's
+// large body is refused on its headers, before a byte of it is held, on every route; a member's
+// large body on another route too. Before, every route took the model's size from anyone.
+TEST(Coordinator, AnAsynchronousCoordinatorReadsModelSizedBodiesOnlyFromMembersOnItsOuterRoute) {
+  testing_util::TempDir dir;
+  CoordinatorOptions o;
+  o.config.cluster.workers = 2;
+  o.config.sync.algorithm = Algorithm::kDiLoCo;
+  o.config.sync.async = true;
+  o.config.sync.inner_steps = 10;
+  o.config.run.dir = dir.path().string();
+  resolve_defaults(o.config);  // the default model: about 4.2M values, 17 MB an outer gradient
+  o.token = kToken;
+  o.bind = "127.0.0.1";
+  o.port = 0;
+  Coordinator coordinator(o);
+  coordinator.start();
+  const int port = static_cast<int>(coordinator.port());
+  const auth::Key key(kToken);
+
+  // The instance, as any stranger learns it: from a refusal.
+  const auto told = raw_answer(port, fmt::format("GET /v1/kv/size HTTP/1.1\r\nHost: x\r\n{}: {}\r\n{}: {}\r\n{}: {}\r\n\r\n",
+                                                 auth::kTimeHeader, auth::unix_now(), auth::kNonceHeader, std::string(32, 'c'),
+                                                 auth::kMacHeader, std::string(64, 'd')));
+  const auto at = told.find(std::string(auth::kInstanceHeader) + ": ");
+  ASSERT_NE(at, std::string::npos) << told;
+  const auto instance = told.substr(at + std::string(auth::kInstanceHeader).size() + 2, 32);
+  ASSERT_TRUE(auth::is_instance(instance)) << told;
+
+  const auto head = [&](const std::string& path, uint64_t bytes, const std::string& nonce, const std::string* head_mac) {
+    const int64_t now = auth::unix_now();
+    std::string h = fmt::format("POST {} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}: {}\r\n{}: {}\r\n{}: {}\r\n{}: {}\r\n",
+                                path, bytes, auth::kTimeHeader, now, auth::kNonceHeader, nonce, auth::kMacHeader,
+                                std::string(64, 'e'), auth::kInstanceHeader, instance);
+    const auto mac = head_mac ? *head_mac : auth::head_mac(key, "POST", path, now, nonce, instance, bytes);
+    return h + fmt::format("{}: {}\r\n\r\n", auth::kHeadMacHeader, mac);
+  };
+  const auto refused_at_once = [&](const std::string& request, const std::string& said) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto answer = raw_answer(port, request);
+    EXPECT_EQ(answer.substr(0, 12), "HTTP/1.1 413") << answer;
+    EXPECT_NE(answer.find(said), std::string::npos) << answer;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << "answered on its headers, not after a body's deadline";
+  };
+  const std::string forged(64, 'f');
+  constexpr uint64_t kGiB = uint64_t{1} << 30, kLarge = 6 << 20;  // over the 4 MiB bound, within a gradient's
+  refused_at_once(head("/v1/outer", kLarge, std::string(32, '1'), &forged), "wrong head MAC");
+  refused_at_once(head("/v1/outer", kGiB, std::string(32, '2'), &forged), "the body is over");
+  refused_at_once(head("/v1/heartbeat", kLarge, std::string(32, '3'), &forged), "the body is over 4194304 bytes");
+  refused_at_once(head("/v1/heartbeat", kLarge, std::string(32, '4'), nullptr), "the body is over 4194304 bytes");  // a member's
+  refused_at_once(head("/v1/outer", 2 * kGiB, std::string(32, '5'), nullptr), "the body is over");  // over the model's size
+
+  // A member's large body on the outer route is read: its head admits it; the request's MAC
+  // (over the body) is then checked, and this one's is wrong.
+  const auto admitted = raw_answer(port, head("/v1/outer", kLarge, std::string(32, '6'), nullptr), std::string(kLarge, 'x'), 10s);
+  EXPECT_EQ(admitted.substr(0, 12), "HTTP/1.1 401") << admitted;
+  EXPECT_NE(admitted.find("wrong MAC"), std::string::npos) << admitted;
 }
 
 }  // namespace

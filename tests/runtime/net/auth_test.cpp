@@ -86,6 +86,30 @@ TEST(Auth, TheVerifierRefusesWrongStaleAndReplayedRequests) {
 
 // Each verifier is an instance of its own: a request signed for one (a coordinator before its
 // restart, or another run's with the same token) is refused by another, on its headers alone.
+// The head's MAC (checked before the body is read) binds the method, target, time, nonce,
+// instance and the body's length; a nonce already accepted is refused there too.
+TEST(Auth, TheHeadMacBindsTheRequestAndItsLength) {
+  auth::Verifier verifier("tok");
+  const auth::Key key("tok");
+  const auto& instance = verifier.instance();
+  const std::string body(5000, 'b');
+  const auto s = auth::sign(key, "POST", "/v1/outer", instance, body);
+  const std::string t = std::to_string(s.time);
+  auth::SignatureHeaders headers{&t, &s.nonce, &s.mac, &instance, &s.head_mac};
+  const auto now = auth::unix_now();
+  EXPECT_FALSE(verifier.verify_head("POST", "/v1/outer", body.size(), headers, now));
+  EXPECT_EQ(verifier.verify_head("POST", "/v1/outer", body.size() + 1, headers, now), "wrong head MAC (a different join token, or the request was altered)");
+  EXPECT_TRUE(verifier.verify_head("POST", "/v1/heartbeat", body.size(), headers, now)) << "another route";
+  EXPECT_TRUE(verifier.verify_head("GET", "/v1/outer", body.size(), headers, now)) << "another method";
+  auth::SignatureHeaders unsigned_head = headers;
+  unsigned_head.head_mac = nullptr;
+  EXPECT_NE(verifier.verify_head("POST", "/v1/outer", body.size(), unsigned_head, now)->find("X-Loco-Head-Mac"), std::string::npos);
+  auth::Verifier other("other");
+  EXPECT_TRUE(other.verify_head("POST", "/v1/outer", body.size(), headers, now)) << "another run's coordinator";
+  EXPECT_FALSE(verifier.verify("POST", "/v1/outer", body, headers, now)) << "the whole request, once";
+  EXPECT_EQ(verifier.verify_head("POST", "/v1/outer", body.size(), headers, now), "a replayed request (its nonce was seen already)");
+}
+
 TEST(Auth, ARequestIsSignedForOneCoordinatorInstance) {
   Verifier before("token"), after("token");
   EXPECT_TRUE(is_instance(before.instance()));

@@ -213,6 +213,69 @@ TEST(HttpServer, BodiesHeldAreBoundedPerAddressAndInAll) {
   EXPECT_TRUE(held_settles_at(0)) << "closed connections give back what they held";
 }
 
+// A wide route takes bodies over max_body_bytes, up to its own bound, from requests its wide gate
+// admits on their headers; they are held in a budget of their own. Any other request, or route,
+// keeps the default bound, refused on its headers (413) before a byte of its body is read.
+TEST(HttpServer, AWideRouteTakesLargeBodiesOnlyFromRequestsItsGateAdmits) {
+  auto options = fast_options();
+  options.max_body_bytes = 1000;
+  options.wide_routes["/wide"] = {100'000, 5s};
+  options.max_held_wide_body_bytes = 150'000;
+  HttpServer server(options);
+  const auto size = [](const HttpRequest& request, HttpResponse& response) {
+    response.set_content(std::to_string(request.body.size()), "text/plain");
+  };
+  server.route("POST", "/wide", size);
+  server.route("POST", "/narrow", size);
+  server.set_wide_gate([](const HttpRequest& request, uint64_t bytes) -> std::optional<std::string> {
+    if (request.header("X-Member") != nullptr && bytes <= 100'000) return std::nullopt;
+    return std::string("not a member");
+  });
+  server.start();
+  httplib::Client client("127.0.0.1", server.port());
+  const httplib::Headers member = {{"X-Member", "1"}};
+  auto ok = client.Post("/wide", member, std::string(50'000, 'w'), "text/plain");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(ok->body, "50000");
+  EXPECT_EQ(client.Post("/wide", member, std::string(900, 's'), "text/plain")->status, 200) << "a small one without asking";
+  EXPECT_EQ(client.Post("/wide", std::string(900, 's'), "text/plain")->status, 200);
+
+  const auto refused = [&](const std::string& request) {
+    const int fd = testing_util::connect_loopback(server.port());
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    const auto answer = answer_on(fd, 2000ms);  // on the headers: no body is sent
+    ::close(fd);
+    return answer;
+  };
+  auto answer = refused("POST /wide HTTP/1.1\r\nHost: x\r\nContent-Length: 50000\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer;
+  EXPECT_NE(answer.find("the body is over 1000 bytes: not a member"), std::string::npos) << answer;
+  answer = refused("POST /narrow HTTP/1.1\r\nHost: x\r\nX-Member: 1\r\nContent-Length: 50000\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << "another route keeps the default bound: " << answer;
+  answer = refused("POST /wide HTTP/1.1\r\nHost: x\r\nX-Member: 1\r\nContent-Length: 200000\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << "over the route's own bound: " << answer;
+  answer = refused("POST /wide HTTP/1.1\r\nHost: x\r\nX-Member: 1\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" +
+                   std::string(4096, 'c') + "\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << "a chunked body is never wide: " << answer;
+
+  // Members' bodies on their way are held in the wide budget: two of 60,000 bytes pass it.
+  const std::string start = "POST /wide HTTP/1.1\r\nHost: x\r\nX-Member: 1\r\nContent-Length: 60000\r\n\r\nx";
+  std::vector<int> holding;
+  for (int i = 0; i < 3; ++i) {
+    holding.push_back(testing_util::connect_loopback(server.port()));
+    ASSERT_EQ(::send(holding.back(), start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(answer_on(holding[2], 2000ms).rfind("HTTP/1.1 503", 0), 0u) << "a third, over the wide budget";
+  EXPECT_EQ(server.counts().held_body_bytes, 120'000);
+  for (int fd : holding) ::close(fd);
+  const auto deadline = Clock::now() + 3s;
+  while (server.counts().held_body_bytes != 0 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server.counts().held_body_bytes, 0) << "given back";
+}
+
 // Clients that pipeline requests for a large answer and never read held every slot of the table
 // (their answers were being written, so not evictable): a status probe was reset 58 of 60 times
 // (issue #49). An answer not taken for write_blocked_after may now be closed to make room, and one

@@ -74,7 +74,7 @@ void reply_json(HttpResponse& response, const nlohmann::json& body, int status =
 
 auth::SignatureHeaders signature_headers(const HttpRequest& request) {
   return {request.header(auth::kTimeHeader), request.header(auth::kNonceHeader), request.header(auth::kMacHeader),
-          request.header(auth::kInstanceHeader)};
+          request.header(auth::kInstanceHeader), request.header(auth::kHeadMacHeader)};
 }
 
 // Raised by a handler's authentication check: answered 401.
@@ -488,6 +488,15 @@ Coordinator::Coordinator(CoordinatorOptions options) : impl_(std::make_unique<Im
     refusal.headers.emplace_back(auth::kInstanceHeader, impl.verifier->instance());
     return refusal;
   });
+  // A body larger than the server's default bound (an asynchronous run's outer gradient) is read
+  // only when the request's head is signed: a stranger's stays within the documented bounds.
+  if (impl_->verifier) {
+    impl_->server->set_wide_gate([this](const HttpRequest& request, uint64_t bytes) -> std::optional<std::string> {
+      auto why = impl_->verifier->verify_head(request.method, request.target, bytes, signature_headers(request), auth::unix_now());
+      if (why) impl_->log_refused(request, *why);
+      return why;
+    });
+  }
   impl_->install_routes();
 }
 

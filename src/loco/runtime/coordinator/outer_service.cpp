@@ -46,7 +46,7 @@ OuterService::OuterService(const RunConfig& config, int64_t dataset_vocab, bool 
 }
 
 void OuterService::install(HttpServer& server, const std::function<HttpServer::Handler(HttpServer::Handler)>& wrap) {
-  server.route("POST", "/v1/outer", wrap([this](const HttpRequest& request, HttpResponse& response) {
+  server.route("POST", protocol::kOuterPath, wrap([this](const HttpRequest& request, HttpResponse& response) {
     const auto push = protocol::decode_outer_push(request.body);
     if (auto why = stopping_()) throw Refusal(*why);  // the worker stops (its link: RunStopping)
     algorithms::AsyncReply reply;

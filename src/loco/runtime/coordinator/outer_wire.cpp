@@ -168,13 +168,12 @@ int64_t model_values(const RunConfig& config, int64_t dataset_vocab) {
 void widen_for_outer_exchanges(HttpServerOptions& http, const RunConfig& config, int64_t dataset_vocab) {
   const int64_t values = model_values(config, dataset_vocab);
   const size_t body = values > 0 ? static_cast<size_t>(values) * 4 + (64 << 10) : size_t{1} << 30;
-  const size_t all = body * static_cast<size_t>(config.cluster.workers + 1);
-  http.max_body_bytes = std::max(http.max_body_bytes, body);
-  http.max_held_body_bytes_per_address = std::max(http.max_held_body_bytes_per_address, all);
-  http.max_held_body_bytes = std::max(http.max_held_body_bytes, all);
   const auto patience = std::chrono::milliseconds(static_cast<int64_t>(config.cluster.timeout_s * 1000));
-  http.body_deadline = std::max(http.body_deadline, patience);
-  http.write_deadline = std::max(http.write_deadline, patience);
+  // Only the outer-gradient route takes model-sized bodies, and only from a request whose signed
+  // head says how large (the coordinator's wide gate); every other route keeps the server's bounds.
+  http.wide_routes[kOuterPath] = {std::max(http.max_body_bytes, body), std::max(http.body_deadline, patience)};
+  http.max_held_wide_body_bytes = body * static_cast<size_t>(config.cluster.workers + 1);
+  http.write_deadline = std::max(http.write_deadline, patience);  // the answers, θ, are model-sized too
 }
 
 }  // namespace loco::runtime::protocol

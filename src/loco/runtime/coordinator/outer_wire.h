@@ -31,8 +31,12 @@ bool load_outer_state(algorithms::AsyncOuterServer& server, const std::filesyste
 // says.
 int64_t model_values(const RunConfig& config, int64_t dataset_vocab);
 
-// The coordinator's server for a run with these exchanges: the bodies it takes and holds, and
-// their deadlines, grown to fit every worker's at once (the model's size from its config, with
+// The route of the exchange.
+inline constexpr const char* kOuterPath = "/v1/outer";
+
+// The coordinator's server for a run with these exchanges: the outer-gradient route's bodies (a
+// wide route, for requests whose head is signed), the budget they are held in and their deadline,
+// grown to fit every worker's at once (the model's size from its config, with
 // `dataset_vocab` when model.vocab_size is 0; 1 GiB a body when neither says).
 void widen_for_outer_exchanges(HttpServerOptions& http, const RunConfig& config, int64_t dataset_vocab);
 

@@ -117,6 +117,13 @@ std::string mac(const Key& key, std::string_view method, std::string_view target
   return hex(reinterpret_cast<const unsigned char*>(digest.data()), digest.size());
 }
 
+std::string head_mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
+                     std::string_view instance, uint64_t body_bytes) {
+  const auto message = fmt::format("loco-head-v1\n{}\n{}\n{}\n{}\n{}\n{}", method, target, time, nonce, instance, body_bytes);
+  const auto digest = hmac_sha256(key.bytes(), message);
+  return hex(reinterpret_cast<const unsigned char*>(digest.data()), digest.size());
+}
+
 std::string answer_mac(const Key& key, std::string_view nonce, int status, std::string_view body) {
   std::string message = fmt::format("loco-answer-v1\n{}\n{}\n", nonce, status);
   message.append(body);
@@ -143,6 +150,7 @@ Signature sign(const Key& key, std::string_view method, std::string_view target,
   s.time = unix_now();
   s.nonce = random_hex(kNonceHex / 2);
   s.mac = mac(key, method, target, s.time, s.nonce, instance, body);
+  s.head_mac = head_mac(key, method, target, s.time, s.nonce, instance, body.size());
   return s;
 }
 
@@ -189,6 +197,19 @@ std::optional<std::string> Verifier::verify(std::string_view method, std::string
   if (seen_.size() >= max_nonces_) return "too many requests within the window; ask again";
   seen_.insert(nonce);
   order_.emplace_back(now, nonce);
+  return std::nullopt;
+}
+
+std::optional<std::string> Verifier::verify_head(std::string_view method, std::string_view target, uint64_t body_bytes,
+                                                 const SignatureHeaders& headers, int64_t now) {
+  if (auto why = precheck(headers, now)) return why;
+  if (headers.head_mac == nullptr || !lower_hex(*headers.head_mac, kMacHex)) {
+    return fmt::format("a body this large needs the request's head signed ({})", kHeadMacHeader);
+  }
+  const auto expected = head_mac(key_, method, target, *parse_time(*headers.time), *headers.nonce, instance_, body_bytes);
+  if (!same_secret(expected, *headers.head_mac)) return "wrong head MAC (a different join token, or the request was altered)";
+  std::lock_guard lock(mutex_);
+  if (seen_.count(*headers.nonce) != 0) return "a replayed request (its nonce was seen already)";
   return std::nullopt;
 }
 

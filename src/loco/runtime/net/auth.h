@@ -23,6 +23,10 @@ namespace loco::runtime::auth {
 inline constexpr const char* kTimeHeader = "X-Loco-Time";    // Unix time in seconds, decimal
 inline constexpr const char* kNonceHeader = "X-Loco-Nonce";  // 32 lowercase hex digits, fresh per request
 inline constexpr const char* kMacHeader = "X-Loco-Mac";      // 64 lowercase hex digits
+// A second MAC over the request's head alone (head_mac), which the coordinator can check before it
+// reads a byte of the body: only a request whose head is authentic may send a body larger than the
+// server's default bound (the model-sized outer gradients of an asynchronous run).
+inline constexpr const char* kHeadMacHeader = "X-Loco-Head-Mac";  // 64 lowercase hex digits
 // The coordinator instance a request is signed for: 32 lowercase hex digits, random at each start of
 // a coordinator. A coordinator tells its instance in this header of every refusal at its gate, so a
 // worker learns it from its first request (and anew after a restart) and signs again.
@@ -56,6 +60,7 @@ struct Signature {
   int64_t time = 0;    // Unix seconds
   std::string nonce;   // 32 hex digits
   std::string mac;     // 64 hex digits
+  std::string head_mac;  // 64 hex digits
 };
 
 // The signature headers of a request as the coordinator read them; null when absent.
@@ -64,12 +69,19 @@ struct SignatureHeaders {
   const std::string* nonce = nullptr;
   const std::string* mac = nullptr;
   const std::string* instance = nullptr;
+  const std::string* head_mac = nullptr;
 };
 
 // The MAC of one request: HMAC-SHA256(key, "loco-v2\n" method "\n" target "\n" time "\n" nonce
 // "\n" instance "\n" body), in lowercase hex.
 std::string mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
                 std::string_view instance, std::string_view body);
+
+// The MAC of a request's head: HMAC-SHA256(key, "loco-head-v1\n" method "\n" target "\n" time "\n"
+// nonce "\n" instance "\n" body_bytes), in lowercase hex. It binds the body's length, not its bytes
+// (the request's MAC does that once the body is in).
+std::string head_mac(const Key& key, std::string_view method, std::string_view target, int64_t time, std::string_view nonce,
+                     std::string_view instance, uint64_t body_bytes);
 
 // The MAC of an answer: HMAC-SHA256(key, "loco-answer-v1\n" nonce "\n" status "\n" body), nonce
 // being the request's, in lowercase hex. Bound to the request, an answer cannot be replayed for
@@ -109,6 +121,11 @@ class Verifier {
   // remembered). Returns why the request is refused, or nullopt when it is authentic.
   std::optional<std::string> verify(std::string_view method, std::string_view target, std::string_view body,
                                     const SignatureHeaders& headers, int64_t now);
+  // Before the body is read, for a request that would send a large one: precheck, the head's MAC
+  // over `body_bytes` (its Content-Length), and that its nonce was not accepted already (nothing is
+  // remembered: verify does that with the body). Returns why not, or nullopt.
+  std::optional<std::string> verify_head(std::string_view method, std::string_view target, uint64_t body_bytes,
+                                         const SignatureHeaders& headers, int64_t now);
 
  private:
   Key key_;

@@ -187,6 +187,7 @@ std::optional<HttpClient::Reply> HttpClient::send_once(const std::string& method
     headers.add(fmt::format("{}: {}", auth::kTimeHeader, s.time));
     headers.add(fmt::format("{}: {}", auth::kNonceHeader, s.nonce));
     headers.add(fmt::format("{}: {}", auth::kMacHeader, s.mac));
+    headers.add(fmt::format("{}: {}", auth::kHeadMacHeader, s.head_mac));
     if (!instance_.empty()) headers.add(fmt::format("{}: {}", auth::kInstanceHeader, instance_));
     nonce = s.nonce;
   }

@@ -124,6 +124,8 @@ void HttpServer::route(const std::string& method, const std::string& path, Handl
 
 void HttpServer::set_gate(Gate gate) { impl_->gate = std::move(gate); }
 
+void HttpServer::set_wide_gate(WideGate gate) { impl_->wide_gate = std::move(gate); }
+
 int HttpServer::port() const { return impl_->port; }
 
 void HttpServer::start() {
@@ -178,7 +180,7 @@ HttpServer::Counts HttpServer::counts() const {
   c.refused_at_gate = impl_->refused_at_gate;
   c.refused_over_budget = impl_->refused_over_budget;
   std::lock_guard lock(impl_->held_mutex);
-  c.held_body_bytes = static_cast<int64_t>(impl_->held_bytes);
+  c.held_body_bytes = static_cast<int64_t>(impl_->held_bytes + impl_->held_wide_bytes);
   return c;
 }
 

@@ -82,6 +82,17 @@ struct HttpServerOptions {
   // is closed to make room, or 503 when none can be.
   size_t max_held_body_bytes_per_address = 32 << 20;
   size_t max_held_body_bytes = 256 << 20;
+  // Routes (by path) that take bodies larger than max_body_bytes, up to their own bound and within
+  // their own deadline, from a request the wide gate admits on its headers (HttpServer::set_wide_gate:
+  // the coordinator's admits only a request whose head is signed with the run's key). Such bodies
+  // count against a budget of their own in all (max_held_wide_body_bytes), not against the two
+  // above, which a stranger's bodies share; over it: 503.
+  struct WideRoute {
+    size_t max_body_bytes = 0;
+    std::chrono::milliseconds body_deadline{10000};
+  };
+  std::map<std::string, WideRoute> wide_routes;
+  size_t max_held_wide_body_bytes = 0;
 };
 
 class HttpServer {
@@ -102,6 +113,12 @@ class HttpServer {
   // with another method 405.
   void route(const std::string& method, const std::string& path, Handler handler);
   void set_gate(Gate gate);
+  // Looks at a request on a wide route (HttpServerOptions::wide_routes) whose Content-Length is
+  // over max_body_bytes and within the route's bound, after the gate let it through: why it may
+  // not send that many bytes, or nullopt when it may. Without one, every such request may. Runs on
+  // the I/O thread: keep it cheap.
+  using WideGate = std::function<std::optional<std::string>(const HttpRequest&, uint64_t body_bytes)>;
+  void set_wide_gate(WideGate gate);
   int port() const;
   // Starts the I/O thread and the handler threads.
   void start();

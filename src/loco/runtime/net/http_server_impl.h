@@ -45,6 +45,15 @@ struct Connection {
     return std::nullopt;
   }
   std::atomic<size_t> held{0};  // bytes of a request body counted against the budgets (HttpServer::Impl::hold)
+  bool held_wide = false;       // ... against the wide routes' budget
+};
+
+// How large a request's body may be, and how long it may take to arrive.
+struct BodyBound {
+  size_t max_bytes = 0;
+  std::chrono::milliseconds deadline{0};
+  bool wide = false;     // a wide route's (HttpServerOptions::wide_routes), admitted
+  std::string why_not;   // why a body over the default bound was not admitted on a wide route
 };
 
 }  // namespace detail
@@ -58,6 +67,7 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   std::map<std::pair<std::string, std::string>, Handler> routes;  // (method, path)
   Gate gate;
+  WideGate wide_gate;
   std::optional<boost::asio::ssl::context> tls;
   detail::HandlerPool pool;
   std::thread io_thread;
@@ -88,6 +98,7 @@ struct HttpServer::Impl {
   mutable std::mutex held_mutex;
   size_t held_bytes = 0;
   std::map<std::string, size_t> held_by_address;
+  size_t held_wide_bytes = 0;  // on the wide routes, in all
 
   // Destroyed before the state above, with the connections its pending handlers still hold (only
   // the handshake queue below, which holds connections too, goes before it).
@@ -107,6 +118,27 @@ struct HttpServer::Impl {
     response.set_content(fmt::format("{{\"error\": \"{} {}\"}}", known ? "no such method for" : "no such path", request.path),
                          "application/json");
     return response;
+  }
+
+  // The largest body any request may announce (the parser's bound until its route is known).
+  size_t largest_body() const {
+    size_t largest = options.max_body_bytes;
+    for (const auto& [path, wide] : options.wide_routes) largest = std::max(largest, wide.max_body_bytes);
+    return largest;
+  }
+  // The bound on `request`'s body, which announces `announced` bytes (nullopt: chunked, never wide).
+  detail::BodyBound body_bound(const HttpRequest& request, std::optional<uint64_t> announced) const {
+    detail::BodyBound bound{options.max_body_bytes, options.body_deadline, false, {}};
+    if (!announced || *announced <= options.max_body_bytes) return bound;
+    const auto route = options.wide_routes.find(request.path);
+    if (route == options.wide_routes.end() || *announced > route->second.max_body_bytes) return bound;
+    if (wide_gate) {
+      if (auto why = wide_gate(request, *announced)) {
+        bound.why_not = *why;
+        return bound;
+      }
+    }
+    return {route->second.max_body_bytes, route->second.body_deadline, true, {}};
   }
 
   void forget(uint64_t id) {
@@ -175,7 +207,15 @@ struct HttpServer::Impl {
   // Counts `bytes` of `connection`'s body (from `address`) against the budgets, closing the
   // connections that have waited longest on a body while the bound in all would be passed. False
   // (nothing counted) over the address's bound, or when no other connection can be closed.
-  bool hold(detail::Connection& connection, const std::string& address, size_t bytes) {
+  bool hold(detail::Connection& connection, const std::string& address, size_t bytes, bool wide) {
+    if (wide) {  // members' bodies: their own budget, nothing of anyone's closed for them
+      std::lock_guard lock(held_mutex);
+      if (held_wide_bytes + bytes > options.max_held_wide_body_bytes) return false;
+      held_wide_bytes += bytes;
+      connection.held_wide = true;
+      connection.held += bytes;
+      return true;
+    }
     for (;;) {
       {
         std::lock_guard lock(held_mutex);
@@ -196,8 +236,12 @@ struct HttpServer::Impl {
       ++evicted;
     }
   }
-  void release(const std::string& address, size_t bytes) {
+  void release(const std::string& address, size_t bytes, bool wide) {
     std::lock_guard lock(held_mutex);
+    if (wide) {
+      held_wide_bytes -= bytes;
+      return;
+    }
     held_bytes -= bytes;
     const auto mine = held_by_address.find(address);
     if (mine != held_by_address.end() && (mine->second -= bytes) == 0) held_by_address.erase(mine);

@@ -96,7 +96,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     waiting_since = Clock::now();
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(server_.options.max_header_bytes));
-    parser_->body_limit(server_.options.max_body_bytes);
+    parser_->body_limit(server_.largest_body());  // the route's own bound is applied once the headers are in
     // One deadline for the whole of the headers, however slowly they trickle in.
     lowest().expires_after(server_.options.header_deadline);
     http::async_read_header(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
@@ -106,7 +106,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   void on_header(beast::error_code ec) {
     if (ec == http::error::header_limit) return refuse(431, "the request's headers are too large");
-    if (ec == http::error::body_limit) return too_large();  // its Content-Length says so already
+    if (ec == http::error::body_limit) return too_large({server_.largest_body()});  // its Content-Length says so already
     if (ec) return fail(ec);
     waiting = false;
     const auto& message = parser_->get();
@@ -125,20 +125,24 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
         return write(std::move(*refusal), true);
       }
     }
+    const auto length = parser_->content_length();
+    const auto announced = length ? std::optional<uint64_t>(*length) : std::nullopt;
+    const auto bound = server_.body_bound(request_, announced);
+    if (announced && *announced > bound.max_bytes) return too_large(bound);
+    parser_->body_limit(bound.max_bytes);  // a chunked body's
     if (parser_->is_done()) return dispatch();
     // A body still on its way holds a slot, and memory, that a client without the key can hold as
     // well as a member (its well-formed but wrong signature is found out only with the body):
-    // evictable, and counted whole against the budgets before a byte of it is read.
-    const auto announced = parser_->content_length();
-    const size_t bytes = announced ? static_cast<size_t>(std::min<uint64_t>(*announced, server_.options.max_body_bytes))
-                                   : server_.options.max_body_bytes;
-    if (!server_.hold(*this, address, bytes)) {
+    // evictable, and counted whole against the budgets before a byte of it is read. A wide route's
+    // body, admitted on its authentic head, counts against the wide budget.
+    const size_t bytes = announced ? static_cast<size_t>(*announced) : bound.max_bytes;
+    if (!server_.hold(*this, address, bytes, bound.wide)) {
       ++server_.refused_over_budget;
       return refuse(503, "the server holds as many request bodies as it may; ask again");
     }
     waiting = true;
     waiting_since = Clock::now();
-    lowest().expires_after(server_.options.body_deadline);
+    lowest().expires_after(bound.deadline);
     http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, size_t) {
       self->on_body(ec);
     });
@@ -146,7 +150,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   void on_body(beast::error_code ec) {
     waiting = false;
-    if (ec == http::error::body_limit) return too_large();
+    if (ec == http::error::body_limit) return too_large({server_.options.max_body_bytes});  // chunked, over its bound
     if (ec) return fail(ec);
     request_.body = std::move(parser_->get().body());
     dispatch();
@@ -176,7 +180,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     }
   }
 
-  void too_large() { refuse(413, fmt::format("the body is over {} bytes", server_.options.max_body_bytes)); }
+  void too_large(const detail::BodyBound& bound) {
+    refuse(413, bound.why_not.empty() ? fmt::format("the body is over {} bytes", bound.max_bytes)
+                                      : fmt::format("the body is over {} bytes: {}", bound.max_bytes, bound.why_not));
+  }
 
   void refuse(int status, const std::string& why) {
     HttpResponse response;
@@ -228,7 +235,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   // Gives back the bytes of the request body counted against the budgets.
   void release_body() {
-    if (const size_t bytes = held.exchange(0)) server_.release(address, bytes);
+    if (const size_t bytes = held.exchange(0)) server_.release(address, bytes, held_wide);
+    held_wide = false;
   }
 
   void fail(beast::error_code ec) {

@@ -25,7 +25,7 @@ class CoordinatorOuterLink final : public algorithms::OuterServerLink {
       values_ = push.values.numel();  // the first contact sends θ: the model's size
       client_.set_max_answer_bytes(static_cast<size_t>(values_) * 4 + (64 << 10));
     }
-    auto [status, body] = client_.request("POST", "/v1/outer", protocol::encode_outer_push(push), timeout_);
+    auto [status, body] = client_.request("POST", protocol::kOuterPath, protocol::encode_outer_push(push), timeout_);
     if (status == 409) throw algorithms::RunStopping(error_text(body));  // the run is stopping, or failed
     if (status != 200) {
       throw PeerError("worker", fmt::format("the coordinator refused worker {}'s outer exchange ({}): {}", push.worker, status,
